@@ -1,0 +1,8 @@
+"""The allowed values of the enumerated options, in a module that imports nothing, so that the
+command line can offer them without loading NumPy or TensorFlow."""
+
+DEVICES = ("auto", "cpu", "gpu")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+MASK_CONVENTIONS = ("keep", "block")  # keep: 1 = may attend; block: 1 = masked
+MASK_KINDS = ("bool", "additive")
+CAUSAL_ALIGNS = ("top-left", "bottom-right")

@@ -1,0 +1,246 @@
+"""The ``attnviz`` command line: one command per registered variant, plus ``variants``.
+
+Results go to stdout (tables, or JSON with ``--json``); everything else (device, saved files,
+warnings, errors) to stderr. Errors meant for users end the run with a one- or two-line message and
+exit code 1 (bad data, run-time failure) or 2 (bad usage); nothing reaches the user as a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from attnviz import __version__
+from attnviz.cli.options import OUTPUT_OPTIONS, RUN_OPTIONS, OutputOptions, parse_index
+from attnviz.errors import AttnvizError
+from attnviz.variants import REGISTRY
+from attnviz.variants._base import Variant, shape_str
+
+if TYPE_CHECKING:  # the pipeline loads NumPy: imported when a command runs, not for --help
+    from attnviz.pipeline import Outcome
+
+app = typer.Typer(
+    name="attnviz",
+    help="Compute, inspect and visualise attention from the command line: tables, statistics, "
+    "heatmap PNGs and JSON.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,  # plain help: fast (no rich.markdown import) and brackets print as written
+    pretty_exceptions_enable=False,
+)
+
+
+def _stderr() -> Console:
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"attnviz {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Compute, inspect and visualise attention from the command line.
+
+    One command per attention type; `attnviz variants` lists them.
+    """
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn errors meant for users into a message on stderr and the exit code; hide tracebacks of
+    unexpected errors too unless ATTNVIZ_DEBUG is set."""
+    try:
+        yield
+    except AttnvizError as exc:
+        _stderr().print(f"attnviz: error: {exc.message}", markup=False)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        _stderr().print("attnviz: interrupted", markup=False)
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # a bug: say so briefly, keep the traceback for those who ask
+        if os.environ.get("ATTNVIZ_DEBUG"):
+            raise
+        _stderr().print(
+            f"attnviz: internal error: {type(exc).__name__}: {exc}\n"
+            "This is a bug; rerun with ATTNVIZ_DEBUG=1 for the traceback and please report it.",
+            markup=False,
+        )
+        raise typer.Exit(1) from None
+
+
+@app.command("variants")
+def variants_command(
+    json_out: Annotated[bool, typer.Option("--json", help="print the list as JSON")] = False,
+) -> None:
+    """List every attention type attnviz computes, with its formula."""
+    if json_out:
+        import json
+
+        doc = [{"name": v.name, "summary": v.summary, "formula": v.formula,
+                "inputs": [i.name for i in v.inputs]} for v in REGISTRY.values()]
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    table = Table(title="attention variants", pad_edge=False)
+    table.add_column("command", style="bold")
+    table.add_column("inputs")
+    table.add_column("formula")
+    table.add_column("what it is")
+    for v in REGISTRY.values():
+        table.add_row(v.name, " ".join(i.name.upper() for i in v.inputs), v.formula, v.summary)
+    Console(highlight=False).print(table)
+
+
+# ----------------------------------------------------------------------------------------------
+# Compute commands, one per registry entry
+
+
+def _variant_parameters(variant: Variant) -> list[inspect.Parameter]:
+    params = []
+    for n, spec in enumerate(variant.inputs):
+        if n == 0:
+            annotation: Any = Annotated[str, typer.Argument(metavar=spec.name.upper(), help=spec.help,
+                                                            show_default=False)]
+            params.append(inspect.Parameter(spec.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            annotation=annotation))
+        else:
+            annotation = Annotated[str | None, typer.Argument(metavar=spec.name.upper(), help=spec.help,
+                                                                 show_default=False)]
+            params.append(inspect.Parameter(spec.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            default=None, annotation=annotation))
+    hints = get_type_hints(variant.params)
+    for f in dataclasses.fields(variant.params):
+        option = typer.Option("--" + f.name.replace("_", "-"), help=f.metadata.get("help", ""),
+                              rich_help_panel=f"{variant.name} options")
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                        annotation=Annotated[hints[f.name], option]))
+    return params
+
+
+def make_command(variant: Variant) -> Callable[..., None]:
+    """A Typer command function for a variant, with its signature built from the registry entry."""
+
+    def command(**kwargs: Any) -> None:
+        with user_errors():
+            run_command(variant, kwargs)
+
+    parameters = [*_variant_parameters(variant), *RUN_OPTIONS, *OUTPUT_OPTIONS]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__name__ = f"{variant.name}_command"
+    command.__doc__ = f"{variant.summary}.\n\n{variant.formula}"
+    return command
+
+
+def _take(kwargs: dict[str, Any], cls: type) -> Any:
+    return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls)})
+
+
+def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
+    from attnviz.io import check_outputs
+    from attnviz.pipeline import RunOptions, execute, prepare
+
+    kwargs = dict(kwargs)
+    specs = [kwargs.pop(spec.name) for spec in variant.inputs]
+    run_options: RunOptions = _take(kwargs, RunOptions)
+    params = _take(kwargs, variant.params)
+    out: OutputOptions = _take(kwargs, OutputOptions)
+    out.check()
+
+    prepared = prepare(variant, specs, run_options, params)
+    targets = check_outputs(
+        {"--png": out.png, "--save-weights": out.save_weights, "--save-output": out.save_output},
+        prepared.input_paths,
+    )
+    index = parse_index(out.index, prepared.weights_shape[:-2])
+    err = _stderr()
+    info = not out.quiet
+
+    outcome = execute(prepared)
+    if info:
+        err.print(f"{variant.name}: {outcome.device.name}, {run_options.dtype}, weights "
+                  f"{shape_str(outcome.result.weights.shape)}", markup=False, style="dim")
+    for warning in outcome.warnings:
+        err.print(f"warning: {warning}", markup=False, style="yellow")
+
+    files = write_files(outcome, targets, out, err if info else None)
+    if out.json:
+        from attnviz.render.report import build_report, to_json
+
+        sys.stdout.write(to_json(build_report(outcome, files)) + "\n")
+    elif not (out.no_table or out.quiet):
+        print_tables(outcome, index, out)
+
+
+def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, err: Console | None) -> dict[str, str]:
+    """Write every requested file atomically; returns {"png": path, ...} for the JSON document."""
+    from attnviz.io import save_npy
+
+    written: dict[str, str] = {}
+    result = outcome.result
+    if "--save-weights" in targets:
+        save_npy(targets["--save-weights"], result.weights)
+        written["weights"] = out.save_weights or ""
+    if "--save-output" in targets:
+        if result.output is None:
+            raise AttnvizError(f"--save-output: {outcome.prepared.variant.name} has no output array.")
+        save_npy(targets["--save-output"], result.output)
+        written["output"] = out.save_output or ""
+    if "--png" in targets:
+        from attnviz.render.heatmap import heatmap_figure, save_figure
+
+        prep = outcome.prepared
+        fig = heatmap_figure(result.weights, title=f"{prep.variant.name} attention weights",
+                             q_labels=prep.q_labels, k_labels=prep.k_labels, keep=prep.mask.keep)
+        save_figure(fig, targets["--png"])
+        written["png"] = out.png or ""
+    if err is not None:
+        for what, path in written.items():
+            err.print(f"saved {what} to {path}", markup=False, style="dim")
+    return written
+
+
+def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -> None:
+    from attnviz.render.table import axis_name, stats_table, weights_table
+
+    prep, result = outcome.prepared, outcome.result
+    console = Console(highlight=False)
+    weights = result.weights[index]
+    keep = prep.mask.full_keep(result.weights.shape)
+    keep2d = keep[index] if keep is not None else None
+    lead = result.weights.shape[:-2]
+    where = f", slice {list(index)} of leading dims {list(lead)} (--index picks another)" if lead else ""
+    max_rows = out.max_rows or None
+    max_cols = out.max_cols
+    if max_cols is None:
+        label_width = max(len(axis_name(i, prep.q_labels)) for i in range(weights.shape[0])) + 3
+        cell = max(out.precision + 2, *(len(lb) for lb in (prep.k_labels or ["0"])))
+        max_cols = max(4, (console.width - label_width) // (min(cell, 12) + 3))
+    console.print(weights_table(weights, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
+                                precision=out.precision, max_rows=max_rows, max_cols=max_cols or None,
+                                title=f"{prep.variant.name} attention weights "
+                                      f"{shape_str(result.weights.shape)}{where}"), crop=False)
+    console.print(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
+                              precision=out.precision, max_rows=max_rows,
+                              title="per-query statistics" + (f", slice {list(index)}" if lead else "")),
+                  crop=False)
+
+
+for _variant in REGISTRY.values():
+    _command = make_command(_variant)
+    app.command(_variant.name, help=_command.__doc__)(_command)

@@ -1,0 +1,100 @@
+"""TensorFlow, imported lazily and once; the device and precision a run uses.
+
+``import tensorflow`` costs seconds, so nothing imports it at module level: call ``tensorflow()``.
+``resolve_device("auto")`` picks the first GPU TensorFlow sees, else the CPU; ``"gpu"`` with no GPU
+visible is an error (exit 1). GPU memory growth is switched on before any GPU is used, so attnviz
+takes what it needs rather than the whole card.
+
+Precision: inputs are cast to the requested dtype and the scores are computed in it; float16 and
+bfloat16 scores are upcast to float32 before masking and softmax, so the weights reported for them
+are float32.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from attnviz.choices import DEVICES, DTYPES
+from attnviz.errors import DeviceError
+
+__all__ = ["DEVICES", "DTYPES", "Device", "resolve_device", "softmax_dtype", "tensorflow"]
+LOW_PRECISION = ("float16", "bfloat16")
+#: largest finite value of each dtype, to catch inputs that would overflow when cast
+DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38, "float64": 1.7976e308}
+
+
+@contextmanager
+def _silenced_fd2(silence: bool) -> Iterator[None]:
+    """Point file descriptor 2 at /dev/null for the duration: TensorFlow's C++ start-up lines
+    ("oneDNN custom operations are on", "Could not find cuda drivers") are written there before
+    its log level is read. Python exceptions still propagate."""
+    if not silence:
+        yield
+        return
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@cache
+def tensorflow() -> Any:
+    """The ``tensorflow`` module, imported on first use with its start-up chatter silenced.
+
+    Set ``TF_CPP_MIN_LOG_LEVEL`` yourself (e.g. 0) to see TensorFlow's own messages.
+    """
+    user_level = "TF_CPP_MIN_LOG_LEVEL" in os.environ
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _silenced_fd2(not user_level):
+        import tensorflow as tf
+
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except (RuntimeError, ValueError):  # already initialised: keep going
+            pass
+    return tf
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # "CPU:0", "GPU:0": what reports show
+    tf_name: str  # "/CPU:0": what tf.device takes
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name.startswith("GPU")
+
+
+def visible_gpus() -> list[Any]:
+    return list(tensorflow().config.list_physical_devices("GPU"))
+
+
+def resolve_device(request: str) -> Device:
+    """``auto`` -> GPU:0 when TensorFlow sees a GPU, else CPU:0; ``cpu``; ``gpu`` (error if none)."""
+    if request not in DEVICES:
+        raise DeviceError(f"--device {request!r}: expected one of {', '.join(DEVICES)}.")
+    gpus = visible_gpus() if request != "cpu" else []
+    if request == "gpu" and not gpus:
+        raise DeviceError(
+            "--device gpu: TensorFlow sees no GPU on this machine (is the CUDA build installed, "
+            "pip install 'attnviz[gpu]', and a driver present?). Use --device cpu or auto."
+        )
+    if gpus:
+        return Device("GPU:0", "/GPU:0")
+    return Device("CPU:0", "/CPU:0")
+
+
+def softmax_dtype(dtype: str) -> str:
+    """The dtype scores are masked and normalised in: float32 for float16/bfloat16."""
+    return "float32" if dtype in LOW_PRECISION else dtype

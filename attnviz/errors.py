@@ -1,0 +1,44 @@
+"""The errors attnviz raises for a user to read.
+
+Each carries the exit code the command line ends with: 1 for bad data or a failure at run time,
+2 for bad usage. The message is one or two lines that name the file, what was wrong and, where it
+helps, what to do.
+"""
+
+from __future__ import annotations
+
+
+class AttnvizError(Exception):
+    """Base of every error meant for the user. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(AttnvizError):
+    """Bad usage: a missing file, an unknown file type, an invalid option value (exit 2)."""
+
+    exit_code = 2
+
+
+class InputError(AttnvizError):
+    """An input file cannot be read or holds the wrong kind of data (exit 1)."""
+
+
+class ShapeError(AttnvizError):
+    """Arrays whose shapes do not fit together (exit 1)."""
+
+
+class ParamsError(AttnvizError):
+    """A parameter file with a missing, extra or wrongly shaped entry (exit 1)."""
+
+
+class DeviceError(AttnvizError):
+    """The requested device or precision is not available (exit 1)."""
+
+
+class OutputError(AttnvizError):
+    """An output file cannot be written (exit 1)."""

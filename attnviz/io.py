@@ -1,0 +1,379 @@
+"""Reading arrays, labels and bundles; writing output files atomically.
+
+Inputs are ``file.npy``, ``file.npz`` (a single array), ``file.npz:key``, ``file.json`` (nested
+numeric lists, or an object ``{"data": [...], "labels": [...]}``), and ``-`` for JSON on standard
+input. A single ``.npz`` (or JSON object) holding one array per input name (``q``, ``k``, ``v`` ...)
+may stand in for all the inputs of a command; it may also hold ``mask``, ``q_labels`` and
+``k_labels``.
+
+Nothing here unpickles: every ``numpy.load`` passes ``allow_pickle=False``. NumPy only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from attnviz.errors import InputError, OutputError, UsageError
+
+ARRAY_SUFFIXES = (".npy", ".npz", ".json")
+#: bundle keys that are not inputs of a variant
+BUNDLE_EXTRAS = ("mask", "q_labels", "k_labels")
+STDIN = "-"
+
+
+@dataclass
+class Loaded:
+    """One array read from a file, with where it came from (for messages) and optional labels."""
+
+    data: np.ndarray
+    source: str  # how to name it in a message: "q.npy", "acts.npz:q", "<stdin>"
+    path: Path | None  # the file on disk, None for stdin
+    labels: list[str] | None = None
+
+
+def shape_str(shape: Iterable[int]) -> str:
+    """A shape as users write it: ``[2, 3, 4]``."""
+    return "[" + ", ".join(str(int(n)) for n in shape) + "]"
+
+
+class StdinReader:
+    """Reads standard input once; a second ``-`` would find it empty, so it is refused."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self._used = False
+
+    def read(self) -> str:
+        if self._used:
+            raise UsageError("'-' (standard input) can be used for one input only.")
+        self._used = True
+        stream = self._stream if self._stream is not None else sys.stdin
+        return stream.read()
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """Split ``file.npz:key`` into ``("file.npz", "key")``; other specs have no key.
+
+    A path that exists as given is never split, so file names containing ``:`` still work.
+    """
+    if spec != STDIN and not os.path.exists(spec) and ":" in spec:
+        path, key = spec.rsplit(":", 1)
+        if path.lower().endswith(".npz") and key:
+            return path, key
+    return spec, None
+
+
+def _check_path(path: str) -> Path:
+    p = Path(path)
+    if p.suffix.lower() not in ARRAY_SUFFIXES:
+        raise UsageError(
+            f"{path}: unknown file type {p.suffix or '(none)'!r}; attnviz reads .npy, .npz, .npz:KEY, "
+            ".json, or '-' for JSON on standard input."
+        )
+    if not p.exists():
+        raise UsageError(f"{path}: no such file.")
+    if p.is_dir():
+        raise UsageError(f"{path}: is a directory, not an array file.")
+    return p
+
+
+def validate_array(arr: np.ndarray, source: str, *, allow_neg_inf: bool = False) -> np.ndarray:
+    """Refuse what no attention variant can use: objects, strings, complex, empty or non-finite arrays."""
+    if arr.dtype.kind not in "biuf":
+        what = {
+            "O": "Python objects",
+            "U": "text",
+            "S": "bytes",
+            "c": "complex numbers",
+            "V": "structured records",
+        }.get(arr.dtype.kind, f"dtype {arr.dtype}")
+        raise InputError(f"{source}: holds {what} ({arr.dtype}); attnviz needs a numeric array.")
+    if arr.size == 0:
+        raise InputError(f"{source}: the array is empty (shape {shape_str(arr.shape)}).")
+    if arr.dtype.kind == "f":
+        bad = np.isnan(arr) | (np.isposinf(arr) if allow_neg_inf else np.isinf(arr))
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            allowed = " (-inf is allowed here, NaN and +inf are not)" if allow_neg_inf else ""
+            raise InputError(
+                f"{source}: {int(bad.sum())} non-finite value(s), the first at index {list(first)} "
+                f"= {arr[first]}; inputs must be finite{allowed}."
+            )
+    return arr
+
+
+def _from_json_value(value: Any, source: str) -> np.ndarray:
+    if isinstance(value, (dict, str)) or value is None:
+        raise InputError(f"{source}: expected a nested list of numbers, got {type(value).__name__}.")
+    try:
+        arr = np.array(value)
+    except ValueError as exc:  # ragged nesting
+        raise InputError(
+            f"{source}: the nested lists are ragged (rows of different lengths); "
+            f"an array needs a rectangular shape ({exc})."
+        ) from None
+    if arr.dtype.kind not in "biuf":
+        raise InputError(
+            f"{source}: holds non-numeric values ({arr.dtype}); expected numbers only, e.g. [[0.1, 0.2], ...]."
+        )
+    return arr
+
+
+def _labels_from_value(value: Any, source: str) -> list[str]:
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "US":
+            raise InputError(f"{source}: labels must be a 1-D array of strings, got {value.dtype} "
+                             f"of shape {shape_str(value.shape)}.")
+        return [str(x) for x in value.tolist()]
+    if not isinstance(value, list) or not all(isinstance(x, (str, int, float)) for x in value):
+        raise InputError(f"{source}: labels must be a list of strings.")
+    return [str(x) for x in value]
+
+
+def _parse_json_text(text: str, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).") from None
+
+
+def _load_npy(p: Path, source: str) -> np.ndarray:
+    try:
+        return np.load(p, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
+            raise InputError(
+                f"{source}: holds pickled Python objects; attnviz never unpickles (allow_pickle=False). "
+                "Save a plain numeric array with numpy.save."
+            ) from None
+        raise InputError(f"{source}: not a readable .npy file ({exc}).") from None
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{source}: not a readable .npy file ({exc}).") from None
+
+
+class _Npz:
+    """A ``.npz`` archive opened without pickle; entries read on demand with clear errors."""
+
+    def __init__(self, p: Path, source: str) -> None:
+        self.source = source
+        try:
+            self._z = np.load(p, allow_pickle=False)
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise InputError(f"{source}: not a readable .npz archive ({exc}).") from None
+        if not hasattr(self._z, "files"):
+            raise InputError(f"{source}: is a .npy file, not a .npz archive; rename it to .npy.")
+        self.keys: list[str] = list(self._z.files)
+
+    def get(self, key: str) -> np.ndarray:
+        try:
+            return np.asarray(self._z[key])
+        except KeyError:
+            held = ", ".join(self.keys) or "nothing"
+            raise InputError(f"{self.source}: no array named {key!r}; it holds {held}.") from None
+        except ValueError as exc:
+            if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
+                raise InputError(
+                    f"{self.source}:{key}: holds pickled Python objects; attnviz never unpickles "
+                    "(allow_pickle=False)."
+                ) from None
+            raise InputError(f"{self.source}:{key}: unreadable ({exc}).") from None
+        except (OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise InputError(f"{self.source}:{key}: unreadable ({exc}).") from None
+
+
+@dataclass
+class Opened:
+    """A spec opened once: ``raw`` is an ndarray (.npy), an ``_Npz`` archive, or a parsed JSON value."""
+
+    spec: str
+    source: str
+    path: Path | None
+    key: str | None
+    raw: Any
+
+    def array(self, *, allow_neg_inf: bool = False) -> Loaded:
+        """The single array this spec names."""
+        source, raw, labels = self.source, self.raw, None
+        if isinstance(raw, _Npz):
+            key = self.key
+            if key is None:
+                if len(raw.keys) != 1:
+                    raise InputError(
+                        f"{source}: holds {len(raw.keys)} arrays ({', '.join(raw.keys) or 'none'}); "
+                        f"name one as {source}:KEY."
+                    )
+                arr = raw.get(raw.keys[0])
+            else:
+                arr = raw.get(key)
+                source = f"{source}:{key}"
+        elif isinstance(raw, np.ndarray):
+            arr = raw
+        else:  # JSON
+            if isinstance(raw, dict):
+                if "data" not in raw:
+                    raise InputError(
+                        f"{source}: a JSON object must have a \"data\" entry (and optionally \"labels\"), "
+                        f"or one entry per input; it has {', '.join(map(str, raw)) or 'no entries'}."
+                    )
+                if "labels" in raw:
+                    labels = _labels_from_value(raw["labels"], f"{source} (labels)")
+                raw = raw["data"]
+            arr = _from_json_value(raw, source)
+        validate_array(arr, source, allow_neg_inf=allow_neg_inf)
+        return Loaded(arr, source, self.path, labels)
+
+    def bundle(self, names: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Loaded] | None:
+        """If this is an ``.npz`` archive or JSON object holding every one of ``names``, read them
+        all, and whichever of ``BUNDLE_EXTRAS`` and ``optional`` are present; otherwise None.
+
+        Labels come back as ``Loaded`` objects whose ``labels`` is set and ``data`` is empty.
+        """
+        raw, wanted = self.raw, [*names, *BUNDLE_EXTRAS, *optional]
+        if self.key is not None:
+            return None
+        if isinstance(raw, _Npz):
+            if not all(n in raw.keys for n in names):
+                return None
+            values: Mapping[str, Any] = {n: raw.get(n) for n in wanted if n in raw.keys}
+        elif isinstance(raw, dict) and all(n in raw for n in names):
+            values = {n: raw[n] for n in wanted if n in raw}
+        else:
+            return None
+        out: dict[str, Loaded] = {}
+        for name, value in values.items():
+            where = f"{self.source}:{name}"
+            if name.endswith("_labels"):
+                out[name] = Loaded(np.empty(0), where, self.path, _labels_from_value(value, where))
+                continue
+            arr = value if isinstance(value, np.ndarray) else _from_json_value(value, where)
+            validate_array(arr, where)
+            out[name] = Loaded(arr, where, self.path)
+        return out
+
+
+def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
+    """Open ``file.npy``, ``file.npz``, ``file.npz:key``, ``file.json`` or ``-`` (JSON on stdin)."""
+    if spec == STDIN:
+        stdin = stdin or StdinReader()
+        return Opened(spec, "<stdin>", None, None, _parse_json_text(stdin.read(), "<stdin>"))
+    path, key = split_spec(spec)
+    p = _check_path(path)
+    suffix = p.suffix.lower()
+    if key is not None and suffix != ".npz":
+        raise UsageError(f"{spec}: only .npz archives take ':KEY'.")
+    if suffix == ".npy":
+        return Opened(spec, path, p, None, _load_npy(p, path))
+    if suffix == ".npz":
+        return Opened(spec, path, p, key, _Npz(p, path))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({exc}).") from None
+    return Opened(spec, path, p, None, _parse_json_text(text, path))
+
+
+def load_array(spec: str, stdin: StdinReader | None = None, *, allow_neg_inf: bool = False) -> Loaded:
+    """Read one array from a spec (``.npy``, ``.npz``, ``.npz:key``, ``.json`` or ``-``)."""
+    return open_spec(spec, stdin).array(allow_neg_inf=allow_neg_inf)
+
+
+def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
+    """Token labels from a text file (one a line), a JSON file or literal list, or ``a,b,c``.
+
+    Returns the labels, the file they came from (or None) and how the value was read (for messages).
+    """
+    p = Path(spec)
+    if p.is_file():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{spec}: cannot read labels ({exc}).") from None
+        if p.suffix.lower() == ".json":
+            value = _parse_json_text(text, spec)
+            if isinstance(value, dict) and "labels" in value:
+                value = value["labels"]
+            return _labels_from_value(value, spec), p, f"file {spec}"
+        return text.splitlines(), p, f"file {spec}"
+    if spec.lstrip().startswith("["):
+        return _labels_from_value(_parse_json_text(spec, "labels"), "labels"), None, "a JSON list"
+    return [s.strip() for s in spec.split(",")], None, "a comma-separated list (no such file)"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write a file through a temporary file in the same folder and a rename, so that a failure
+    never leaves a half-written file at ``path``."""
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write ({exc.strerror or exc}).") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise OutputError(f"{path}: cannot write ({exc.strerror or exc}).") from None
+        raise
+
+
+def check_outputs(outputs: Mapping[str, str | None], inputs: Iterable[Path | None]) -> dict[str, Path]:
+    """Refuse an output that would overwrite an input or another output, or whose folder is missing.
+
+    ``outputs`` maps an option name (``--png``) to the path given, or None. Returns the paths given.
+    """
+    in_paths = {p.resolve() for p in inputs if p is not None}
+    seen: dict[Path, str] = {}
+    result: dict[str, Path] = {}
+    for option, value in outputs.items():
+        if value is None:
+            continue
+        p = Path(value)
+        r = p.resolve()
+        if r in in_paths:
+            raise UsageError(f"{option} {value}: that is one of the input files; refusing to overwrite it.")
+        if r in seen:
+            raise UsageError(f"{option} {value}: the same file as {seen[r]}; give each output its own path.")
+        if p.is_dir():
+            raise UsageError(f"{option} {value}: is a directory; give a file name.")
+        if not r.parent.is_dir():
+            raise OutputError(f"{option} {value}: the folder {p.parent} does not exist.")
+        seen[r] = option
+        result[option] = p
+    return result
+
+
+def save_npy(path: Path, arr: np.ndarray) -> None:
+    write_atomic(path, lambda fh: np.save(fh, arr, allow_pickle=False))
+
+
+def save_text(path: Path, text: str) -> None:
+    def write(fh: IO[bytes]) -> None:
+        fh.write(text.encode("utf-8"))
+
+    write_atomic(path, write)

@@ -1,0 +1,181 @@
+"""One run of a variant, from file names to NumPy results, with no printing.
+
+``prepare`` reads and checks everything with NumPy (inputs, labels, masks, shapes, option values)
+so that a bad file fails fast, before TensorFlow is imported. ``execute`` computes on the chosen
+device and adds the per-query statistics. The command line (and, later, batch jobs) call these two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
+from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
+from attnviz.errors import InputError, ShapeError, UsageError
+from attnviz.io import Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
+from attnviz.masks import Mask, build_mask, describe_rows, fully_masked_rows
+from attnviz.stats import RowStats, row_stats
+from attnviz.variants._base import Context, Result, Variant
+
+
+@dataclass
+class RunOptions:
+    """The options every compute command shares."""
+
+    mask: str | None = None
+    mask_convention: str = "keep"
+    mask_kind: str = "bool"
+    key_padding_mask: str | None = None
+    causal: bool = False
+    causal_align: str = "top-left"
+    labels: str | None = None
+    q_labels: str | None = None
+    k_labels: str | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+
+
+@dataclass
+class Prepared:
+    variant: Variant
+    params: Any
+    options: RunOptions
+    inputs: dict[str, Loaded]
+    weights_shape: tuple[int, ...]
+    mask: Mask
+    q_labels: list[str] | None
+    k_labels: list[str] | None
+    input_paths: list[Path]  # every file read, so that no output overwrites one
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    prepared: Prepared
+    result: Result
+    stats: RowStats
+    device: Device
+    warnings: list[str]
+
+
+def _choice(option: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise UsageError(f"{option} {value!r}: expected one of {', '.join(allowed)}.")
+
+
+def _resolve_inputs(variant: Variant, specs: Sequence[str | None], stdin: StdinReader) -> dict[str, Loaded]:
+    names = [i.name for i in variant.inputs]
+    given = [s for s in specs if s is not None]
+    if not given:
+        raise UsageError(f"{variant.name} needs {' '.join(n.upper() for n in names)}.")
+    if len(given) > len(names):
+        raise UsageError(f"{variant.name} takes at most {len(names)} inputs; received {len(given)}.")
+    opened = [open_spec(s, stdin) for s in given]
+    if len(given) == 1 and len(names) > 1:
+        bundle = opened[0].bundle(names)
+        if bundle is not None:
+            return bundle
+    required = [i.name for i in variant.inputs if not i.optional]
+    if len(given) < len(required):
+        listed = ", ".join(required)
+        raise UsageError(
+            f"{variant.name} needs {' '.join(n.upper() for n in required)}: {len(required)} files, or one "
+            f".npz/JSON holding arrays named {listed}; received {' '.join(given)}."
+        )
+    return {name: o.array() for name, o in zip(names, opened)}
+
+
+def _labels(option: str, spec: str | None, fallback: list[str] | None, count: int, axis: str,
+            paths: list[Path]) -> list[str] | None:
+    if spec is None:
+        labels, how = fallback, "the input file"
+    else:
+        labels, path, how = load_labels(spec)
+        if path is not None:
+            paths.append(path)
+    if labels is not None and len(labels) != count:
+        where = f"{option} ({how})" if spec is not None else "labels in the input file"
+        raise InputError(f"{where}: {len(labels)} labels for {count} {axis}; the counts must match.")
+    return labels
+
+
+def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, params: Any,
+            stdin: StdinReader | None = None) -> Prepared:
+    """Read and check every input of a run; NumPy only."""
+    _choice("--mask-convention", options.mask_convention, MASK_CONVENTIONS)
+    _choice("--mask-kind", options.mask_kind, MASK_KINDS)
+    _choice("--causal-align", options.causal_align, CAUSAL_ALIGNS)
+    _choice("--dtype", options.dtype, DTYPES)
+    _choice("--device", options.device, DEVICES)
+    if options.labels is not None and (options.q_labels or options.k_labels):
+        raise UsageError("--labels sets both axes; give it alone, or --q-labels and --k-labels.")
+    stdin = stdin or StdinReader()
+
+    inputs = _resolve_inputs(variant, specs, stdin)
+    shape = variant.check(inputs, params)
+    limit = DTYPE_MAX[options.dtype]
+    for loaded in inputs.values():
+        if loaded.data.size and loaded.data.dtype.kind in "iuf" and np.abs(loaded.data).max() > limit:
+            raise InputError(
+                f"{loaded.source}: values up to {np.abs(loaded.data).max():g} exceed the {options.dtype} "
+                f"range (±{limit:g}); use a wider --dtype."
+            )
+    paths = [lo.path for lo in inputs.values() if lo.path is not None]
+    arrays = {n: lo for n, lo in inputs.items() if not n.endswith("_labels") and n != "mask"}
+
+    lq, lk = shape[-2], shape[-1]
+    q_in, k_in = inputs.get(variant.query_input), inputs.get(variant.key_input)
+    bundle_q, bundle_k = inputs.get("q_labels"), inputs.get("k_labels")
+    q_fallback = (bundle_q.labels if bundle_q else None) or (q_in.labels if q_in else None)
+    k_fallback = (bundle_k.labels if bundle_k else None) or (k_in.labels if k_in else None)
+    if options.labels is not None and lq != lk:
+        raise UsageError(
+            f"--labels labels both axes, but there are {lq} queries and {lk} keys; "
+            "use --q-labels and --k-labels."
+        )
+    q_labels = _labels("--q-labels" if options.q_labels else "--labels", options.q_labels or options.labels,
+                       q_fallback, lq, "queries (Lq)", paths)
+    k_labels = _labels("--k-labels" if options.k_labels else "--labels", options.k_labels or options.labels,
+                       k_fallback, lk, "keys (Lk)", paths)
+
+    mask_loaded = inputs.get("mask")
+    if options.mask is not None:
+        mask_loaded = load_array(options.mask, stdin, allow_neg_inf=options.mask_kind == "additive")
+        if mask_loaded.path is not None:
+            paths.append(mask_loaded.path)
+    padding = None
+    if options.key_padding_mask is not None:
+        padding = load_array(options.key_padding_mask, stdin)
+        if padding.path is not None:
+            paths.append(padding.path)
+    mask = build_mask(shape, mask=mask_loaded, convention=options.mask_convention, kind=options.mask_kind,
+                      key_padding=padding, causal=options.causal, causal_align=options.causal_align)
+
+    warnings = []
+    rows = fully_masked_rows(mask.keep, shape)
+    if len(rows):
+        warnings.append(
+            f"{len(rows)} query row(s) have every key masked; their weights and output are all zero: "
+            f"{'rows' if len(rows) > 1 else 'row'} {describe_rows(rows)}."
+        )
+    return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings)
+
+
+def execute(prep: Prepared) -> Outcome:
+    """Compute the variant with TensorFlow on the chosen device; add statistics."""
+    device = resolve_device(prep.options.device)
+    ctx = Context(device, prep.options.dtype)
+    arrays = {n: lo.data for n, lo in prep.inputs.items()}
+    result = prep.variant.compute(ctx, arrays, prep.mask, prep.params)
+    if result.weights.shape != prep.weights_shape:  # a variant bug, not a user error
+        raise ShapeError(
+            f"{prep.variant.name}: computed weights of shape {shape_str(result.weights.shape)}, "
+            f"expected {shape_str(prep.weights_shape)}."
+        )
+    stats = row_stats(result.weights, prep.mask.keep)
+    return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings])

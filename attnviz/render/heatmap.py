@@ -1,0 +1,113 @@
+"""Heatmaps of attention maps with matplotlib's object API and the Agg canvas (no pyplot state).
+
+``heatmap_figure`` draws one panel per 2-D slice of ``maps [..., Lq, Lk]`` (a grid when there are
+leading batch/head dimensions, up to ``max_panels`` with a note beyond), with labelled axes, one
+shared colour bar, masked cells in grey, and the values written in the cells when a map is small.
+``save_figure`` writes PNG, SVG or PDF by the file's extension, atomically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.io import shape_str, write_atomic
+
+FORMATS = (".png", ".svg", ".pdf")
+MAX_TICKS = 40  # label at most this many positions per axis; thin the rest
+ANNOTATE_MAX = 16  # write values in cells when both sides are at most this
+
+
+def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str) -> None:
+    step = max(1, math.ceil(n / MAX_TICKS))
+    positions = list(range(0, n, step))
+    names = [labels[i] if labels is not None else str(i) for i in positions]
+    if axis == "x":
+        ax.set_xticks(positions)
+        ax.set_xticklabels(names, rotation=90 if labels is not None else 0, fontsize=8)
+    else:
+        ax.set_yticks(positions)
+        ax.set_yticklabels(names, fontsize=8)
+
+
+def heatmap_figure(
+    maps: np.ndarray,
+    *,
+    title: str,
+    q_labels: Sequence[str] | None = None,
+    k_labels: Sequence[str] | None = None,
+    keep: np.ndarray | None = None,
+    max_panels: int = 16,
+    cmap: str = "viridis",
+    xlabel: str = "key",
+    ylabel: str = "query",
+) -> Any:
+    """A ``matplotlib.figure.Figure`` of ``maps [..., Lq, Lk]``; ``keep`` broadcasts to it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    maps = np.asarray(maps, dtype=np.float64)
+    lead, (lq, lk) = maps.shape[:-2], maps.shape[-2:]
+    slices = list(np.ndindex(*lead)) if lead else [()]
+    total = len(slices)
+    slices = slices[:max_panels]
+    full_keep = np.broadcast_to(keep, maps.shape) if keep is not None else None
+    shown = np.stack([maps[s] for s in slices])
+    vmax = float(shown.max()) if shown.size else 1.0
+    vmin = min(0.0, float(shown.min()))
+
+    ncols = math.ceil(math.sqrt(len(slices)))
+    nrows = math.ceil(len(slices) / ncols)
+    panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6))
+    panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2))
+    fig = Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.9), layout="constrained")
+    FigureCanvasAgg(fig)
+    colormap = _colormap(cmap)
+    annotate = lq <= ANNOTATE_MAX and lk <= ANNOTATE_MAX
+    image = None
+    axes = []
+    for n, s in enumerate(slices):
+        ax = fig.add_subplot(nrows, ncols, n + 1)
+        axes.append(ax)
+        data = maps[s]
+        masked = ~full_keep[s] if full_keep is not None else np.zeros(data.shape, bool)
+        image = ax.imshow(np.ma.masked_array(data, masked), cmap=colormap, vmin=vmin, vmax=vmax,
+                          aspect="auto", interpolation="nearest")
+        _ticks(ax, lk, k_labels, "x")
+        _ticks(ax, lq, q_labels, "y")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if lead:
+            ax.set_title(f"slice {list(s)}", fontsize=9)
+        if annotate:
+            for i in range(lq):
+                for j in range(lk):
+                    if masked[i, j]:
+                        continue
+                    value = data[i, j]
+                    bright = (value - vmin) / (vmax - vmin) > 0.6 if vmax > vmin else False
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                            color="black" if bright else "white")
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.9, label="weight")
+    note = f" (showing {len(slices)} of {total} slices)" if total > len(slices) else ""
+    fig.suptitle(f"{title} {shape_str(maps.shape)}{note}", fontsize=11)
+    return fig
+
+
+def _colormap(name: str) -> Any:
+    from matplotlib import colormaps
+
+    cm = colormaps[name].copy()
+    cm.set_bad("#d9d9d9")  # masked cells: light grey
+    return cm
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a figure as PNG/SVG/PDF by extension, through a temporary file and a rename."""
+    fmt = path.suffix.lower().lstrip(".")
+    write_atomic(path, lambda fh: fig.savefig(fh, format=fmt, dpi=120))

@@ -1,0 +1,74 @@
+"""The JSON document of a run (``--json``): one object, documented in the README.
+
+Arrays are nested lists; undefined statistics (those of fully masked rows) are ``null``; the
+document never holds NaN or Infinity.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from attnviz import __version__
+from attnviz.pipeline import Outcome
+
+
+def plain(value: Any) -> Any:
+    """NumPy values as JSON-ready Python values, NaN as None."""
+    if isinstance(value, np.ndarray):
+        return plain(value.tolist())
+    if isinstance(value, np.generic):
+        return plain(value.item())
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _null_where(values: np.ndarray, undefined: np.ndarray) -> np.ndarray:
+    """``values`` with None where ``undefined`` (an object array, for JSON)."""
+    out = values.astype(object)
+    out[undefined] = None
+    return out
+
+
+def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[str, Any]:
+    prep, result, stats = outcome.prepared, outcome.result, outcome.stats
+    stats_doc = {
+        "entropy": stats.entropy,
+        "entropy_normalized": stats.entropy_norm,
+        "max": stats.max,
+        "argmax": _null_where(stats.argmax, stats.masked),
+        "top_k": {"index": stats.top_index, "weight": stats.top_weight},
+        "row_sum": stats.row_sum,
+        "unmasked_keys": stats.n_keys,
+        "fully_masked": stats.masked,
+    }
+    return plain({
+        "attnviz": __version__,
+        "variant": prep.variant.name,
+        "device": outcome.device.name,
+        "dtype": prep.options.dtype,
+        "inputs": {name: list(lo.data.shape) for name, lo in prep.inputs.items()},
+        "params": result.params,
+        "mask": prep.mask.described,
+        "labels": {"q": prep.q_labels, "k": prep.k_labels},
+        "weights": result.weights,
+        "weights_shape": list(result.weights.shape),
+        "output": result.output,
+        "output_shape": list(result.output.shape) if result.output is not None else None,
+        "maps": {name: {"shape": list(m.shape), "data": m} for name, m in result.maps.items()},
+        "stats": stats_doc,
+        "warnings": outcome.warnings,
+        "files": files or {},
+    })
+
+
+def to_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, allow_nan=False)

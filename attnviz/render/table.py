@@ -1,0 +1,152 @@
+"""Rich tables of attention weights and per-query statistics. Builds renderables; never prints.
+
+Long maps are elided: the first and last rows (and columns) are shown around a ``⋮`` row (``…``
+column), and the caption says what was left out and how to see more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from attnviz.stats import RowStats
+
+# viridis, sampled at 9 points: dark blue (low) to yellow (high); readable on dark and light terminals
+_RAMP = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
+MASKED = "·"
+
+
+def shade(value: float, vmax: float) -> Style:
+    """Background colour for a weight, from the ramp; black text on the light end."""
+    frac = 0.0 if vmax <= 0 else float(np.clip(value / vmax, 0.0, 1.0))
+    i = int(round(frac * (len(_RAMP) - 1)))
+    return Style(color="black" if i >= 5 else "white", bgcolor=_RAMP[i])
+
+
+def pick(n: int, limit: int | None) -> list[int | None]:
+    """Indices to show of ``n``: all, or the head and tail around a ``None`` gap."""
+    if limit is None or n <= limit:
+        return list(range(n))
+    limit = max(limit, 2)
+    head = (limit + 1) // 2
+    tail = limit - head
+    return [*range(head), None, *range(n - tail, n)]
+
+
+def _elided(indices: list[int | None], n: int, what: str) -> str | None:
+    if None not in indices:
+        return None
+    gap = indices.index(None)
+    first_hidden = indices[gap - 1] + 1  # type: ignore[operator]
+    last_hidden = indices[gap + 1] - 1  # type: ignore[operator]
+    return f"{what} {first_hidden}-{last_hidden} of {n}"
+
+
+def axis_name(i: int, labels: Sequence[str] | None, width: int = 12) -> str:
+    if labels is None:
+        return str(i)
+    label = labels[i] if len(labels[i]) <= width else labels[i][: width - 1] + "…"
+    return f"{i} {label}"
+
+
+def weights_table(
+    weights: np.ndarray,
+    *,
+    q_labels: Sequence[str] | None = None,
+    k_labels: Sequence[str] | None = None,
+    keep: np.ndarray | None = None,
+    precision: int = 3,
+    max_rows: int | None = None,
+    max_cols: int | None = None,
+    title: str | None = None,
+) -> Table:
+    """A table of one 2-D map ``[Lq, Lk]``, each cell shaded by its value. Masked cells show ``·``."""
+    lq, lk = weights.shape
+    rows, cols = pick(lq, max_rows), pick(lk, max_cols)
+    vmax = float(np.max(weights)) if weights.size else 1.0
+    caption_parts = [p for p in (_elided(rows, lq, "rows"), _elided(cols, lk, "columns")) if p]
+    caption = None
+    if caption_parts:
+        caption = "not shown: " + ", ".join(caption_parts) + " (--max-rows / --max-cols show more)"
+    if keep is not None and not keep.all():
+        caption = (caption + "; " if caption else "") + f"{MASKED} = masked"
+    table = Table(title=title, caption=caption, caption_justify="left")
+    label = max((len(axis_name(i, q_labels)) for i in rows if i is not None), default=1)
+    table.add_column("query \\ key", style="bold", overflow="fold", min_width=min(label, 16))
+    for j in cols:
+        header = "…" if j is None else (k_labels[j] if k_labels is not None else str(j))
+        table.add_column(header, justify="right", overflow="fold", min_width=precision + 3)
+    for i in rows:
+        if i is None:
+            table.add_row("⋮", *["⋮" for _ in cols])
+            continue
+        cells: list[Text | str] = []
+        for j in cols:
+            if j is None:
+                cells.append("…")
+            elif keep is not None and not keep[i, j]:
+                cells.append(Text(MASKED, style="dim", justify="center"))
+            else:
+                value = float(weights[i, j])
+                cells.append(Text(f"{value:.{precision}f}", style=shade(value, vmax)))
+        table.add_row(axis_name(i, q_labels), *cells)
+    return table
+
+
+def stats_table(
+    stats: RowStats,
+    *,
+    q_labels: Sequence[str] | None = None,
+    k_labels: Sequence[str] | None = None,
+    precision: int = 3,
+    max_rows: int | None = None,
+    title: str | None = None,
+) -> Table:
+    """Per-query statistics of one 2-D map: entropy, normalised entropy, max, argmax, top-k, row sum."""
+    lq = stats.entropy.shape[0]
+    rows = pick(lq, max_rows)
+    elided = _elided(rows, lq, "rows")
+    k = stats.top_index.shape[-1]
+    table = Table(
+        title=title,
+        caption="H: entropy in nats; H/log n: normalised by the unmasked key count"
+        + (f"; not shown: {elided} (--max-rows shows more)" if elided else ""),
+        caption_justify="left",
+    )
+    p = precision
+    number = p + 3  # "0.123" or "-0.12": numbers are never cut short
+    label = max((len(axis_name(i, q_labels)) for i in rows if i is not None), default=1)
+    key = max((len(axis_name(int(j), k_labels)) for j in np.unique(stats.top_index)), default=1)
+    # overflow "fold": a cell too narrow wraps its text, it never hides digits behind an ellipsis
+    table.add_column("query", overflow="fold", min_width=min(label, 16))
+    table.add_column("H", justify="right", overflow="fold", min_width=number)
+    table.add_column("H/log n", justify="right", overflow="fold", min_width=number)
+    table.add_column("max", justify="right", overflow="fold", min_width=number)
+    table.add_column("argmax", overflow="fold", min_width=min(key, 16))
+    table.add_column(f"top-{k} (key: weight)", overflow="fold", min_width=min(key, 16) + number + 2)
+    table.add_column("sum", justify="right", overflow="fold", min_width=number)
+    for i in rows:
+        if i is None:
+            table.add_row("⋮", *["⋮"] * 6)
+            continue
+        if stats.masked[i]:
+            table.add_row(axis_name(i, q_labels), *[Text("masked", style="dim")] * 5, f"{stats.row_sum[i]:.{p}f}")
+            continue
+        top = "  ".join(
+            f"{axis_name(int(j), k_labels)}: {w:.{p}f}"
+            for j, w in zip(stats.top_index[i], stats.top_weight[i])
+        )
+        table.add_row(
+            axis_name(i, q_labels),
+            f"{stats.entropy[i]:.{p}f}",
+            f"{stats.entropy_norm[i]:.{p}f}",
+            f"{stats.max[i]:.{p}f}",
+            axis_name(int(stats.argmax[i]), k_labels),
+            top,
+            f"{stats.row_sum[i]:.{p}f}",
+        )
+    return table

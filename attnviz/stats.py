@@ -1,0 +1,88 @@
+"""Per-query statistics of attention weights (NumPy only).
+
+For each query row of ``weights [..., Lq, Lk]``:
+
+* ``entropy``: ``-sum_j w_j log w_j`` in nats (``0 log 0 = 0``);
+* ``entropy_norm``: entropy divided by ``log n``, n the number of keys the row may attend to
+  (1 for a uniform row, 0 for a one-hot row; 0 when n = 1);
+* ``max`` and ``argmax`` (ties go to the lower key index);
+* ``top_index`` / ``top_weight``: the k largest weights, in descending order, ties to the lower index;
+* ``row_sum``: the sum of the row (1 for a softmax row, 0 for a fully masked one);
+* ``masked``: True where the row is fully masked. Its entropy, max and argmax are undefined and
+  reported as NaN / -1 (``null`` in JSON, "masked" in tables).
+
+Sums are taken in float64 whatever the weights' dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class RowStats:
+    entropy: np.ndarray  # [..., Lq] float64
+    entropy_norm: np.ndarray
+    max: np.ndarray
+    argmax: np.ndarray  # int64, -1 for masked rows
+    top_index: np.ndarray  # [..., Lq, k] int64
+    top_weight: np.ndarray  # [..., Lq, k] float64
+    row_sum: np.ndarray
+    n_keys: np.ndarray  # int64: keys each row may attend to
+    masked: np.ndarray  # bool
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {
+            "entropy": self.entropy,
+            "entropy_norm": self.entropy_norm,
+            "max": self.max,
+            "argmax": self.argmax,
+            "top_index": self.top_index,
+            "top_weight": self.top_weight,
+            "row_sum": self.row_sum,
+            "n_keys": self.n_keys,
+            "masked": self.masked,
+        }
+
+    def select(self, index: tuple[int, ...]) -> RowStats:
+        """The statistics of one slice of the leading dimensions."""
+        return RowStats(**{name: value[index] for name, value in self.as_dict().items()})
+
+
+def entropy(weights: np.ndarray) -> np.ndarray:
+    """Shannon entropy of each row in nats, with ``0 log 0 = 0``."""
+    w = np.asarray(weights, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
+    return -terms.sum(axis=-1)
+
+
+def row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3) -> RowStats:
+    """Statistics of every query row of ``weights [..., Lq, Lk]``; ``keep`` broadcasts to it."""
+    w = np.asarray(weights, dtype=np.float64)
+    lk = w.shape[-1]
+    if keep is None:
+        n_keys = np.full(w.shape[:-1], lk, dtype=np.int64)
+    else:
+        n_keys = np.broadcast_to(keep, w.shape).sum(axis=-1).astype(np.int64)
+    masked = n_keys == 0
+    h = entropy(w)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h_norm = np.where(n_keys > 1, h / np.log(np.maximum(n_keys, 2)), 0.0)
+    k = max(1, min(k, lk))
+    order = np.argsort(-w, axis=-1, kind="stable")[..., :k]
+    top_weight = np.take_along_axis(w, order, axis=-1)
+    argmax = order[..., 0].astype(np.int64)
+    return RowStats(
+        entropy=np.where(masked, np.nan, h),
+        entropy_norm=np.where(masked, np.nan, h_norm),
+        max=np.where(masked, np.nan, top_weight[..., 0]),
+        argmax=np.where(masked, -1, argmax),
+        top_index=order.astype(np.int64),
+        top_weight=top_weight,
+        row_sum=w.sum(axis=-1),
+        n_keys=n_keys,
+        masked=masked,
+    )

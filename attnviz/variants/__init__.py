@@ -1,0 +1,22 @@
+"""The registry of attention variants: the one place a variant is added.
+
+Each entry is a module with a ``VARIANT``; the command line makes one command of each. Importing
+this package imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from attnviz.variants import dot, scaled
+from attnviz.variants._base import Variant
+
+REGISTRY: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        scaled.VARIANT,
+        dot.VARIANT,
+    )
+}
+
+
+def get(name: str) -> Variant:
+    return REGISTRY[name]

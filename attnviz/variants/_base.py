@@ -1,0 +1,207 @@
+"""What every variant shares: its description (``Variant``), its result (``Result``), shape checks
+in NumPy, and the masked softmax and scaled dot-product kernel in TensorFlow.
+
+A variant module defines a ``Params`` dataclass (its options: each field's ``metadata["help"]`` is
+the option's help, the field name with ``-`` for ``_`` is the flag), ``check(inputs, params)``
+(NumPy only: validates shapes and returns the weights' shape) and ``compute(ctx, arrays, mask,
+params)`` (TensorFlow, returns NumPy arrays in a ``Result``), and one ``VARIANT = Variant(...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from attnviz.device import Device, softmax_dtype, tensorflow
+from attnviz.errors import AttnvizError, ShapeError
+
+if TYPE_CHECKING:  # NumPy is imported inside the functions: the registry must load without it
+    import numpy as np
+
+    from attnviz.io import Loaded
+    from attnviz.masks import Mask
+
+
+def shape_str(shape: Any) -> str:
+    """A shape as users write it: ``[2, 3, 4]``."""
+    return "[" + ", ".join(str(int(n)) for n in shape) + "]"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A positional array argument. ``name`` is also its key in an ``.npz`` bundle. All but the
+    first may be left out on the command line when the first is a bundle holding every input;
+    ``optional`` ones may be left out altogether."""
+
+    name: str
+    help: str
+    optional: bool = False
+
+
+@dataclass
+class Result:
+    """What a variant computes, as NumPy arrays."""
+
+    weights: np.ndarray  # the primary attention map [..., Lq, Lk]
+    output: np.ndarray | None  # [..., Lq, d_v], or None when the variant has no output
+    params: dict[str, Any] = field(default_factory=dict)  # hyper-parameters actually used
+    maps: dict[str, np.ndarray] = field(default_factory=dict)  # further maps a variant has
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One attention type: the registry holds one of these per command."""
+
+    name: str
+    summary: str  # one line, for `attnviz variants` and the command's help
+    formula: str  # plain-text formula
+    doc: str  # the module docstring: formula, shapes, references
+    inputs: tuple[InputSpec, ...]
+    params: type  # a dataclass of options
+    check: Callable[[Mapping[str, Loaded], Any], tuple[int, ...]]
+    compute: Callable[[Context, Mapping[str, np.ndarray], Mask, Any], Result]
+    query_input: str = "q"  # the input whose JSON labels label the query axis
+    key_input: str = "k"  # ... and the key axis
+
+
+@dataclass
+class Context:
+    """The TensorFlow module, device and dtype a computation runs with."""
+
+    device: Device
+    dtype: str
+
+    @property
+    def tf(self) -> Any:
+        return tensorflow()
+
+    def tensor(self, arr: np.ndarray) -> Any:
+        """A NumPy array as a tensor of the run's dtype."""
+        import numpy as np
+
+        tf = self.tf
+        return tf.cast(tf.convert_to_tensor(np.asarray(arr)), self.dtype)
+
+    def numpy(self, tensor: Any) -> np.ndarray:
+        """A tensor back as NumPy (bfloat16 as float32, which NumPy can hold)."""
+        import numpy as np
+
+        tf = self.tf
+        if tensor.dtype == tf.bfloat16:
+            tensor = tf.cast(tensor, tf.float32)
+        return np.asarray(tensor.numpy())
+
+
+# ----------------------------------------------------------------------------------------------
+# Shape checks (NumPy only, before TensorFlow is imported)
+
+
+def require_rank(loaded: Loaded, name: str, rank: int, layout: str) -> None:
+    if loaded.data.ndim < rank:
+        raise ShapeError(
+            f"{loaded.source}: {name} must have at least {rank} dimensions {layout}; "
+            f"received shape {shape_str(loaded.data.shape)}."
+        )
+
+
+def broadcast_leading(inputs: Mapping[str, Loaded], names: tuple[str, ...], core: int = 2) -> tuple[int, ...]:
+    """Broadcast the leading (batch, head) dimensions of the named inputs, or say which clash."""
+    import numpy as np
+
+    shapes = [inputs[n].data.shape[:-core] for n in names]
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        listed = ", ".join(
+            f"{inputs[n].source} {shape_str(inputs[n].data.shape)}" for n in names
+        )
+        raise ShapeError(
+            f"the leading (batch/head) dimensions do not broadcast: {listed}; "
+            "they must be equal or 1, as in [batch, heads, L, d]."
+        ) from None
+
+
+def check_qkv(inputs: Mapping[str, Loaded]) -> tuple[int, ...]:
+    """Q ``[..., Lq, d_k]``, K ``[..., Lk, d_k]``, V ``[..., Lk, d_v]``; returns ``[..., Lq, Lk]``."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    require_rank(q, "Q", 2, "[..., Lq, d_k]")
+    require_rank(k, "K", 2, "[..., Lk, d_k]")
+    require_rank(v, "V", 2, "[..., Lk, d_v]")
+    if q.data.shape[-1] != k.data.shape[-1]:
+        raise ShapeError(
+            f"d_k differs: Q ({q.source}) has shape {shape_str(q.data.shape)} and K ({k.source}) "
+            f"{shape_str(k.data.shape)}; their last dimensions must be equal."
+        )
+    if k.data.shape[-2] != v.data.shape[-2]:
+        raise ShapeError(
+            f"Lk differs: K ({k.source}) has shape {shape_str(k.data.shape)} and V ({v.source}) "
+            f"{shape_str(v.data.shape)}; they need the same number of rows (keys)."
+        )
+    lead = broadcast_leading(inputs, ("q", "k", "v"))
+    return (*lead, q.data.shape[-2], k.data.shape[-2])
+
+
+# ----------------------------------------------------------------------------------------------
+# TensorFlow kernels
+
+
+def masked_softmax(ctx: Context, scores: Any, mask: Mask) -> Any:
+    """Softmax over the last axis with a keep mask and an optional bias (reference section 0.3).
+
+    ``where(keep, s, -inf)``, subtract the finite-guarded row max, exp, divide with 0/0 -> 0: a fully
+    masked row is all zeros, never NaN and never uniform. float16/bfloat16 scores are upcast to
+    float32 first.
+    """
+    import numpy as np
+
+    tf = ctx.tf
+    s = tf.cast(scores, softmax_dtype(ctx.dtype))
+    if mask.bias is not None:
+        s = s + tf.cast(tf.convert_to_tensor(mask.bias), s.dtype)
+    keep = None
+    if mask.keep is not None:
+        keep = tf.convert_to_tensor(mask.keep)
+        s = tf.where(keep, s, tf.constant(-np.inf, dtype=s.dtype))
+    m = tf.reduce_max(s, axis=-1, keepdims=True)
+    m = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
+    e = tf.exp(s - m)
+    if keep is not None:
+        e = tf.where(keep, e, tf.zeros_like(e))
+    return tf.math.divide_no_nan(e, tf.reduce_sum(e, axis=-1, keepdims=True))
+
+
+def attend(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Mask,
+           scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """``A = softmax(scale * Q K^T (+ bias), masked)``, ``O = A V``; returns (A, O) as NumPy.
+
+    Q is multiplied by ``scale`` before the matmul (as Keras MultiHeadAttention does), which keeps
+    float16 scores in range. The output is computed in the run's dtype from the weights cast to it.
+    """
+    import numpy as np
+
+    tf = ctx.tf
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    weights_shape = (*lead, q.shape[-2], k.shape[-2])
+    with tf.device(ctx.device.tf_name):
+        qt, kt, vt = ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)
+        if scale != 1.0:
+            qt = qt * tf.cast(scale, qt.dtype)
+        scores = tf.matmul(qt, kt, transpose_b=True)
+        weights = masked_softmax(ctx, scores, mask)
+        weights = tf.broadcast_to(weights, weights_shape)
+        output = tf.matmul(tf.cast(weights, vt.dtype), vt)
+        w, o = ctx.numpy(weights), ctx.numpy(output)
+    check_finite_result(w, ctx.dtype)
+    return w, o
+
+
+def check_finite_result(weights: np.ndarray, dtype: str) -> None:
+    """Never show NaN: scores that overflowed the dtype are an error with a way out."""
+    import numpy as np
+
+    if not np.isfinite(weights).all():
+        hint = " (the scores overflowed float16; try --dtype float32)" if dtype == "float16" else ""
+        raise AttnvizError(f"the attention weights came out non-finite{hint}.")
+

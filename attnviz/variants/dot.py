@@ -1,0 +1,53 @@
+"""Dot-product attention, Luong et al. 2015 "dot" score (global attention, no scaling).
+
+    A = softmax_k(Q K^T + bias, masked)
+    O = A V
+
+Shapes as ``scaled``: Q ``[..., Lq, d]``, K ``[..., Lk, d]``, V ``[..., Lk, d_v]`` give weights
+``[..., Lq, Lk]`` and output ``[..., Lq, d_v]``. No learned parameters.
+
+The same numbers as ``keras.layers.Attention(score_mode="dot", use_scale=False)`` called as
+``layer([query, value, key], return_attention_scores=True)``; unlike that layer, a fully masked row
+gets zero weights (Keras's ``-1e9`` bias makes it uniform).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from attnviz.variants._base import Context, Result, Variant, attend, check_qkv
+from attnviz.variants.scaled import QKV
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attnviz.io import Loaded
+    from attnviz.masks import Mask
+
+
+@dataclass
+class Params:
+    pass
+
+
+def check(inputs: Mapping[str, Loaded], params: Params) -> tuple[int, ...]:
+    return check_qkv(inputs)
+
+
+def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params) -> Result:
+    weights, output = attend(ctx, arrays["q"], arrays["k"], arrays["v"], mask, 1.0)
+    return Result(weights, output, params={"scale": 1.0})
+
+
+VARIANT = Variant(
+    name="dot",
+    summary="dot-product attention, Luong 'dot' score, unscaled (= keras.layers.Attention)",
+    formula="A = softmax(Q K^T), O = A V",
+    doc=__doc__ or "",
+    inputs=QKV,
+    params=Params,
+    check=check,
+    compute=compute,
+)

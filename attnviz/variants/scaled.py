@@ -1,0 +1,68 @@
+"""Scaled dot-product attention (Vaswani et al., 2017, "Attention Is All You Need", section 3.2.1).
+
+    A = softmax_k(scale * Q K^T + bias, masked)      scale = 1/sqrt(d_k) unless --scale is given
+    O = A V
+
+Shapes: Q ``[..., Lq, d_k]``, K ``[..., Lk, d_k]``, V ``[..., Lk, d_v]`` (leading batch/head
+dimensions broadcast) give weights ``[..., Lq, Lk]`` and output ``[..., Lq, d_v]``. No learned
+parameters. ``d_k`` is the last dimension of Q.
+
+Masked positions get exactly zero weight; a fully masked query row gets all-zero weights and a zero
+output. The same numbers as ``torch.nn.functional.scaled_dot_product_attention`` with a boolean
+``attn_mask`` (True = take part) and ``is_causal``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from attnviz.errors import UsageError
+from attnviz.variants._base import Context, InputSpec, Result, Variant, attend, check_qkv
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attnviz.io import Loaded
+    from attnviz.masks import Mask
+
+QKV = (
+    InputSpec("q", "queries [..., Lq, d_k], or one .npz/JSON holding q, k and v"),
+    InputSpec("k", "keys [..., Lk, d_k]"),
+    InputSpec("v", "values [..., Lk, d_v]"),
+)
+
+
+@dataclass
+class Params:
+    scale: float | None = field(
+        default=None,
+        metadata={"help": "multiply Q K^T by this instead of 1/sqrt(d_k); a temperature t is --scale 1/t"},
+    )
+
+
+def check(inputs: Mapping[str, Loaded], params: Params) -> tuple[int, ...]:
+    if params.scale is not None and not (math.isfinite(params.scale) and params.scale > 0):
+        raise UsageError(f"--scale {params.scale}: must be a positive finite number.")
+    return check_qkv(inputs)
+
+
+def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params) -> Result:
+    d_k = arrays["q"].shape[-1]
+    scale = params.scale if params.scale is not None else 1.0 / math.sqrt(d_k)
+    weights, output = attend(ctx, arrays["q"], arrays["k"], arrays["v"], mask, scale)
+    return Result(weights, output, params={"scale": scale, "d_k": d_k})
+
+
+VARIANT = Variant(
+    name="scaled",
+    summary="scaled dot-product attention (Vaswani et al. 2017)",
+    formula="A = softmax(Q K^T / sqrt(d_k)), O = A V",
+    doc=__doc__ or "",
+    inputs=QKV,
+    params=Params,
+    check=check,
+    compute=compute,
+)
