@@ -75,6 +75,8 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
 def _check_path(path: str) -> Path:
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{path}: is a directory, not an array file.")
     if p.suffix.lower() not in ARRAY_SUFFIXES:
         raise UsageError(
             f"{path}: unknown file type {p.suffix or '(none)'!r}; attnviz reads .npy, .npz, .npz:KEY, "
@@ -82,8 +84,6 @@ def _check_path(path: str) -> Path:
         )
     if not p.exists():
         raise UsageError(f"{path}: no such file.")
-    if p.is_dir():
-        raise UsageError(f"{path}: is a directory, not an array file.")
     return p
 
 
@@ -117,10 +117,9 @@ def _from_json_value(value: Any, source: str) -> np.ndarray:
         raise InputError(f"{source}: expected a nested list of numbers, got {type(value).__name__}.")
     try:
         arr = np.array(value)
-    except ValueError as exc:  # ragged nesting
+    except ValueError:  # ragged nesting
         raise InputError(
-            f"{source}: the nested lists are ragged (rows of different lengths); "
-            f"an array needs a rectangular shape ({exc})."
+            f"{source}: the nested lists are ragged (rows of different lengths); an array needs a rectangular shape."
         ) from None
     if arr.dtype.kind not in "biuf":
         raise InputError(

@@ -187,7 +187,7 @@ def attend(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Mask
     with tf.device(ctx.device.tf_name):
         qt, kt, vt = ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)
         if scale != 1.0:
-            qt = qt * tf.cast(scale, qt.dtype)
+            qt = qt * tf.constant(scale, dtype=qt.dtype)  # not tf.cast: that rounds through float32
         scores = tf.matmul(qt, kt, transpose_b=True)
         weights = masked_softmax(ctx, scores, mask)
         weights = tf.broadcast_to(weights, weights_shape)
