@@ -120,10 +120,11 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     shape = variant.check(inputs, params)
     limit = DTYPE_MAX[options.dtype]
     for loaded in inputs.values():
-        if loaded.data.size and loaded.data.dtype.kind in "iuf" and np.abs(loaded.data).max() > limit:
+        largest = float(np.abs(loaded.data).max()) if loaded.data.size else 0.0
+        if largest > limit:
             raise InputError(
-                f"{loaded.source}: values up to {np.abs(loaded.data).max():g} exceed the {options.dtype} "
-                f"range (±{limit:g}); use a wider --dtype."
+                f"{loaded.source}: values up to {largest:g} exceed the {options.dtype} range (±{limit:g}); "
+                "use a wider --dtype."
             )
     paths = [lo.path for lo in inputs.values() if lo.path is not None]
     arrays = {n: lo for n, lo in inputs.items() if not n.endswith("_labels") and n != "mask"}

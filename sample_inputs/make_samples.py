@@ -1,4 +1,5 @@
-"""Regenerate the files in sample_inputs/ (run from anywhere: python sample_inputs/make_samples.py).
+"""Regenerate the files in sample_inputs/ (run from anywhere: python sample_inputs/make_samples.py
+[OUT_DIR]).
 
 * ``q.npy``, ``k.npy``, ``v.npy`` (and ``q.json``, ``k.json``, ``v.json``, and the bundle
   ``seed_example.npz``): the worked example of the scaled dot-product seed note (the TensorFlow
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -56,17 +58,17 @@ def sentence() -> dict[str, np.ndarray]:
     }
 
 
-def main() -> None:
+def main(out: Path = HERE) -> None:
     ex = seed_example()
     for name, arr in ex.items():
-        np.save(HERE / f"{name}.npy", arr)
-        (HERE / f"{name}.json").write_text(json.dumps(arr.tolist()) + "\n")
-    np.savez(HERE / "seed_example.npz", **ex)
-    np.save(HERE / "padding_mask.npy", np.array([1, 1, 1, 0], dtype=np.int8))
+        np.save(out / f"{name}.npy", arr)
+        (out / f"{name}.json").write_text(json.dumps(arr.tolist()) + "\n")
+    np.savez(out / "seed_example.npz", **ex)
+    np.save(out / "padding_mask.npy", np.array([1, 1, 1, 0], dtype=np.int8))
     s = sentence()
-    np.savez(HERE / "sentence.npz", **s)
-    (HERE / "tokens.txt").write_text("\n".join(s["q_labels"].tolist()) + "\n")
+    np.savez(out / "sentence.npz", **s)
+    (out / "tokens.txt").write_text("\n".join(s["q_labels"].tolist()) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)

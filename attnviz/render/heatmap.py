@@ -102,9 +102,7 @@ def heatmap_figure(
 def _colormap(name: str) -> Any:
     from matplotlib import colormaps
 
-    cm = colormaps[name].copy()
-    cm.set_bad("#d9d9d9")  # masked cells: light grey
-    return cm
+    return colormaps[name].with_extremes(bad="#d9d9d9")  # masked cells: light grey
 
 
 def save_figure(fig: Any, path: Path) -> None:

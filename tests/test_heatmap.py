@@ -1,0 +1,64 @@
+"""Heatmaps: the files open as images of the expected kind, are not blank, and show what they claim."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnviz.cli import app
+from attnviz.render.heatmap import heatmap_figure, save_figure
+from tests.conftest import SAMPLES
+
+runner = CliRunner()
+
+
+def read_png(path):
+    from matplotlib.image import imread
+
+    return imread(path)
+
+
+def test_single_map_png_is_not_blank(tmp_path):
+    out = tmp_path / "a.png"
+    r = runner.invoke(app, ["scaled", str(SAMPLES / "seed_example.npz"), "--png", str(out), "--quiet"])
+    assert r.exit_code == 0, r.stderr
+    img = read_png(out)
+    h, w = img.shape[:2]
+    assert 250 < h < 2000 and 300 < w < 2000
+    rgb = img[..., :3]
+    assert rgb.std() > 0.1  # not a blank canvas
+    assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 50  # a colour map, text and axes
+
+
+def test_grid_for_heads_and_masked_cells(tmp_path):
+    out = tmp_path / "grid.png"
+    r = runner.invoke(app, ["scaled", str(SAMPLES / "sentence.npz"), "--causal", "--png", str(out), "--quiet"])
+    assert r.exit_code == 0, r.stderr
+    img = read_png(out)
+    assert img.shape[1] > img.shape[0]  # two panels side by side
+    grey = np.all(np.abs(img[..., :3] - 0xD9 / 255) < 0.01, axis=-1)
+    assert grey.sum() > 1000  # the masked upper triangle is drawn in grey
+
+
+def test_many_slices_are_capped_with_a_note():
+    maps = np.random.default_rng(0).dirichlet(np.ones(5), size=(5, 4, 5))  # 20 slices
+    fig = heatmap_figure(maps, title="t", max_panels=16)
+    assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == 16
+    assert "showing 16 of 20 slices" in fig._suptitle.get_text()
+
+
+def test_long_label_lists_are_thinned():
+    n = 200
+    maps = np.random.default_rng(0).dirichlet(np.ones(n), size=n)
+    labels = [f"tok{i}" for i in range(n)]
+    fig = heatmap_figure(maps, title="t", q_labels=labels, k_labels=labels)
+    ax = fig.axes[0]
+    assert len(ax.get_xticks()) <= 40 and ax.get_xticklabels()[1].get_text() == "tok5"
+
+
+@pytest.mark.parametrize("suffix, magic", [(".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_vector_formats_by_extension(tmp_path, suffix, magic):
+    out = tmp_path / f"a{suffix}"
+    save_figure(heatmap_figure(np.eye(3), title="t"), out)
+    assert out.read_bytes()[:5].startswith(magic)
