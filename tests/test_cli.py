@@ -241,3 +241,29 @@ def test_failed_run_writes_no_file(tmp_path):
 
 def test_index_out_of_range_on_batched_input():
     fails(2, "scaled", SAMPLES / "sentence.npz", "--index", "2", match="that dimension has size 2")
+
+
+def _gpu_visible():
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def test_gpu_matches_cpu():
+    if not _gpu_visible():
+        pytest.skip("no GPU visible to TensorFlow")
+    rng = np.random.default_rng(0)
+    from tests.conftest import compute
+
+    q, k, v = rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 6, 8)), rng.normal(size=(2, 6, 3))
+    cpu = compute("scaled", q, k, v)
+    doc = json.loads(ok("scaled", SAMPLES / "seed_example.npz", "--device", "gpu", "--json").stdout)
+    assert doc["device"].startswith("GPU")
+    from attnviz.device import Device
+    from attnviz.masks import Mask
+    from attnviz.variants import REGISTRY as R
+    from attnviz.variants._base import Context
+
+    gpu = R["scaled"].compute(Context(Device("GPU:0", "/GPU:0"), "float32"), {"q": q, "k": k, "v": v}, Mask(),
+                              R["scaled"].params())
+    np.testing.assert_allclose(gpu.weights, cpu.weights, atol=1e-5)

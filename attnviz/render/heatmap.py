@@ -94,7 +94,12 @@ def heatmap_figure(
                             color="black" if bright else "white")
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.9, label="weight")
-    note = f" (showing {len(slices)} of {total} slices)" if total > len(slices) else ""
+    notes = []
+    if total > len(slices):
+        notes.append(f"showing {len(slices)} of {total} slices")
+    if full_keep is not None and not full_keep.all():
+        notes.append("grey: masked")
+    note = f" ({'; '.join(notes)})" if notes else ""
     fig.suptitle(f"{title} {shape_str(maps.shape)}{note}", fontsize=11)
     return fig
 
