@@ -101,8 +101,20 @@ def build_mask(
     key_padding: Loaded | None = None,
     causal: bool = False,
     causal_align: str = "top-left",
+    mask_shape: tuple[int, ...] | None = None,
 ) -> Mask:
-    """Combine every mask a user gave into one ``Mask`` (an empty one when none was given)."""
+    """Combine every mask a user gave into one ``Mask`` (an empty one when none was given).
+
+    ``mask_shape``: when the weights have a head axis that masks do not (multi-head weights
+    ``[B, N, T, S]`` take masks ``[B, T, S]``, as Keras ``attention_mask``), masks are checked
+    against ``mask_shape`` and the head axis is inserted at -3 afterwards.
+    """
+    if mask_shape is not None:
+        inner = build_mask(mask_shape, mask=mask, convention=convention, kind=kind, key_padding=key_padding,
+                           causal=causal, causal_align=causal_align)
+        inner.keep = _insert_head_axis(inner.keep)
+        inner.bias = _insert_head_axis(inner.bias)
+        return inner
     result = Mask()
     keeps: list[np.ndarray] = []
     if mask is not None:
@@ -137,6 +149,12 @@ def build_mask(
             combined = np.logical_and(combined, k)
         result.keep = combined
     return result
+
+
+def _insert_head_axis(arr: np.ndarray | None) -> np.ndarray | None:
+    if arr is None or arr.ndim < 3:
+        return arr  # [T, S] or [S] broadcasts over batch and heads as it is
+    return np.expand_dims(arr, -3)
 
 
 def fully_masked_rows(keep: np.ndarray | None, weights_shape: tuple[int, ...]) -> np.ndarray:

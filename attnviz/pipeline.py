@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz import params as learned_params
 from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import InputError, ShapeError, UsageError
@@ -41,6 +42,15 @@ class RunOptions:
 
 
 @dataclass
+class ParamOptions:
+    """Where a variant's learned parameters come from (variants with ``learned=True`` only)."""
+
+    params: str | None = None  # a .npz file
+    seed: int | None = None  # draw them; 0 when neither is given
+    save_params: str | None = None
+
+
+@dataclass
 class Prepared:
     variant: Variant
     params: Any
@@ -52,6 +62,8 @@ class Prepared:
     k_labels: list[str] | None
     input_paths: list[Path]  # every file read, so that no output overwrites one
     warnings: list[str] = field(default_factory=list)
+    learned: dict[str, np.ndarray] = field(default_factory=dict)
+    learned_source: str | None = None  # "params.npz", "seed 0"
 
 
 @dataclass
@@ -105,8 +117,9 @@ def _labels(option: str, spec: str | None, fallback: list[str] | None, count: in
 
 
 def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, params: Any,
-            stdin: StdinReader | None = None) -> Prepared:
+            stdin: StdinReader | None = None, param_options: ParamOptions | None = None) -> Prepared:
     """Read and check every input of a run; NumPy only."""
+    param_options = param_options or ParamOptions()
     _choice("--mask-convention", options.mask_convention, MASK_CONVENTIONS)
     _choice("--mask-kind", options.mask_kind, MASK_KINDS)
     _choice("--causal-align", options.causal_align, CAUSAL_ALIGNS)
@@ -117,7 +130,23 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     stdin = stdin or StdinReader()
 
     inputs = _resolve_inputs(variant, specs, stdin)
-    shape = variant.check(inputs, params)
+    given, given_path = None, None
+    if variant.learned and param_options.params is not None:
+        if param_options.seed is not None:
+            raise UsageError("--params and --seed both say where the parameters come from; give one.")
+        given, given_path = learned_params.read(param_options.params)
+    problem = variant.check(inputs, params, given)
+    shape = problem.weights_shape
+    learned: dict[str, np.ndarray] = {}
+    learned_source = None
+    if variant.learned:
+        if given is not None:
+            learned = learned_params.check(given, problem.specs, str(param_options.params))
+            learned_source = str(param_options.params)
+        else:
+            seed = param_options.seed if param_options.seed is not None else 0
+            learned = learned_params.draw(problem.specs, seed)
+            learned_source = f"seed {seed}"
     limit = DTYPE_MAX[options.dtype]
     for loaded in inputs.values():
         largest = float(np.abs(loaded.data).max()) if loaded.data.size else 0.0
@@ -127,6 +156,8 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
                 "use a wider --dtype."
             )
     paths = [lo.path for lo in inputs.values() if lo.path is not None]
+    if given_path is not None:
+        paths.append(given_path)
     arrays = {n: lo for n, lo in inputs.items() if not n.endswith("_labels") and n != "mask"}
 
     lq, lk = shape[-2], shape[-1]
@@ -155,7 +186,8 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
         if padding.path is not None:
             paths.append(padding.path)
     mask = build_mask(shape, mask=mask_loaded, convention=options.mask_convention, kind=options.mask_kind,
-                      key_padding=padding, causal=options.causal, causal_align=options.causal_align)
+                      key_padding=padding, causal=options.causal, causal_align=options.causal_align,
+                      mask_shape=problem.mask_shape)
 
     warnings = []
     rows = fully_masked_rows(mask.keep, shape)
@@ -164,7 +196,8 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
             f"{len(rows)} query row(s) have every key masked; their weights and output are all zero: "
             f"{'rows' if len(rows) > 1 else 'row'} {describe_rows(rows)}."
         )
-    return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings)
+    return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings,
+                    learned, learned_source)
 
 
 def execute(prep: Prepared) -> Outcome:
@@ -172,7 +205,7 @@ def execute(prep: Prepared) -> Outcome:
     device = resolve_device(prep.options.device)
     ctx = Context(device, prep.options.dtype)
     arrays = {n: lo.data for n, lo in prep.inputs.items()}
-    result = prep.variant.compute(ctx, arrays, prep.mask, prep.params)
+    result = prep.variant.compute(ctx, arrays, prep.mask, prep.params, prep.learned)
     if result.weights.shape != prep.weights_shape:  # a variant bug, not a user error
         raise ShapeError(
             f"{prep.variant.name}: computed weights of shape {shape_str(result.weights.shape)}, "

@@ -9,6 +9,8 @@ import pytest
 from attnviz.device import Device
 from attnviz.io import Loaded
 from attnviz.masks import build_mask
+from attnviz.params import check as check_params
+from attnviz.params import draw
 from attnviz.variants import REGISTRY
 from attnviz.variants._base import Context
 
@@ -19,19 +21,28 @@ CPU = Device("CPU:0", "/CPU:0")
 os.environ.setdefault("COLUMNS", "120")
 
 
-def compute(name, q, k, v, *, keep=None, bias=None, dtype="float32", causal=False, causal_align="top-left",
-            **params):
-    """Run a registered variant on arrays, with masks built the way the command line builds them."""
+def compute(name, q=None, k=None, v=None, *, inputs=None, keep=None, bias=None, dtype="float32", causal=False,
+            causal_align="top-left", learned=None, seed=None, **params):
+    """Run a registered variant on arrays, with masks built the way the command line builds them.
+
+    ``keep`` and ``bias`` are given in the weights' shape (after any head axis). ``learned`` is a
+    parameter dict (checked against the variant's specs like a --params file); ``seed`` draws them."""
     variant = REGISTRY[name]
     p = variant.params(**params)
-    inputs = {n: Loaded(np.asarray(a), n, None) for n, a in (("q", q), ("k", k), ("v", v))}
-    shape = variant.check(inputs, p)
-    mask = build_mask(shape, causal=causal, causal_align=causal_align)
+    if inputs is None:
+        inputs = {"q": q, "k": k, "v": v}
+    loaded = {n: Loaded(np.asarray(a), n, None) for n, a in inputs.items() if a is not None}
+    problem = variant.check(loaded, p, learned)
+    if learned is not None:
+        learned = check_params(learned, problem.specs, "test")
+    elif problem.specs:
+        learned = draw(problem.specs, seed or 0)
+    mask = build_mask(problem.weights_shape, causal=causal, causal_align=causal_align, mask_shape=problem.mask_shape)
     if keep is not None:
         mask.keep = keep if mask.keep is None else np.logical_and(mask.keep, keep)
     mask.bias = bias
-    result = variant.compute(Context(CPU, dtype), {n: lo.data for n, lo in inputs.items()}, mask, p)
-    return result
+    arrays = {n: lo.data for n, lo in loaded.items()}
+    return variant.compute(Context(CPU, dtype), arrays, mask, p, learned or {})
 
 
 @pytest.fixture

@@ -265,5 +265,5 @@ def test_gpu_matches_cpu():
     from attnviz.variants._base import Context
 
     gpu = R["scaled"].compute(Context(Device("GPU:0", "/GPU:0"), "float32"), {"q": q, "k": k, "v": v}, Mask(),
-                              R["scaled"].params())
+                              R["scaled"].params(), {})
     np.testing.assert_allclose(gpu.weights, cpu.weights, atol=1e-5)

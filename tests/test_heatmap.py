@@ -45,7 +45,7 @@ def test_many_slices_are_capped_with_a_note():
     maps = np.random.default_rng(0).dirichlet(np.ones(5), size=(5, 4, 5))  # 20 slices
     fig = heatmap_figure(maps, title="t", max_panels=16)
     assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == 16
-    assert "showing 16 of 20 slices" in fig._suptitle.get_text()
+    assert "showing 16 of 20 panels" in fig._suptitle.get_text()
 
 
 def test_long_label_lists_are_thinned():

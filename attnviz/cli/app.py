@@ -20,7 +20,14 @@ from rich.console import Console
 from rich.table import Table
 
 from attnviz import __version__
-from attnviz.cli.options import OUTPUT_OPTIONS, RUN_OPTIONS, OutputOptions, parse_index
+from attnviz.cli.options import (
+    OUTPUT_OPTIONS,
+    PARAM_OPTIONS,
+    RUN_OPTIONS,
+    OutputOptions,
+    check_save_params,
+    parse_index,
+)
 from attnviz.errors import AttnvizError
 from attnviz.variants import REGISTRY
 from attnviz.variants._base import Variant, shape_str
@@ -140,7 +147,8 @@ def make_command(variant: Variant) -> Callable[..., None]:
         with user_errors():
             run_command(variant, kwargs)
 
-    parameters = [*_variant_parameters(variant), *RUN_OPTIONS, *OUTPUT_OPTIONS]
+    parameters = [*_variant_parameters(variant), *(PARAM_OPTIONS if variant.learned else []), *RUN_OPTIONS,
+                  *OUTPUT_OPTIONS]
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     command.__name__ = f"{variant.name}_command"
     command.__doc__ = f"{variant.summary}.\n\n{variant.formula}"
@@ -153,18 +161,21 @@ def _take(kwargs: dict[str, Any], cls: type) -> Any:
 
 def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     from attnviz.io import check_outputs
-    from attnviz.pipeline import RunOptions, execute, prepare
+    from attnviz.pipeline import ParamOptions, RunOptions, execute, prepare
 
     kwargs = dict(kwargs)
     specs = [kwargs.pop(spec.name) for spec in variant.inputs]
     run_options: RunOptions = _take(kwargs, RunOptions)
+    param_options: ParamOptions = _take(kwargs, ParamOptions) if variant.learned else ParamOptions()
     params = _take(kwargs, variant.params)
     out: OutputOptions = _take(kwargs, OutputOptions)
     out.check()
+    check_save_params(param_options.save_params)
 
-    prepared = prepare(variant, specs, run_options, params)
+    prepared = prepare(variant, specs, run_options, params, param_options=param_options)
     targets = check_outputs(
-        {"--png": out.png, "--save-weights": out.save_weights, "--save-output": out.save_output},
+        {"--png": out.png, "--save-weights": out.save_weights, "--save-output": out.save_output,
+         "--save-params": param_options.save_params},
         prepared.input_paths,
     )
     index = parse_index(out.index, prepared.weights_shape[:-2])
@@ -173,8 +184,9 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
 
     outcome = execute(prepared)
     if info:
+        learned = f", parameters from {prepared.learned_source}" if prepared.learned_source else ""
         err.print(f"{variant.name}: {outcome.device.name}, {run_options.dtype}, weights "
-                  f"{shape_str(outcome.result.weights.shape)}", markup=False, style="dim")
+                  f"{shape_str(outcome.result.weights.shape)}{learned}", markup=False, style="dim")
     for warning in outcome.warnings:
         err.print(f"warning: {warning}", markup=False, style="yellow")
 
@@ -189,10 +201,14 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
 
 def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, err: Console | None) -> dict[str, str]:
     """Write every requested file atomically; returns {"png": path, ...} for the JSON document."""
+    from attnviz import params as learned_params
     from attnviz.io import save_npy
 
     written: dict[str, str] = {}
     result = outcome.result
+    if "--save-params" in targets:
+        learned_params.save(targets["--save-params"], outcome.prepared.learned)
+        written["params"] = str(targets["--save-params"])
     if "--save-weights" in targets:
         save_npy(targets["--save-weights"], result.weights)
         written["weights"] = out.save_weights or ""
@@ -202,11 +218,17 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
         save_npy(targets["--save-output"], result.output)
         written["output"] = out.save_output or ""
     if "--png" in targets:
-        from attnviz.render.heatmap import heatmap_figure, save_figure
+        from attnviz.render.heatmap import heatmap_figure, save_figure, slice_panels
 
         prep = outcome.prepared
-        fig = heatmap_figure(result.weights, title=f"{prep.variant.name} attention weights",
-                             q_labels=prep.q_labels, k_labels=prep.k_labels, keep=prep.mask.keep)
+        two_d = [v for v in result.views if v.axis == "both"]
+        panels = slice_panels(result.weights, prep.mask.keep, "weights" if two_d else "")
+        for view in two_d:
+            panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title)
+        shape = shape_str(result.weights.shape)
+        fig = heatmap_figure(panels, title=f"{prep.variant.name} attention weights {shape}",
+                             q_labels=prep.q_labels, k_labels=prep.k_labels,
+                             ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1])
         save_figure(fig, targets["--png"])
         written["png"] = out.png or ""
     if err is not None:
@@ -216,29 +238,43 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
 
 
 def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -> None:
-    from attnviz.render.table import axis_name, stats_table, weights_table
+    from attnviz.render.table import axis_name, slice_summary_table, stats_table, vector_table, weights_table
 
     prep, result = outcome.prepared, outcome.result
     console = Console(highlight=False)
-    weights = result.weights[index]
     keep = prep.mask.full_keep(result.weights.shape)
     keep2d = keep[index] if keep is not None else None
     lead = result.weights.shape[:-2]
     where = f", slice {list(index)} of leading dims {list(lead)} (--index picks another)" if lead else ""
     max_rows = out.max_rows or None
     max_cols = out.max_cols
+    weights = result.weights[index]
     if max_cols is None:
         label_width = max(len(axis_name(i, prep.q_labels)) for i in range(weights.shape[0])) + 3
         cell = max(out.precision + 2, *(len(lb) for lb in (prep.k_labels or ["0"])))
         max_cols = max(4, (console.width - label_width) // (min(cell, 12) + 3))
-    console.print(weights_table(weights, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
-                                precision=out.precision, max_rows=max_rows, max_cols=max_cols or None,
-                                title=f"{prep.variant.name} attention weights "
-                                      f"{shape_str(result.weights.shape)}{where}"), crop=False)
+
+    def show_map(data: Any, title: str) -> None:
+        console.print(weights_table(data, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
+                                    precision=out.precision, max_rows=max_rows, max_cols=max_cols or None,
+                                    title=title), crop=False)
+
+    name = prep.variant.name
+    show_map(weights, f"{name} attention weights {shape_str(result.weights.shape)}{where}")
+    for view in result.views:
+        data = result.maps[view.name][index]
+        if view.axis == "both":
+            show_map(data, f"{view.title}{where}")
+        else:
+            labels = prep.q_labels if view.axis == "q" else prep.k_labels
+            console.print(vector_table(data, labels=labels, precision=out.precision, max_cols=max_cols or None,
+                                       title=f"{view.title}{where}"), crop=False)
     console.print(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
                               precision=out.precision, max_rows=max_rows,
                               title="per-query statistics" + (f", slice {list(index)}" if lead else "")),
                   crop=False)
+    if lead:
+        console.print(slice_summary_table(outcome.stats, precision=out.precision, max_rows=max_rows), crop=False)
 
 
 for _variant in REGISTRY.values():

@@ -13,6 +13,7 @@ from attnviz.choices import CAUSAL_ALIGNS, DEVICES, DTYPES, MASK_CONVENTIONS, MA
 from attnviz.errors import UsageError
 
 MASKS = "Masks"
+PARAMS = "Learned parameters"
 LABELS = "Labels"
 RUN = "Device and precision"
 OUTPUT = "Output"
@@ -59,6 +60,21 @@ RUN_OPTIONS = [
 ]
 
 
+#: ParamOptions fields (see attnviz.pipeline.ParamOptions), for variants with learned parameters
+PARAM_OPTIONS = [
+    _opt("params", Annotated[str | None, typer.Option(
+        "--params", metavar="FILE.npz", rich_help_panel=PARAMS,
+        help="the learned parameters, one array per key ([in, out] kernels, applied as x @ W)")], None),
+    _opt("seed", Annotated[int | None, typer.Option(
+        "--seed", rich_help_panel=PARAMS,
+        help="draw the parameters (Glorot-uniform kernels, zero biases) from this seed; default 0 "
+             "when --params is not given")], None),
+    _opt("save_params", Annotated[str | None, typer.Option(
+        "--save-params", metavar="FILE.npz", rich_help_panel=PARAMS,
+        help="write the parameters used, to repeat the run exactly with --params")], None),
+]
+
+
 @dataclass
 class OutputOptions:
     index: str | None = None
@@ -79,6 +95,11 @@ class OutputOptions:
         for option, value in (("--save-weights", self.save_weights), ("--save-output", self.save_output)):
             if value is not None and not value.lower().endswith(".npy"):
                 raise UsageError(f"{option} {value}: the file must end in .npy.")
+
+
+def check_save_params(value: str | None) -> None:
+    if value is not None and not value.lower().endswith(".npz"):
+        raise UsageError(f"--save-params {value}: the file must end in .npz.")
 
 
 OUTPUT_OPTIONS = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,29 @@ def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str) -> None:
         ax.set_yticklabels(names, fontsize=8)
 
 
+@dataclass
+class Panel:
+    """One 2-D map to draw: ``data [Lq, Lk]`` and its keep mask (None: nothing masked)."""
+
+    title: str
+    data: np.ndarray
+    keep: np.ndarray | None = None
+
+
+def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "") -> list[Panel]:
+    """One panel per 2-D slice of ``maps [..., Lq, Lk]``; ``keep`` broadcasts to it."""
+    maps = np.asarray(maps, dtype=np.float64)
+    lead = maps.shape[:-2]
+    full_keep = np.broadcast_to(keep, maps.shape) if keep is not None else None
+    panels = []
+    for s in (np.ndindex(*lead) if lead else [()]):
+        title = " ".join(p for p in (name, f"slice {list(s)}" if lead else "") if p)
+        panels.append(Panel(title, maps[s], full_keep[s] if full_keep is not None else None))
+    return panels
+
+
 def heatmap_figure(
-    maps: np.ndarray,
+    maps: np.ndarray | list[Panel],
     *,
     title: str,
     q_labels: Sequence[str] | None = None,
@@ -46,22 +68,26 @@ def heatmap_figure(
     xlabel: str = "key",
     ylabel: str = "query",
 ) -> Any:
-    """A ``matplotlib.figure.Figure`` of ``maps [..., Lq, Lk]``; ``keep`` broadcasts to it."""
+    """A ``matplotlib.figure.Figure`` of ``maps [..., Lq, Lk]`` (``keep`` broadcasts to it), or of a
+    list of panels. All panels share one colour scale."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    maps = np.asarray(maps, dtype=np.float64)
-    lead, (lq, lk) = maps.shape[:-2], maps.shape[-2:]
-    slices = list(np.ndindex(*lead)) if lead else [()]
-    total = len(slices)
-    slices = slices[:max_panels]
-    full_keep = np.broadcast_to(keep, maps.shape) if keep is not None else None
-    shown = np.stack([maps[s] for s in slices])
+    if isinstance(maps, np.ndarray) or not isinstance(maps, list):
+        shape_note = " " + shape_str(np.shape(maps))
+        panels = slice_panels(np.asarray(maps), keep)
+    else:
+        shape_note = ""
+        panels = maps
+    total = len(panels)
+    panels = panels[:max_panels]
+    lq, lk = panels[0].data.shape
+    shown = np.stack([p.data for p in panels])
     vmax = float(shown.max()) if shown.size else 1.0
     vmin = min(0.0, float(shown.min()))
 
-    ncols = math.ceil(math.sqrt(len(slices)))
-    nrows = math.ceil(len(slices) / ncols)
+    ncols = math.ceil(math.sqrt(len(panels)))
+    nrows = math.ceil(len(panels) / ncols)
     panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6))
     panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2))
     fig = Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.9), layout="constrained")
@@ -70,19 +96,21 @@ def heatmap_figure(
     annotate = lq <= ANNOTATE_MAX and lk <= ANNOTATE_MAX
     image = None
     axes = []
-    for n, s in enumerate(slices):
+    any_masked = False
+    for n, panel in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, n + 1)
         axes.append(ax)
-        data = maps[s]
-        masked = ~full_keep[s] if full_keep is not None else np.zeros(data.shape, bool)
+        data = panel.data
+        masked = ~panel.keep if panel.keep is not None else np.zeros(data.shape, bool)
+        any_masked = any_masked or bool(masked.any())
         image = ax.imshow(np.ma.masked_array(data, masked), cmap=colormap, vmin=vmin, vmax=vmax,
                           aspect="auto", interpolation="nearest")
         _ticks(ax, lk, k_labels, "x")
         _ticks(ax, lq, q_labels, "y")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        if lead:
-            ax.set_title(f"slice {list(s)}", fontsize=9)
+        if panel.title:
+            ax.set_title(panel.title, fontsize=9)
         if annotate:
             for i in range(lq):
                 for j in range(lk):
@@ -95,12 +123,12 @@ def heatmap_figure(
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.9, label="weight")
     notes = []
-    if total > len(slices):
-        notes.append(f"showing {len(slices)} of {total} slices")
-    if full_keep is not None and not full_keep.all():
+    if total > len(panels):
+        notes.append(f"showing {len(panels)} of {total} panels")
+    if any_masked:
         notes.append("grey: masked")
     note = f" ({'; '.join(notes)})" if notes else ""
-    fig.suptitle(f"{title} {shape_str(maps.shape)}{note}", fontsize=11)
+    fig.suptitle(f"{title}{shape_note}{note}", fontsize=11)
     return fig
 
 

@@ -150,3 +150,57 @@ def stats_table(
             f"{stats.row_sum[i]:.{p}f}",
         )
     return table
+
+
+def vector_table(
+    values: np.ndarray,
+    *,
+    labels: Sequence[str] | None = None,
+    precision: int = 3,
+    max_cols: int | None = None,
+    title: str | None = None,
+) -> Table:
+    """One row of values over an axis (a pooling distribution, the attention a token receives)."""
+    cols = pick(values.shape[0], max_cols)
+    vmax = float(np.max(values)) if values.size else 1.0
+    elided = _elided(cols, values.shape[0], "columns")
+    table = Table(title=title, caption=f"not shown: {elided} (--max-cols shows more)" if elided else None,
+                  caption_justify="left")
+    cells: list[Text | str] = []
+    for j in cols:
+        header = "…" if j is None else (labels[j] if labels is not None else str(j))
+        table.add_column(header, justify="right", overflow="fold", min_width=precision + 3)
+        cells.append("…" if j is None else Text(f"{float(values[j]):.{precision}f}",
+                                                style=shade(float(values[j]), vmax)))
+    table.add_row(*cells)
+    return table
+
+
+def slice_summary_table(stats: RowStats, *, precision: int = 3, max_rows: int | None = None) -> Table:
+    """One row per batch/head slice: means over its unmasked query rows."""
+    lead = stats.entropy.shape[:-1]
+    slices = list(np.ndindex(*lead))
+    rows = pick(len(slices), max_rows)
+    elided = _elided(rows, len(slices), "slices")
+    table = Table(title="per-slice summary (means over query rows)",
+                  caption=f"not shown: {elided} (--max-rows shows more)" if elided else None, caption_justify="left")
+    for name in ("slice", "H", "H/log n", "max", "fully masked rows"):
+        table.add_column(name, justify="left" if name == "slice" else "right", overflow="fold")
+    p = precision
+    for r in rows:
+        if r is None:
+            table.add_row(*["⋮"] * 5)
+            continue
+        one = stats.select(slices[r])
+        live = ~one.masked
+        if not live.any():
+            table.add_row(str(list(slices[r])), *[Text("masked", style="dim")] * 3, str(int(one.masked.sum())))
+            continue
+        table.add_row(
+            str(list(slices[r])),
+            f"{one.entropy[live].mean():.{p}f}",
+            f"{one.entropy_norm[live].mean():.{p}f}",
+            f"{one.max[live].mean():.{p}f}",
+            str(int(one.masked.sum())),
+        )
+    return table

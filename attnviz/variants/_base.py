@@ -1,10 +1,16 @@
 """What every variant shares: its description (``Variant``), its result (``Result``), shape checks
 in NumPy, and the masked softmax and scaled dot-product kernel in TensorFlow.
 
-A variant module defines a ``Params`` dataclass (its options: each field's ``metadata["help"]`` is
-the option's help, the field name with ``-`` for ``_`` is the flag), ``check(inputs, params)``
-(NumPy only: validates shapes and returns the weights' shape) and ``compute(ctx, arrays, mask,
-params)`` (TensorFlow, returns NumPy arrays in a ``Result``), and one ``VARIANT = Variant(...)``.
+A variant module defines
+
+* a ``Params`` dataclass of its options: each field's ``metadata["help"]`` is the option's help and
+  the field name with ``-`` for ``_`` is the flag (a ``Literal`` type gives a choice);
+* ``check(inputs, params, given)`` (NumPy only): validates the inputs' shapes and returns a
+  ``Problem``: the weights' shape and, for variants with learned parameters, the ``ParamSpec`` of
+  each (``given`` holds the arrays of ``--params``, or None, so that hyper-parameters such as the
+  number of heads can be read off their shapes);
+* ``compute(ctx, arrays, mask, params, learned)`` (TensorFlow): returns NumPy arrays in a ``Result``;
+* one ``VARIANT = Variant(...)``, registered in ``attnviz/variants/__init__.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ if TYPE_CHECKING:  # NumPy is imported inside the functions: the registry must l
 
     from attnviz.io import Loaded
     from attnviz.masks import Mask
+    from attnviz.params import ParamSpec
 
 
 def shape_str(shape: Any) -> str:
@@ -40,6 +47,26 @@ class InputSpec:
 
 
 @dataclass
+class Problem:
+    """What ``check`` found: the shapes of a run, before anything is computed."""
+
+    weights_shape: tuple[int, ...]  # [..., Lq, Lk]
+    specs: dict[str, ParamSpec] = field(default_factory=dict)  # learned parameters, in drawing order
+    #: the shape user masks broadcast against, when it is not the weights' shape: multi-head weights
+    #: [B, N, T, S] take masks [B, T, S] (as Keras attention_mask) with the head axis inserted at -3
+    mask_shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """A further map of a ``Result`` to show beside the weights (table, PNG panel)."""
+
+    name: str  # its key in ``Result.maps``
+    title: str
+    axis: str = "both"  # "both": [..., Lq, Lk]; "q": a vector over queries [..., Lq]; "k": over keys [..., Lk]
+
+
+@dataclass
 class Result:
     """What a variant computes, as NumPy arrays."""
 
@@ -47,6 +74,7 @@ class Result:
     output: np.ndarray | None  # [..., Lq, d_v], or None when the variant has no output
     params: dict[str, Any] = field(default_factory=dict)  # hyper-parameters actually used
     maps: dict[str, np.ndarray] = field(default_factory=dict)  # further maps a variant has
+    views: list[View] = field(default_factory=list)  # which maps to show, and how
     warnings: list[str] = field(default_factory=list)
 
 
@@ -60,10 +88,12 @@ class Variant:
     doc: str  # the module docstring: formula, shapes, references
     inputs: tuple[InputSpec, ...]
     params: type  # a dataclass of options
-    check: Callable[[Mapping[str, Loaded], Any], tuple[int, ...]]
-    compute: Callable[[Context, Mapping[str, np.ndarray], Mask, Any], Result]
+    check: Callable[[Mapping[str, Loaded], Any, Mapping[str, np.ndarray] | None], Problem]
+    compute: Callable[[Context, Mapping[str, np.ndarray], Mask, Any, Mapping[str, np.ndarray]], Result]
     query_input: str = "q"  # the input whose JSON labels label the query axis
     key_input: str = "k"  # ... and the key axis
+    learned: bool = False  # has learned parameters: --params, --seed, --save-params
+    axis_names: tuple[str, str] = ("query", "key")  # what heatmaps and tables call the two axes
 
 
 @dataclass

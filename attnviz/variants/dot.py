@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnviz.variants._base import Context, Result, Variant, attend, check_qkv
+from attnviz.variants._base import Context, Problem, Result, Variant, attend, check_qkv
 from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
@@ -32,11 +32,12 @@ class Params:
     pass
 
 
-def check(inputs: Mapping[str, Loaded], params: Params) -> tuple[int, ...]:
-    return check_qkv(inputs)
+def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    return Problem(check_qkv(inputs))
 
 
-def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params) -> Result:
+def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params,
+            learned: Mapping[str, np.ndarray]) -> Result:
     weights, output = attend(ctx, arrays["q"], arrays["k"], arrays["v"], mask, 1.0)
     return Result(weights, output, params={"scale": 1.0})
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from attnviz.errors import UsageError
-from attnviz.variants._base import Context, InputSpec, Result, Variant, attend, check_qkv
+from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, attend, check_qkv
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,13 +43,18 @@ class Params:
     )
 
 
-def check(inputs: Mapping[str, Loaded], params: Params) -> tuple[int, ...]:
-    if params.scale is not None and not (math.isfinite(params.scale) and params.scale > 0):
-        raise UsageError(f"--scale {params.scale}: must be a positive finite number.")
-    return check_qkv(inputs)
+def check_scale(scale: float | None) -> None:
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise UsageError(f"--scale {scale}: must be a positive finite number.")
 
 
-def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params) -> Result:
+def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    check_scale(params.scale)
+    return Problem(check_qkv(inputs))
+
+
+def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params,
+            learned: Mapping[str, np.ndarray]) -> Result:
     d_k = arrays["q"].shape[-1]
     scale = params.scale if params.scale is not None else 1.0 / math.sqrt(d_k)
     weights, output = attend(ctx, arrays["q"], arrays["k"], arrays["v"], mask, scale)
