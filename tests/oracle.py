@@ -35,3 +35,23 @@ def sdpa(q, k, v, scale=None, keep=None, bias=None):
         scores = scores + bias
     w = masked_softmax(scores, keep)
     return w, np.einsum("...ij,...jd->...id", w, v)
+
+
+def general(q, k, v, w_a, keep=None):
+    """Luong general: softmax(q W_a k^T) V."""
+    scores = np.einsum("...id,de,...je->...ij", np.asarray(q, float), np.asarray(w_a, float), np.asarray(k, float))
+    w = masked_softmax(scores, keep)
+    return w, w @ np.asarray(v, float)
+
+
+def bahdanau(q, k, v, W1, W2, vec, b=None, keep=None):
+    """v^T tanh(q W1 + k W2 + b), one (query, key) pair at a time."""
+    q, k, v = (np.asarray(a, float) for a in (q, k, v))
+    b = np.zeros(len(vec)) if b is None else b
+    scores = np.empty(q.shape[:-1] + (k.shape[-2],))
+    for idx in np.ndindex(*q.shape[:-1]):
+        for j in range(k.shape[-2]):
+            kk = k[idx[:-1] + (j,)] if k.ndim == q.ndim else k[j]
+            scores[idx + (j,)] = vec @ np.tanh(q[idx] @ W1 + kk @ W2 + b)
+    w = masked_softmax(scores, keep)
+    return w, w @ v

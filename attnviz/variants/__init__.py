@@ -6,7 +6,7 @@ this package imports no TensorFlow.
 
 from __future__ import annotations
 
-from attnviz.variants import dot, scaled
+from attnviz.variants import additive, dot, general, scaled
 from attnviz.variants._base import Variant
 
 REGISTRY: dict[str, Variant] = {
@@ -14,6 +14,8 @@ REGISTRY: dict[str, Variant] = {
     for v in (
         scaled.VARIANT,
         dot.VARIANT,
+        general.VARIANT,
+        additive.VARIANT,
     )
 }
 

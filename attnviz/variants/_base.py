@@ -114,6 +114,10 @@ class Context:
         tf = self.tf
         return tf.cast(tf.convert_to_tensor(np.asarray(arr)), self.dtype)
 
+    def scalar(self, value: float, dtype: Any = None) -> Any:
+        """A Python number as a tensor (``tf.constant``, not ``tf.cast``: that rounds through float32)."""
+        return self.tf.constant(value, dtype=dtype or self.dtype)
+
     def numpy(self, tensor: Any) -> np.ndarray:
         """A tensor back as NumPy (bfloat16 as float32, which NumPy can hold)."""
         import numpy as np
@@ -153,13 +157,14 @@ def broadcast_leading(inputs: Mapping[str, Loaded], names: tuple[str, ...], core
         ) from None
 
 
-def check_qkv(inputs: Mapping[str, Loaded]) -> tuple[int, ...]:
-    """Q ``[..., Lq, d_k]``, K ``[..., Lk, d_k]``, V ``[..., Lk, d_v]``; returns ``[..., Lq, Lk]``."""
+def check_qkv(inputs: Mapping[str, Loaded], same_dim: bool = True) -> tuple[int, ...]:
+    """Q ``[..., Lq, d_k]``, K ``[..., Lk, d_k]``, V ``[..., Lk, d_v]``; returns ``[..., Lq, Lk]``.
+    With ``same_dim=False`` Q and K may have different last dimensions (a learned map joins them)."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    require_rank(q, "Q", 2, "[..., Lq, d_k]")
+    require_rank(q, "Q", 2, "[..., Lq, d_q]")
     require_rank(k, "K", 2, "[..., Lk, d_k]")
     require_rank(v, "V", 2, "[..., Lk, d_v]")
-    if q.data.shape[-1] != k.data.shape[-1]:
+    if same_dim and q.data.shape[-1] != k.data.shape[-1]:
         raise ShapeError(
             f"d_k differs: Q ({q.source}) has shape {shape_str(q.data.shape)} and K ({k.source}) "
             f"{shape_str(k.data.shape)}; their last dimensions must be equal."
@@ -209,20 +214,27 @@ def attend(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Mask
     Q is multiplied by ``scale`` before the matmul (as Keras MultiHeadAttention does), which keeps
     float16 scores in range. The output is computed in the run's dtype from the weights cast to it.
     """
-    import numpy as np
 
     tf = ctx.tf
-    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    weights_shape = (*lead, q.shape[-2], k.shape[-2])
     with tf.device(ctx.device.tf_name):
         qt, kt, vt = ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)
         if scale != 1.0:
-            qt = qt * tf.constant(scale, dtype=qt.dtype)  # not tf.cast: that rounds through float32
+            qt = qt * ctx.scalar(scale, qt.dtype)
         scores = tf.matmul(qt, kt, transpose_b=True)
-        weights = masked_softmax(ctx, scores, mask)
-        weights = tf.broadcast_to(weights, weights_shape)
-        output = tf.matmul(tf.cast(weights, vt.dtype), vt)
-        w, o = ctx.numpy(weights), ctx.numpy(output)
+        return softmax_and_output(ctx, scores, vt, mask)
+
+
+def softmax_and_output(ctx: Context, scores: Any, v: Any, mask: Mask) -> tuple[np.ndarray, np.ndarray]:
+    """From scores ``[..., Lq, Lk]`` and values ``[..., Lk, d_v]`` (tensors, on the run's device):
+    the masked softmax weights and ``O = A V``, as NumPy, checked to be finite. The weights are
+    broadcast to the leading dimensions of the output."""
+    tf = ctx.tf
+    weights = masked_softmax(ctx, scores, mask)
+    output = tf.matmul(tf.cast(weights, v.dtype), v)
+    lead = tuple(output.shape[:-2])
+    if tuple(weights.shape[:-2]) != lead:
+        weights = tf.broadcast_to(weights, (*lead, *weights.shape[-2:]))
+    w, o = ctx.numpy(weights), ctx.numpy(output)
     check_finite_result(w, ctx.dtype)
     return w, o
 
