@@ -7,6 +7,13 @@ helps, what to do.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+
+def shape_str(shape: Iterable[int]) -> str:
+    """A shape as messages write it: ``[2, 3, 4]``."""
+    return "[" + ", ".join(str(int(n)) for n in shape) + "]"
+
 
 class AttnvizError(Exception):
     """Base of every error meant for the user. ``exit_code`` is what the CLI exits with."""

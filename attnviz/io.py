@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from attnviz.errors import InputError, OutputError, UsageError
+from attnviz.errors import InputError, OutputError, UsageError, shape_str
 
 ARRAY_SUFFIXES = (".npy", ".npz", ".json")
 #: bundle keys that are not inputs of a variant
@@ -39,11 +39,6 @@ class Loaded:
     source: str  # how to name it in a message: "q.npy", "acts.npz:q", "<stdin>"
     path: Path | None  # the file on disk, None for stdin
     labels: list[str] | None = None
-
-
-def shape_str(shape: Iterable[int]) -> str:
-    """A shape as users write it: ``[2, 3, 4]``."""
-    return "[" + ", ".join(str(int(n)) for n in shape) + "]"
 
 
 class StdinReader:

@@ -28,9 +28,9 @@ from attnviz.cli.options import (
     check_save_params,
     parse_index,
 )
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, shape_str
 from attnviz.variants import REGISTRY
-from attnviz.variants._base import Variant, shape_str
+from attnviz.variants._base import Variant
 
 if TYPE_CHECKING:  # the pipeline loads NumPy: imported when a command runs, not for --help
     from attnviz.pipeline import Outcome

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnviz.device import Device, softmax_dtype, tensorflow
-from attnviz.errors import AttnvizError, ShapeError
+from attnviz.errors import AttnvizError, ShapeError, shape_str
 
 if TYPE_CHECKING:  # NumPy is imported inside the functions: the registry must load without it
     import numpy as np
@@ -30,9 +30,6 @@ if TYPE_CHECKING:  # NumPy is imported inside the functions: the registry must l
     from attnviz.params import ParamSpec
 
 
-def shape_str(shape: Any) -> str:
-    """A shape as users write it: ``[2, 3, 4]``."""
-    return "[" + ", ".join(str(int(n)) for n in shape) + "]"
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from attnviz.errors import ParamsError, UsageError
-from attnviz.io import shape_str
+from attnviz.errors import ParamsError, UsageError, shape_str
 from attnviz.params import ParamSpec, bias
 from attnviz.variants._base import Context, Problem, Result, Variant, check_qkv, softmax_and_output
 from attnviz.variants.scaled import QKV
