@@ -88,11 +88,11 @@ def _resolve_inputs(variant: Variant, specs: Sequence[str | None], stdin: StdinR
     if len(given) > len(names):
         raise UsageError(f"{variant.name} takes at most {len(names)} inputs; received {len(given)}.")
     opened = [open_spec(s, stdin) for s in given]
+    required = [i.name for i in variant.inputs if not i.optional]
     if len(given) == 1 and len(names) > 1:
-        bundle = opened[0].bundle(names)
+        bundle = opened[0].bundle(required, optional=[n for n in names if n not in required])
         if bundle is not None:
             return bundle
-    required = [i.name for i in variant.inputs if not i.optional]
     if len(given) < len(required):
         listed = ", ".join(required)
         raise UsageError(
@@ -131,18 +131,25 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
 
     inputs = _resolve_inputs(variant, specs, stdin)
     given, given_path = None, None
+    external = variant.external_params(params) if variant.external_params else None
+    chosen = [option for option, value in (("--params", param_options.params), ("--seed", param_options.seed))
+              if value is not None]
+    if external is not None:
+        chosen.append(external[2])
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} both say where the parameters come from; give one.")
     if variant.learned and param_options.params is not None:
-        if param_options.seed is not None:
-            raise UsageError("--params and --seed both say where the parameters come from; give one.")
         given, given_path = learned_params.read(param_options.params)
+    elif external is not None:
+        given, given_path = external[0], external[1]
     problem = variant.check(inputs, params, given)
     shape = problem.weights_shape
     learned: dict[str, np.ndarray] = {}
     learned_source = None
     if variant.learned:
         if given is not None:
-            learned = learned_params.check(given, problem.specs, str(param_options.params))
-            learned_source = str(param_options.params)
+            learned_source = str(given_path)
+            learned = learned_params.check(given, problem.specs, learned_source)
         else:
             seed = param_options.seed if param_options.seed is not None else 0
             learned = learned_params.draw(problem.specs, seed)

@@ -134,7 +134,7 @@ def _variant_parameters(variant: Variant) -> list[inspect.Parameter]:
     hints = get_type_hints(variant.params)
     for f in dataclasses.fields(variant.params):
         option = typer.Option("--" + f.name.replace("_", "-"), help=f.metadata.get("help", ""),
-                              rich_help_panel=f"{variant.name} options")
+                              metavar=f.metadata.get("metavar"), rich_help_panel=f"{variant.name} options")
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                                         annotation=Annotated[hints[f.name], option]))
     return params

@@ -6,7 +6,7 @@ this package imports no TensorFlow.
 
 from __future__ import annotations
 
-from attnviz.variants import additive, dot, general, scaled
+from attnviz.variants import additive, dot, general, multihead, scaled
 from attnviz.variants._base import Variant
 
 REGISTRY: dict[str, Variant] = {
@@ -16,6 +16,7 @@ REGISTRY: dict[str, Variant] = {
         dot.VARIANT,
         general.VARIANT,
         additive.VARIANT,
+        multihead.VARIANT,
     )
 }
 

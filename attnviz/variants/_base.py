@@ -23,6 +23,8 @@ from attnviz.device import Device, softmax_dtype, tensorflow
 from attnviz.errors import AttnvizError, ShapeError, shape_str
 
 if TYPE_CHECKING:  # NumPy is imported inside the functions: the registry must load without it
+    from pathlib import Path
+
     import numpy as np
 
     from attnviz.io import Loaded
@@ -90,6 +92,8 @@ class Variant:
     query_input: str = "q"  # the input whose JSON labels label the query axis
     key_input: str = "k"  # ... and the key axis
     learned: bool = False  # has learned parameters: --params, --seed, --save-params
+    #: parameters from somewhere other than --params (a saved Keras model): (arrays, file, option)
+    external_params: Callable[[Any], tuple[dict[str, np.ndarray], Path, str] | None] | None = None
     axis_names: tuple[str, str] = ("query", "key")  # what heatmaps and tables call the two axes
 
 

@@ -1,0 +1,260 @@
+"""Multi-head attention exactly as ``keras.layers.MultiHeadAttention`` computes it (Vaswani et al.
+2017, section 3.2.2), and grouped-query / multi-query attention as
+``keras.layers.GroupQueryAttention`` (Ainslie et al. 2023) with ``--kv-heads G``.
+
+    q_n = X_q W_q[:, n, :] + b_q[n]       [..., T, key_dim]     for each head n = 0 .. N-1
+    k_g = X_k W_k[:, g, :] + b_k[g]       [..., S, key_dim]     g = 0 .. G-1 (G = N unless --kv-heads)
+    v_g = X_v W_v[:, g, :] + b_v[g]       [..., S, value_dim]
+    A_n = softmax(q_n k_g(n)^T / sqrt(key_dim), masked)        g(n) = n // (N / G)
+    O   = sum_n (A_n v_g(n)) W_o[n] + b_o                    [..., T, out]
+
+Inputs: QUERY ``[..., T, d_q]``, VALUE ``[..., S, d_v]`` (default: the query, i.e. self-attention) and
+KEY ``[..., S, d_k]`` (default: the value), in Keras's call order. Weights are ``[..., N, T, S]``,
+one map per head; the output is the layer's output ``[..., T, out]`` (out = d_q unless
+--output-dim). Masks are given as Keras's ``attention_mask`` ``[..., T, S]`` (1 = may attend) and
+apply to every head; ``--causal`` is Keras's ``use_causal_mask``.
+
+Parameter file keys are the Keras weight paths without the layer name: ``query/kernel [d_q, N,
+key_dim]``, ``query/bias [N, key_dim]``, ``key/kernel [d_k, G, key_dim]``, ``key/bias``,
+``value/kernel [d_v, G, value_dim]``, ``value/bias``, ``attention_output/kernel [N, value_dim, out]``,
+``attention_output/bias [out]`` (no biases with --no-bias), so that
+``{w.path.split("/", 1)[1]: w.numpy() for w in layer.weights}`` saved with numpy.savez loads as is;
+heads, dims and bias are read off the shapes. ``--from-keras MODEL.keras --layer NAME`` reads them
+from a saved Keras model, loaded in Keras's safe mode (no code from the file is run). A textbook
+``W^O [N*value_dim, out]`` is ``attention_output/kernel.reshape(N*value_dim, out)``; PyTorch's
+``in_proj_weight [3E, E]`` gives ``query/kernel = in_proj_weight[:E].T.reshape(E, N, E // N)``.
+
+Reference example (spec section 9.1): X_q = [[1, 0], [0, 1]], X_kv = [[1, 1], [2, 0], [0, 2]], N = 2,
+key_dim = 1, head h reading and writing feature h: head 0 row 0 = [0.244728, 0.665241, 0.090031],
+output [[1.575210, 1.0], [1.0, 1.575210]].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnviz.errors import ParamsError, UsageError, shape_str
+from attnviz.params import ParamSpec
+from attnviz.variants._base import (
+    Context,
+    InputSpec,
+    Problem,
+    Result,
+    Variant,
+    broadcast_leading,
+    require_rank,
+    softmax_and_output,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attnviz.io import Loaded
+    from attnviz.masks import Mask
+
+KERNELS = ("query/kernel", "key/kernel", "value/kernel", "attention_output/kernel")
+BIASES = ("query/bias", "key/bias", "value/bias", "attention_output/bias")
+
+
+@dataclass
+class Params:
+    heads: int | None = field(default=None, metadata={"help": "number of (query) heads N; read off --params"})
+    key_dim: int | None = field(default=None, metadata={"help": "size of each query/key head (default d_q // N)"})
+    value_dim: int | None = field(default=None, metadata={"help": "size of each value head (default key_dim)"})
+    output_dim: int | None = field(default=None, metadata={"help": "size of the output (default d_q)"})
+    no_bias: bool = field(default=False, metadata={"help": "no biases (Keras use_bias=False)"})
+    kv_heads: int | None = field(
+        default=None, metadata={"help": "key/value heads G for grouped-query attention (1: multi-query); "
+                                        "N must be a multiple of G"})
+    from_keras: str | None = field(
+        default=None, metadata={"help": "read the parameters from this saved Keras model (.keras), safe mode",
+                                "metavar": "MODEL.keras"})
+    layer: str | None = field(default=None, metadata={"help": "with --from-keras: the layer's name"})
+
+
+INPUTS = (
+    InputSpec("query", "the query sequence [..., T, d_q], or one .npz/JSON holding query (value, key)"),
+    InputSpec("value", "the value sequence [..., S, d_v] (default: QUERY, self-attention)", optional=True),
+    InputSpec("key", "the key sequence [..., S, d_k] (default: VALUE)", optional=True),
+)
+
+
+def _read_off(given: Mapping[str, np.ndarray], name: str, rank: int) -> tuple[int, ...]:
+    if name not in given:
+        raise ParamsError(f"parameters: missing key {name!r} (Keras MultiHeadAttention weight paths: "
+                          f"{', '.join(KERNELS)} and their biases).")
+    shape = tuple(given[name].shape)
+    if len(shape) != rank:
+        raise ParamsError(f"parameters: key {name!r} has shape {shape_str(shape)}; expected {rank} dimensions.")
+    return shape
+
+
+def _agree(option: str, value: int | None, found: int, where: str) -> int:
+    if value is not None and value != found:
+        raise ParamsError(f"{option} {value}, but the parameters say {found} ({where}).")
+    return found
+
+
+def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    query = inputs["query"]
+    value = inputs.get("value", query)
+    key = inputs.get("key", value)
+    named = {"query": query, "value": value, "key": key}
+    for name, loaded in named.items():
+        require_rank(loaded, name, 2, "[..., length, features]")
+    if key.data.shape[-2] != value.data.shape[-2]:
+        raise UsageError(f"KEY ({key.source}) has shape {shape_str(key.data.shape)} and VALUE ({value.source}) "
+                         f"{shape_str(value.data.shape)}: they need the same length S.")
+    lead = broadcast_leading(named, ("query", "value", "key"))
+    d_q, d_v, d_k = query.data.shape[-1], value.data.shape[-1], key.data.shape[-1]
+    t, s = query.data.shape[-2], value.data.shape[-2]
+
+    if given is not None:
+        nq = _read_off(given, "query/kernel", 3)
+        nk = _read_off(given, "key/kernel", 3)
+        nv = _read_off(given, "value/kernel", 3)
+        no = _read_off(given, "attention_output/kernel", 3)
+        heads = _agree("--heads", params.heads, nq[1], f"query/kernel {shape_str(nq)}")
+        key_dim = _agree("--key-dim", params.key_dim, nq[2], f"query/kernel {shape_str(nq)}")
+        value_dim = _agree("--value-dim", params.value_dim, nv[2], f"value/kernel {shape_str(nv)}")
+        kv_heads = _agree("--kv-heads", params.kv_heads, nk[1], f"key/kernel {shape_str(nk)}")
+        output_dim = _agree("--output-dim", params.output_dim, no[2], f"attention_output/kernel {shape_str(no)}")
+        use_bias = any(b in given for b in BIASES)
+        if params.no_bias and use_bias:
+            raise ParamsError("--no-bias, but the parameters hold biases.")
+    else:
+        if params.heads is None:
+            raise UsageError("give --heads (and --key-dim) to draw the parameters, or read them with --params "
+                             "or --from-keras.")
+        heads = params.heads
+        key_dim = params.key_dim or d_q // heads
+        value_dim = params.value_dim or key_dim
+        kv_heads = params.kv_heads or heads
+        output_dim = params.output_dim or d_q
+        use_bias = not params.no_bias
+    for option, number in (("--heads", heads), ("--key-dim", key_dim), ("--value-dim", value_dim),
+                           ("--kv-heads", kv_heads), ("--output-dim", output_dim)):
+        if number < 1:
+            raise UsageError(f"{option} {number}: must be at least 1 (d_q = {d_q}).")
+    if heads % kv_heads:
+        raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}.")
+    params.heads, params.key_dim, params.value_dim = heads, key_dim, value_dim
+    params.kv_heads, params.output_dim, params.no_bias = kv_heads, output_dim, not use_bias
+
+    specs = {
+        "query/kernel": ParamSpec((d_q, heads, key_dim), fans=(d_q, heads * key_dim)),
+        "key/kernel": ParamSpec((d_k, kv_heads, key_dim), fans=(d_k, kv_heads * key_dim)),
+        "value/kernel": ParamSpec((d_v, kv_heads, value_dim), fans=(d_v, kv_heads * value_dim)),
+        "attention_output/kernel": ParamSpec((heads, value_dim, output_dim), fans=(heads * value_dim, output_dim)),
+    }
+    if use_bias:
+        specs.update({
+            "query/bias": ParamSpec((heads, key_dim), init="zeros"),
+            "key/bias": ParamSpec((kv_heads, key_dim), init="zeros"),
+            "value/bias": ParamSpec((kv_heads, value_dim), init="zeros"),
+            "attention_output/bias": ParamSpec((output_dim,), init="zeros"),
+        })
+    return Problem((*lead, heads, t, s), specs, mask_shape=(*lead, t, s))
+
+
+def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params,
+            learned: Mapping[str, np.ndarray]) -> Result:
+    tf = ctx.tf
+    heads, kv_heads = params.heads or 1, params.kv_heads or 1
+    p = {name: ctx.tensor(value) for name, value in learned.items()}
+
+    def project(x: Any, name: str, axis_name: str) -> Any:
+        out = tf.einsum(f"...{axis_name}d,dnh->...n{axis_name}h", x, p[f"{name}/kernel"])
+        if f"{name}/bias" in p:
+            out = out + p[f"{name}/bias"][:, None, :]
+        return out
+
+    with tf.device(ctx.device.tf_name):
+        query = ctx.tensor(arrays["query"])
+        value = ctx.tensor(arrays["value"]) if "value" in arrays else query
+        key = ctx.tensor(arrays["key"]) if "key" in arrays else value
+        q = project(query, "query", "t")  # [..., N, T, key_dim]
+        k = project(key, "key", "s")  # [..., G, S, key_dim]
+        v = project(value, "value", "s")  # [..., G, S, value_dim]
+        if kv_heads != heads:  # query head n uses key/value head n // (N / G), as Keras repeats them
+            k = tf.repeat(k, heads // kv_heads, axis=-3)
+            v = tf.repeat(v, heads // kv_heads, axis=-3)
+        q = q * ctx.scalar(1.0 / math.sqrt(params.key_dim or 1), q.dtype)
+        scores = tf.matmul(q, k, transpose_b=True)  # [..., N, T, S]
+        weights, per_head = softmax_and_output(ctx, scores, v, mask)  # per_head [..., N, T, value_dim]
+        out = tf.einsum("...nth,nho->...to", ctx.tensor(per_head), p["attention_output/kernel"])
+        if "attention_output/bias" in p:
+            out = out + p["attention_output/bias"]
+        output = ctx.numpy(out)
+    used = {"heads": heads, "key_dim": params.key_dim, "value_dim": params.value_dim, "output_dim": params.output_dim,
+            "kv_heads": kv_heads, "use_bias": not params.no_bias, "scale": 1.0 / math.sqrt(params.key_dim or 1)}
+    return Result(weights, output, params=used, maps={"head_outputs": per_head})
+
+
+def from_keras(params: Params) -> tuple[dict[str, np.ndarray], Path, str] | None:
+    """The weights of a MultiHeadAttention / GroupQueryAttention layer of a saved ``.keras`` model."""
+    if params.from_keras is None:
+        if params.layer is not None:
+            raise UsageError("--layer goes with --from-keras MODEL.keras.")
+        return None
+    path = Path(params.from_keras)
+    if path.suffix != ".keras":
+        raise UsageError(f"--from-keras {path}: expected a Keras v3 model file ending in .keras.")
+    if not path.is_file():
+        raise UsageError(f"--from-keras {path}: no such file.")
+    import numpy as np
+
+    from attnviz.device import tensorflow
+
+    tensorflow()  # quiet start-up, memory growth
+    import keras
+
+    try:
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    except Exception as exc:  # a corrupt zip, unknown custom layers, unsafe lambdas: all unreadable here
+        raise ParamsError(f"--from-keras {path}: Keras cannot load it in safe mode ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}).") from None
+    kinds = (keras.layers.MultiHeadAttention, keras.layers.GroupQueryAttention)
+    found = [layer for layer in _walk(model) if isinstance(layer, kinds)]
+    names = ", ".join(layer.name for layer in found) or "none"
+    if params.layer is None:
+        if len(found) != 1:
+            raise UsageError(f"--from-keras {path}: name the layer with --layer (attention layers: {names}).")
+        layer = found[0]
+    else:
+        matches = [layer for layer in found if layer.name == params.layer]
+        if not matches:
+            raise ParamsError(f"--from-keras {path}: no attention layer named {params.layer!r} (attention layers: "
+                              f"{names}).")
+        layer = matches[0]
+    prefix = layer.path + "/"
+    weights = {w.path[len(prefix):] if w.path.startswith(prefix) else w.path.split("/", 1)[1]: np.asarray(w.numpy())
+               for w in layer.weights}
+    return weights, path, "--from-keras"
+
+
+def _walk(layer: object) -> list:
+    out = [layer]
+    for sub in getattr(layer, "layers", []) or []:
+        out.extend(_walk(sub))
+    return out
+
+
+VARIANT = Variant(
+    name="multihead",
+    summary="multi-head attention = keras.layers.MultiHeadAttention; --kv-heads for grouped/multi-query",
+    formula="A_n = softmax((X_q W_q,n)(X_k W_k,n)^T / sqrt(key_dim)), O = sum_n A_n X_v W_v,n W_o,n",
+    doc=__doc__ or "",
+    inputs=INPUTS,
+    params=Params,
+    check=check,
+    compute=compute,
+    query_input="query",
+    key_input="value",
+    learned=True,
+    external_params=from_keras,
+)
