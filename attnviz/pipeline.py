@@ -195,6 +195,9 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     mask = build_mask(shape, mask=mask_loaded, convention=options.mask_convention, kind=options.mask_kind,
                       key_padding=padding, causal=options.causal, causal_align=options.causal_align,
                       mask_shape=problem.mask_shape)
+    if problem.keep is not None:
+        mask.keep = problem.keep if mask.keep is None else np.logical_and(mask.keep, problem.keep)
+        mask.described.append(problem.keep_described)
 
     warnings = []
     rows = fully_masked_rows(mask.keep, shape)

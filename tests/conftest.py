@@ -38,8 +38,9 @@ def compute(name, q=None, k=None, v=None, *, inputs=None, keep=None, bias=None, 
     elif problem.specs:
         learned = draw(problem.specs, seed or 0)
     mask = build_mask(problem.weights_shape, causal=causal, causal_align=causal_align, mask_shape=problem.mask_shape)
-    if keep is not None:
-        mask.keep = keep if mask.keep is None else np.logical_and(mask.keep, keep)
+    for extra in (keep, problem.keep):
+        if extra is not None:
+            mask.keep = extra if mask.keep is None else np.logical_and(mask.keep, extra)
     mask.bias = bias
     arrays = {n: lo.data for n, lo in loaded.items()}
     return variant.compute(Context(CPU, dtype), arrays, mask, p, learned or {})

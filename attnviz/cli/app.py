@@ -222,7 +222,7 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
 
         prep = outcome.prepared
         two_d = [v for v in result.views if v.axis == "both"]
-        panels = slice_panels(result.weights, prep.mask.keep, "weights" if two_d else "")
+        panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if two_d else "")
         for view in two_d:
             panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title)
         shape = shape_str(result.weights.shape)
@@ -257,10 +257,11 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
     def show_map(data: Any, title: str) -> None:
         console.print(weights_table(data, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
                                     precision=out.precision, max_rows=max_rows, max_cols=max_cols or None,
-                                    title=title), crop=False)
+                                    title=title, axis_names=prep.variant.axis_names), crop=False)
 
     name = prep.variant.name
-    show_map(weights, f"{name} attention weights {shape_str(result.weights.shape)}{where}")
+    primary = "" if prep.variant.weights_title == "weights" else f": {prep.variant.weights_title}"
+    show_map(weights, f"{name} attention weights {shape_str(result.weights.shape)}{primary}{where}")
     for view in result.views:
         data = result.maps[view.name][index]
         if view.axis == "both":
@@ -270,7 +271,7 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
             console.print(vector_table(data, labels=labels, precision=out.precision, max_cols=max_cols or None,
                                        title=f"{view.title}{where}"), crop=False)
     console.print(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
-                              precision=out.precision, max_rows=max_rows,
+                              precision=out.precision, max_rows=max_rows, row_name=prep.variant.axis_names[0],
                               title="per-query statistics" + (f", slice {list(index)}" if lead else "")),
                   crop=False)
     if lead:

@@ -63,6 +63,7 @@ def weights_table(
     max_rows: int | None = None,
     max_cols: int | None = None,
     title: str | None = None,
+    axis_names: tuple[str, str] = ("query", "key"),
 ) -> Table:
     """A table of one 2-D map ``[Lq, Lk]``, each cell shaded by its value. Masked cells show ``·``."""
     lq, lk = weights.shape
@@ -76,7 +77,7 @@ def weights_table(
         caption = (caption + "; " if caption else "") + f"{MASKED} = masked"
     table = Table(title=title, caption=caption, caption_justify="left")
     label = max((len(axis_name(i, q_labels)) for i in rows if i is not None), default=1)
-    table.add_column("query \\ key", style="bold", overflow="fold", min_width=min(label, 16))
+    table.add_column(f"{axis_names[0]} \\ {axis_names[1]}", style="bold", overflow="fold", min_width=min(label, 16))
     for j in cols:
         header = "…" if j is None else (k_labels[j] if k_labels is not None else str(j))
         table.add_column(header, justify="right", overflow="fold", min_width=precision + 3)
@@ -105,6 +106,7 @@ def stats_table(
     precision: int = 3,
     max_rows: int | None = None,
     title: str | None = None,
+    row_name: str = "query",
 ) -> Table:
     """Per-query statistics of one 2-D map: entropy, normalised entropy, max, argmax, top-k, row sum."""
     lq = stats.entropy.shape[0]
@@ -122,7 +124,7 @@ def stats_table(
     label = max((len(axis_name(i, q_labels)) for i in rows if i is not None), default=1)
     key = max((len(axis_name(int(j), k_labels)) for j in np.unique(stats.top_index)), default=1)
     # overflow "fold": a cell too narrow wraps its text, it never hides digits behind an ellipsis
-    table.add_column("query", overflow="fold", min_width=min(label, 16))
+    table.add_column(row_name, overflow="fold", min_width=min(label, 16))
     table.add_column("H", justify="right", overflow="fold", min_width=number)
     table.add_column("H/log n", justify="right", overflow="fold", min_width=number)
     table.add_column("max", justify="right", overflow="fold", min_width=number)

@@ -6,7 +6,7 @@ this package imports no TensorFlow.
 
 from __future__ import annotations
 
-from attnviz.variants import additive, dot, general, multihead, scaled
+from attnviz.variants import additive, coattention, dot, general, multihead, pooling, scaled, self_attention
 from attnviz.variants._base import Variant
 
 REGISTRY: dict[str, Variant] = {
@@ -17,6 +17,9 @@ REGISTRY: dict[str, Variant] = {
         general.VARIANT,
         additive.VARIANT,
         multihead.VARIANT,
+        self_attention.VARIANT,
+        pooling.VARIANT,
+        coattention.VARIANT,
     )
 }
 

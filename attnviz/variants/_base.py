@@ -54,6 +54,9 @@ class Problem:
     #: the shape user masks broadcast against, when it is not the weights' shape: multi-head weights
     #: [B, N, T, S] take masks [B, T, S] (as Keras attention_mask) with the head axis inserted at -3
     mask_shape: tuple[int, ...] | None = None
+    #: a keep mask the variant itself imposes (an attention window), ANDed with the user's masks
+    keep: np.ndarray | None = None
+    keep_described: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class Variant:
     #: parameters from somewhere other than --params (a saved Keras model): (arrays, file, option)
     external_params: Callable[[Any], tuple[dict[str, np.ndarray], Path, str] | None] | None = None
     axis_names: tuple[str, str] = ("query", "key")  # what heatmaps and tables call the two axes
+    weights_title: str = "weights"  # what the primary map is called beside further maps
 
 
 @dataclass
