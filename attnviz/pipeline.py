@@ -172,15 +172,18 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     bundle_q, bundle_k = inputs.get("q_labels"), inputs.get("k_labels")
     q_fallback = (bundle_q.labels if bundle_q else None) or (q_in.labels if q_in else None)
     k_fallback = (bundle_k.labels if bundle_k else None) or (k_in.labels if k_in else None)
-    if options.labels is not None and lq != lk:
+    q_spec, k_spec = options.q_labels or options.labels, options.k_labels or options.labels
+    if not variant.query_input:  # one learned query (pooling): --labels names the keys only
+        q_spec = options.q_labels
+    elif options.labels is not None and lq != lk:
         raise UsageError(
             f"--labels labels both axes, but there are {lq} queries and {lk} keys; "
             "use --q-labels and --k-labels."
         )
-    q_labels = _labels("--q-labels" if options.q_labels else "--labels", options.q_labels or options.labels,
-                       q_fallback, lq, "queries (Lq)", paths)
-    k_labels = _labels("--k-labels" if options.k_labels else "--labels", options.k_labels or options.labels,
-                       k_fallback, lk, "keys (Lk)", paths)
+    q_labels = _labels("--q-labels" if options.q_labels else "--labels", q_spec, q_fallback, lq,
+                       "queries (Lq)", paths)
+    k_labels = _labels("--k-labels" if options.k_labels else "--labels", k_spec, k_fallback, lk,
+                       "keys (Lk)", paths)
 
     mask_loaded = inputs.get("mask")
     if options.mask is not None:

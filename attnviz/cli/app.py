@@ -222,9 +222,10 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
 
         prep = outcome.prepared
         two_d = [v for v in result.views if v.axis == "both"]
-        panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if two_d else "")
+        names = prep.variant.lead_names
+        panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if two_d else "", names)
         for view in two_d:
-            panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title)
+            panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title, names)
         shape = shape_str(result.weights.shape)
         fig = heatmap_figure(panels, title=f"{prep.variant.name} attention weights {shape}",
                              q_labels=prep.q_labels, k_labels=prep.k_labels,
@@ -238,14 +239,23 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
 
 
 def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -> None:
-    from attnviz.render.table import axis_name, slice_summary_table, stats_table, vector_table, weights_table
+    from attnviz.render.table import (
+        axis_name,
+        slice_label,
+        slice_summary_table,
+        stats_table,
+        vector_table,
+        weights_table,
+    )
 
     prep, result = outcome.prepared, outcome.result
     console = Console(highlight=False)
     keep = prep.mask.full_keep(result.weights.shape)
     keep2d = keep[index] if keep is not None else None
     lead = result.weights.shape[:-2]
-    where = f", slice {list(index)} of leading dims {list(lead)} (--index picks another)" if lead else ""
+    names = prep.variant.lead_names
+    shown = slice_label(index, names)
+    where = f", {shown} of leading dims {list(lead)} (--index picks another)" if lead else ""
     max_rows = out.max_rows or None
     max_cols = out.max_cols
     weights = result.weights[index]
@@ -272,10 +282,11 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
                                        title=f"{view.title}{where}"), crop=False)
     console.print(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
                               precision=out.precision, max_rows=max_rows, row_name=prep.variant.axis_names[0],
-                              title="per-query statistics" + (f", slice {list(index)}" if lead else "")),
+                              title="per-query statistics" + (f", {shown}" if lead else "")),
                   crop=False)
     if lead:
-        console.print(slice_summary_table(outcome.stats, precision=out.precision, max_rows=max_rows), crop=False)
+        console.print(slice_summary_table(outcome.stats, precision=out.precision, max_rows=max_rows, names=names),
+                      crop=False)
 
 
 for _variant in REGISTRY.values():

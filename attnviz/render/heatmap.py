@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.io import shape_str, write_atomic
+from attnviz.render.table import slice_label
 
 FORMATS = (".png", ".svg", ".pdf")
 MAX_TICKS = 40  # label at most this many positions per axis; thin the rest
@@ -44,14 +45,15 @@ class Panel:
     keep: np.ndarray | None = None
 
 
-def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "") -> list[Panel]:
+def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "",
+                 names: Sequence[str] = ()) -> list[Panel]:
     """One panel per 2-D slice of ``maps [..., Lq, Lk]``; ``keep`` broadcasts to it."""
     maps = np.asarray(maps, dtype=np.float64)
     lead = maps.shape[:-2]
     full_keep = np.broadcast_to(keep, maps.shape) if keep is not None else None
     panels = []
     for s in (np.ndindex(*lead) if lead else [()]):
-        title = " ".join(p for p in (name, f"slice {list(s)}" if lead else "") if p)
+        title = " ".join(p for p in (name, slice_label(s, names) if lead else "") if p)
         panels.append(Panel(title, maps[s], full_keep[s] if full_keep is not None else None))
     return panels
 

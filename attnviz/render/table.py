@@ -46,6 +46,16 @@ def _elided(indices: list[int | None], n: int, what: str) -> str | None:
     return f"{what} {first_hidden}-{last_hidden} of {n}"
 
 
+def slice_label(index: Sequence[int], names: Sequence[str] = ()) -> str:
+    """``slice [0, 2]``, or with names for the last leading axes ``batch 0, head 2``."""
+    if not names:
+        return f"slice {list(index)}"
+    named = list(names)[-len(index):] if len(names) >= len(index) else (
+        ["batch" if len(index) - len(names) == 1 else f"dim {i}" for i in range(len(index) - len(names))]
+        + list(names))
+    return ", ".join(f"{n} {int(i)}" for n, i in zip(named, index))
+
+
 def axis_name(i: int, labels: Sequence[str] | None, width: int = 12) -> str:
     if labels is None:
         return str(i)
@@ -178,7 +188,8 @@ def vector_table(
     return table
 
 
-def slice_summary_table(stats: RowStats, *, precision: int = 3, max_rows: int | None = None) -> Table:
+def slice_summary_table(stats: RowStats, *, precision: int = 3, max_rows: int | None = None,
+                        names: Sequence[str] = ()) -> Table:
     """One row per batch/head slice: means over its unmasked query rows."""
     lead = stats.entropy.shape[:-1]
     slices = list(np.ndindex(*lead))
@@ -196,10 +207,11 @@ def slice_summary_table(stats: RowStats, *, precision: int = 3, max_rows: int | 
         one = stats.select(slices[r])
         live = ~one.masked
         if not live.any():
-            table.add_row(str(list(slices[r])), *[Text("masked", style="dim")] * 3, str(int(one.masked.sum())))
+            table.add_row(slice_label(slices[r], names), *[Text("masked", style="dim")] * 3,
+                          str(int(one.masked.sum())))
             continue
         table.add_row(
-            str(list(slices[r])),
+            slice_label(slices[r], names),
             f"{one.entropy[live].mean():.{p}f}",
             f"{one.entropy_norm[live].mean():.{p}f}",
             f"{one.max[live].mean():.{p}f}",

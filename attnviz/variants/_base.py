@@ -99,6 +99,7 @@ class Variant:
     external_params: Callable[[Any], tuple[dict[str, np.ndarray], Path, str] | None] | None = None
     axis_names: tuple[str, str] = ("query", "key")  # what heatmaps and tables call the two axes
     weights_title: str = "weights"  # what the primary map is called beside further maps
+    lead_names: tuple[str, ...] = ()  # names of the last leading axes of the weights, e.g. ("head",)
 
 
 @dataclass

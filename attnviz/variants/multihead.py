@@ -257,4 +257,5 @@ VARIANT = Variant(
     key_input="value",
     learned=True,
     external_params=from_keras,
+    lead_names=("head",),
 )
