@@ -64,6 +64,7 @@ class Prepared:
     warnings: list[str] = field(default_factory=list)
     learned: dict[str, np.ndarray] = field(default_factory=dict)
     learned_source: str | None = None  # "params.npz", "seed 0"
+    seed: int = 0  # --seed, for variants that sample
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Outcome:
     stats: RowStats
     device: Device
     warnings: list[str]
+    map_stats: dict[str, RowStats] = field(default_factory=dict)  # statistics of further distributions
 
 
 def _choice(option: str, value: str, allowed: Sequence[str]) -> None:
@@ -136,7 +138,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
               if value is not None]
     if external is not None:
         chosen.append(external[2])
-    if len(chosen) > 1:
+    if len(chosen) > 1 and not (variant.seeds_samples and chosen == ["--params", "--seed"]):
         raise UsageError(f"{' and '.join(chosen)} both say where the parameters come from; give one.")
     if variant.learned and param_options.params is not None:
         given, given_path = learned_params.read(param_options.params)
@@ -153,7 +155,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
         else:
             seed = param_options.seed if param_options.seed is not None else 0
             learned = learned_params.draw(problem.specs, seed)
-            learned_source = f"seed {seed}"
+            learned_source = f"seed {seed}" if problem.specs else None
     limit = DTYPE_MAX[options.dtype]
     for loaded in inputs.values():
         largest = float(np.abs(loaded.data).max()) if loaded.data.size else 0.0
@@ -162,7 +164,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
                 f"{loaded.source}: values up to {largest:g} exceed the {options.dtype} range (±{limit:g}); "
                 "use a wider --dtype."
             )
-    paths = [lo.path for lo in inputs.values() if lo.path is not None]
+    paths = [lo.path for lo in inputs.values() if lo.path is not None] + list(problem.files)
     if given_path is not None:
         paths.append(given_path)
     arrays = {n: lo for n, lo in inputs.items() if not n.endswith("_labels") and n != "mask"}
@@ -210,13 +212,13 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
             f"{'rows' if len(rows) > 1 else 'row'} {describe_rows(rows)}."
         )
     return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings,
-                    learned, learned_source)
+                    learned, learned_source, param_options.seed or 0)
 
 
 def execute(prep: Prepared) -> Outcome:
     """Compute the variant with TensorFlow on the chosen device; add statistics."""
     device = resolve_device(prep.options.device)
-    ctx = Context(device, prep.options.dtype)
+    ctx = Context(device, prep.options.dtype, seed=prep.seed)
     arrays = {n: lo.data for n, lo in prep.inputs.items()}
     result = prep.variant.compute(ctx, arrays, prep.mask, prep.params, prep.learned)
     if result.weights.shape != prep.weights_shape:  # a variant bug, not a user error
@@ -224,5 +226,8 @@ def execute(prep: Prepared) -> Outcome:
             f"{prep.variant.name}: computed weights of shape {shape_str(result.weights.shape)}, "
             f"expected {shape_str(prep.weights_shape)}."
         )
+    if result.keep is not None:
+        prep.mask.keep = result.keep
     stats = row_stats(result.weights, prep.mask.keep)
-    return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings])
+    extra = {view.name: row_stats(result.maps[view.name], prep.mask.keep) for view in result.views if view.stats}
+    return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings], extra)

@@ -8,6 +8,7 @@ For each query row of ``weights [..., Lq, Lk]``:
 * ``max`` and ``argmax`` (ties go to the lower key index);
 * ``top_index`` / ``top_weight``: the k largest weights, in descending order, ties to the lower index;
 * ``row_sum``: the sum of the row (1 for a softmax row, 0 for a fully masked one);
+* ``support``: how many keys have a weight other than exactly 0 (sparse variants);
 * ``masked``: True where the row is fully masked. Its entropy, max and argmax are undefined and
   reported as NaN / -1 (``null`` in JSON, "masked" in tables).
 
@@ -32,6 +33,7 @@ class RowStats:
     row_sum: np.ndarray
     n_keys: np.ndarray  # int64: keys each row may attend to
     masked: np.ndarray  # bool
+    support: np.ndarray  # int64: keys with a weight other than exactly 0
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {
@@ -44,6 +46,7 @@ class RowStats:
             "row_sum": self.row_sum,
             "n_keys": self.n_keys,
             "masked": self.masked,
+            "support": self.support,
         }
 
     def select(self, index: tuple[int, ...]) -> RowStats:
@@ -85,4 +88,5 @@ def row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3) -
         row_sum=w.sum(axis=-1),
         n_keys=n_keys,
         masked=masked,
+        support=(w != 0).sum(axis=-1).astype(np.int64),
     )

@@ -221,7 +221,7 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
         from attnviz.render.heatmap import heatmap_figure, save_figure, slice_panels
 
         prep = outcome.prepared
-        two_d = [v for v in result.views if v.axis == "both"]
+        two_d = [v for v in result.views if v.axis == "both" and v.png]
         names = prep.variant.lead_names
         panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if two_d else "", names)
         for view in two_d:
@@ -276,6 +276,11 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
         data = result.maps[view.name][index]
         if view.axis == "both":
             show_map(data, f"{view.title}{where}")
+            if view.name in outcome.map_stats:
+                console.print(stats_table(outcome.map_stats[view.name].select(index), q_labels=prep.q_labels,
+                                          k_labels=prep.k_labels, precision=out.precision, max_rows=max_rows,
+                                          row_name=prep.variant.axis_names[0],
+                                          title=f"per-query statistics of {view.title}"), crop=False)
         else:
             labels = prep.q_labels if view.axis == "q" else prep.k_labels
             console.print(vector_table(data, labels=labels, precision=out.precision, max_cols=max_cols or None,

@@ -43,6 +43,10 @@ class Panel:
     title: str
     data: np.ndarray
     keep: np.ndarray | None = None
+    q_labels: Sequence[str] | None = None  # this panel's own axes, when not the figure's
+    k_labels: Sequence[str] | None = None
+    ylabel: str | None = None
+    xlabel: str | None = None
 
 
 def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "",
@@ -83,11 +87,12 @@ def heatmap_figure(
         panels = maps
     total = len(panels)
     panels = panels[:max_panels]
-    lq, lk = panels[0].data.shape
-    shown = np.stack([p.data for p in panels])
+    shown = np.concatenate([p.data.ravel() for p in panels])
     vmax = float(shown.max()) if shown.size else 1.0
     vmin = min(0.0, float(shown.min()))
 
+    lq = max(p.data.shape[0] for p in panels)
+    lk = max(p.data.shape[1] for p in panels)
     ncols = math.ceil(math.sqrt(len(panels)))
     nrows = math.ceil(len(panels) / ncols)
     panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6))
@@ -95,7 +100,6 @@ def heatmap_figure(
     fig = Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.9), layout="constrained")
     FigureCanvasAgg(fig)
     colormap = _colormap(cmap)
-    annotate = lq <= ANNOTATE_MAX and lk <= ANNOTATE_MAX
     image = None
     axes = []
     any_masked = False
@@ -103,19 +107,20 @@ def heatmap_figure(
         ax = fig.add_subplot(nrows, ncols, n + 1)
         axes.append(ax)
         data = panel.data
+        rows, cols = data.shape
         masked = ~panel.keep if panel.keep is not None else np.zeros(data.shape, bool)
         any_masked = any_masked or bool(masked.any())
         image = ax.imshow(np.ma.masked_array(data, masked), cmap=colormap, vmin=vmin, vmax=vmax,
                           aspect="auto", interpolation="nearest")
-        _ticks(ax, lk, k_labels, "x")
-        _ticks(ax, lq, q_labels, "y")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else k_labels, "x")
+        _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else q_labels, "y")
+        ax.set_xlabel(panel.xlabel or xlabel)
+        ax.set_ylabel(panel.ylabel or ylabel)
         if panel.title:
             ax.set_title(panel.title, fontsize=9)
-        if annotate:
-            for i in range(lq):
-                for j in range(lk):
+        if rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
+            for i in range(rows):
+                for j in range(cols):
                     if masked[i, j]:
                         continue
                     value = data[i, j]

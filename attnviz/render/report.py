@@ -14,6 +14,7 @@ import numpy as np
 
 from attnviz import __version__
 from attnviz.pipeline import Outcome
+from attnviz.stats import RowStats
 
 
 def plain(value: Any) -> Any:
@@ -38,9 +39,8 @@ def _null_where(values: np.ndarray, undefined: np.ndarray) -> np.ndarray:
     return out
 
 
-def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[str, Any]:
-    prep, result, stats = outcome.prepared, outcome.result, outcome.stats
-    stats_doc = {
+def stats_document(stats: RowStats) -> dict[str, Any]:
+    return {
         "entropy": stats.entropy,
         "entropy_normalized": stats.entropy_norm,
         "max": stats.max,
@@ -48,8 +48,13 @@ def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[
         "top_k": {"index": stats.top_index, "weight": stats.top_weight},
         "row_sum": stats.row_sum,
         "unmasked_keys": stats.n_keys,
+        "support": stats.support,
         "fully_masked": stats.masked,
     }
+
+
+def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[str, Any]:
+    prep, result = outcome.prepared, outcome.result
     return plain({
         "attnviz": __version__,
         "variant": prep.variant.name,
@@ -64,7 +69,10 @@ def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[
         "output": result.output,
         "output_shape": list(result.output.shape) if result.output is not None else None,
         "maps": {name: {"shape": list(m.shape), "data": m} for name, m in result.maps.items()},
-        "stats": stats_doc,
+        "stats": stats_document(outcome.stats),
+        "map_stats": {name: stats_document(s) for name, s in outcome.map_stats.items()},
+        "learned_params": None if prep.learned_source is None else {
+            "source": prep.learned_source, "shapes": {k: list(v.shape) for k, v in prep.learned.items()}},
         "warnings": outcome.warnings,
         "files": files or {},
     })

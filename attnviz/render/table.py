@@ -141,12 +141,17 @@ def stats_table(
     table.add_column("argmax", overflow="fold", min_width=min(key, 16))
     table.add_column(f"top-{k} (key: weight)", overflow="fold", min_width=min(key, 16) + number + 2)
     table.add_column("sum", justify="right", overflow="fold", min_width=number)
+    sparse = bool(((stats.support < stats.n_keys) & ~stats.masked).any())
+    if sparse:  # exact zeros among the keys a row may attend to: say how many keys each row uses
+        table.add_column("support", justify="right", overflow="fold")
     for i in rows:
+        support = [f"{int(stats.support[i])}/{int(stats.n_keys[i])}"] if sparse and i is not None else []
         if i is None:
-            table.add_row("⋮", *["⋮"] * 6)
+            table.add_row("⋮", *["⋮"] * (7 if sparse else 6))
             continue
         if stats.masked[i]:
-            table.add_row(axis_name(i, q_labels), *[Text("masked", style="dim")] * 5, f"{stats.row_sum[i]:.{p}f}")
+            table.add_row(axis_name(i, q_labels), *[Text("masked", style="dim")] * 5, f"{stats.row_sum[i]:.{p}f}",
+                          *support)
             continue
         top = "  ".join(
             f"{axis_name(int(j), k_labels)}: {w:.{p}f}"
@@ -160,6 +165,7 @@ def stats_table(
             axis_name(int(stats.argmax[i]), k_labels),
             top,
             f"{stats.row_sum[i]:.{p}f}",
+            *support,
         )
     return table
 

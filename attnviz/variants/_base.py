@@ -57,6 +57,7 @@ class Problem:
     #: a keep mask the variant itself imposes (an attention window), ANDed with the user's masks
     keep: np.ndarray | None = None
     keep_described: str = ""
+    files: list[Path] = field(default_factory=list)  # further files read (an adjacency), never overwritten
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class View:
     name: str  # its key in ``Result.maps``
     title: str
     axis: str = "both"  # "both": [..., Lq, Lk]; "q": a vector over queries [..., Lq]; "k": over keys [..., Lk]
+    stats: bool = False  # a distribution per row: show per-query statistics of it too
+    png: bool = True  # draw it in the heatmap (False for maps on another scale, such as raw scores)
 
 
 @dataclass
@@ -78,6 +81,8 @@ class Result:
     maps: dict[str, np.ndarray] = field(default_factory=dict)  # further maps a variant has
     views: list[View] = field(default_factory=list)  # which maps to show, and how
     warnings: list[str] = field(default_factory=list)
+    #: the keep mask actually applied, when the variant computes it from the data (local-p's window)
+    keep: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Variant:
     axis_names: tuple[str, str] = ("query", "key")  # what heatmaps and tables call the two axes
     weights_title: str = "weights"  # what the primary map is called beside further maps
     lead_names: tuple[str, ...] = ()  # names of the last leading axes of the weights, e.g. ("head",)
+    seeds_samples: bool = False  # --seed also seeds sampling, so it may go with --params
 
 
 @dataclass
@@ -108,6 +114,7 @@ class Context:
 
     device: Device
     dtype: str
+    seed: int = 0  # for variants that sample (hard attention)
 
     @property
     def tf(self) -> Any:
