@@ -55,3 +55,24 @@ def bahdanau(q, k, v, W1, W2, vec, b=None, keep=None):
             scores[idx + (j,)] = vec @ np.tanh(q[idx] @ W1 + kk @ W2 + b)
     w = masked_softmax(scores, keep)
     return w, w @ v
+
+
+def local_p(q, k, v, w_p, v_p, window, renormalize=False, score="dot"):
+    """Luong local-p, one query at a time, 1-based positions (reference section 3.1)."""
+    q, k, v = (np.asarray(a, float) for a in (q, k, v))
+    S = k.shape[0]
+    out_w = np.zeros((q.shape[0], S))
+    for t, h in enumerate(q):
+        p_t = S / (1 + np.exp(-(np.tanh(h @ w_p) @ v_p)))
+        s = np.arange(1, S + 1)
+        inside = np.abs(s - p_t) <= window
+        scores = k @ h if score == "dot" else k @ h / np.sqrt(len(h))
+        align = np.zeros(S)
+        if inside.any():
+            e = np.exp(scores[inside] - scores[inside].max())
+            align[inside] = e / e.sum()
+        a = align * np.exp(-((s - p_t) ** 2) / (2 * (window / 2) ** 2)) * inside
+        if renormalize and a.sum() > 0:
+            a = a / a.sum()
+        out_w[t] = a
+    return out_w, out_w @ v

@@ -6,7 +6,17 @@ this package imports no TensorFlow.
 
 from __future__ import annotations
 
-from attnviz.variants import additive, coattention, dot, general, multihead, pooling, scaled, self_attention
+from attnviz.variants import (
+    additive,
+    coattention,
+    dot,
+    general,
+    local,
+    multihead,
+    pooling,
+    scaled,
+    self_attention,
+)
 from attnviz.variants._base import Variant
 
 REGISTRY: dict[str, Variant] = {
@@ -20,6 +30,7 @@ REGISTRY: dict[str, Variant] = {
         self_attention.VARIANT,
         pooling.VARIANT,
         coattention.VARIANT,
+        local.VARIANT,
     )
 }
 

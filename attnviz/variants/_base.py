@@ -15,6 +15,7 @@ A variant module defines
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -260,3 +261,31 @@ def check_finite_result(weights: np.ndarray, dtype: str) -> None:
         hint = " (the scores overflowed float16; try --dtype float32)" if dtype == "float16" else ""
         raise AttnvizError(f"the attention weights came out non-finite{hint}.")
 
+
+
+# ----------------------------------------------------------------------------------------------
+# The score functions the scope variants (local, hard, sparse, structured) build on
+
+SCORES = ("scaled", "dot", "general")
+
+
+def score_specs(score: str, d_q: int, d_k: int) -> dict[str, ParamSpec]:
+    """Parameters of a base score: ``W_a [d_q, d_k]`` for Luong's general score, none otherwise."""
+    from attnviz.params import ParamSpec
+
+    return {"W_a": ParamSpec((d_q, d_k))} if score == "general" else {}
+
+
+def base_scores(ctx: Context, q: Any, k: Any, score: str, learned: Mapping[str, np.ndarray]) -> Any:
+    """Scores ``[..., Lq, Lk]`` from tensors Q and K: ``scaled`` Q K^T / sqrt(d_k), ``dot`` Q K^T,
+    ``general`` Q W_a K^T."""
+    tf = ctx.tf
+    if score == "scaled":
+        q = q * ctx.scalar(1.0 / math.sqrt(int(q.shape[-1])), q.dtype)
+    elif score == "general":
+        q = tf.tensordot(q, ctx.tensor(learned["W_a"]), axes=1)
+    return tf.matmul(q, k, transpose_b=True)
+
+
+def score_field_help() -> str:
+    return "base score: scaled (Q K^T / sqrt(d)), dot (Q K^T) or general (Q W_a K^T, parameter W_a)"
