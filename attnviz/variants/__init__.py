@@ -11,6 +11,7 @@ from attnviz.variants import (
     coattention,
     dot,
     general,
+    hard,
     local,
     multihead,
     pooling,
@@ -31,6 +32,7 @@ REGISTRY: dict[str, Variant] = {
         pooling.VARIANT,
         coattention.VARIANT,
         local.VARIANT,
+        hard.VARIANT,
     )
 }
 
