@@ -21,7 +21,7 @@ CPU = Device("CPU:0", "/CPU:0")
 os.environ.setdefault("COLUMNS", "120")
 
 
-def compute(name, q=None, k=None, v=None, *, inputs=None, keep=None, bias=None, dtype="float32", causal=False,
+def compute(name, q_array=None, k_array=None, v_array=None, /, *, inputs=None, keep=None, bias=None, dtype="float32", causal=False,
             causal_align="top-left", learned=None, seed=None, **params):
     """Run a registered variant on arrays, with masks built the way the command line builds them.
 
@@ -30,7 +30,7 @@ def compute(name, q=None, k=None, v=None, *, inputs=None, keep=None, bias=None, 
     variant = REGISTRY[name]
     p = variant.params(**params)
     if inputs is None:
-        inputs = {"q": q, "k": k, "v": v}
+        inputs = {"q": q_array, "k": k_array, "v": v_array}
     loaded = {n: Loaded(np.asarray(a), n, None) for n, a in inputs.items() if a is not None}
     problem = variant.check(loaded, p, learned)
     if learned is not None:

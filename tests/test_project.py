@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from attnviz.cli.options import OUTPUT_OPTIONS, RUN_OPTIONS
+from attnviz.cli.options import OUTPUT_OPTIONS, PARAM_OPTIONS, RUN_OPTIONS
 from attnviz.variants import REGISTRY
 from tests.conftest import ROOT, SAMPLES
 
@@ -27,9 +27,12 @@ def test_every_variant_is_documented(name):
 
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_variant_options_do_not_clash_with_shared_ones(name):
-    shared = {p.name for p in [*RUN_OPTIONS, *OUTPUT_OPTIONS]}
-    own = {f.name for f in dataclasses.fields(REGISTRY[name].params)} | {i.name for i in REGISTRY[name].inputs}
-    assert not own & shared
+    shared = {p.name for p in [*RUN_OPTIONS, *OUTPUT_OPTIONS, *PARAM_OPTIONS]}
+    fields = dataclasses.fields(REGISTRY[name].params)
+    own = [f.name for f in fields] + [i.name for i in REGISTRY[name].inputs]
+    assert len(own) == len(set(own)) and not set(own) & shared
+    flags = [f.metadata.get("flag", "--" + f.name.replace("_", "-")) for f in fields]
+    assert len(flags) == len(set(flags))
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_them():

@@ -133,7 +133,8 @@ def _variant_parameters(variant: Variant) -> list[inspect.Parameter]:
                                             default=None, annotation=annotation))
     hints = get_type_hints(variant.params)
     for f in dataclasses.fields(variant.params):
-        option = typer.Option("--" + f.name.replace("_", "-"), help=f.metadata.get("help", ""),
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        option = typer.Option(flag, help=f.metadata.get("help", ""),
                               metavar=f.metadata.get("metavar"), rich_help_panel=f"{variant.name} options")
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                                         annotation=Annotated[hints[f.name], option]))

@@ -17,6 +17,7 @@ from attnviz.variants import (
     pooling,
     scaled,
     self_attention,
+    sparse,
 )
 from attnviz.variants._base import Variant
 
@@ -33,6 +34,7 @@ REGISTRY: dict[str, Variant] = {
         coattention.VARIANT,
         local.VARIANT,
         hard.VARIANT,
+        sparse.VARIANT,
     )
 }
 
