@@ -21,8 +21,8 @@ CPU = Device("CPU:0", "/CPU:0")
 os.environ.setdefault("COLUMNS", "120")
 
 
-def compute(name, q_array=None, k_array=None, v_array=None, /, *, inputs=None, keep=None, bias=None, dtype="float32", causal=False,
-            causal_align="top-left", learned=None, seed=None, **params):
+def compute(name, q_array=None, k_array=None, v_array=None, /, *, inputs=None, keep=None, bias=None,
+            dtype="float32", causal=False, causal_align="top-left", learned=None, seed=None, **params):
     """Run a registered variant on arrays, with masks built the way the command line builds them.
 
     ``keep`` and ``bias`` are given in the weights' shape (after any head axis). ``learned`` is a
@@ -43,7 +43,7 @@ def compute(name, q_array=None, k_array=None, v_array=None, /, *, inputs=None, k
             mask.keep = extra if mask.keep is None else np.logical_and(mask.keep, extra)
     mask.bias = bias
     arrays = {n: lo.data for n, lo in loaded.items()}
-    return variant.compute(Context(CPU, dtype), arrays, mask, p, learned or {})
+    return variant.compute(Context(CPU, dtype, seed=seed or 0), arrays, mask, p, learned or {})
 
 
 @pytest.fixture

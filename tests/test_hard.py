@@ -86,3 +86,11 @@ def test_cli_shows_soft_distribution_and_seed(tmp_path):
     assert "soft distribution" in " ".join(out.stdout.split())
     bad = runner.invoke(app, [*args, "--tau", "2"])
     assert bad.exit_code == 2 and "--mode gumbel" in bad.stderr
+
+
+def test_different_seeds_draw_differently():
+    rng = np.random.default_rng(4)
+    q, k, v = rng.normal(size=(8, 3)), rng.normal(size=(6, 3)) * 0.1, rng.normal(size=(6, 2))
+    a = compute("hard", q, k, v, mode="sample", seed=1)
+    b = compute("hard", q, k, v, mode="sample", seed=2)
+    assert not np.array_equal(a.weights, b.weights)

@@ -16,7 +16,9 @@ from attnviz.variants import REGISTRY
 
 runner = CliRunner()
 LEARNED = [name for name, v in REGISTRY.items() if v.learned]
-EXTRA = {"multihead": ["--heads", "2"], "additive": ["--units", "5"], "pooling": ["--units", "3"]}
+EXTRA = {"multihead": ["--heads", "2"], "additive": ["--units", "5"], "pooling": ["--units", "3"],
+         "local": ["--window", "1", "--score", "general"], "hard": ["--score", "general", "--mode", "gumbel"],
+         "sparse": ["--score", "general"]}
 
 
 @pytest.fixture
@@ -41,8 +43,8 @@ def test_seed_save_params_round_trip_is_exact(arrays, name):
     saved = arrays / "p.npz"
     a = runner.invoke(app, [*args_for(name, arrays), "--seed", "11", "--save-params", str(saved), "--json"])
     assert a.exit_code == 0, a.stderr
-    b = runner.invoke(app, [*args_for(name, arrays)[:len(args_for(name, arrays)) - len(EXTRA.get(name, []))],
-                            "--params", str(saved), "--json"])
+    sampling_seed = ["--seed", "11"] if REGISTRY[name].seeds_samples else []
+    b = runner.invoke(app, [*args_for(name, arrays), "--params", str(saved), *sampling_seed, "--json"])
     assert b.exit_code == 0, b.stderr
     da, db = json.loads(a.stdout), json.loads(b.stdout)
     assert da["weights"] == db["weights"] and da["output"] == db["output"]
