@@ -133,6 +133,8 @@ def _variant_parameters(variant: Variant) -> list[inspect.Parameter]:
                                             default=None, annotation=annotation))
     hints = get_type_hints(variant.params)
     for f in dataclasses.fields(variant.params):
+        if f.metadata.get("cli") is False:  # set by the variant itself (e.g. an array read in check)
+            continue
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
         option = typer.Option(flag, help=f.metadata.get("help", ""),
                               metavar=f.metadata.get("metavar"), rich_help_panel=f"{variant.name} options")
@@ -157,7 +159,7 @@ def make_command(variant: Variant) -> Callable[..., None]:
 
 
 def _take(kwargs: dict[str, Any], cls: type) -> Any:
-    return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls)})
+    return cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if f.metadata.get("cli") is not False})
 
 
 def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
@@ -222,11 +224,21 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
         from attnviz.render.heatmap import heatmap_figure, save_figure, slice_panels
 
         prep = outcome.prepared
-        two_d = [v for v in result.views if v.axis == "both" and v.png]
+        drawn = [v for v in result.views if v.png]
         names = prep.variant.lead_names
-        panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if two_d else "", names)
-        for view in two_d:
-            panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title, names)
+        panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if drawn else "", names)
+        for view in drawn:
+            if view.axis == "both":
+                panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title, names)
+            else:  # a vector: a one-column strip along the queries, or a one-row strip along the keys
+                data = result.maps[view.name]
+                strip = data[..., :, None] if view.axis == "q" else data[..., None, :]
+                for panel in slice_panels(strip, None, view.title, names):
+                    if view.axis == "q":
+                        panel.k_labels, panel.xlabel = [""], ""
+                    else:
+                        panel.q_labels, panel.ylabel = [""], ""
+                    panels.append(panel)
         shape = shape_str(result.weights.shape)
         fig = heatmap_figure(panels, title=f"{prep.variant.name} attention weights {shape}",
                              q_labels=prep.q_labels, k_labels=prep.k_labels,

@@ -18,6 +18,7 @@ from attnviz.variants import (
     scaled,
     self_attention,
     sparse,
+    structured,
 )
 from attnviz.variants._base import Variant
 
@@ -35,6 +36,7 @@ REGISTRY: dict[str, Variant] = {
         local.VARIANT,
         hard.VARIANT,
         sparse.VARIANT,
+        structured.VARIANT,
     )
 }
 

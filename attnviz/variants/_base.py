@@ -69,7 +69,11 @@ class View:
     title: str
     axis: str = "both"  # "both": [..., Lq, Lk]; "q": a vector over queries [..., Lq]; "k": over keys [..., Lk]
     stats: bool = False  # a distribution per row: show per-query statistics of it too
-    png: bool = True  # draw it in the heatmap (False for maps on another scale, such as raw scores)
+    png: bool | None = None  # draw it in the heatmap; by default 2-D maps are drawn and vectors are not
+
+    def __post_init__(self) -> None:
+        if self.png is None:
+            object.__setattr__(self, "png", self.axis == "both")
 
 
 @dataclass
