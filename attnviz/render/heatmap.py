@@ -114,8 +114,8 @@ def heatmap_figure(
                           aspect="auto", interpolation="nearest")
         _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else k_labels, "x")
         _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else q_labels, "y")
-        ax.set_xlabel(panel.xlabel or xlabel)
-        ax.set_ylabel(panel.ylabel or ylabel)
+        ax.set_xlabel(panel.xlabel if panel.xlabel is not None else xlabel)
+        ax.set_ylabel(panel.ylabel if panel.ylabel is not None else ylabel)
         if panel.title:
             ax.set_title(panel.title, fontsize=9)
         if rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:

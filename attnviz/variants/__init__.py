@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from attnviz.variants import (
     additive,
+    bidirectional,
     coattention,
     dot,
     general,
     hard,
+    hierarchical,
     local,
     multihead,
     pooling,
@@ -37,6 +39,8 @@ REGISTRY: dict[str, Variant] = {
         hard.VARIANT,
         sparse.VARIANT,
         structured.VARIANT,
+        hierarchical.VARIANT,
+        bidirectional.VARIANT,
     )
 }
 

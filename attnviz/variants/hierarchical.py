@@ -1,0 +1,110 @@
+"""Hierarchical attention (Yang et al. 2016, "Hierarchical Attention Networks for Document
+Classification"): words attend into sentence vectors, sentences into a document vector.
+
+    word level:      u_it = tanh(h_it W_w + b_w),  a_it = softmax_t(u_it . u_w),  s_i = sum_t a_it h_it
+    sentence level:  u_i = tanh(s_i W_s + b_s),    b_i = softmax_i(u_i . u_s),    v = sum_i b_i s_i
+
+Input DOC ``[..., n_sent, n_word, d]``: word annotations (normally the outputs of a word encoder);
+the paper runs a sentence encoder over ``s_i``, here ``s_i`` is used directly. The weights are the
+word weights ``[..., n_sent, n_word]`` (one row per sentence); the output is the sentence vectors
+``[..., n_sent, d]``; map ``sentence_weights [..., n_sent]`` (shown beside the word weights in the
+table and the PNG) and map ``document [..., d]``. A word mask is ``--mask [..., n_sent, n_word]``
+(1 = a real word); a sentence with no real word is padding: zero word weights and zero sentence
+weight.
+
+Parameters: ``W_w [d, d_a]``, ``b_w [d_a]``, ``u_w [d_a]``, ``W_s [d, d_s]``, ``b_s [d_s]``, ``u_s [d_s]``
+(biases optional; --units sets d_a = d_s when drawing).
+
+Reference example (spec section 7): sentences [[1,0],[0,1],[2,0]] and [[0,0],[1,1],[0,2]], W_w = W_s =
+I, u_w = [1, 0], u_s = [0, 1]: word weights [[0.371568, 0.173493, 0.454939], [0.241447, 0.517105,
+0.241447]], sentence weights [0.356676, 0.643324], document [0.789727, 0.705205].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from attnviz.errors import ParamsError, shape_str
+from attnviz.params import ParamSpec, bias
+from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, View, masked_softmax, require_rank
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attnviz.io import Loaded
+    from attnviz.masks import Mask
+
+DEFAULT_UNITS = 32
+
+
+@dataclass
+class Params:
+    units: int | None = field(default=None, metadata={"help": f"d_a = d_s, the width of the attention layers "
+                                                              f"(default: from --params, else {DEFAULT_UNITS})"})
+
+
+def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    doc = inputs["doc"]
+    require_rank(doc, "DOC", 3, "[..., n_sent, n_word, d]")
+    lead, (n_sent, n_word, d) = doc.data.shape[:-3], doc.data.shape[-3:]
+    units = {"word": params.units, "sentence": params.units}
+    if given is not None:
+        for level, key in (("word", "W_w"), ("sentence", "W_s")):
+            if key in given and given[key].ndim == 2:
+                found = given[key].shape[1]
+                if params.units is not None and found != params.units:
+                    raise ParamsError(f"--units {params.units}, but {key} has shape {shape_str(given[key].shape)}.")
+                units[level] = found
+    d_a = units["word"] or DEFAULT_UNITS
+    d_s = units["sentence"] or DEFAULT_UNITS
+    specs = {"W_w": ParamSpec((d, d_a)), "b_w": bias(d_a), "u_w": ParamSpec((d_a,)),
+             "W_s": ParamSpec((d, d_s)), "b_s": bias(d_s), "u_s": ParamSpec((d_s,))}
+    params.units = d_a
+    return Problem((*lead, n_sent, n_word), specs)
+
+
+def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params,
+            learned: Mapping[str, np.ndarray]) -> Result:
+    import numpy as np
+
+    from attnviz.masks import Mask
+    from attnviz.variants._base import check_finite_result
+
+    tf = ctx.tf
+    p = {name: ctx.tensor(value) for name, value in learned.items()}
+    shape = arrays["doc"].shape[:-1]
+    word_keep = None if mask.keep is None else np.broadcast_to(mask.keep, shape)
+    sentence_keep = None if word_keep is None else np.asarray(word_keep.any(axis=-1))
+    with tf.device(ctx.device.tf_name):
+        h = ctx.tensor(arrays["doc"])  # [..., S, W, d]
+        word_logits = tf.tensordot(tf.tanh(tf.tensordot(h, p["W_w"], axes=1) + p["b_w"]), p["u_w"], axes=1)
+        words = masked_softmax(ctx, word_logits, Mask(word_keep, mask.bias))  # [..., S, W]
+        sentences = tf.einsum("...sw,...swd->...sd", tf.cast(words, h.dtype), h)  # [..., S, d]
+        sent_logits = tf.tensordot(tf.tanh(tf.tensordot(sentences, p["W_s"], axes=1) + p["b_s"]), p["u_s"], axes=1)
+        sent = masked_softmax(ctx, sent_logits, Mask(sentence_keep))  # [..., S]
+        document = tf.einsum("...s,...sd->...d", tf.cast(sent, h.dtype), sentences)
+        weights = ctx.numpy(words)
+        maps = {"sentence_weights": ctx.numpy(sent), "document": ctx.numpy(document)}
+        output = ctx.numpy(sentences)
+    check_finite_result(weights, ctx.dtype)
+    views = [View("sentence_weights", "sentence weights (sentence level)", axis="q", png=True)]
+    return Result(weights, output, params={"units": params.units}, maps=maps, views=views)
+
+
+VARIANT = Variant(
+    name="hierarchical",
+    summary="hierarchical attention (HAN, Yang et al. 2016): word weights per sentence, then sentence weights",
+    formula="a_it = softmax_t(tanh(h_it W_w + b_w) u_w); b_i = softmax_i(tanh(s_i W_s + b_s) u_s)",
+    doc=__doc__ or "",
+    inputs=(InputSpec("doc", "word annotations [..., n_sent, n_word, d]"),),
+    params=Params,
+    check=check,
+    compute=compute,
+    query_input="",
+    key_input="",
+    learned=True,
+    axis_names=("sentence", "word"),
+    weights_title="word weights (word level)",
+)
