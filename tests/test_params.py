@@ -18,7 +18,7 @@ runner = CliRunner()
 LEARNED = [name for name, v in REGISTRY.items() if v.learned]
 EXTRA = {"multihead": ["--heads", "2"], "additive": ["--units", "5"], "pooling": ["--units", "3"],
          "local": ["--window", "1", "--score", "general"], "hard": ["--score", "general", "--mode", "gumbel"],
-         "sparse": ["--score", "general"]}
+         "sparse": ["--score", "general"], "structured": ["--method", "crf"]}
 
 
 @pytest.fixture
