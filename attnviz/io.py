@@ -82,8 +82,10 @@ def _check_path(path: str) -> Path:
     return p
 
 
-def validate_array(arr: np.ndarray, source: str, *, allow_neg_inf: bool = False) -> np.ndarray:
-    """Refuse what no attention variant can use: objects, strings, complex, empty or non-finite arrays."""
+def validate_array(arr: np.ndarray, source: str, *, allow_neg_inf: bool = False,
+                   allow_nonfinite: bool = False) -> np.ndarray:
+    """Refuse what no attention variant can use: objects, strings, complex, empty or non-finite arrays
+    (``allow_nonfinite``: the inspector reports NaN and Inf itself)."""
     if arr.dtype.kind not in "biuf":
         what = {
             "O": "Python objects",
@@ -95,7 +97,7 @@ def validate_array(arr: np.ndarray, source: str, *, allow_neg_inf: bool = False)
         raise InputError(f"{source}: holds {what} ({arr.dtype}); attnviz needs a numeric array.")
     if arr.size == 0:
         raise InputError(f"{source}: the array is empty (shape {shape_str(arr.shape)}).")
-    if arr.dtype.kind == "f":
+    if arr.dtype.kind == "f" and not allow_nonfinite:
         bad = np.isnan(arr) | (np.isposinf(arr) if allow_neg_inf else np.isinf(arr))
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -155,7 +157,7 @@ def _load_npy(p: Path, source: str) -> np.ndarray:
         raise InputError(f"{source}: not a readable .npy file ({exc}).") from None
 
 
-class _Npz:
+class NpzArchive:
     """A ``.npz`` archive opened without pickle; entries read on demand with clear errors."""
 
     def __init__(self, p: Path, source: str) -> None:
@@ -187,7 +189,7 @@ class _Npz:
 
 @dataclass
 class Opened:
-    """A spec opened once: ``raw`` is an ndarray (.npy), an ``_Npz`` archive, or a parsed JSON value."""
+    """A spec opened once: ``raw`` is an ndarray (.npy), an ``NpzArchive`` archive, or a parsed JSON value."""
 
     spec: str
     source: str
@@ -195,10 +197,10 @@ class Opened:
     key: str | None
     raw: Any
 
-    def array(self, *, allow_neg_inf: bool = False) -> Loaded:
+    def array(self, *, allow_neg_inf: bool = False, allow_nonfinite: bool = False) -> Loaded:
         """The single array this spec names."""
         source, raw, labels = self.source, self.raw, None
-        if isinstance(raw, _Npz):
+        if isinstance(raw, NpzArchive):
             key = self.key
             if key is None:
                 if len(raw.keys) != 1:
@@ -223,7 +225,7 @@ class Opened:
                     labels = _labels_from_value(raw["labels"], f"{source} (labels)")
                 raw = raw["data"]
             arr = _from_json_value(raw, source)
-        validate_array(arr, source, allow_neg_inf=allow_neg_inf)
+        validate_array(arr, source, allow_neg_inf=allow_neg_inf, allow_nonfinite=allow_nonfinite)
         return Loaded(arr, source, self.path, labels)
 
     def bundle(self, names: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Loaded] | None:
@@ -235,7 +237,7 @@ class Opened:
         raw, wanted = self.raw, [*names, *BUNDLE_EXTRAS, *optional]
         if self.key is not None:
             return None
-        if isinstance(raw, _Npz):
+        if isinstance(raw, NpzArchive):
             if not all(n in raw.keys for n in names):
                 return None
             values: Mapping[str, Any] = {n: raw.get(n) for n in wanted if n in raw.keys}
@@ -268,7 +270,7 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
     if suffix == ".npy":
         return Opened(spec, path, p, None, _load_npy(p, path))
     if suffix == ".npz":
-        return Opened(spec, path, p, key, _Npz(p, path))
+        return Opened(spec, path, p, key, NpzArchive(p, path))
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

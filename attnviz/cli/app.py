@@ -21,6 +21,7 @@ from rich.table import Table
 
 from attnviz import __version__
 from attnviz.cli.options import (
+    FIGURE_OPTIONS,
     OUTPUT_OPTIONS,
     PARAM_OPTIONS,
     RUN_OPTIONS,
@@ -151,7 +152,7 @@ def make_command(variant: Variant) -> Callable[..., None]:
             run_command(variant, kwargs)
 
     parameters = [*_variant_parameters(variant), *(PARAM_OPTIONS if variant.learned else []), *RUN_OPTIONS,
-                  *OUTPUT_OPTIONS]
+                  *OUTPUT_OPTIONS, *FIGURE_OPTIONS]
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     command.__name__ = f"{variant.name}_command"
     command.__doc__ = f"{variant.summary}.\n\n{variant.formula}"
@@ -240,8 +241,8 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
                         panel.q_labels, panel.ylabel = [""], ""
                     panels.append(panel)
         shape = shape_str(result.weights.shape)
-        fig = heatmap_figure(panels, title=f"{prep.variant.name} attention weights {shape}",
-                             q_labels=prep.q_labels, k_labels=prep.k_labels,
+        fig = heatmap_figure(panels, title=out.title or f"{prep.variant.name} attention weights {shape}",
+                             q_labels=prep.q_labels, k_labels=prep.k_labels, cmap=out.cmap, reduce=out.reduce,
                              ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1])
         save_figure(fig, targets["--png"])
         written["png"] = out.png or ""

@@ -87,14 +87,25 @@ class OutputOptions:
     save_output: str | None = None
     no_table: bool = False
     quiet: bool = False
+    title: str | None = None
+    cmap: str | None = None
+    reduce: str = "mean"
 
     def check(self) -> None:
         """Option values that are wrong whatever the data (exit 2)."""
-        if self.png is not None and not self.png.lower().endswith((".png", ".svg", ".pdf")):
-            raise UsageError(f"--png {self.png}: the file must end in .png, .svg or .pdf.")
+        check_png_path(self.png)
+        if self.cmap is not None:
+            from attnviz.render.heatmap import check_cmap
+
+            check_cmap(self.cmap)
         for option, value in (("--save-weights", self.save_weights), ("--save-output", self.save_output)):
             if value is not None and not value.lower().endswith(".npy"):
                 raise UsageError(f"{option} {value}: the file must end in .npy.")
+
+
+def check_png_path(value: str | None, option: str = "--png") -> None:
+    if value is not None and not value.lower().endswith((".png", ".svg", ".pdf")):
+        raise UsageError(f"{option} {value}: the file must end in .png, .svg or .pdf.")
 
 
 def check_save_params(value: str | None) -> None:
@@ -132,6 +143,17 @@ OUTPUT_OPTIONS = [
         "--quiet", "-q", rich_help_panel=OUTPUT,
         help="print no tables and no progress or device lines; warnings and errors still go to stderr")],
         False),
+]
+
+#: heatmap appearance, for every command that draws one
+FIGURE_OPTIONS = [
+    _opt("title", Annotated[str | None, typer.Option(
+        "--title", rich_help_panel=OUTPUT, help="the heatmap's title")], None),
+    _opt("cmap", Annotated[str | None, typer.Option(
+        "--cmap", rich_help_panel=OUTPUT, help="a matplotlib colour map for heatmaps (default viridis)")], None),
+    _opt("reduce", Annotated[Literal["mean", "max"], typer.Option(
+        "--reduce", rich_help_panel=OUTPUT,
+        help="how long maps are aggregated in blocks for heatmaps: mean or max")], "mean"),
 ]
 
 

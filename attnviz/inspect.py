@@ -1,0 +1,299 @@
+"""Inspecting attention weights a model saved: reading them into one layout, what each head does,
+checks for CI, and comparing two sets of weights. NumPy only (no TensorFlow on this path).
+
+Weights are held as ``[layers, batch, heads, Lq, Lk]``. By rank a file is read as ``[Lq, Lk]``,
+``[heads, Lq, Lk]``, ``[batch, heads, Lq, Lk]`` or ``[layers, batch, heads, Lq, Lk]``; ``--layout``
+names the axes otherwise (e.g. ``batch,q,k``). An ``.npz`` with one array per layer (as
+``numpy.savez(f, *attentions)`` writes a Hugging Face ``output_attentions`` tuple: ``arr_0``,
+``arr_1``, ...; or named keys, ordered naturally so that ``layer10`` follows ``layer9``) is stacked
+along the layer axis.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.errors import InputError, ShapeError, UsageError, shape_str
+from attnviz.io import NpzArchive, StdinReader, open_spec, validate_array
+
+AXES = ("layer", "batch", "head", "q", "k")
+ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": "head", "lq": "q", "query": "q",
+           "t": "q", "lk": "k", "key": "k", "s": "k"}
+DEFAULT_LAYOUTS = {2: ("q", "k"), 3: ("head", "q", "k"), 4: ("batch", "head", "q", "k"),
+                   5: ("layer", "batch", "head", "q", "k")}
+
+
+@dataclass
+class Weights:
+    """Attention weights in the layout ``[layers, batch, heads, Lq, Lk]``."""
+
+    data: np.ndarray
+    source: str
+    layout: tuple[str, ...]  # the axes the file had, in its order
+    file_shape: tuple[int, ...]
+    paths: list[Path] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # the .npz keys stacked as layers, if any
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+
+def natural_key(text: str) -> list[object]:
+    """``layer2`` before ``layer10``: digits compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def parse_layout(text: str | None, rank: int, source: str) -> tuple[str, ...]:
+    if text is None:
+        if rank not in DEFAULT_LAYOUTS:
+            raise ShapeError(f"{source}: {rank} dimensions; attention weights have 2 to 5 ([layers, batch, heads, "
+                             "Lq, Lk]); name them with --layout.")
+        return DEFAULT_LAYOUTS[rank]
+    names = tuple(ALIASES.get(t.strip().lower(), t.strip().lower()) for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in AXES]
+    if unknown or len(set(names)) != len(names) or names[-2:] != ("q", "k"):
+        raise UsageError(f"--layout {text!r}: name each axis once from layer, batch, head, q, k, ending with q,k.")
+    if len(names) != rank:
+        raise UsageError(f"--layout {text!r} names {len(names)} axes, but {source} has {rank}.")
+    return names
+
+
+def to_standard(arr: np.ndarray, layout: tuple[str, ...]) -> np.ndarray:
+    """Reorder and pad ``arr`` (axes named by ``layout``) to ``[layer, batch, head, q, k]``."""
+    order = [layout.index(a) for a in AXES if a in layout]
+    arr = np.transpose(arr, order)
+    present = [a for a in AXES if a in layout]
+    shape = [arr.shape[present.index(a)] if a in present else 1 for a in AXES]
+    return arr.reshape(shape)
+
+
+def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None = None) -> Weights:
+    """Read attention weights from a file (any rank, or an .npz of one array per layer)."""
+    opened = open_spec(spec, stdin)
+    keys: list[str] = []
+    if isinstance(opened.raw, NpzArchive) and opened.key is None and len(opened.raw.keys) > 1:
+        keys = sorted(opened.raw.keys, key=natural_key)
+        arrays = [opened.raw.get(k) for k in keys]
+        shapes = {tuple(a.shape) for a in arrays}
+        if len(shapes) != 1:
+            listed = ", ".join(f"{k} {shape_str(a.shape)}" for k, a in zip(keys, arrays))
+            raise ShapeError(f"{opened.source}: the layers have different shapes ({listed}); inspect one with "
+                             f"{opened.source}:KEY.")
+        for k, a in zip(keys, arrays):
+            validate_array(a, f"{opened.source}:{k}", allow_nonfinite=True)
+        arr = np.stack(arrays)
+        per_layer = parse_layout(layout, arr.ndim - 1, opened.source)
+        names: tuple[str, ...] = ("layer", *per_layer)
+        if "layer" in per_layer:
+            raise UsageError("--layout: the layers of an .npz are its arrays; name the axes of one array.")
+    else:
+        arr = opened.array(allow_nonfinite=True).data
+        names = parse_layout(layout, arr.ndim, opened.source)
+    if arr.shape[-1] == 0 or arr.shape[-2] == 0:
+        raise InputError(f"{opened.source}: empty attention maps (shape {shape_str(arr.shape)}).")
+    data = to_standard(arr.astype(np.float32, copy=False) if arr.dtype.kind != "f" else arr, names)
+    return Weights(data, opened.source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys)
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the heads do
+
+HEAD_STATS = ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max")
+TAG_THRESHOLD = 0.5  # a pattern "dominates" when it takes at least half the mass on average
+BROAD_THRESHOLD = 0.9  # normalised entropy at or above this: the head spreads its attention
+
+
+def is_causal(w: np.ndarray) -> bool:
+    """Nothing above the diagonal (top-left aligned), anywhere."""
+    lq, lk = w.shape[-2:]
+    above = np.triu(np.ones((lq, lk), bool), 1)
+    return bool(not np.any(w[..., above]))
+
+
+def head_statistics(w: np.ndarray, keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per (layer, head) means over batch and query rows of ``w [L, B, H, Lq, Lk]``:
+
+    * ``entropy`` (nats) and ``entropy_norm`` (divided by log of the keys a row may attend to: the
+      ``keep`` mask's count; without one, i + 1 when the weights are causal, else Lk);
+    * ``distance``: mean attention distance, sum_j w_ij |i - j|;
+    * ``diagonal``, ``previous`` (j = i - 1, rows i >= 1), ``first`` (j = 0, rows i >= 1, the attention
+      sink), ``last`` (j = Lk - 1): mean weight on those keys; ``max``: mean of each row's largest weight.
+
+    Returns arrays ``[L, H]`` plus ``tag`` (an object array of short descriptions).
+    """
+    w = np.asarray(w, dtype=np.float64)
+    lq, lk = w.shape[-2:]
+    i = np.arange(lq)[:, None]
+    j = np.arange(lk)[None, :]
+    if keep is not None:
+        n = np.broadcast_to(keep, w.shape).sum(axis=-1)
+    elif is_causal(w):
+        n = np.broadcast_to(np.minimum(np.arange(lq) + 1, lk), w.shape[:-1])
+    else:
+        n = np.full(w.shape[:-1], lk)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0).sum(axis=-1)
+        h_norm = np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0)
+    rows_mean = (lambda x: x.mean(axis=(1, 3)))  # noqa: E731 - over batch and query rows
+    stats = {
+        "entropy": rows_mean(h),
+        "entropy_norm": rows_mean(h_norm),
+        "distance": rows_mean((w * np.abs(i - j)).sum(axis=-1)),
+        "max": rows_mean(w.max(axis=-1)),
+        "last": rows_mean(w[..., :, lk - 1]),
+    }
+    d = min(lq, lk)
+    stats["diagonal"] = w[..., np.arange(d), np.arange(d)].mean(axis=(1, 3)) * d / lq
+    if lq > 1:
+        rows = np.arange(1, lq)
+        prev = w[..., rows, np.minimum(rows - 1, lk - 1)] * (rows - 1 < lk)
+        stats["previous"] = prev.mean(axis=(1, 3))
+        stats["first"] = w[..., 1:, 0].mean(axis=(1, 3))
+    else:
+        stats["previous"] = np.zeros(w.shape[:1] + w.shape[2:3])
+        stats["first"] = w[..., :, 0].mean(axis=(1, 3))
+    stats["tag"] = head_tags(stats)
+    return stats
+
+
+def head_tags(stats: dict[str, np.ndarray]) -> np.ndarray:
+    """A short description where one pattern dominates: previous-token, first-token sink, diagonal,
+    last-token; broad for near-uniform heads; empty otherwise."""
+    names = {"previous": "previous-token", "first": "first-token sink", "diagonal": "diagonal",
+             "last": "last-token"}
+    shape = stats["entropy"].shape
+    tags = np.empty(shape, dtype=object)
+    for idx in np.ndindex(*shape):
+        best = max(names, key=lambda k: stats[k][idx])
+        if stats[best][idx] >= TAG_THRESHOLD:
+            tags[idx] = names[best]
+        elif stats["entropy_norm"][idx] >= BROAD_THRESHOLD:
+            tags[idx] = "broad"
+        else:
+            tags[idx] = ""
+    return tags
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks (exit 3 when one fails)
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    failures: int = 0  # rows or entries that fail
+    worst: str = ""  # where and how much, for a person
+    detail: dict[str, object] = field(default_factory=dict)  # the same for JSON
+
+    def line(self) -> str:
+        if self.passed:
+            return f"{self.name}: passed"
+        return f"{self.name}: FAILED, {self.failures} {self.detail.get('unit', 'entries')}; worst: {self.worst}"
+
+
+def locate(index: Sequence[Any], names: Sequence[str] = ("layer", "batch", "head", "row", "column")) -> str:
+    return ", ".join(f"{n} {int(i)}" for n, i in zip(names, index))
+
+
+def check_finite(w: np.ndarray) -> CheckResult:
+    bad = ~np.isfinite(w)
+    if not bad.any():
+        return CheckResult("check-finite", True)
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    return CheckResult("check-finite", False, int(bad.sum()), f"{locate(first)} is {w[first]}",
+                       {"unit": "entries", "index": list(first)})
+
+
+def check_rows(w: np.ndarray, atol: float, keep: np.ndarray | None = None) -> CheckResult:
+    """Every row that may attend somewhere sums to 1 within ``atol``."""
+    sums = np.asarray(w, dtype=np.float64).sum(axis=-1)
+    live = np.ones(sums.shape, bool) if keep is None else np.broadcast_to(keep, w.shape).any(axis=-1)
+    off = np.where(live, np.abs(sums - 1.0), 0.0)
+    off = np.where(np.isnan(off), np.inf, off)
+    bad = off > atol
+    if not bad.any():
+        return CheckResult("check-rows", True, detail={"atol": atol})
+    worst = np.unravel_index(int(np.argmax(off)), off.shape)
+    return CheckResult("check-rows", False, int(bad.sum()),
+                       f"{locate(worst)} sums to {sums[worst]:.6g} (atol {atol:g})",
+                       {"unit": "rows", "index": [int(i) for i in worst], "sum": float(sums[worst]), "atol": atol})
+
+
+def check_masked(w: np.ndarray, keep: np.ndarray, atol: float, name: str) -> CheckResult:
+    """No weight above ``atol`` where ``keep`` is False."""
+    blocked = ~np.broadcast_to(keep, w.shape)
+    leak = np.where(blocked, np.abs(np.nan_to_num(np.asarray(w, dtype=np.float64), nan=np.inf)), 0.0)
+    bad = leak > atol
+    if not bad.any():
+        return CheckResult(name, True, detail={"atol": atol})
+    worst = np.unravel_index(int(np.argmax(leak)), leak.shape)
+    return CheckResult(name, False, int(bad.sum()), f"{locate(worst)} has weight {w[worst]:.6g} on a masked position",
+                       {"unit": "entries", "index": [int(i) for i in worst], "weight": float(w[worst]), "atol": atol})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Comparing two sets of weights
+
+
+def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Jensen-Shannon divergence of each row in nats (0 to log 2), rows taken as given."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    m = (p + q) / 2
+
+    def kl(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0) / np.where(b > 0, b, 1.0)), 0.0).sum(axis=-1)
+
+    return np.clip((kl(p, m) + kl(q, m)) / 2, 0.0, None)
+
+
+@dataclass
+class Comparison:
+    diff: np.ndarray  # a - b
+    max_abs: float
+    mean_abs: float
+    js: np.ndarray  # per row [L, B, H, Lq]
+    argmax_agree: float  # fraction of rows whose argmax is the same
+    worst_rows: list[dict[str, object]]
+
+
+def compare(a: np.ndarray, b: np.ndarray, worst: int = 5) -> Comparison:
+    a64 = np.asarray(a, dtype=np.float64)
+    b64 = np.asarray(b, dtype=np.float64)
+    diff = a64 - b64
+    absd = np.abs(diff)
+    js = js_divergence(a64, b64)
+    agree = np.argmax(a64, axis=-1) == np.argmax(b64, axis=-1)
+    row_max = absd.max(axis=-1)
+    order = np.argsort(-js, axis=None, kind="stable")[:worst]
+    rows = []
+    for flat in order:
+        idx = np.unravel_index(int(flat), js.shape)
+        rows.append({"index": [int(i) for i in idx], "where": locate(idx), "js": float(js[idx]),
+                     "max_abs": float(row_max[idx]), "argmax_a": int(np.argmax(a64[idx])),
+                     "argmax_b": int(np.argmax(b64[idx]))})
+    return Comparison(diff, float(absd.max()), float(absd.mean()), js, float(agree.mean()), rows)
+
+
+def tolerance_check(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> CheckResult:
+    """``|a - b| <= atol + rtol |b|`` everywhere (numpy.allclose's rule)."""
+    a64 = np.asarray(a, dtype=np.float64)
+    b64 = np.asarray(b, dtype=np.float64)
+    excess = np.abs(a64 - b64) - (atol + rtol * np.abs(b64))
+    bad = excess > 0
+    if not bad.any():
+        return CheckResult("tolerance", True, detail={"atol": atol, "rtol": rtol})
+    worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    return CheckResult("tolerance", False, int(bad.sum()),
+                       f"{locate(worst)}: {a64[worst]:.6g} vs {b64[worst]:.6g} (atol {atol:g}, rtol {rtol:g})",
+                       {"unit": "entries", "index": [int(i) for i in worst], "a": float(a64[worst]),
+                        "b": float(b64[worst]), "atol": atol, "rtol": rtol})
