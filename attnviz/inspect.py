@@ -102,6 +102,17 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
     return Weights(data, opened.source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys)
 
 
+def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:
+    """A keep mask given in the file's layout (broadcasting against one map, one layer's arrays, or
+    the whole file) in the standard layout ``[layers, batch, heads, Lq, Lk]``."""
+    from attnviz.masks import check_broadcast
+
+    shape = w.file_shape[1:] if w.keys else w.file_shape
+    layout = w.layout[1:] if w.keys else w.layout
+    check_broadcast(keep, shape, source)
+    return to_standard(np.broadcast_to(keep, shape), layout)
+
+
 # ---------------------------------------------------------------------------------------------------
 # What the heads do
 
@@ -121,7 +132,8 @@ def head_statistics(w: np.ndarray, keep: np.ndarray | None = None) -> dict[str, 
     """Per (layer, head) means over batch and query rows of ``w [L, B, H, Lq, Lk]``:
 
     * ``entropy`` (nats) and ``entropy_norm`` (divided by log of the keys a row may attend to: the
-      ``keep`` mask's count; without one, i + 1 when the weights are causal, else Lk);
+      ``keep`` mask's count; without one, i + 1 when the weights are causal, else Lk; rows with a
+      single key to attend are left out of this mean);
     * ``distance``: mean attention distance, sum_j w_ij |i - j|;
     * ``diagonal``, ``previous`` (j = i - 1, rows i >= 1), ``first`` (j = 0, rows i >= 1, the attention
       sink), ``last`` (j = Lk - 1): mean weight on those keys; ``max``: mean of each row's largest weight.
@@ -139,12 +151,18 @@ def head_statistics(w: np.ndarray, keep: np.ndarray | None = None) -> dict[str, 
     else:
         n = np.full(w.shape[:-1], lk)
     with np.errstate(divide="ignore", invalid="ignore"):
-        h = -np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0).sum(axis=-1)
-        h_norm = np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0)
-    rows_mean = (lambda x: x.mean(axis=(1, 3)))  # noqa: E731 - over batch and query rows
+        h = 0.0 - np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0).sum(axis=-1)
+        h_norm = np.where(n > 1, h / np.log(np.maximum(n, 2)), np.nan)  # undefined with one key to attend
+
+    def rows_mean(x: np.ndarray) -> np.ndarray:  # over batch entries and query rows
+        return x.mean(axis=(1, 3))
+
+    with np.errstate(invalid="ignore"):
+        defined = (~np.isnan(h_norm)).sum(axis=(1, 3))
+        entropy_norm = np.where(defined > 0, np.nansum(h_norm, axis=(1, 3)) / np.maximum(defined, 1), 0.0)
     stats = {
         "entropy": rows_mean(h),
-        "entropy_norm": rows_mean(h_norm),
+        "entropy_norm": entropy_norm,
         "distance": rows_mean((w * np.abs(i - j)).sum(axis=-1)),
         "max": rows_mean(w.max(axis=-1)),
         "last": rows_mean(w[..., :, lk - 1]),

@@ -59,7 +59,7 @@ def entropy(weights: np.ndarray) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
-    return -terms.sum(axis=-1)
+    return 0.0 - terms.sum(axis=-1)  # 0 - x, not -x: no "-0.000" for a one-hot row
 
 
 def row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3) -> RowStats:

@@ -311,3 +311,8 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
 for _variant in REGISTRY.values():
     _command = make_command(_variant)
     app.command(_variant.name, help=_command.__doc__)(_command)
+
+from attnviz.cli.inspect_commands import compare_command, inspect_command  # noqa: E402 - after the app exists
+
+app.command("inspect")(inspect_command)
+app.command("compare")(compare_command)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from attnviz import __version__
+from attnviz.inspect import HEAD_STATS, CheckResult, Comparison, Weights
 from attnviz.pipeline import Outcome
 from attnviz.stats import RowStats
 
@@ -75,6 +76,54 @@ def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[
             "source": prep.learned_source, "shapes": {k: list(v.shape) for k, v in prep.learned.items()}},
         "warnings": outcome.warnings,
         "files": files or {},
+    })
+
+
+def _checks(checks: list[CheckResult]) -> list[dict[str, Any]]:
+    return [{"name": c.name, "passed": c.passed, "failures": c.failures, "worst": c.worst or None, **c.detail}
+            for c in checks]
+
+
+def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, index: tuple[int, int, int],
+                   checks: list[CheckResult], files: dict[str, str], q_labels: list[str] | None,
+                   k_labels: list[str] | None) -> dict[str, Any]:
+    """The JSON document of ``attnviz inspect``: per-head statistics, the selected map's per-query
+    statistics and the checks (the weights themselves are the input, so they are not repeated)."""
+    layers, heads = stats["entropy"].shape
+    head_rows = [{"layer": li, "head": hi, **{k: float(stats[k][li, hi]) for k in HEAD_STATS},
+                  "tag": str(stats["tag"][li, hi]) or None} for li in range(layers) for hi in range(heads)]
+    return plain({
+        "attnviz": __version__,
+        "command": "inspect",
+        "source": w.source,
+        "file_shape": list(w.file_shape),
+        "layout": list(w.layout),
+        "layers_from_keys": w.keys or None,
+        "weights_shape": list(w.shape),
+        "selected": dict(zip(("layer", "batch", "head"), index)),
+        "labels": {"q": q_labels, "k": k_labels},
+        "head_stats": head_rows,
+        "stats": stats_document(rows),
+        "checks": _checks(checks),
+        "files": files,
+    })
+
+
+def compare_report(a: Weights, b: Weights, result: Comparison, checks: list[CheckResult],
+                   files: dict[str, str]) -> dict[str, Any]:
+    return plain({
+        "attnviz": __version__,
+        "command": "compare",
+        "a": a.source,
+        "b": b.source,
+        "weights_shape": list(a.shape),
+        "max_abs_diff": result.max_abs,
+        "mean_abs_diff": result.mean_abs,
+        "js_divergence": {"mean": float(result.js.mean()), "max": float(result.js.max()), "per_row": result.js},
+        "argmax_agreement": result.argmax_agree,
+        "worst_rows": result.worst_rows,
+        "checks": _checks(checks),
+        "files": files,
     })
 
 

@@ -1,0 +1,418 @@
+"""``attnviz inspect`` and ``attnviz compare``: weights a model already produced. No TensorFlow here.
+
+Exit codes: 0, 1 (bad data), 2 (bad usage) as everywhere, and 3 when a check asked for fails
+(--check-rows, --check-mask, --check-causal, --check-finite, compare's --atol/--rtol).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from attnviz.choices import CAUSAL_ALIGNS, MASK_CONVENTIONS
+from attnviz.cli.options import LABELS, MASKS, OUTPUT, check_png_path
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attnviz.inspect import CheckResult, Weights
+
+CHECKS = "Checks (exit 3 when one fails)"
+SELECT = "Selection"
+CHECK_FAILED = 3
+
+SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max")
+COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "distance": "dist", "diagonal": "diag",
+           "previous": "prev", "first": "first", "last": "last", "max": "max"}
+
+Layout = Annotated[str | None, typer.Option("--layout", metavar="AXES", rich_help_panel=SELECT,
+                                            help="name the axes when the rank does not say, e.g. batch,q,k "
+                                                 "(from layer, batch, head, q, k)")]
+LayerOpt = Annotated[int, typer.Option("--layer", rich_help_panel=SELECT, help="the layer the tables show")]
+HeadOpt = Annotated[int, typer.Option("--head", rich_help_panel=SELECT, help="the head the tables show")]
+BatchOpt = Annotated[int | None, typer.Option("--batch", rich_help_panel=SELECT,
+                                               help="the batch entry shown; head statistics average over all "
+                                                    "entries unless this is given")]
+Precision = Annotated[int, typer.Option("--precision", min=0, max=12, rich_help_panel=OUTPUT,
+                                        help="digits after the point in tables")]
+MaxRows = Annotated[int, typer.Option("--max-rows", min=0, rich_help_panel=OUTPUT,
+                                      help="show at most this many rows, eliding the middle (0: all)")]
+MaxCols = Annotated[int | None, typer.Option("--max-cols", min=0, rich_help_panel=OUTPUT,
+                                             help="show at most this many key columns (default: what fits)")]
+JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT,
+                                       help="print the JSON document on stdout instead of tables")]
+NoTable = Annotated[bool, typer.Option("--no-table", rich_help_panel=OUTPUT, help="print no tables")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT,
+                                     help="print no tables and no informational lines")]
+Title = Annotated[str | None, typer.Option("--title", rich_help_panel=OUTPUT, help="the heatmap's title")]
+Cmap = Annotated[str | None, typer.Option("--cmap", rich_help_panel=OUTPUT, help="a matplotlib colour map")]
+Reduce = Annotated[Literal["mean", "max"], typer.Option("--reduce", rich_help_panel=OUTPUT,
+                                                        help="how long maps are aggregated in blocks: mean or max")]
+Atol = Annotated[float, typer.Option("--atol", min=0, rich_help_panel=CHECKS, help="absolute tolerance")]
+
+
+@dataclass
+class Selection:
+    layer: int
+    batch: int | None
+    head: int
+
+    def index(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
+        from attnviz.errors import UsageError
+
+        layers, batches, heads = shape[:3]
+        for option, value, size in (("--layer", self.layer, layers), ("--batch", self.batch or 0, batches),
+                                    ("--head", self.head, heads)):
+            if not -size <= value < size:
+                raise UsageError(f"{option} {value}: the weights have {size} ({option[2:]} 0..{size - 1}).")
+        return self.layer % layers, (self.batch or 0) % batches, self.head % heads
+
+
+def _labels(q_labels: str | None, k_labels: str | None, labels: str | None, lq: int, lk: int,
+            paths: list[Any]) -> tuple[list[str] | None, list[str] | None]:
+    from attnviz.errors import InputError, UsageError
+    from attnviz.io import load_labels
+
+    if labels is not None and (q_labels or k_labels):
+        raise UsageError("--labels sets both axes; give it alone, or --q-labels and --k-labels.")
+    if labels is not None and lq != lk:
+        raise UsageError(f"--labels labels both axes, but the maps are [{lq}, {lk}]; use --q-labels and --k-labels.")
+    out: list[list[str] | None] = []
+    for option, spec, n, axis in (("--q-labels", q_labels or labels, lq, "queries"),
+                                  ("--k-labels", k_labels or labels, lk, "keys")):
+        if spec is None:
+            out.append(None)
+            continue
+        values, path, how = load_labels(spec)
+        if path is not None:
+            paths.append(path)
+        if len(values) != n:
+            raise InputError(f"{option if not labels else '--labels'} ({how}): {len(values)} labels for {n} {axis}.")
+        out.append(values)
+    return out[0], out[1]
+
+
+def _report_checks(results: list[CheckResult], err: Console) -> bool:
+    failed = False
+    for r in results:
+        err.print(r.line(), markup=False, style="green" if r.passed else "bold red")
+        failed = failed or not r.passed
+    return failed
+
+
+def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
+                     precision: int = 2) -> Table:
+    """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
+    first); ``reverse`` turns the order round."""
+    import numpy as np
+
+    layers, heads = stats["entropy"].shape
+    rows = [(li, hi) for li in range(layers) for hi in range(heads)]
+    if sort == "head":
+        rows.sort(key=lambda r: (r[1], r[0]))
+    elif sort != "layer":
+        rows.sort(key=lambda r: -float(stats[sort][r]))  # stable: ties keep layer/head order
+    if reverse:
+        rows.reverse()
+    shown = rows[:top] if top else rows
+    caption = ("means over query rows (and batch entries): entropy H (nats) and H/ln n; dist: mean |i - j| weighted; "
+               "diag, prev (j = i - 1), first (j = 0), last: mean weight on that key; max: mean largest weight")
+    if len(shown) < len(rows):
+        caption += f"; showing {len(shown)} of {len(rows)} heads (--top)"
+    from rich import box
+
+    table = Table(title=f"head statistics (by {sort}{', reversed' if reverse else ''})", caption=caption,
+                  caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    table.add_column("layer", justify="right", no_wrap=True)
+    table.add_column("head", justify="right", no_wrap=True)
+    for name in COLUMNS.values():
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("pattern", no_wrap=True)
+    p = precision
+    for li, hi in shown:
+        tag = str(stats["tag"][li, hi])
+        table.add_row(str(li), str(hi), *[f"{float(np.asarray(stats[k])[li, hi]):.{p}f}" for k in COLUMNS],
+                      Text(tag, style="bold cyan" if tag else ""))
+    return table
+
+
+def inspect_command(
+    weights: Annotated[str, typer.Argument(metavar="WEIGHTS", show_default=False,
+                                           help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, -); "
+                                                "an .npz of one array per layer is stacked")],
+    layout: Layout = None,
+    labels: Annotated[str | None, typer.Option("--labels", metavar="TOKENS", rich_help_panel=LABELS,
+                                               help="labels for both axes (self-attention)")] = None,
+    q_labels: Annotated[str | None, typer.Option("--q-labels", metavar="TOKENS", rich_help_panel=LABELS,
+                                                 help="labels of the queries (rows)")] = None,
+    k_labels: Annotated[str | None, typer.Option("--k-labels", metavar="TOKENS", rich_help_panel=LABELS,
+                                                 help="labels of the keys (columns)")] = None,
+    layer: LayerOpt = 0,
+    head: HeadOpt = 0,
+    batch: BatchOpt = None,
+    sort: Annotated[Literal[SORTABLE], typer.Option(  # type: ignore[valid-type]
+        "--sort", rich_help_panel=OUTPUT, help="order the head statistics by this column (statistics: largest "
+                                                "first)")] = "layer",
+    reverse: Annotated[bool, typer.Option("--reverse", rich_help_panel=OUTPUT,
+                                          help="turn the order round (statistics sort largest first)")] = False,
+    top: Annotated[int | None, typer.Option("--top", min=1, rich_help_panel=OUTPUT,
+                                            help="show only the first N heads of the sorted table")] = None,
+    check_rows: Annotated[bool, typer.Option("--check-rows", rich_help_panel=CHECKS,
+                                             help="every row that may attend sums to 1 within --atol")] = False,
+    check_mask: Annotated[str | None, typer.Option("--check-mask", metavar="FILE", rich_help_panel=CHECKS,
+                                                   help="no weight where this mask forbids it")] = None,
+    mask_convention: Annotated[Literal[MASK_CONVENTIONS], typer.Option(  # type: ignore[valid-type]
+        "--mask-convention", rich_help_panel=MASKS, help="keep: 1 = may attend; block: 1 = masked")] = "keep",
+    check_causal: Annotated[bool, typer.Option("--check-causal", rich_help_panel=CHECKS,
+                                               help="nothing above the diagonal")] = False,
+    causal_align: Annotated[Literal[CAUSAL_ALIGNS], typer.Option(  # type: ignore[valid-type]
+        "--causal-align", rich_help_panel=CHECKS, help="the diagonal when Lq != Lk")] = "top-left",
+    check_finite: Annotated[bool, typer.Option("--check-finite", rich_help_panel=CHECKS,
+                                               help="no NaN or infinity")] = False,
+    atol: Atol = 1e-5,
+    png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
+                                            help="a layer x head grid of every map (the map itself when there "
+                                                 "is one); .png, .svg or .pdf")] = None,
+    map_png: Annotated[str | None, typer.Option("--map-png", metavar="FILE", rich_help_panel=OUTPUT,
+                                                help="the selected map alone, with labels")] = None,
+    stats_png: Annotated[str | None, typer.Option("--stats-png", metavar="FILE", rich_help_panel=OUTPUT,
+                                                  help="a layers x heads heatmap of --stat")] = None,
+    stat: Annotated[Literal[SORTABLE[2:]], typer.Option(  # type: ignore[valid-type]
+        "--stat", rich_help_panel=OUTPUT, help="the statistic of --stats-png")] = "entropy",
+    title: Title = None,
+    cmap: Cmap = None,
+    reduce: Reduce = "mean",
+    precision: Precision = 3,
+    max_rows: MaxRows = 40,
+    max_cols: MaxCols = None,
+    json_out: JsonOpt = False,
+    no_table: NoTable = False,
+    quiet: Quiet = False,
+) -> None:
+    """Inspect attention weights a model saved: head statistics, tables, PNGs and checks."""
+    from attnviz.cli.app import user_errors
+
+    with user_errors():
+        failed = run_inspect(locals())
+    if failed:
+        raise typer.Exit(CHECK_FAILED)
+
+
+def run_inspect(o: dict[str, Any]) -> bool:
+    import numpy as np
+
+    from attnviz import inspect as insp
+    from attnviz.cli.app import _stderr
+    from attnviz.errors import InputError, shape_str
+    from attnviz.io import check_outputs, load_array
+    from attnviz.masks import boolean_keep, causal_keep
+    from attnviz.render.heatmap import check_cmap
+
+    for option in ("png", "map_png", "stats_png"):
+        check_png_path(o[option], "--" + option.replace("_", "-"))
+    check_cmap(o["cmap"])
+    err = _stderr()
+    w = insp.load_weights(o["weights"], o["layout"])
+    lq, lk = w.shape[-2:]
+    paths = list(w.paths)
+    q_labels, k_labels = _labels(o["q_labels"], o["k_labels"], o["labels"], lq, lk, paths)
+    sel = Selection(o["layer"], o["batch"], o["head"])
+    li, bi, hi = sel.index(w.shape)
+    keep = None
+    if o["check_mask"] is not None:
+        mask = load_array(o["check_mask"])
+        if mask.path is not None:
+            paths.append(mask.path)
+        keep = insp.standard_mask(w, boolean_keep(mask, o["mask_convention"]), mask.source)
+    targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"]}, paths)
+
+    finite = bool(np.isfinite(w.data).all())
+    checks: list[insp.CheckResult] = []
+    if o["check_finite"]:
+        checks.append(insp.check_finite(w.data))
+    if not finite and not o["check_finite"]:
+        bad = int((~np.isfinite(w.data)).sum())
+        raise InputError(f"{w.source}: {bad} non-finite value(s); run with --check-finite to locate them.")
+    if finite:
+        if o["check_rows"]:
+            checks.append(insp.check_rows(w.data, o["atol"], keep))
+        if keep is not None:
+            checks.append(insp.check_masked(w.data, keep, o["atol"], "check-mask"))
+        if o["check_causal"]:
+            checks.append(insp.check_masked(w.data, causal_keep(lq, lk, o["causal_align"]), o["atol"],
+                                            "check-causal"))
+    failed = _report_checks(checks, err) if checks else False
+    if not finite:
+        return True
+
+    data = w.data if o["batch"] is None else w.data[:, bi:bi + 1]
+    stats = insp.head_statistics(data, None if keep is None else
+                                 (keep if o["batch"] is None else np.broadcast_to(keep, w.shape)[:, bi:bi + 1]))
+    one = w.data[li, bi, hi]
+    one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]
+    from attnviz.stats import row_stats
+
+    rows = row_stats(one, one_keep)
+    files = _inspect_files(w, targets, stats, (li, bi, hi), q_labels, k_labels, o, one_keep)
+    if not o["quiet"]:
+        err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
+                  f"{shape_str(w.shape)}", markup=False, style="dim")
+        for what, path in files.items():
+            err.print(f"saved {what} to {path}", markup=False, style="dim")
+    if o["json_out"]:
+        from attnviz.render.report import inspect_report, to_json
+
+        sys.stdout.write(to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels,
+                                                k_labels)) + "\n")
+    elif not (o["no_table"] or o["quiet"]):
+        from attnviz.render.table import stats_table, weights_table
+
+        console = Console(highlight=False)
+        console.print(head_stats_table(stats, sort=o["sort"], reverse=o["reverse"], top=o["top"]), crop=False)
+        where = f"layer {li}, batch {bi}, head {hi}"
+        max_r = o["max_rows"] or None
+        max_c = o["max_cols"] if o["max_cols"] is not None else max(4, (console.width - 16) // 10)
+        console.print(weights_table(one, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
+                                    precision=o["precision"], max_rows=max_r, max_cols=max_c or None,
+                                    title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)"),
+                      crop=False)
+        console.print(stats_table(rows, q_labels=q_labels, k_labels=k_labels, precision=o["precision"],
+                                  max_rows=max_r, title=f"per-query statistics, {where}"), crop=False)
+    return failed
+
+
+def _inspect_files(w: Weights, targets: dict[str, Any], stats: dict[str, np.ndarray], index: tuple[int, int, int],
+                   q_labels: list[str] | None, k_labels: list[str] | None, o: dict[str, Any],
+                   one_keep: np.ndarray | None) -> dict[str, str]:
+    li, bi, hi = index
+    written: dict[str, str] = {}
+    if not targets:
+        return written
+    from attnviz.render.heatmap import heatmap_figure, model_grid_figure, save_figure, stat_figure
+
+    name = o["title"] or f"attention weights of {w.source}"
+    layers, _, heads = w.shape[:3]
+    if "--png" in targets:
+        if layers * heads > 1:
+            fig = model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=o["cmap"], reduce=o["reduce"])
+        else:
+            fig = heatmap_figure(w.data[0, bi, 0], title=name, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
+                                 cmap=o["cmap"], reduce=o["reduce"])
+        save_figure(fig, targets["--png"])
+        written["png"] = o["png"]
+    if "--map-png" in targets:
+        fig = heatmap_figure(w.data[li, bi, hi], title=f"{name}, layer {li}, batch {bi}, head {hi}",
+                             q_labels=q_labels, k_labels=k_labels, keep=one_keep, cmap=o["cmap"], reduce=o["reduce"])
+        save_figure(fig, targets["--map-png"])
+        written["map_png"] = o["map_png"]
+    if "--stats-png" in targets:
+        save_figure(stat_figure(stats[o["stat"]], title=name, stat=o["stat"], cmap=o["cmap"]), targets["--stats-png"])
+        written["stats_png"] = o["stats_png"]
+    return written
+
+
+def compare_command(
+    a: Annotated[str, typer.Argument(metavar="A", show_default=False, help="attention weights (as for inspect)")],
+    b: Annotated[str, typer.Argument(metavar="B", show_default=False, help="weights of the same shape")],
+    layout: Layout = None,
+    atol: Annotated[float | None, typer.Option("--atol", min=0, rich_help_panel=CHECKS,
+                                               help="fail (exit 3) where |A - B| > atol + rtol |B|")] = None,
+    rtol: Annotated[float | None, typer.Option("--rtol", min=0, rich_help_panel=CHECKS,
+                                               help="relative tolerance of the check (default 0)")] = None,
+    worst: Annotated[int, typer.Option("--worst", min=1, rich_help_panel=OUTPUT,
+                                       help="list this many of the most different rows")] = 5,
+    layer: LayerOpt = 0,
+    head: HeadOpt = 0,
+    batch: BatchOpt = None,
+    png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
+                                            help="heatmap of A - B (diverging colours) for every layer and head of "
+                                                 "the batch entry (up to 16 panels)")] = None,
+    title: Title = None,
+    cmap: Cmap = None,
+    reduce: Reduce = "mean",
+    precision: Precision = 3,
+    json_out: JsonOpt = False,
+    no_table: NoTable = False,
+    quiet: Quiet = False,
+) -> None:
+    """Compare two sets of attention weights: differences, Jensen-Shannon divergence, argmax agreement."""
+    from attnviz.cli.app import user_errors
+
+    with user_errors():
+        failed = run_compare(locals())
+    if failed:
+        raise typer.Exit(CHECK_FAILED)
+
+
+def run_compare(o: dict[str, Any]) -> bool:
+    import numpy as np
+
+    from attnviz import inspect as insp
+    from attnviz.cli.app import _stderr
+    from attnviz.errors import InputError, ShapeError, shape_str
+    from attnviz.io import StdinReader, check_outputs
+    from attnviz.render.heatmap import check_cmap
+
+    check_png_path(o["png"])
+    check_cmap(o["cmap"])
+    stdin = StdinReader()
+    a = insp.load_weights(o["a"], o["layout"], stdin)
+    b = insp.load_weights(o["b"], o["layout"], stdin)
+    if a.shape != b.shape:
+        raise ShapeError(f"A ({a.source}) is {shape_str(a.file_shape)} and B ({b.source}) {shape_str(b.file_shape)}; "
+                         "compare needs the same shape.")
+    for w in (a, b):
+        if not np.isfinite(w.data).all():
+            raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
+    targets = check_outputs({"--png": o["png"]}, [*a.paths, *b.paths])
+    _, bi, _ = Selection(o["layer"], o["batch"], o["head"]).index(a.shape)
+    result = insp.compare(a.data, b.data, o["worst"])
+    checks = []
+    if o["atol"] is not None or o["rtol"] is not None:
+        checks.append(insp.tolerance_check(a.data, b.data, o["atol"] or 0.0, o["rtol"] or 0.0))
+    err = _stderr()
+    failed = _report_checks(checks, err) if checks else False
+    files: dict[str, str] = {}
+    if "--png" in targets:
+        from attnviz.render.heatmap import Panel, heatmap_figure, save_figure
+
+        layers, _, heads = a.shape[:3]
+        panels = [Panel(f"layer {li}, head {hi}" if layers * heads > 1 else "", result.diff[li, bi, hi])
+                  for li in range(layers) for hi in range(heads)]
+        fig = heatmap_figure(panels, title=o["title"] or f"A - B: {a.source} - {b.source}, batch {bi}",
+                             diverging=True, cmap=o["cmap"], reduce=o["reduce"], colorbar_label="A - B")
+        save_figure(fig, targets["--png"])
+        files["png"] = o["png"]
+        if not o["quiet"]:
+            err.print(f"saved png to {o['png']}", markup=False, style="dim")
+    if o["json_out"]:
+        from attnviz.render.report import compare_report, to_json
+
+        sys.stdout.write(to_json(compare_report(a, b, result, checks, files)) + "\n")
+    elif not (o["no_table"] or o["quiet"]):
+        console = Console(highlight=False)
+        p = o["precision"]
+        summary = Table(title=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]")
+        summary.add_column("measure")
+        summary.add_column("value", justify="right")
+        for name, value in (("max |A - B|", f"{result.max_abs:.{max(p, 3)}g}"),
+                            ("mean |A - B|", f"{result.mean_abs:.{max(p, 3)}g}"),
+                            ("mean Jensen-Shannon (nats, max ln 2)", f"{float(result.js.mean()):.{max(p, 3)}g}"),
+                            ("max Jensen-Shannon", f"{float(result.js.max()):.{max(p, 3)}g}"),
+                            ("rows with the same argmax", f"{100 * result.argmax_agree:.2f}%")):
+            summary.add_row(name, value)
+        console.print(summary, crop=False)
+        rows = Table(title=f"the {len(result.worst_rows)} most different rows (by Jensen-Shannon divergence)")
+        for column in ("where", "JS", "max |A - B|", "argmax A", "argmax B"):
+            rows.add_column(column, justify="left" if column == "where" else "right")
+        for r in result.worst_rows:
+            rows.add_row(str(r["where"]), f"{r['js']:.{max(p, 3)}g}", f"{r['max_abs']:.{max(p, 3)}g}",
+                         str(r["argmax_a"]), str(r["argmax_b"]))
+        console.print(rows, crop=False)
+    return failed
