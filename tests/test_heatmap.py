@@ -62,3 +62,23 @@ def test_vector_formats_by_extension(tmp_path, suffix, magic):
     out = tmp_path / f"a{suffix}"
     save_figure(heatmap_figure(np.eye(3), title="t"), out)
     assert out.read_bytes()[:5].startswith(magic)
+
+
+def test_long_maps_are_block_aggregated_with_honest_axes():
+    from attnviz.render.heatmap import block_reduce
+
+    data = np.arange(12.0).reshape(3, 4)
+    mean, blocks = block_reduce(data, None, 2, "mean")
+    assert blocks == (2, 2)
+    np.testing.assert_allclose(mean, [[(0 + 1 + 4 + 5) / 4, (2 + 3 + 6 + 7) / 4], [8.5, 10.5]])
+    top, _ = block_reduce(data, None, 2, "max")
+    np.testing.assert_allclose(top, [[5, 7], [9, 11]])
+    keep = np.ones((3, 4), bool)
+    keep[:2, :2] = False
+    masked, _ = block_reduce(data, keep, 2, "mean")
+    assert np.isnan(masked[0, 0]) and masked[0, 1] == 4.5
+    big = np.random.default_rng(0).dirichlet(np.ones(1500), size=1500)
+    fig = heatmap_figure(big, title="long", reduce="max")
+    ax = fig.axes[0]
+    assert ax.get_images()[0].get_array().shape == (500, 500)  # 1500 in blocks of 3
+    assert ax.get_xlim() == (-0.5, 1499.5) and "blocks of 3x3, max" in fig._suptitle.get_text()

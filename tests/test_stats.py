@@ -36,3 +36,15 @@ def test_top_k_is_capped_by_key_count_and_select_slices():
     one = s.select((1,))
     assert one.entropy.shape == (4,)
     np.testing.assert_allclose(one.max, w[1].max(-1))
+
+
+def test_fast_top_k_equals_a_stable_sort_with_ties():
+    from attnviz.stats import top_k_indices
+
+    rng = np.random.default_rng(1)
+    for shape in [(40, 100), (3, 7, 257)]:
+        for _ in range(10):
+            w = rng.integers(0, 4, size=shape).astype(float)  # many ties
+            for k in (1, 3, 5):
+                expected = np.argsort(-w, axis=-1, kind="stable")[..., :k]
+                np.testing.assert_array_equal(top_k_indices(w, k), expected)

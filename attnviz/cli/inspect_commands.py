@@ -258,19 +258,20 @@ def run_inspect(o: dict[str, Any]) -> bool:
     one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]
     from attnviz.stats import row_stats
 
-    rows = row_stats(one, one_keep)
+    wanted = o["json_out"] or not (o["no_table"] or o["quiet"])
+    rows = row_stats(one, one_keep) if wanted else None
     files = _inspect_files(w, targets, stats, (li, bi, hi), q_labels, k_labels, o, one_keep)
     if not o["quiet"]:
         err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
                   f"{shape_str(w.shape)}", markup=False, style="dim")
         for what, path in files.items():
             err.print(f"saved {what} to {path}", markup=False, style="dim")
-    if o["json_out"]:
+    if o["json_out"] and rows is not None:
         from attnviz.render.report import inspect_report, to_json
 
         sys.stdout.write(to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels,
                                                 k_labels)) + "\n")
-    elif not (o["no_table"] or o["quiet"]):
+    elif rows is not None:
         from attnviz.render.table import stats_table, weights_table
 
         console = Console(highlight=False)

@@ -1,0 +1,204 @@
+"""`inspect` and `compare`: constructed heads with known statistics and tags, every layout, checks that
+pass on good weights and exit 3 on bad ones, comparisons with known figures, and no TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnviz.cli import app
+from attnviz.inspect import head_statistics, js_divergence, load_weights
+from tests.conftest import ROOT
+
+runner = CliRunner()
+L = 6
+
+
+def previous_head(n=L):
+    w = np.zeros((n, n))
+    w[0, 0] = 1
+    w[np.arange(1, n), np.arange(n - 1)] = 1
+    return w
+
+
+def sink_head(n=L):
+    w = np.zeros((n, n))
+    w[:, 0] = 1
+    return w
+
+
+def uniform_causal(n=L):
+    w = np.tril(np.ones((n, n)))
+    return w / w.sum(-1, keepdims=True)
+
+
+def model(tmp_path):
+    layer0 = np.stack([previous_head(), sink_head(), uniform_causal()])[None]  # [batch 1, heads 3, L, L]
+    layer1 = np.stack([np.eye(L), uniform_causal(), previous_head()])[None]
+    np.savez(tmp_path / "attn.npz", layer0, layer1)  # as numpy.savez(f, *output_attentions)
+    (tmp_path / "tokens.txt").write_text("\n".join(["<s>", "the", "cat", "sat", "down", "."]) + "\n")
+    return tmp_path / "attn.npz"
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def test_constructed_heads_get_their_tags_and_values(tmp_path):
+    doc = json.loads(invoke("inspect", model(tmp_path), "--json").stdout)
+    heads = {(h["layer"], h["head"]): h for h in doc["head_stats"]}
+    assert doc["weights_shape"] == [2, 1, 3, L, L] and doc["layers_from_keys"] == ["arr_0", "arr_1"]
+    prev, sink, uni, diag = heads[0, 0], heads[0, 1], heads[0, 2], heads[1, 0]
+    assert prev["tag"] == "previous-token" and prev["previous"] == 1.0 and prev["entropy"] == 0.0
+    assert prev["distance"] == pytest.approx(5 / 6)  # rows 1..5 at distance 1, row 0 at 0
+    assert sink["tag"] == "first-token sink" and sink["first"] == 1.0
+    assert sink["distance"] == pytest.approx(np.arange(L).mean())
+    assert uni["tag"] == "broad" and uni["entropy_norm"] == pytest.approx(1.0)
+    assert uni["entropy"] == pytest.approx(np.mean([np.log(i + 1) for i in range(L)]))
+    assert diag["tag"] == "diagonal" and diag["diagonal"] == 1.0 and diag["distance"] == 0.0
+    assert uni["max"] == pytest.approx(np.mean([1 / (i + 1) for i in range(L)]))
+
+
+@pytest.mark.parametrize("shape, layout, expected", [
+    ((L, L), None, (1, 1, 1, L, L)),
+    ((4, L, L), None, (1, 1, 4, L, L)),
+    ((2, 4, L, L), None, (1, 2, 4, L, L)),
+    ((3, 2, 4, L, L), None, (3, 2, 4, L, L)),
+    ((2, L, L), "batch,q,k", (1, 2, 1, L, L)),
+    ((4, 2, L, L), "head,batch,q,k", (1, 2, 4, L, L)),
+])
+def test_layouts(tmp_path, shape, layout, expected):
+    w = np.random.default_rng(0).dirichlet(np.ones(L), size=shape[:-1])
+    np.save(tmp_path / "w.npy", w)
+    got = load_weights(str(tmp_path / "w.npy"), layout)
+    assert got.shape == expected
+    if layout == "head,batch,q,k":
+        np.testing.assert_array_equal(got.data[0, 1, 3], w[3, 1])
+
+
+def test_named_keys_are_ordered_naturally(tmp_path):
+    maps = {f"layer{i}": np.full((1, 1, 2, 2), i / 10 + 0.25) for i in (10, 2, 1)}
+    np.savez(tmp_path / "w.npz", **maps)
+    got = load_weights(str(tmp_path / "w.npz"))
+    assert got.keys == ["layer1", "layer2", "layer10"] and got.data[2, 0, 0, 0, 0] == pytest.approx(1.25)
+
+
+def test_bad_layouts_and_shapes(tmp_path):
+    np.save(tmp_path / "w6.npy", np.ones((1, 1, 1, 1, 2, 2)))
+    np.savez(tmp_path / "ragged.npz", a=np.ones((2, 2)), b=np.ones((3, 3)))
+    r = invoke("inspect", tmp_path / "w6.npy")
+    assert r.exit_code == 1 and "6 dimensions" in r.stderr
+    r = invoke("inspect", tmp_path / "ragged.npz")
+    assert r.exit_code == 1 and "different shapes" in r.stderr
+    np.save(tmp_path / "w.npy", np.ones((2, 2, 2)) / 2)
+    r = invoke("inspect", tmp_path / "w.npy", "--layout", "q,k,batch")
+    assert r.exit_code == 2 and "ending with q,k" in r.stderr
+    r = invoke("inspect", tmp_path / "w.npy", "--head", "5")
+    assert r.exit_code == 2 and "--head 5" in r.stderr
+
+
+def test_tables_labels_and_pngs(tmp_path):
+    attn = model(tmp_path)
+    r = invoke("inspect", attn, "--labels", tmp_path / "tokens.txt", "--layer", "1", "--head", "2",
+               "--png", tmp_path / "grid.png", "--map-png", tmp_path / "map.png", "--stats-png", tmp_path / "st.png",
+               "--sort", "previous", "--top", "2")
+    assert r.exit_code == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "previous-token" in text and "first-token sink" not in text  # --top 2 by previous
+    assert "weights of layer 1, batch 0, head 2" in text and "down" in text
+    for name in ("grid.png", "map.png", "st.png"):
+        assert (tmp_path / name).stat().st_size > 5000
+
+
+def test_checks_pass_and_fail_with_exit_3(tmp_path):
+    good = uniform_causal()
+    np.save(tmp_path / "good.npy", good)
+    mask = np.tril(np.ones((L, L), np.int8))
+    np.save(tmp_path / "mask.npy", mask)
+    r = invoke("inspect", tmp_path / "good.npy", "--check-rows", "--check-causal", "--check-finite",
+               "--check-mask", tmp_path / "mask.npy", "--no-table")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.count("passed") == 4
+
+    off = good.copy()
+    off[3] *= 0.9
+    np.save(tmp_path / "rows.npy", off)
+    r = invoke("inspect", tmp_path / "rows.npy", "--check-rows", "--no-table")
+    assert r.exit_code == 3 and "check-rows: FAILED, 1 rows" in r.stderr and "row 3 sums to 0.9" in r.stderr
+
+    leak = good.copy()
+    leak[1, 4] = 0.25
+    np.save(tmp_path / "leak.npy", leak)
+    r = invoke("inspect", tmp_path / "leak.npy", "--check-causal", "--no-table")
+    assert r.exit_code == 3 and "row 1, column 4 has weight 0.25" in r.stderr
+    r = invoke("inspect", tmp_path / "leak.npy", "--check-mask", tmp_path / "mask.npy", "--no-table", "--json")
+    assert r.exit_code == 3
+    assert json.loads(r.stdout)["checks"][0]["index"] == [0, 0, 0, 1, 4]
+    r = invoke("inspect", tmp_path / "leak.npy", "--check-mask", tmp_path / "mask.npy", "--mask-convention", "block",
+               "--no-table")
+    assert r.exit_code == 3  # block: the lower triangle is forbidden now
+
+    nan = good.copy()
+    nan[2, 0] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    r = invoke("inspect", tmp_path / "nan.npy", "--check-finite", "--no-table")
+    assert r.exit_code == 3 and "row 2, column 0 is nan" in r.stderr
+    r = invoke("inspect", tmp_path / "nan.npy")
+    assert r.exit_code == 1 and "--check-finite" in r.stderr
+
+
+def test_compare_identical_and_known_differences(tmp_path):
+    a = np.stack([uniform_causal(), previous_head()])
+    np.save(tmp_path / "a.npy", a)
+    doc = json.loads(invoke("compare", tmp_path / "a.npy", tmp_path / "a.npy", "--json").stdout)
+    assert doc["max_abs_diff"] == 0 and doc["mean_abs_diff"] == 0 and doc["argmax_agreement"] == 1
+    assert doc["js_divergence"]["max"] == 0
+
+    b = a.copy()
+    b[1, 4] = 0
+    b[1, 4, 4] = 1  # head 1, row 4 now attends to itself instead of the previous token
+    np.save(tmp_path / "b.npy", b)
+    r = invoke("compare", tmp_path / "a.npy", tmp_path / "b.npy", "--json", "--png", tmp_path / "diff.png")
+    doc = json.loads(r.stdout)
+    assert doc["max_abs_diff"] == 1.0
+    assert doc["mean_abs_diff"] == pytest.approx(2 / a.size)
+    assert doc["argmax_agreement"] == pytest.approx(1 - 1 / (2 * L))
+    assert doc["worst_rows"][0]["index"] == [0, 0, 1, 4] and doc["worst_rows"][0]["js"] == pytest.approx(np.log(2))
+    assert (tmp_path / "diff.png").stat().st_size > 5000
+    r = invoke("compare", tmp_path / "a.npy", tmp_path / "b.npy", "--atol", "0.5", "--no-table")
+    assert r.exit_code == 3 and "tolerance: FAILED, 2 entries" in r.stderr
+    r = invoke("compare", tmp_path / "a.npy", tmp_path / "b.npy", "--atol", "1.0")
+    assert r.exit_code == 0 and "rows with the same argmax" in r.stdout
+    np.save(tmp_path / "c.npy", a[:1])
+    r = invoke("compare", tmp_path / "a.npy", tmp_path / "c.npy")
+    assert r.exit_code == 1 and "same shape" in r.stderr
+
+
+def test_js_divergence_values():
+    assert js_divergence(np.array([1.0, 0]), np.array([0, 1.0])) == pytest.approx(np.log(2))
+    p, q = np.array([0.5, 0.5]), np.array([0.9, 0.1])
+    m = (p + q) / 2
+    expected = 0.5 * (p * np.log(p / m)).sum() + 0.5 * (q * np.log(q / m)).sum()
+    assert js_divergence(p, q) == pytest.approx(expected)
+
+
+def test_head_statistics_of_a_non_causal_uniform_head():
+    w = np.full((1, 1, 1, 4, 4), 0.25)
+    stats = head_statistics(w)
+    assert stats["entropy_norm"][0, 0] == pytest.approx(1.0) and stats["tag"][0, 0] == "broad"
+    assert stats["distance"][0, 0] == pytest.approx(np.abs(np.arange(4)[:, None] - np.arange(4)).mean())
+
+
+def test_inspect_imports_no_tensorflow(tmp_path):
+    attn = model(tmp_path)
+    code = ("import sys; from attnviz.cli import app\n"
+            f"try:\n    app(['inspect', {str(attn)!r}, '--json', '--png', {str(tmp_path / 'g.png')!r}])\n"
+            "except SystemExit:\n    pass\n"
+            "print('TF', 'tensorflow' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "TF False" in out.stderr, out.stderr
