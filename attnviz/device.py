@@ -76,8 +76,10 @@ class Device:
         return self.name.startswith("GPU")
 
 
-def visible_gpus() -> list[Any]:
-    return list(tensorflow().config.list_physical_devices("GPU"))
+@cache
+def visible_gpus() -> tuple[Any, ...]:
+    """The GPUs TensorFlow sees (asked once a process: batch jobs do not ask again)."""
+    return tuple(tensorflow().config.list_physical_devices("GPU"))
 
 
 def resolve_device(request: str) -> Device:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
@@ -29,6 +28,7 @@ from attnviz.cli.options import (
     check_save_params,
     parse_index,
 )
+from attnviz.cli.streams import err_console, out_console, stdout
 from attnviz.errors import AttnvizError, shape_str
 from attnviz.variants import REGISTRY
 from attnviz.variants._base import Variant
@@ -48,7 +48,7 @@ app = typer.Typer(
 
 
 def _stderr() -> Console:
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    return err_console()
 
 
 def _version(value: bool) -> None:
@@ -103,7 +103,7 @@ def variants_command(
 
         doc = [{"name": v.name, "summary": v.summary, "formula": v.formula,
                 "inputs": [i.name for i in v.inputs]} for v in REGISTRY.values()]
-        typer.echo(json.dumps(doc, indent=2))
+        stdout().write(json.dumps(doc, indent=2) + "\n")
         return
     table = Table(title="attention variants", pad_edge=False)
     table.add_column("command", style="bold")
@@ -112,7 +112,7 @@ def variants_command(
     table.add_column("what it is")
     for v in REGISTRY.values():
         table.add_row(v.name, " ".join(i.name.upper() for i in v.inputs), v.formula, v.summary)
-    Console(highlight=False).print(table)
+    out_console().print(table)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     prepared = prepare(variant, specs, run_options, params, param_options=param_options)
     targets = check_outputs(
         {"--png": out.png, "--save-weights": out.save_weights, "--save-output": out.save_output,
-         "--save-params": param_options.save_params},
+         "--save-params": param_options.save_params, "--json-file": out.json_file},
         prepared.input_paths,
     )
     index = parse_index(out.index, prepared.weights_shape[:-2])
@@ -195,11 +195,20 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
         err.print(f"warning: {warning}", markup=False, style="yellow")
 
     files = write_files(outcome, targets, out, err if info else None)
-    if out.json:
+    if out.json or out.json_file:
+        from attnviz.io import save_text
         from attnviz.render.report import build_report, to_json
 
-        sys.stdout.write(to_json(build_report(outcome, files)) + "\n")
-    elif not (out.no_table or out.quiet):
+        if out.json_file:
+            files["json"] = out.json_file
+        text = to_json(build_report(outcome, files)) + "\n"
+        if out.json_file:
+            save_text(targets["--json-file"], text)
+            if info:
+                err.print(f"saved json to {out.json_file}", markup=False, style="dim")
+        if out.json:
+            stdout().write(text)
+    if not (out.json or out.no_table or out.quiet):
         print_tables(outcome, index, out)
 
 
@@ -263,7 +272,7 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
     )
 
     prep, result = outcome.prepared, outcome.result
-    console = Console(highlight=False)
+    console = out_console()
     keep = prep.mask.full_keep(result.weights.shape)
     keep2d = keep[index] if keep is not None else None
     lead = result.weights.shape[:-2]
@@ -312,7 +321,9 @@ for _variant in REGISTRY.values():
     _command = make_command(_variant)
     app.command(_variant.name, help=_command.__doc__)(_command)
 
+from attnviz.cli.batch import batch_command  # noqa: E402
 from attnviz.cli.inspect_commands import compare_command, inspect_command  # noqa: E402 - after the app exists
 
 app.command("inspect")(inspect_command)
 app.command("compare")(compare_command)
+app.command("batch")(batch_command)

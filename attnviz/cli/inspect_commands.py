@@ -6,7 +6,6 @@ Exit codes: 0, 1 (bad data), 2 (bad usage) as everywhere, and 3 when a check ask
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -17,6 +16,7 @@ from rich.text import Text
 
 from attnviz.choices import CAUSAL_ALIGNS, MASK_CONVENTIONS
 from attnviz.cli.options import LABELS, MASKS, OUTPUT, check_png_path
+from attnviz.cli.streams import out_console, stdout
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +47,8 @@ MaxCols = Annotated[int | None, typer.Option("--max-cols", min=0, rich_help_pane
                                              help="show at most this many key columns (default: what fits)")]
 JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT,
                                        help="print the JSON document on stdout instead of tables")]
+JsonFile = Annotated[str | None, typer.Option("--json-file", metavar="FILE.json", rich_help_panel=OUTPUT,
+                                              help="write the JSON document to this file")]
 NoTable = Annotated[bool, typer.Option("--no-table", rich_help_panel=OUTPUT, help="print no tables")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT,
                                      help="print no tables and no informational lines")]
@@ -192,6 +194,7 @@ def inspect_command(
     max_rows: MaxRows = 40,
     max_cols: MaxCols = None,
     json_out: JsonOpt = False,
+    json_file: JsonFile = None,
     no_table: NoTable = False,
     quiet: Quiet = False,
 ) -> None:
@@ -230,7 +233,8 @@ def run_inspect(o: dict[str, Any]) -> bool:
         if mask.path is not None:
             paths.append(mask.path)
         keep = insp.standard_mask(w, boolean_keep(mask, o["mask_convention"]), mask.source)
-    targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"]}, paths)
+    targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"],
+                             "--json-file": o["json_file"]}, paths)
 
     finite = bool(np.isfinite(w.data).all())
     checks: list[insp.CheckResult] = []
@@ -258,7 +262,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
     one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]
     from attnviz.stats import row_stats
 
-    wanted = o["json_out"] or not (o["no_table"] or o["quiet"])
+    wanted = o["json_out"] or o["json_file"] or not (o["no_table"] or o["quiet"])
     rows = row_stats(one, one_keep) if wanted else None
     files = _inspect_files(w, targets, stats, (li, bi, hi), q_labels, k_labels, o, one_keep)
     if not o["quiet"]:
@@ -266,15 +270,17 @@ def run_inspect(o: dict[str, Any]) -> bool:
                   f"{shape_str(w.shape)}", markup=False, style="dim")
         for what, path in files.items():
             err.print(f"saved {what} to {path}", markup=False, style="dim")
-    if o["json_out"] and rows is not None:
+    if (o["json_out"] or o["json_file"]) and rows is not None:
         from attnviz.render.report import inspect_report, to_json
 
-        sys.stdout.write(to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels,
-                                                k_labels)) + "\n")
-    elif rows is not None:
+        if o["json_file"]:
+            files["json"] = o["json_file"]
+        _emit_json(to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels, k_labels)),
+                   o, targets)
+    if not o["json_out"] and rows is not None and not (o["no_table"] or o["quiet"]):
         from attnviz.render.table import stats_table, weights_table
 
-        console = Console(highlight=False)
+        console = out_console()
         console.print(head_stats_table(stats, sort=o["sort"], reverse=o["reverse"], top=o["top"]), crop=False)
         where = f"layer {li}, batch {bi}, head {hi}"
         max_r = o["max_rows"] or None
@@ -286,6 +292,16 @@ def run_inspect(o: dict[str, Any]) -> bool:
         console.print(stats_table(rows, q_labels=q_labels, k_labels=k_labels, precision=o["precision"],
                                   max_rows=max_r, title=f"per-query statistics, {where}"), crop=False)
     return failed
+
+
+def _emit_json(text: str, o: dict[str, Any], targets: dict[str, Any]) -> None:
+    """The JSON document on stdout (--json) and/or in a file (--json-file)."""
+    if o["json_file"]:
+        from attnviz.io import save_text
+
+        save_text(targets["--json-file"], text + "\n")
+    if o["json_out"]:
+        stdout().write(text + "\n")
 
 
 def _inspect_files(w: Weights, targets: dict[str, Any], stats: dict[str, np.ndarray], index: tuple[int, int, int],
@@ -339,6 +355,7 @@ def compare_command(
     reduce: Reduce = "mean",
     precision: Precision = 3,
     json_out: JsonOpt = False,
+    json_file: JsonFile = None,
     no_table: NoTable = False,
     quiet: Quiet = False,
 ) -> None:
@@ -371,7 +388,7 @@ def run_compare(o: dict[str, Any]) -> bool:
     for w in (a, b):
         if not np.isfinite(w.data).all():
             raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
-    targets = check_outputs({"--png": o["png"]}, [*a.paths, *b.paths])
+    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, [*a.paths, *b.paths])
     _, bi, _ = Selection(o["layer"], o["batch"], o["head"]).index(a.shape)
     result = insp.compare(a.data, b.data, o["worst"])
     checks = []
@@ -392,12 +409,14 @@ def run_compare(o: dict[str, Any]) -> bool:
         files["png"] = o["png"]
         if not o["quiet"]:
             err.print(f"saved png to {o['png']}", markup=False, style="dim")
-    if o["json_out"]:
+    if o["json_out"] or o["json_file"]:
         from attnviz.render.report import compare_report, to_json
 
-        sys.stdout.write(to_json(compare_report(a, b, result, checks, files)) + "\n")
-    elif not (o["no_table"] or o["quiet"]):
-        console = Console(highlight=False)
+        if o["json_file"]:
+            files["json"] = o["json_file"]
+        _emit_json(to_json(compare_report(a, b, result, checks, files)), o, targets)
+    if not (o["json_out"] or o["no_table"] or o["quiet"]):
+        console = out_console()
         p = o["precision"]
         summary = Table(title=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]")
         summary.add_column("measure")

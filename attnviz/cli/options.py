@@ -83,6 +83,7 @@ class OutputOptions:
     max_cols: int | None = None
     png: str | None = None
     json: bool = False
+    json_file: str | None = None
     save_weights: str | None = None
     save_output: str | None = None
     no_table: bool = False
@@ -131,6 +132,9 @@ OUTPUT_OPTIONS = [
         None),
     _opt("json", Annotated[bool, typer.Option(
         "--json", rich_help_panel=OUTPUT, help="print the JSON document on stdout instead of tables")], False),
+    _opt("json_file", Annotated[str | None, typer.Option(
+        "--json-file", metavar="FILE.json", rich_help_panel=OUTPUT, help="write the JSON document to this file")],
+        None),
     _opt("save_weights", Annotated[str | None, typer.Option(
         "--save-weights", metavar="FILE.npy", rich_help_panel=OUTPUT, help="save the weights [..., Lq, Lk]")],
         None),

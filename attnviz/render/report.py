@@ -21,6 +21,8 @@ from attnviz.stats import RowStats
 def plain(value: Any) -> Any:
     """NumPy values as JSON-ready Python values, NaN as None."""
     if isinstance(value, np.ndarray):
+        if value.dtype.kind in "biu" or (value.dtype.kind == "f" and np.isfinite(value).all()):
+            return value.tolist()  # nothing to clean: the fast path for the big arrays
         return plain(value.tolist())
     if isinstance(value, np.generic):
         return plain(value.item())

@@ -1,0 +1,281 @@
+"""``attnviz batch JOBS``: many jobs in one process, so TensorFlow is imported once.
+
+A jobs file is JSON Lines, one job a line (blank lines and lines starting with ``#`` are skipped)::
+
+    {"command": "scaled", "args": ["q.npy", "k.npy", "v.npy"],
+     "options": {"causal": true, "png": "a.png", "json": "a.json"}}
+
+Each job runs through the same command as on the command line: ``options`` become the command's
+flags (``"causal": true`` is ``--causal``, ``"window": 2`` is ``--window 2``, false and null are left
+out, a list repeats the flag), with one difference: ``"json": "a.json"`` writes the JSON document to
+that file (``"json": true`` puts it in the batch's --json summary). Relative paths, in ``args`` and in
+options that name files, resolve against the jobs file's folder. Jobs run quietly (no tables).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from attnviz.cli.options import OUTPUT
+from attnviz.cli.streams import err_console, out_console, redirected, stdout
+from attnviz.errors import InputError, UsageError
+
+#: options whose values are file names, resolved against the jobs file's folder
+PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save_params", "params", "mask",
+                "key_padding_mask", "map_png", "stats_png", "check_mask", "adjacency", "unary", "from_keras"}
+LABEL_OPTIONS = {"labels", "q_labels", "k_labels"}  # a file name, or the labels themselves
+
+
+@dataclass
+class Job:
+    number: int  # its line in the jobs file, from 1
+    command: str = ""
+    argv: list[str] = field(default_factory=list)
+    error: str | None = None  # the job could not even be read
+    wants_document: bool = False
+
+
+@dataclass
+class JobResult:
+    job: Job
+    exit_code: int
+    seconds: float
+    error: str | None = None
+    document: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return 0, 1
+    try:
+        index, count = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected INDEX/COUNT, e.g. 0/4.") from None
+    if count < 1 or not 0 <= index < count:
+        raise UsageError(f"--shard {text}: INDEX runs from 0 to COUNT - 1.")
+    return index, count
+
+
+def _resolve(value: str, base: Path) -> str:
+    if value == "-" or Path(value).is_absolute():
+        return value
+    path, sep, key = value.rpartition(":") if value.lower().rsplit(":", 1)[0].endswith(".npz") else (value, "", "")
+    return str(base / path) + (sep + key if sep else "")
+
+
+def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job:
+    """A jobs-file line as a command line (``argv``); a line that cannot be one gives a job with an error."""
+    job = Job(number)
+    try:
+        spec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        job.error = f"line {number}: not valid JSON ({exc.msg}, column {exc.colno})."
+        return job
+    if not isinstance(spec, dict) or not isinstance(spec.get("command"), str):
+        job.error = f'line {number}: a job is an object with "command", "args" and "options".'
+        return job
+    job.command = spec["command"]
+    args, options = spec.get("args", []), spec.get("options", {})
+    unknown = set(spec) - {"command", "args", "options"}
+    if job.command not in commands:
+        job.error = f"line {number}: unknown command {job.command!r}; one of {', '.join(sorted(commands))}."
+    elif unknown:
+        job.error = f"line {number}: unknown entries {', '.join(sorted(unknown))} (command, args, options)."
+    elif not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        job.error = f'line {number}: "args" is a list of file names.'
+    elif not isinstance(options, dict):
+        job.error = f'line {number}: "options" is an object of option names and values.'
+    elif "-" in args:
+        job.error = f"line {number}: a batch job cannot read standard input ('-')."
+    if job.error:
+        return job
+    argv = [job.command, *(_resolve(a, base) for a in args)]
+    for name, value in options.items():
+        key = name.replace("-", "_")
+        flag = "--" + key.replace("_", "-")
+        if key == "json":
+            if value is True:
+                job.wants_document = True
+                argv.append("--json")
+            elif isinstance(value, str):
+                argv += ["--json-file", _resolve(value, base)]
+            continue
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is None or v is False:
+                continue
+            if v is True:
+                argv.append(flag)
+                continue
+            text = str(v)
+            if key in PATH_OPTIONS or (key in LABEL_OPTIONS and (base / text).exists()):
+                text = _resolve(text, base)
+            argv += [flag, text]
+    if "quiet" not in options:
+        argv.append("--quiet")
+    job.argv = argv
+    return job
+
+
+def read_jobs(spec: str) -> tuple[list[Job], Path]:
+    import sys
+
+    if spec == "-":
+        text, base = sys.stdin.read(), Path.cwd()
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise UsageError(f"{spec}: no such jobs file.")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{spec}: cannot read ({exc}).") from None
+        base = path.resolve().parent
+    from attnviz.cli.app import app
+
+    commands = {c.name for c in app.registered_commands if c.name and c.name not in ("batch", "variants")}
+    jobs = [job_from_line(n, line, base, commands) for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.lstrip().startswith("#")]
+    return jobs, base
+
+
+def run_job(click_command: Any, job: Job) -> JobResult:
+    """Run one job through the command line's own code, with its own stdout and stderr buffers."""
+    from typer._click.exceptions import ClickException  # Typer vendors Click
+
+    start = time.perf_counter()
+    if job.error:
+        return JobResult(job, 2, 0.0, job.error)
+    out, err = io.StringIO(), io.StringIO()
+    message = None
+    with redirected(out, err):
+        try:
+            code = click_command.main(args=job.argv, prog_name="attnviz", standalone_mode=False) or 0
+        except ClickException as exc:
+            code, message = exc.exit_code, exc.format_message()
+    seconds = time.perf_counter() - start
+    if code and message is None:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        message = " ".join(ln.removeprefix("attnviz: error: ") for ln in lines[-2:]) or f"exit code {code}"
+    document = None
+    if job.wants_document and out.getvalue().strip():
+        try:
+            document = json.loads(out.getvalue())
+        except json.JSONDecodeError:
+            document = None
+    return JobResult(job, int(code), seconds, message, document)
+
+
+def run_all(jobs: list[Job], workers: int, fail_fast: bool, progress: Any | None) -> Iterator[JobResult]:
+    import typer.main
+
+    from attnviz.cli.app import app
+
+    click_command = typer.main.get_command(app)
+    if workers <= 1:
+        for job in jobs:
+            result = run_job(click_command, job)
+            if progress is not None:
+                progress()
+            yield result
+            if fail_fast and not result.ok:
+                return
+        return
+    pending: set[Future[JobResult]] = set()
+    queue = list(jobs)
+    stop = False
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        while queue or pending:
+            while queue and not stop and len(pending) < workers:
+                pending.add(pool.submit(run_job, click_command, queue.pop(0)))
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                result = future.result()
+                if progress is not None:
+                    progress()
+                stop = stop or (fail_fast and not result.ok)
+                yield result
+            if stop:
+                queue.clear()
+
+
+def batch_command(
+    jobs: Annotated[str, typer.Argument(metavar="JOBS", show_default=False,
+                                        help="a JSON Lines file of jobs, or - for standard input")],
+    shard: Annotated[str | None, typer.Option("--shard", metavar="INDEX/COUNT",
+                                              help="run only the jobs whose number modulo COUNT is INDEX "
+                                                   "(0-based), e.g. $SLURM_ARRAY_TASK_ID/4")] = None,
+    workers: Annotated[int, typer.Option("--jobs", "-j", min=1,
+                                         help="run this many jobs at once (threads)")] = 1,
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first job that fails")] = False,
+    json_out: Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT,
+                                           help="print the summary as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT,
+                                        help="no progress bar and no summary table")] = False,
+) -> None:
+    """Run many jobs (a JSON Lines file) in one process: TensorFlow is imported once."""
+    from attnviz.cli.app import user_errors
+
+    with user_errors():
+        failed = run_batch(jobs, shard, workers, fail_fast, json_out, quiet)
+    if failed:
+        raise typer.Exit(1)
+
+
+def run_batch(spec: str, shard: str | None, workers: int, fail_fast: bool, json_out: bool, quiet: bool) -> bool:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    index, count = parse_shard(shard)
+    all_jobs, _ = read_jobs(spec)
+    jobs = [job for n, job in enumerate(all_jobs) if n % count == index]
+    start = time.perf_counter()
+    results: list[JobResult] = []
+    if quiet or not jobs:
+        results = list(run_all(jobs, workers, fail_fast, None))
+    else:
+        with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console(), transient=False) as bar:
+            task = bar.add_task("jobs", total=len(jobs))
+            results = list(run_all(jobs, workers, fail_fast, lambda: bar.advance(task)))
+    seconds = time.perf_counter() - start
+    results.sort(key=lambda r: r.job.number)
+    failed = [r for r in results if not r.ok]
+    if json_out:
+        doc = {
+            "jobs": [{"line": r.job.number, "command": r.job.command or None, "status": "ok" if r.ok else "failed",
+                      "exit_code": r.exit_code, "error": r.error, "seconds": round(r.seconds, 4),
+                      **({"document": r.document} if r.document is not None else {})} for r in results],
+            "total": len(jobs), "run": len(results), "failed": len(failed), "skipped": len(jobs) - len(results),
+            "shard": {"index": index, "count": count}, "seconds": round(seconds, 3),
+        }
+        stdout().write(json.dumps(doc) + "\n")
+    elif not quiet:
+        from rich.table import Table
+
+        table = Table(title=f"batch: {len(results) - len(failed)} of {len(jobs)} jobs succeeded in {seconds:.1f} s"
+                      + (f" (shard {index}/{count} of {len(all_jobs)})" if count > 1 else ""))
+        for column in ("line", "command", "status", "seconds", "error"):
+            table.add_column(column, justify="right" if column in ("line", "seconds") else "left",
+                             overflow="fold")
+        for r in results:
+            table.add_row(str(r.job.number), r.job.command, "ok" if r.ok else f"failed ({r.exit_code})",
+                          f"{r.seconds:.2f}", r.error or "")
+        if len(results) < len(jobs):
+            table.caption = f"{len(jobs) - len(results)} job(s) not run (--fail-fast)"
+        out_console().print(table, crop=False)
+    return bool(failed) or len(results) < len(jobs)
