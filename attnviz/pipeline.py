@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from attnviz import blockwise
 from attnviz import params as learned_params
+from attnviz.blockwise import Streamed
 from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import InputError, ShapeError, UsageError
@@ -39,6 +41,7 @@ class RunOptions:
     k_labels: str | None = None
     device: str = "auto"
     dtype: str = "float32"
+    max_memory: str | None = None  # for the weights while computing; past it, blocks of query rows
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Outcome:
     device: Device
     warnings: list[str]
     map_stats: dict[str, RowStats] = field(default_factory=dict)  # statistics of further distributions
+    streamed: Streamed | None = None  # a blockwise run: no dense weights, see attnviz.blockwise
+    notes: list[str] = field(default_factory=list)  # for the user, not warnings
 
 
 def _choice(option: str, value: str, allowed: Sequence[str]) -> None:
@@ -127,6 +132,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     _choice("--causal-align", options.causal_align, CAUSAL_ALIGNS)
     _choice("--dtype", options.dtype, DTYPES)
     _choice("--device", options.device, DEVICES)
+    blockwise.parse_size(options.max_memory)
     if options.labels is not None and (options.q_labels or options.k_labels):
         raise UsageError("--labels sets both axes; give it alone, or --q-labels and --k-labels.")
     stdin = stdin or StdinReader()
@@ -215,11 +221,22 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
                     learned, learned_source, param_options.seed or 0)
 
 
-def execute(prep: Prepared) -> Outcome:
-    """Compute the variant with TensorFlow on the chosen device; add statistics."""
+def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mean") -> Outcome:
+    """Compute the variant with TensorFlow on the chosen device; add statistics.
+
+    When the dense weights would not fit in ``--max-memory`` and the variant allows it, the work
+    runs in blocks of query rows (``attnviz.blockwise``); ``save_weights`` is then written while
+    computing, and ``reduce`` aggregates the heatmaps."""
     device = resolve_device(prep.options.device)
     ctx = Context(device, prep.options.dtype, seed=prep.seed)
     arrays = {n: lo.data for n, lo in prep.inputs.items()}
+    budget = blockwise.parse_size(prep.options.max_memory)
+    if prep.variant.blockwise and blockwise.needs_blocks(prep.weights_shape, budget):
+        result, stats, streamed = blockwise.run(prep.variant, ctx, arrays, prep.mask, prep.params, prep.learned,
+                                                prep.weights_shape, budget, reduce, save_weights)
+        note = (f"weights {shape_str(prep.weights_shape)} computed in {streamed.blocks} blocks of "
+                f"{streamed.rows_per_block} query rows to stay within --max-memory")
+        return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings], {}, streamed, [note])
     result = prep.variant.compute(ctx, arrays, prep.mask, prep.params, prep.learned)
     if result.weights.shape != prep.weights_shape:  # a variant bug, not a user error
         raise ShapeError(

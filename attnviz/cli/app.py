@@ -186,11 +186,13 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     err = _stderr()
     info = not out.quiet
 
-    outcome = execute(prepared)
+    outcome = execute(prepared, targets.get("--save-weights"), out.reduce)
     if info:
+        for note in outcome.notes:
+            err.print(note, markup=False, style="dim")
         learned = f", parameters from {prepared.learned_source}" if prepared.learned_source else ""
         err.print(f"{variant.name}: {outcome.device.name}, {run_options.dtype}, weights "
-                  f"{shape_str(outcome.result.weights.shape)}{learned}", markup=False, style="dim")
+                  f"{shape_str(prepared.weights_shape)}{learned}", markup=False, style="dim")
     for warning in outcome.warnings:
         err.print(f"warning: {warning}", markup=False, style="yellow")
 
@@ -214,16 +216,20 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
 
 def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, err: Console | None) -> dict[str, str]:
     """Write every requested file atomically; returns {"png": path, ...} for the JSON document."""
+    import numpy as np
+
     from attnviz import params as learned_params
     from attnviz.io import save_npy
 
     written: dict[str, str] = {}
     result = outcome.result
+    streamed = outcome.streamed
     if "--save-params" in targets:
         learned_params.save(targets["--save-params"], outcome.prepared.learned)
         written["params"] = str(targets["--save-params"])
     if "--save-weights" in targets:
-        save_npy(targets["--save-weights"], result.weights)
+        if streamed is None:  # a blockwise run wrote them while computing
+            save_npy(targets["--save-weights"], result.weights)
         written["weights"] = out.save_weights or ""
     if "--save-output" in targets:
         if result.output is None:
@@ -231,12 +237,19 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
         save_npy(targets["--save-output"], result.output)
         written["output"] = out.save_output or ""
     if "--png" in targets:
-        from attnviz.render.heatmap import heatmap_figure, save_figure, slice_panels
+        from attnviz.render.heatmap import Panel, heatmap_figure, save_figure, slice_panels
+        from attnviz.render.table import slice_label
 
         prep = outcome.prepared
-        drawn = [v for v in result.views if v.png]
+        drawn = [v for v in result.views if v.png and streamed is None]
         names = prep.variant.lead_names
-        panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if drawn else "", names)
+        if streamed is not None:
+            lead, (lq, lk) = streamed.weights_shape[:-2], streamed.weights_shape[-2:]
+            slices = list(np.ndindex(*lead)) if lead else [()]
+            panels = [Panel(slice_label(s, names) if lead else "", grid, full_shape=(lq, lk),
+                            blocks=streamed.grid_blocks) for s, grid in zip(slices, streamed.grids)]
+        else:
+            panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if drawn else "", names)
         for view in drawn:
             if view.axis == "both":
                 panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title, names)
@@ -249,7 +262,7 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
                     else:
                         panel.q_labels, panel.ylabel = [""], ""
                     panels.append(panel)
-        shape = shape_str(result.weights.shape)
+        shape = shape_str(prep.weights_shape)
         fig = heatmap_figure(panels, title=out.title or f"{prep.variant.name} attention weights {shape}",
                              q_labels=prep.q_labels, k_labels=prep.k_labels, cmap=out.cmap, reduce=out.reduce,
                              ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1])
@@ -271,30 +284,35 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
         weights_table,
     )
 
-    prep, result = outcome.prepared, outcome.result
+    prep, result, streamed = outcome.prepared, outcome.result, outcome.streamed
     console = out_console()
-    keep = prep.mask.full_keep(result.weights.shape)
+    shape = prep.weights_shape
+    keep = prep.mask.full_keep(shape)
     keep2d = keep[index] if keep is not None else None
-    lead = result.weights.shape[:-2]
+    lead = shape[:-2]
     names = prep.variant.lead_names
     shown = slice_label(index, names)
     where = f", {shown} of leading dims {list(lead)} (--index picks another)" if lead else ""
     max_rows = out.max_rows or None
     max_cols = out.max_cols
-    weights = result.weights[index]
+    weights = result.weights[index] if streamed is None else streamed.preview[index]
+    row_ids = None if streamed is None else streamed.preview_ids
+    if streamed is not None and max_rows is None:
+        max_rows = len(row_ids or [])
     if max_cols is None:
         label_width = max(len(axis_name(i, prep.q_labels)) for i in range(weights.shape[0])) + 3
         cell = max(out.precision + 2, *(len(lb) for lb in (prep.k_labels or ["0"])))
         max_cols = max(4, (console.width - label_width) // (min(cell, 12) + 3))
 
-    def show_map(data: Any, title: str) -> None:
+    def show_map(data: Any, title: str, ids: list[int] | None = None) -> None:
         console.print(weights_table(data, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
                                     precision=out.precision, max_rows=max_rows, max_cols=max_cols or None,
-                                    title=title, axis_names=prep.variant.axis_names), crop=False)
+                                    title=title, axis_names=prep.variant.axis_names, row_ids=ids,
+                                    total_rows=shape[-2]), crop=False)
 
     name = prep.variant.name
     primary = "" if prep.variant.weights_title == "weights" else f": {prep.variant.weights_title}"
-    show_map(weights, f"{name} attention weights {shape_str(result.weights.shape)}{primary}{where}")
+    show_map(weights, f"{name} attention weights {shape_str(shape)}{primary}{where}", row_ids)
     for view in result.views:
         data = result.maps[view.name][index]
         if view.axis == "both":

@@ -57,6 +57,10 @@ RUN_OPTIONS = [
     _opt("dtype", Annotated[Literal[DTYPES], typer.Option(  # type: ignore[valid-type]
         "--dtype", rich_help_panel=RUN,
         help="compute precision; float16/bfloat16 scores are upcast to float32 for the softmax")], "float32"),
+    _opt("max_memory", Annotated[str | None, typer.Option(
+        "--max-memory", metavar="SIZE", rich_help_panel=RUN,
+        help="memory for the weights while computing, e.g. 512M or 2G (default 512M or RAM/8); longer inputs "
+             "run in blocks of query rows")], None),
 ]
 
 

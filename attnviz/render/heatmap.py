@@ -40,6 +40,9 @@ class Panel:
     k_labels: Sequence[str] | None = None
     ylabel: str | None = None
     xlabel: str | None = None
+    #: when ``data`` is already aggregated: the map's own shape and the block sizes used
+    full_shape: tuple[int, int] | None = None
+    blocks: tuple[int, int] | None = None
 
 
 def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "",
@@ -55,17 +58,27 @@ def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "
     return panels
 
 
+def block_factors(rows: int, cols: int, max_side: int = MAX_SIDE) -> tuple[int, int]:
+    """Block sizes that bring a ``rows x cols`` map to at most ``max_side`` cells a side."""
+    return max(1, math.ceil(rows / max_side)), max(1, math.ceil(cols / max_side))
+
+
 def block_reduce(data: np.ndarray, keep: np.ndarray | None, max_side: int,
                  reduce: str = "mean") -> tuple[np.ndarray, tuple[int, int]]:
     """``data`` aggregated in blocks so that neither side exceeds ``max_side``; masked cells (and
     padding) are NaN and left out of each block's mean or max; an all-masked block stays NaN."""
+    fr, fc = block_factors(data.shape[0], data.shape[1], max_side)
+    return reduce_blocks(data, keep, fr, fc, reduce), (fr, fc)
+
+
+def reduce_blocks(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, reduce: str = "mean") -> np.ndarray:
+    """``data`` in blocks of ``fr x fc`` (the last ones may be partial), mean or max of each."""
     rows, cols = data.shape
-    fr, fc = max(1, math.ceil(rows / max_side)), max(1, math.ceil(cols / max_side))
     values = np.asarray(data, dtype=np.float64)
     if keep is not None:
         values = np.where(keep, values, np.nan)
     if fr == 1 and fc == 1:
-        return values, (1, 1)
+        return values
     padded = np.full((math.ceil(rows / fr) * fr, math.ceil(cols / fc) * fc), np.nan)
     padded[:rows, :cols] = values
     blocks = padded.reshape(padded.shape[0] // fr, fr, padded.shape[1] // fc, fc)
@@ -75,7 +88,7 @@ def block_reduce(data: np.ndarray, keep: np.ndarray | None, max_side: int,
         out = np.where(finite, blocks, -np.inf).max(axis=(1, 3))
     else:
         out = np.where(finite, blocks, 0.0).sum(axis=(1, 3)) / np.maximum(count, 1)
-    return np.where(count > 0, out, np.nan), (fr, fc)
+    return np.where(count > 0, out, np.nan)
 
 
 def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str) -> None:
@@ -139,7 +152,8 @@ def heatmap_figure(
         shape_note, panels = " " + shape_str(np.shape(maps)), slice_panels(np.asarray(maps), keep)
     total = len(panels)
     panels = panels[:max_panels]
-    reduced = [block_reduce(p.data, p.keep, max_side, reduce) for p in panels]
+    reduced = [(np.asarray(p.data, dtype=np.float64), p.blocks) if p.blocks is not None
+               else block_reduce(p.data, p.keep, max_side, reduce) for p in panels]
     shown = np.concatenate([r.ravel() for r, _ in reduced])
     shown = shown[np.isfinite(shown)]
     vmax = float(shown.max()) if shown.size else 1.0
@@ -149,8 +163,8 @@ def heatmap_figure(
         vmin = -vmax
     colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
 
-    lq = max(min(p.data.shape[0], max_side) for p in panels)
-    lk = max(min(p.data.shape[1], max_side) for p in panels)
+    lq = max(min((p.full_shape or p.data.shape)[0], max_side) for p in panels)
+    lk = max(min((p.full_shape or p.data.shape)[1], max_side) for p in panels)
     ncols = math.ceil(math.sqrt(len(panels)))
     nrows = math.ceil(len(panels) / ncols)
     panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6))
@@ -163,7 +177,7 @@ def heatmap_figure(
     for n, (panel, (data, (fr, fc))) in enumerate(zip(panels, reduced)):
         ax = fig.add_subplot(nrows, ncols, n + 1)
         axes.append(ax)
-        rows, cols = panel.data.shape
+        rows, cols = panel.full_shape or panel.data.shape
         masked = np.isnan(data)
         any_masked = any_masked or bool(masked.any())
         image = ax.imshow(np.ma.masked_array(np.nan_to_num(data), masked), cmap=colormap, vmin=vmin, vmax=vmax,

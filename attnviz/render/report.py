@@ -17,6 +17,9 @@ from attnviz.inspect import HEAD_STATS, CheckResult, Comparison, Weights
 from attnviz.pipeline import Outcome
 from attnviz.stats import RowStats
 
+#: past this many values the weights are not written into the JSON document (--save-weights is for that)
+JSON_WEIGHTS_LIMIT = 4_000_000
+
 
 def plain(value: Any) -> Any:
     """NumPy values as JSON-ready Python values, NaN as None."""
@@ -58,6 +61,11 @@ def stats_document(stats: RowStats) -> dict[str, Any]:
 
 def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[str, Any]:
     prep, result = outcome.prepared, outcome.result
+    size = math.prod(prep.weights_shape)
+    omit = None
+    if outcome.streamed is not None or size > JSON_WEIGHTS_LIMIT:
+        omit = (f"the weights ({size} values) are left out of the JSON document; use --save-weights FILE.npy "
+                f"for them (the document holds them up to {JSON_WEIGHTS_LIMIT} values)")
     return plain({
         "attnviz": __version__,
         "variant": prep.variant.name,
@@ -67,8 +75,8 @@ def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[
         "params": result.params,
         "mask": prep.mask.described,
         "labels": {"q": prep.q_labels, "k": prep.k_labels},
-        "weights": result.weights,
-        "weights_shape": list(result.weights.shape),
+        "weights": None if omit else result.weights,
+        "weights_shape": list(prep.weights_shape),
         "output": result.output,
         "output_shape": list(result.output.shape) if result.output is not None else None,
         "maps": {name: {"shape": list(m.shape), "data": m} for name, m in result.maps.items()},
@@ -76,7 +84,7 @@ def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[
         "map_stats": {name: stats_document(s) for name, s in outcome.map_stats.items()},
         "learned_params": None if prep.learned_source is None else {
             "source": prep.learned_source, "shapes": {k: list(v.shape) for k, v in prep.learned.items()}},
-        "warnings": outcome.warnings,
+        "warnings": outcome.warnings + ([omit] if omit else []),
         "files": files or {},
     })
 

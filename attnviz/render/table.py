@@ -7,6 +7,7 @@ column), and the caption says what was left out and how to see more.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from rich.style import Style
@@ -74,11 +75,28 @@ def weights_table(
     max_cols: int | None = None,
     title: str | None = None,
     axis_names: tuple[str, str] = ("query", "key"),
+    row_ids: Sequence[int] | None = None,
+    total_rows: int | None = None,
 ) -> Table:
-    """A table of one 2-D map ``[Lq, Lk]``, each cell shaded by its value. Masked cells show ``·``."""
-    lq, lk = weights.shape
-    rows, cols = pick(lq, max_rows), pick(lk, max_cols)
-    vmax = float(np.max(weights)) if weights.size else 1.0
+    """A table of one 2-D map ``[Lq, Lk]``, each cell shaded by its value. Masked cells show ``·``.
+
+    ``row_ids``: ``weights`` holds only these rows of a map of ``total_rows`` (a long map computed in
+    blocks keeps its first and last rows); the gap between them is elided like any other."""
+    grid: Any = weights if row_ids is None else _RowsView(weights, row_ids)
+    lq, lk = grid.shape
+    if row_ids is not None:
+        lq = total_rows or lq
+        chosen = [row_ids[p] for p in pick(len(row_ids), max_rows) if p is not None]
+        rows: list[int | None] = []
+        for rid in chosen:
+            previous = rows[-1] if rows else None
+            if previous is not None and rid != previous + 1:
+                rows.append(None)
+            rows.append(rid)
+    else:
+        rows = pick(lq, max_rows)
+    cols = pick(lk, max_cols)
+    vmax = float(np.max(weights)) if lk else 1.0
     caption_parts = [p for p in (_elided(rows, lq, "rows"), _elided(cols, lk, "columns")) if p]
     caption = None
     if caption_parts:
@@ -102,10 +120,22 @@ def weights_table(
             elif keep is not None and not keep[i, j]:
                 cells.append(Text(MASKED, style="dim", justify="center"))
             else:
-                value = float(weights[i, j])
+                value = float(grid[i, j])
                 cells.append(Text(f"{value:.{precision}f}", style=shade(value, vmax)))
         table.add_row(axis_name(i, q_labels), *cells)
     return table
+
+
+class _RowsView:
+    """Some rows of a map, indexed by their row numbers in the whole map."""
+
+    def __init__(self, data: np.ndarray, row_ids: Sequence[int]) -> None:
+        self.data = data
+        self.where = {int(i): n for n, i in enumerate(row_ids)}
+        self.shape = (max(self.where) + 1 if self.where else 0, data.shape[-1])
+
+    def __getitem__(self, index: tuple[int, int]) -> float:
+        return float(self.data[self.where[index[0]], index[1]])
 
 
 def stats_table(

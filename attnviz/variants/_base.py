@@ -111,6 +111,10 @@ class Variant:
     weights_title: str = "weights"  # what the primary map is called beside further maps
     lead_names: tuple[str, ...] = ()  # names of the last leading axes of the weights, e.g. ("head",)
     seeds_samples: bool = False  # --seed also seeds sampling, so it may go with --params
+    #: each row of weights depends only on its query row and all keys: long inputs run in row blocks
+    blockwise: bool = False
+    row_maps: Mapping[str, int] = field(default_factory=dict)  # maps split by rows, and along which axis
+    query_defaults: tuple[str, ...] = ()  # optional inputs that default to the whole query input
 
 
 @dataclass

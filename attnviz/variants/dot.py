@@ -51,4 +51,5 @@ VARIANT = Variant(
     params=Params,
     check=check,
     compute=compute,
+    blockwise=True,
 )

@@ -72,4 +72,5 @@ VARIANT = Variant(
     check=check,
     compute=compute,
     learned=True,
+    blockwise=True,
 )

@@ -214,4 +214,6 @@ VARIANT = Variant(
     check=check,
     compute=compute,
     learned=True,
+    blockwise=True,
+    row_maps={"positions": -1},
 )

@@ -258,4 +258,7 @@ VARIANT = Variant(
     learned=True,
     external_params=from_keras,
     lead_names=("head",),
+    blockwise=True,
+    row_maps={"head_outputs": -2},
+    query_defaults=("value",),
 )

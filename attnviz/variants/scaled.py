@@ -70,4 +70,5 @@ VARIANT = Variant(
     params=Params,
     check=check,
     compute=compute,
+    blockwise=True,
 )

@@ -242,4 +242,5 @@ VARIANT = Variant(
     compute=compute,
     learned=True,
     lead_names=(),
+    blockwise=True,
 )

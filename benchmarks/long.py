@@ -1,0 +1,60 @@
+"""A long sequence in bounded memory: `attnviz scaled` with Lq = Lk = 32768, d = 64, statistics and a
+PNG. Prints the time, the peak resident memory, and, measured in the same run, the peak of
+`python -c "import tensorflow"` alone; the dense float32 weights would be Lq * Lk * 4 bytes (4 GiB).
+
+    python benchmarks/long.py [--length 32768] [--max-memory 512M]
+
+Target: peak resident memory under 1.5 GiB where the dense weights alone are 4 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def peak_of(cmd: list[str]) -> tuple[float, float]:
+    """(seconds, peak resident MiB) of a child process, measured with wait4's rusage."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=32768)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--max-memory", default=None)
+    args = parser.parse_args()
+    n, d = args.length, args.dim
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        rng = np.random.default_rng(0)
+        for name in "qkv":
+            np.save(folder / f"{name}.npy", rng.normal(size=(n, d)).astype(np.float32))
+        _, tf_peak = peak_of([sys.executable, "-c", "import tensorflow"])
+        cmd = [sys.executable, "-m", "attnviz", "scaled", *(str(folder / f"{x}.npy") for x in "qkv"),
+               "--png", str(folder / "long.png"), "--json-file", str(folder / "long.json"), "--quiet"]
+        if args.max_memory:
+            cmd += ["--max-memory", args.max_memory]
+        seconds, peak = peak_of(cmd)
+    dense = n * n * 4 / 2**30
+    print(f"Lq = Lk = {n}, d = {d}: dense float32 weights would be {dense:.2f} GiB")
+    print(f"python -c 'import tensorflow': peak {tf_peak:7.0f} MiB")
+    print(f"attnviz scaled + stats + PNG:  peak {peak:7.0f} MiB ({peak / 1024:.2f} GiB; target < 1.5 GiB), "
+          f"{seconds:.1f} s; {peak - tf_peak:.0f} MiB above the TensorFlow import")
+
+
+if __name__ == "__main__":
+    main()
