@@ -55,11 +55,10 @@ class RowStats:
 
 
 def entropy(weights: np.ndarray) -> np.ndarray:
-    """Shannon entropy of each row in nats, with ``0 log 0 = 0``."""
+    """Shannon entropy of each row in nats, with ``0 log 0 = 0`` (float64)."""
     w = np.asarray(weights, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
-    return 0.0 - terms.sum(axis=-1)  # 0 - x, not -x: no "-0.000" for a one-hot row
+    logs = np.log(w, out=np.zeros_like(w), where=w > 0)
+    return 0.0 - np.einsum("...i,...i->...", w, logs)  # 0 - x, not -x: no "-0.000" for a one-hot row
 
 
 def top_k_indices(w: np.ndarray, k: int) -> np.ndarray:
@@ -68,6 +67,14 @@ def top_k_indices(w: np.ndarray, k: int) -> np.ndarray:
     lk = w.shape[-1]
     if k >= lk or lk <= 64:
         return np.argsort(-w, axis=-1, kind="stable")[..., :k]
+    if k <= 8:  # k passes of argmax (the first of equal maxima), each winner then set aside
+        work = np.array(w, dtype=np.float64)
+        picks = []
+        for _ in range(k):
+            index = np.argmax(work, axis=-1)[..., None]
+            picks.append(index)
+            np.put_along_axis(work, index, -np.inf, axis=-1)
+        return np.concatenate(picks, axis=-1)
     kth = np.partition(w, lk - k, axis=-1)[..., lk - k, None]  # the k-th largest value
     greater = w > kth
     equal = w == kth

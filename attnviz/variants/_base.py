@@ -215,6 +215,8 @@ def masked_softmax(ctx: Context, scores: Any, mask: Mask) -> Any:
 
     tf = ctx.tf
     s = tf.cast(scores, softmax_dtype(ctx.dtype))
+    if mask.keep is None and mask.bias is None:
+        return tf.nn.softmax(s, axis=-1)  # nothing masked: the fused kernel (it subtracts the row max too)
     if mask.bias is not None:
         s = s + tf.cast(tf.convert_to_tensor(mask.bias), s.dtype)
     keep = None
@@ -257,15 +259,18 @@ def softmax_and_output(ctx: Context, scores: Any, v: Any, mask: Mask) -> tuple[n
     if tuple(weights.shape[:-2]) != lead:
         weights = tf.broadcast_to(weights, (*lead, *weights.shape[-2:]))
     w, o = ctx.numpy(weights), ctx.numpy(output)
-    check_finite_result(w, ctx.dtype)
+    check_finite_result(w, ctx.dtype, o)
     return w, o
 
 
-def check_finite_result(weights: np.ndarray, dtype: str) -> None:
-    """Never show NaN: scores that overflowed the dtype are an error with a way out."""
+def check_finite_result(weights: np.ndarray, dtype: str, output: np.ndarray | None = None) -> None:
+    """Never show NaN: scores that overflowed the dtype are an error with a way out. A NaN weight
+    makes its row of ``O = A V`` NaN too (NaN times anything is NaN), so the much smaller output is
+    checked when there is one; otherwise each row's sum, which any NaN or infinity spoils."""
     import numpy as np
 
-    if not np.isfinite(weights).all():
+    probe = output if output is not None else weights.sum(axis=-1)
+    if not np.isfinite(probe).all():
         hint = " (the scores overflowed float16; try --dtype float32)" if dtype == "float16" else ""
         raise AttnvizError(f"the attention weights came out non-finite{hint}.")
 
