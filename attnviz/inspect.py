@@ -12,7 +12,7 @@ along the layer axis.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
-from attnviz.io import NpzArchive, StdinReader, open_spec, validate_array
+from attnviz.io import NpzArchive, StdinReader, open_spec, release_pages, validate_array
 
 AXES = ("layer", "batch", "head", "q", "k")
 ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": "head", "lq": "q", "query": "q",
@@ -121,14 +121,32 @@ TAG_THRESHOLD = 0.5  # a pattern "dominates" when it takes at least half the mas
 BROAD_THRESHOLD = 0.9  # normalised entropy at or above this: the head spreads its attention
 
 
-def is_causal(w: np.ndarray) -> bool:
-    """Nothing above the diagonal (top-left aligned), anywhere."""
+CHUNK = 2**22  # values handled at a time on large inputs (32 MiB in float64)
+
+
+def row_blocks(w: np.ndarray, chunk: int = CHUNK) -> Iterator[tuple[tuple[int, ...], int, int, np.ndarray]]:
+    """((layer, batch, head), first row, end row, float64 block) over ``w [L, B, H, Lq, Lk]`` in pieces
+    of about ``chunk`` values: a memory-mapped file is read a block at a time."""
     lq, lk = w.shape[-2:]
-    above = np.triu(np.ones((lq, lk), bool), 1)
-    return bool(not np.any(w[..., above]))
+    rows = max(1, chunk // max(lk, 1))
+    for idx in np.ndindex(*w.shape[:-2]):
+        for start in range(0, lq, rows):
+            stop = min(start + rows, lq)
+            yield idx, start, stop, np.asarray(w[idx][start:stop], dtype=np.float64)
+            release_pages(w)
 
 
-def head_statistics(w: np.ndarray, keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def is_causal(w: np.ndarray, chunk: int = CHUNK) -> bool:
+    """Nothing above the diagonal (top-left aligned), anywhere."""
+    lk = w.shape[-1]
+    for _, start, stop, block in row_blocks(w, chunk):
+        above = np.arange(lk)[None, :] > np.arange(start, stop)[:, None]
+        if np.any(block[above]):
+            return False
+    return True
+
+
+def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK) -> dict[str, np.ndarray]:
     """Per (layer, head) means over batch and query rows of ``w [L, B, H, Lq, Lk]``:
 
     * ``entropy`` (nats) and ``entropy_norm`` (divided by log of the keys a row may attend to: the
@@ -138,8 +156,11 @@ def head_statistics(w: np.ndarray, keep: np.ndarray | None = None) -> dict[str, 
     * ``diagonal``, ``previous`` (j = i - 1, rows i >= 1), ``first`` (j = 0, rows i >= 1, the attention
       sink), ``last`` (j = Lk - 1): mean weight on those keys; ``max``: mean of each row's largest weight.
 
-    Returns arrays ``[L, H]`` plus ``tag`` (an object array of short descriptions).
+    Returns arrays ``[L, H]`` plus ``tag`` (an object array of short descriptions). Inputs larger
+    than ``chunk`` values are summarised a block of rows at a time (``head_statistics_blocked``).
     """
+    if w.size > chunk:
+        return head_statistics_blocked(w, keep, chunk)
     w = np.asarray(w, dtype=np.float64)
     lq, lk = w.shape[-2:]
     i = np.arange(lq)[:, None]
@@ -177,6 +198,47 @@ def head_statistics(w: np.ndarray, keep: np.ndarray | None = None) -> dict[str, 
     else:
         stats["previous"] = np.zeros(w.shape[:1] + w.shape[2:3])
         stats["first"] = w[..., :, 0].mean(axis=(1, 3))
+    stats["tag"] = head_tags(stats)
+    return stats
+
+
+def head_statistics_blocked(w: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK) -> dict[str, np.ndarray]:
+    """``head_statistics`` a block of rows at a time: the same sums, in bounded memory."""
+    layers, batches, heads, lq, lk = w.shape
+    causal = keep is None and is_causal(w, chunk)
+    names = ("entropy", "distance", "max", "last", "diagonal", "previous", "first")
+    sums = {n: np.zeros((layers, heads)) for n in names}
+    norm_sum, norm_count = np.zeros((layers, heads)), np.zeros((layers, heads))
+    full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
+    j = np.arange(lk)
+    for (li, bi, hi), start, stop, block in row_blocks(w, chunk):
+        i = np.arange(start, stop)
+        if full_keep is not None:
+            n = full_keep[li, bi, hi, start:stop].sum(axis=-1)
+        elif causal:
+            n = np.minimum(i + 1, lk)
+        else:
+            n = np.full(stop - start, lk)
+        logs = np.log(block, out=np.zeros_like(block), where=block > 0)
+        h = 0.0 - np.einsum("ij,ij->i", block, logs)
+        defined = n > 1
+        norm_sum[li, hi] += (h[defined] / np.log(n[defined])).sum()
+        norm_count[li, hi] += defined.sum()
+        sums["entropy"][li, hi] += h.sum()
+        sums["distance"][li, hi] += np.einsum("ij,ij->", block, np.abs(i[:, None] - j[None, :]))
+        sums["max"][li, hi] += block.max(axis=-1).sum()
+        sums["last"][li, hi] += block[:, lk - 1].sum()
+        diagonal = i < lk
+        sums["diagonal"][li, hi] += block[diagonal, i[diagonal]].sum()
+        later = (i >= 1) & (i - 1 < lk)
+        sums["previous"][li, hi] += block[later, i[later] - 1].sum()
+        sums["first"][li, hi] += block[i >= 1, 0].sum()
+    rows = batches * lq
+    later_rows = batches * (lq - 1) if lq > 1 else rows
+    stats = {n: sums[n] / (later_rows if n in ("previous", "first") and lq > 1 else rows) for n in names}
+    if lq == 1:
+        stats["previous"] = np.zeros((layers, heads))
+    stats["entropy_norm"] = np.where(norm_count > 0, norm_sum / np.maximum(norm_count, 1), 0.0)
     stats["tag"] = head_tags(stats)
     return stats
 
@@ -221,18 +283,30 @@ def locate(index: Sequence[Any], names: Sequence[str] = ("layer", "batch", "head
     return ", ".join(f"{n} {int(i)}" for n, i in zip(names, index))
 
 
-def check_finite(w: np.ndarray) -> CheckResult:
-    bad = ~np.isfinite(w)
-    if not bad.any():
+def check_finite(w: np.ndarray, chunk: int = CHUNK) -> CheckResult:
+    count, first = 0, None
+    for idx, start, _, block in row_blocks(w, chunk):
+        bad = ~np.isfinite(block)
+        if bad.any():
+            count += int(bad.sum())
+            if first is None:
+                r, c = np.unravel_index(int(np.argmax(bad)), bad.shape)
+                first = (*idx, start + int(r), int(c))
+    if first is None:
         return CheckResult("check-finite", True)
-    first = tuple(int(i) for i in np.argwhere(bad)[0])
-    return CheckResult("check-finite", False, int(bad.sum()), f"{locate(first)} is {w[first]}",
+    return CheckResult("check-finite", False, count, f"{locate(first)} is {w[first]}",
                        {"unit": "entries", "index": list(first)})
+
+
+def all_finite(w: np.ndarray, chunk: int = CHUNK) -> bool:
+    return all(np.isfinite(block).all() for _, _, _, block in row_blocks(w, chunk))
 
 
 def check_rows(w: np.ndarray, atol: float, keep: np.ndarray | None = None) -> CheckResult:
     """Every row that may attend somewhere sums to 1 within ``atol``."""
-    sums = np.asarray(w, dtype=np.float64).sum(axis=-1)
+    sums = np.zeros(w.shape[:-1])
+    for idx, start, stop, block in row_blocks(w):
+        sums[idx][start:stop] = block.sum(axis=-1)
     live = np.ones(sums.shape, bool) if keep is None else np.broadcast_to(keep, w.shape).any(axis=-1)
     off = np.where(live, np.abs(sums - 1.0), 0.0)
     off = np.where(np.isnan(off), np.inf, off)
@@ -245,15 +319,21 @@ def check_rows(w: np.ndarray, atol: float, keep: np.ndarray | None = None) -> Ch
                        {"unit": "rows", "index": [int(i) for i in worst], "sum": float(sums[worst]), "atol": atol})
 
 
-def check_masked(w: np.ndarray, keep: np.ndarray, atol: float, name: str) -> CheckResult:
+def check_masked(w: np.ndarray, keep: np.ndarray, atol: float, name: str, chunk: int = CHUNK) -> CheckResult:
     """No weight above ``atol`` where ``keep`` is False."""
-    blocked = ~np.broadcast_to(keep, w.shape)
-    leak = np.where(blocked, np.abs(np.nan_to_num(np.asarray(w, dtype=np.float64), nan=np.inf)), 0.0)
-    bad = leak > atol
-    if not bad.any():
+    full_keep = np.broadcast_to(keep, w.shape)
+    count, worst, worst_value = 0, None, -1.0
+    for idx, start, stop, block in row_blocks(w, chunk):
+        leak = np.where(~full_keep[idx][start:stop], np.abs(np.nan_to_num(block, nan=np.inf)), 0.0)
+        bad = leak > atol
+        if bad.any():
+            count += int(bad.sum())
+            r, c = np.unravel_index(int(np.argmax(leak)), leak.shape)
+            if leak[r, c] > worst_value:
+                worst, worst_value = (*idx, start + int(r), int(c)), float(leak[r, c])
+    if worst is None:
         return CheckResult(name, True, detail={"atol": atol})
-    worst = np.unravel_index(int(np.argmax(leak)), leak.shape)
-    return CheckResult(name, False, int(bad.sum()), f"{locate(worst)} has weight {w[worst]:.6g} on a masked position",
+    return CheckResult(name, False, count, f"{locate(worst)} has weight {w[worst]:.6g} on a masked position",
                        {"unit": "entries", "index": [int(i) for i in worst], "weight": float(w[worst]), "atol": atol})
 
 

@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -98,15 +98,55 @@ def validate_array(arr: np.ndarray, source: str, *, allow_neg_inf: bool = False,
     if arr.size == 0:
         raise InputError(f"{source}: the array is empty (shape {shape_str(arr.shape)}).")
     if arr.dtype.kind == "f" and not allow_nonfinite:
-        bad = np.isnan(arr) | (np.isposinf(arr) if allow_neg_inf else np.isinf(arr))
-        if bad.any():
-            first = tuple(int(i) for i in np.argwhere(bad)[0])
+        count, first = 0, None
+        for offset, chunk in flat_chunks(arr):  # bounded temporaries, also for a memory-mapped array
+            bad = np.isnan(chunk) | (np.isposinf(chunk) if allow_neg_inf else np.isinf(chunk))
+            if bad.any():
+                count += int(bad.sum())
+                if first is None:
+                    first = np.unravel_index(offset + int(np.argmax(bad)), arr.shape)
+        if first is not None:
+            index = tuple(int(i) for i in first)
             allowed = " (-inf is allowed here, NaN and +inf are not)" if allow_neg_inf else ""
             raise InputError(
-                f"{source}: {int(bad.sum())} non-finite value(s), the first at index {list(first)} "
-                f"= {arr[first]}; inputs must be finite{allowed}."
+                f"{source}: {count} non-finite value(s), the first at index {list(index)} "
+                f"= {arr[index]}; inputs must be finite{allowed}."
             )
     return arr
+
+
+CHUNK = 2**22  # values a pass over a large array handles at a time
+
+
+def array_max(arr: np.ndarray) -> float:
+    """The largest value, a piece at a time (a memory-mapped array is not held in memory)."""
+    return max(float(np.max(chunk)) for _, chunk in flat_chunks(arr)) if arr.size else 0.0
+
+
+def release_pages(arr: np.ndarray) -> None:
+    """Let the kernel drop the pages of a memory-mapped input read so far (they are read again from
+    the page cache if needed), so that a pass over a long file does not hold it all as resident memory."""
+    import mmap
+
+    base: Any = arr
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    if base is not None and hasattr(base, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            base.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
+
+
+def flat_chunks(arr: np.ndarray, size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+    """(offset, values) pieces of an array in C order, without copying the whole array."""
+    if arr.size <= size or not arr.flags.c_contiguous:
+        yield 0, np.asarray(arr).reshape(-1)
+        return
+    flat = arr.reshape(-1)
+    for start in range(0, flat.size, size):
+        yield start, np.asarray(flat[start:start + size])
+        release_pages(arr)
 
 
 def _from_json_value(value: Any, source: str) -> np.ndarray:
@@ -145,9 +185,9 @@ def _parse_json_text(text: str, source: str) -> Any:
 
 def _load_npy(p: Path, source: str) -> np.ndarray:
     try:
-        return np.load(p, allow_pickle=False)
+        return np.load(p, allow_pickle=False, mmap_mode="r")  # read on demand: long inputs stay on disk
     except ValueError as exc:
-        if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
+        if any(s in str(exc).lower() for s in ("pickle", "object arrays", "python objects")):
             raise InputError(
                 f"{source}: holds pickled Python objects; attnviz never unpickles (allow_pickle=False). "
                 "Save a plain numeric array with numpy.save."

@@ -85,8 +85,28 @@ def top_k_indices(w: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(candidates, np.argsort(-values, axis=-1, kind="stable"), axis=-1)
 
 
-def row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3) -> RowStats:
-    """Statistics of every query row of ``weights [..., Lq, Lk]``; ``keep`` broadcasts to it."""
+CHUNK = 2**22  # values summarised at a time (32 MiB in float64)
+
+
+def row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3, chunk: int = CHUNK) -> RowStats:
+    """Statistics of every query row of ``weights [..., Lq, Lk]``; ``keep`` broadcasts to it.
+    Large inputs (a memory-mapped map, say) are summarised a block of rows at a time."""
+    if weights.size > chunk and weights.ndim >= 2:
+        lq = weights.shape[-2]
+        rows = max(1, chunk // max(1, weights.size // lq))
+        if rows < lq:
+            full_keep = None if keep is None else np.broadcast_to(keep, weights.shape)
+            from attnviz.io import release_pages
+
+            parts = []
+            for s in range(0, lq, rows):
+                parts.append(row_stats(weights[..., s:s + rows, :],
+                                       None if full_keep is None else full_keep[..., s:s + rows, :], k,
+                                       chunk=weights.size))
+                release_pages(weights)
+            return RowStats(**{name: np.concatenate([getattr(p, name) for p in parts],
+                                                    axis=-2 if name.startswith("top_") else -1)
+                               for name in RowStats.__dataclass_fields__})
     w = np.asarray(weights, dtype=np.float64)
     lk = w.shape[-1]
     if keep is None:

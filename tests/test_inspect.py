@@ -202,3 +202,40 @@ def test_inspect_imports_no_tensorflow(tmp_path):
             "print('TF', 'tensorflow' in sys.modules, file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "TF False" in out.stderr, out.stderr
+
+
+def test_blocked_head_statistics_and_checks_equal_the_whole_array_ones():
+    from attnviz.inspect import check_finite, check_masked, check_rows, head_statistics_blocked, is_causal
+    from attnviz.stats import row_stats
+
+    rng = np.random.default_rng(3)
+    w = rng.dirichlet(np.ones(9), size=(2, 2, 3, 7)) * np.tril(np.ones((7, 9)), 2)
+    w = w / w.sum(-1, keepdims=True)
+    whole = head_statistics(w, chunk=10**9)
+    blocked = head_statistics_blocked(w, None, chunk=20)  # 2 rows a block
+    for name in whole:
+        if name == "tag":
+            assert (whole[name] == blocked[name]).all()
+        else:
+            np.testing.assert_allclose(blocked[name], whole[name], atol=1e-12, err_msg=name)
+    keep = rng.random((7, 9)) > 0.2
+    np.testing.assert_allclose(head_statistics_blocked(w, keep, chunk=20)["entropy_norm"],
+                               head_statistics(w, keep, chunk=10**9)["entropy_norm"], atol=1e-12)
+    assert is_causal(np.tril(np.ones((1, 1, 1, 5, 5))), chunk=5) and not is_causal(w, chunk=20)
+    bad = w.copy()
+    bad[1, 0, 2, 5, 1] = np.nan
+    assert check_finite(bad, chunk=20).detail["index"] == [1, 0, 2, 5, 1]
+    leak = check_masked(w, np.tril(np.ones((7, 9), bool)), 1e-6, "check-causal", chunk=20)
+    ref = check_masked(w, np.tril(np.ones((7, 9), bool)), 1e-6, "check-causal", chunk=10**9)
+    assert leak.failures == ref.failures and leak.detail == ref.detail
+    assert check_rows(w, 1e-6).passed
+    a, b = row_stats(w, chunk=40), row_stats(w, chunk=10**9)
+    for name in ("entropy", "max", "argmax", "top_index", "row_sum"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=1e-12)
+
+
+def test_inspect_reads_npy_memory_mapped(tmp_path):
+    w = uniform_causal(64)[None]
+    np.save(tmp_path / "w.npy", w)
+    loaded = load_weights(str(tmp_path / "w.npy"))
+    assert isinstance(loaded.data.base, np.memmap) or isinstance(loaded.data, np.memmap)

@@ -236,7 +236,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
     targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"],
                              "--json-file": o["json_file"]}, paths)
 
-    finite = bool(np.isfinite(w.data).all())
+    finite = insp.all_finite(w.data)
     checks: list[insp.CheckResult] = []
     if o["check_finite"]:
         checks.append(insp.check_finite(w.data))

@@ -27,6 +27,7 @@ MAX_TICKS = 40  # label at most this many positions per axis; thin the rest
 ANNOTATE_MAX = 16  # write values in cells when both sides are at most this
 MAX_SIDE = 512  # aggregate longer maps in blocks to at most this many cells a side
 THUMB_SIDE = 96  # ... and thumbnails in the model grid to this
+CHUNK = 2**22  # values aggregated at a time
 
 
 @dataclass
@@ -74,6 +75,15 @@ def block_reduce(data: np.ndarray, keep: np.ndarray | None, max_side: int,
 def reduce_blocks(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, reduce: str = "mean") -> np.ndarray:
     """``data`` in blocks of ``fr x fc`` (the last ones may be partial), mean or max of each."""
     rows, cols = data.shape
+    step = fr * max(1, CHUNK // max(1, fr * cols))  # whole blocks of rows, about CHUNK values at a time
+    if rows > step:  # a long (perhaps memory-mapped) map: never one float64 copy of all of it
+        from attnviz.io import release_pages
+
+        parts = []
+        for s in range(0, rows, step):
+            parts.append(reduce_blocks(data[s:s + step], None if keep is None else keep[s:s + step], fr, fc, reduce))
+            release_pages(data)
+        return np.concatenate(parts)
     values = np.asarray(data, dtype=np.float64)
     if keep is not None:
         values = np.where(keep, values, np.nan)

@@ -14,6 +14,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from attnviz.io import array_max
 from attnviz.stats import RowStats
 
 # viridis, sampled at 9 points: dark blue (low) to yellow (high); readable on dark and light terminals
@@ -96,7 +97,7 @@ def weights_table(
     else:
         rows = pick(lq, max_rows)
     cols = pick(lk, max_cols)
-    vmax = float(np.max(weights)) if lk else 1.0
+    vmax = array_max(weights) if lk else 1.0
     caption_parts = [p for p in (_elided(rows, lq, "rows"), _elided(cols, lk, "columns")) if p]
     caption = None
     if caption_parts:
