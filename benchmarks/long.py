@@ -1,8 +1,10 @@
 """A long sequence in bounded memory: `attnviz scaled` with Lq = Lk = 32768, d = 64, statistics and a
 PNG. Prints the time, the peak resident memory, and, measured in the same run, the peak of
 `python -c "import tensorflow"` alone; the dense float32 weights would be Lq * Lk * 4 bytes (4 GiB).
+Then `attnviz inspect` with checks and a PNG on a saved 32768 x 32768 map (a 4 GiB .npy), beside
+reading that file once with NumPy.
 
-    python benchmarks/long.py [--length 32768] [--max-memory 512M]
+    python benchmarks/long.py [--length 32768] [--max-memory 512M] [--skip-inspect]
 
 Target: peak resident memory under 1.5 GiB where the dense weights alone are 4 GiB.
 """
@@ -18,6 +20,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+WRITE_MAP = """
+import sys, numpy as np
+path, n = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(0)
+w = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, n))
+for start in range(0, n, 1024):
+    block = rng.random((min(1024, n - start), n), dtype=np.float32)
+    w[start:start + 1024] = block / block.sum(axis=1, keepdims=True)
+w.flush()
+"""
 
 
 def peak_of(cmd: list[str]) -> tuple[float, float]:
@@ -36,6 +49,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--max-memory", default=None)
+    parser.add_argument("--skip-inspect", action="store_true")
     args = parser.parse_args()
     n, d = args.length, args.dim
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,11 +63,22 @@ def main() -> None:
         if args.max_memory:
             cmd += ["--max-memory", args.max_memory]
         seconds, peak = peak_of(cmd)
+        if not args.skip_inspect:
+            path = folder / "w.npy"
+            # written by a child process: a parent that touched 4 GiB would pass its high-water mark
+            # of resident memory on to every child started after it (Linux copies it at fork)
+            subprocess.run([sys.executable, "-c", WRITE_MAP, str(path), str(n)], check=True)
+            read_s, read_peak = peak_of([sys.executable, "-c", f"import numpy; numpy.load({str(path)!r}).max()"])
+            insp_s, insp_peak = peak_of([sys.executable, "-m", "attnviz", "inspect", str(path), "--check-rows",
+                                         "--check-finite", "--png", str(folder / "w.png"), "--no-table", "--quiet"])
     dense = n * n * 4 / 2**30
     print(f"Lq = Lk = {n}, d = {d}: dense float32 weights would be {dense:.2f} GiB")
     print(f"python -c 'import tensorflow': peak {tf_peak:7.0f} MiB")
     print(f"attnviz scaled + stats + PNG:  peak {peak:7.0f} MiB ({peak / 1024:.2f} GiB; target < 1.5 GiB), "
           f"{seconds:.1f} s; {peak - tf_peak:.0f} MiB above the TensorFlow import")
+    if not args.skip_inspect:
+        print(f"numpy.load + max of the saved {n}x{n} map: {read_s:6.1f} s, peak {read_peak:7.0f} MiB")
+        print(f"attnviz inspect --check-rows --check-finite --png: {insp_s:6.1f} s, peak {insp_peak:7.0f} MiB")
 
 
 if __name__ == "__main__":

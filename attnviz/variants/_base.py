@@ -179,6 +179,22 @@ def broadcast_leading(inputs: Mapping[str, Loaded], names: tuple[str, ...], core
         ) from None
 
 
+def read_units(given: Mapping[str, np.ndarray] | None, key: str, requested: int | None, default: int) -> int:
+    """The width of a learned layer: read off the last axis of ``given[key]`` when a parameter file
+    has that kernel (``--units`` must then agree), else ``--units``, else ``default``."""
+    from attnviz.errors import ParamsError, UsageError
+
+    if requested is not None and requested < 1:
+        raise UsageError(f"--units {requested}: must be at least 1.")
+    if given is not None and key in given and given[key].ndim == 2:
+        found = int(given[key].shape[1])
+        if requested is not None and requested != found:
+            raise ParamsError(f"--units {requested}, but {key} in the parameter file has shape "
+                              f"{shape_str(given[key].shape)} (units = {found}).")
+        return found
+    return requested or default
+
+
 def check_qkv(inputs: Mapping[str, Loaded], same_dim: bool = True) -> tuple[int, ...]:
     """Q ``[..., Lq, d_k]``, K ``[..., Lk, d_k]``, V ``[..., Lk, d_v]``; returns ``[..., Lq, Lk]``.
     With ``same_dim=False`` Q and K may have different last dimensions (a learned map joins them)."""

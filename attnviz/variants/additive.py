@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from attnviz.errors import ParamsError, UsageError, shape_str
+from attnviz.errors import UsageError
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import Context, Problem, Result, Variant, check_qkv, softmax_and_output
+from attnviz.variants._base import Context, Problem, Result, Variant, check_qkv, read_units, softmax_and_output
 from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
@@ -60,8 +60,6 @@ class Params:
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
-    if params.units is not None and params.units < 1:
-        raise UsageError(f"--units {params.units}: must be at least 1.")
     if params.style != "bahdanau" and (params.units is not None or params.normalize):
         raise UsageError(f"--units and --normalize belong to --style bahdanau, not {params.style}.")
     shape = check_qkv(inputs, same_dim=params.style != "bahdanau")  # the Keras styles add q and k
@@ -71,14 +69,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
     if params.style == "keras-concat":
         return Problem(shape, {"scale": ParamSpec((), init="ones", optional=True),
                                "concat_score_weight": ParamSpec((), init="ones")})
-    units = params.units
-    if given is not None and "W1" in given:
-        found = given["W1"].shape[-1] if given["W1"].ndim == 2 else None
-        if units is not None and found is not None and found != units:
-            raise ParamsError(f"--units {units}, but W1 in the parameter file has shape "
-                              f"{shape_str(given['W1'].shape)} (d_a = {found}).")
-        units = units or found
-    units = units or DEFAULT_UNITS
+    units = read_units(given, "W1", params.units, DEFAULT_UNITS)
     specs = {"W1": ParamSpec((d_q, units)), "W2": ParamSpec((d_k, units)), "v": ParamSpec((units,)),
              "b": bias(units)}
     if params.normalize:

@@ -26,9 +26,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from attnviz.errors import ParamsError, shape_str
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, View, masked_softmax, require_rank
+from attnviz.variants._base import (
+    Context,
+    InputSpec,
+    Problem,
+    Result,
+    Variant,
+    View,
+    masked_softmax,
+    read_units,
+    require_rank,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,16 +58,8 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
     doc = inputs["doc"]
     require_rank(doc, "DOC", 3, "[..., n_sent, n_word, d]")
     lead, (n_sent, n_word, d) = doc.data.shape[:-3], doc.data.shape[-3:]
-    units = {"word": params.units, "sentence": params.units}
-    if given is not None:
-        for level, key in (("word", "W_w"), ("sentence", "W_s")):
-            if key in given and given[key].ndim == 2:
-                found = given[key].shape[1]
-                if params.units is not None and found != params.units:
-                    raise ParamsError(f"--units {params.units}, but {key} has shape {shape_str(given[key].shape)}.")
-                units[level] = found
-    d_a = units["word"] or DEFAULT_UNITS
-    d_s = units["sentence"] or DEFAULT_UNITS
+    d_a = read_units(given, "W_w", params.units, DEFAULT_UNITS)
+    d_s = read_units(given, "W_s", params.units, DEFAULT_UNITS)
     specs = {"W_w": ParamSpec((d, d_a)), "b_w": bias(d_a), "u_w": ParamSpec((d_a,)),
              "W_s": ParamSpec((d, d_s)), "b_s": bias(d_s), "u_s": ParamSpec((d_s,))}
     params.units = d_a

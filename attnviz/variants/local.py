@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from attnviz.errors import ParamsError, UsageError, shape_str
+from attnviz.errors import UsageError
 from attnviz.params import ParamSpec
 from attnviz.variants._base import (
     Context,
@@ -44,6 +44,7 @@ from attnviz.variants._base import (
     base_scores,
     check_qkv,
     masked_softmax,
+    read_units,
     score_field_help,
     score_specs,
 )
@@ -149,13 +150,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
         raise UsageError("--units, --renormalize and --align-over belong to --mode local-p.")
     specs = score_specs(params.score, d_q, d_k)
     if params.mode == "local-p":
-        units = params.units
-        if given is not None and "W_p" in given and given["W_p"].ndim == 2:
-            found = given["W_p"].shape[1]
-            if units is not None and units != found:
-                raise ParamsError(f"--units {units}, but W_p has shape {shape_str(given['W_p'].shape)}.")
-            units = found
-        params.units = units or DEFAULT_UNITS
+        params.units = read_units(given, "W_p", params.units, DEFAULT_UNITS)
         specs.update({"W_p": ParamSpec((d_q, params.units)), "v_p": ParamSpec((params.units,))})
         return Problem(shape, specs)
     keep = window_keep(lq, lk, params)

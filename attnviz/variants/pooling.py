@@ -23,9 +23,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from attnviz.errors import ParamsError, UsageError, shape_str
+from attnviz.errors import UsageError
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, require_rank, softmax_and_output
+from attnviz.variants._base import (
+    Context,
+    InputSpec,
+    Problem,
+    Result,
+    Variant,
+    read_units,
+    require_rank,
+    softmax_and_output,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,15 +63,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
         if params.units is not None:
             raise UsageError("--units belongs to the tanh form, not --no-tanh.")
         return Problem(shape, {"W": ParamSpec((d, 1)), "b": bias(1)})
-    units = params.units
-    if given is not None and "W" in given and given["W"].ndim == 2:
-        found = given["W"].shape[1]
-        if units is not None and units != found:
-            raise ParamsError(f"--units {units}, but W has shape {shape_str(given['W'].shape)}.")
-        units = found
-    if units is not None and units < 1:
-        raise UsageError(f"--units {units}: must be at least 1.")
-    params.units = units or DEFAULT_UNITS
+    params.units = read_units(given, "W", params.units, DEFAULT_UNITS)
     return Problem(shape, {"W": ParamSpec((d, params.units)), "b": bias(params.units),
                            "v": ParamSpec((params.units,))})
 

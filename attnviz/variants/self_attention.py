@@ -35,7 +35,16 @@ from typing import TYPE_CHECKING, Literal
 
 from attnviz.errors import ParamsError, UsageError, shape_str
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, require_rank, softmax_and_output
+from attnviz.variants._base import (
+    Context,
+    InputSpec,
+    Problem,
+    Result,
+    Variant,
+    read_units,
+    require_rank,
+    softmax_and_output,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -104,14 +113,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
             specs = {"W_Q": ParamSpec((d, d_k)), "W_K": ParamSpec((d, d_k)), "W_V": ParamSpec((d, d_v)),
                      "b_Q": bias(d_k), "b_K": bias(d_k), "b_V": bias(d_v)}
     elif params.score == "additive":
-        units = params.units
-        if given is not None and "Wt" in given and given["Wt"].ndim == 2:
-            found = given["Wt"].shape[1]
-            if units is not None and units != found:
-                raise ParamsError(f"--units {units}, but Wt has shape {shape_str(given['Wt'].shape)}.")
-            units = found
-        units = units or DEFAULT_UNITS
-        params.units = units
+        units = params.units = read_units(given, "Wt", params.units, DEFAULT_UNITS)
         specs = {"Wt": ParamSpec((d, units)), "Wx": ParamSpec((d, units)), "bh": bias(units),
                  "Wa": ParamSpec((units, 1)), "ba": bias(1)}
     else:

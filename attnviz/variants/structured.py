@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from attnviz.errors import ParamsError, ShapeError, UsageError, shape_str
+from attnviz.errors import ShapeError, UsageError, shape_str
 from attnviz.params import ParamSpec
 from attnviz.variants._base import (
     Context,
@@ -42,6 +42,7 @@ from attnviz.variants._base import (
     Variant,
     base_scores,
     broadcast_leading,
+    read_units,
     require_rank,
     softmax_and_output,
 )
@@ -104,13 +105,7 @@ def _check_graph(inputs: Mapping[str, Loaded], params: Params, shape: tuple[int,
     specs: dict[str, ParamSpec] = {}
     if params.score == "gat":
         d = inputs["q"].data.shape[-1]
-        units = params.units
-        if given is not None and "W" in given and given["W"].ndim == 2:
-            found = given["W"].shape[1]
-            if units is not None and units != found:
-                raise ParamsError(f"--units {units}, but W has shape {shape_str(given['W'].shape)}.")
-            units = found
-        params.units = units or d
+        params.units = read_units(given, "W", params.units, d)
         specs = {"W": ParamSpec((d, params.units)), "a_src": ParamSpec((params.units,)),
                  "a_dst": ParamSpec((params.units,))}
     loops = "" if params.no_self_loops else " + self-loops"
