@@ -18,7 +18,6 @@ import io
 import json
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -194,6 +193,8 @@ def run_all(jobs: list[Job], workers: int, fail_fast: bool, progress: Any | None
             if fail_fast and not result.ok:
                 return
         return
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
     pending: set[Future[JobResult]] = set()
     queue = list(jobs)
     stop = False
