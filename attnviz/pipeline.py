@@ -106,7 +106,14 @@ def _resolve_inputs(variant: Variant, specs: Sequence[str | None], stdin: StdinR
             f"{variant.name} needs {' '.join(n.upper() for n in required)}: {len(required)} files, or one "
             f".npz/JSON holding arrays named {listed}; received {' '.join(given)}."
         )
-    return {name: o.array() for name, o in zip(names, opened)}
+    result: dict[str, Loaded] = {}
+    for spec, o in zip(variant.inputs, opened):
+        special = spec.reader(o) if spec.reader is not None else None
+        if special is not None:
+            result.update(special)
+        else:
+            result[spec.name] = o.array()
+    return result
 
 
 def _labels(option: str, spec: str | None, fallback: list[str] | None, count: int, axis: str,

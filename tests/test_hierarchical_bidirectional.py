@@ -101,3 +101,23 @@ def test_cli_shows_both_levels(tmp_path):
     doc = json.loads(runner.invoke(app, ["bidirectional", str(tmp_path / "h.npy"), str(tmp_path / "u.npy"),
                                          "--json"]).stdout)
     assert doc["weights_shape"] == [3, 2] and doc["output_shape"] == [3, 8] and "q2c" in doc["maps"]
+
+
+def test_han_reads_tokenised_sentences_from_json(tmp_path):
+    rng = np.random.default_rng(5)
+    words = [["the", "cat", "sat"], ["it", "slept"]]
+    vectors = [rng.normal(size=(len(s), 3)) for s in words]
+    doc = {"sentences": [{"tokens": t, "vectors": v.tolist()} for t, v in zip(words, vectors)]}
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    padded = np.zeros((2, 3, 3))
+    padded[0], padded[1, :2] = vectors[0], vectors[1]
+    np.save(tmp_path / "doc.npy", padded)
+    np.save(tmp_path / "words.npy", np.array([[1, 1, 1], [1, 1, 0]]))
+    a = json.loads(runner.invoke(app, ["hierarchical", str(tmp_path / "doc.json"), "--seed", "3", "--json"]).stdout)
+    b = json.loads(runner.invoke(app, ["hierarchical", str(tmp_path / "doc.npy"), "--mask", str(tmp_path / "words.npy"),
+                                       "--seed", "3", "--json"]).stdout)
+    assert a["weights"] == b["weights"] and a["maps"] == b["maps"]
+    assert a["weights"][1][2] == 0 and a["labels"]["q"] == ["the cat sat", "it slept"]
+    (tmp_path / "bad.json").write_text(json.dumps({"sentences": [{"tokens": ["a", "b"], "vectors": [[1.0, 2.0]]}]}))
+    r = runner.invoke(app, ["hierarchical", str(tmp_path / "bad.json")])
+    assert r.exit_code == 1 and "sentence 0 has 2 tokens" in r.stderr

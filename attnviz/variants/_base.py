@@ -44,6 +44,9 @@ class InputSpec:
     name: str
     help: str
     optional: bool = False
+    #: reads a form of this input that is not a plain array (opened spec -> entries such as the
+    #: input itself, "mask" and "q_labels", as a bundle gives them), or None to read it as an array
+    reader: Callable[[Any], dict[str, Loaded] | None] | None = None
 
 
 @dataclass

@@ -4,7 +4,10 @@ Classification"): words attend into sentence vectors, sentences into a document 
     word level:      u_it = tanh(h_it W_w + b_w),  a_it = softmax_t(u_it . u_w),  s_i = sum_t a_it h_it
     sentence level:  u_i = tanh(s_i W_s + b_s),    b_i = softmax_i(u_i . u_s),    v = sum_i b_i s_i
 
-Input DOC ``[..., n_sent, n_word, d]``: word annotations (normally the outputs of a word encoder);
+Input DOC ``[..., n_sent, n_word, d]``: word annotations (normally the outputs of a word encoder),
+or a JSON document of tokenised sentences with their vectors,
+``{"sentences": [{"tokens": ["the", "cat"], "vectors": [[...], [...]]}, ...]}``, which is padded to
+the longest sentence with a word mask, and labels each sentence by its words;
 the paper runs a sentence encoder over ``s_i``, here ``s_i`` is used directly. The weights are the
 word weights ``[..., n_sent, n_word]`` (one row per sentence); the output is the sentence vectors
 ``[..., n_sent, d]``; map ``sentence_weights [..., n_sent]`` (shown beside the word weights in the
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnviz.params import ParamSpec, bias
 from attnviz.variants._base import (
@@ -46,6 +49,50 @@ if TYPE_CHECKING:
     from attnviz.masks import Mask
 
 DEFAULT_UNITS = 32
+
+
+def read_tokenised(opened: Any) -> dict[str, Loaded] | None:
+    """A JSON document of tokenised sentences with vectors, as the DOC array, a word mask and
+    sentence labels; None for anything else (read as a plain array)."""
+    import numpy as np
+
+    from attnviz.errors import InputError, shape_str
+    from attnviz.io import Loaded, validate_array
+
+    raw, source = opened.raw, opened.source
+    if not (isinstance(raw, dict) and "sentences" in raw):
+        return None
+    sentences = raw["sentences"]
+    if not isinstance(sentences, list) or not sentences:
+        raise InputError(f'{source}: "sentences" must be a non-empty list of {{"tokens": [...], "vectors": [...]}}.')
+    rows, tokens = [], []
+    for n, sentence in enumerate(sentences):
+        if not isinstance(sentence, dict) or "vectors" not in sentence:
+            raise InputError(f'{source}: sentence {n} needs "vectors" (one per token) and "tokens".')
+        try:
+            vectors = np.array(sentence["vectors"], dtype=np.float64)
+        except (ValueError, TypeError):
+            raise InputError(f"{source}: sentence {n}: the vectors are not a rectangular list of numbers.") from None
+        words = [str(t) for t in sentence.get("tokens", [])] or [str(i) for i in range(len(vectors))]
+        if vectors.ndim != 2 or len(words) != len(vectors) or not len(vectors):
+            raise InputError(f"{source}: sentence {n} has {len(words)} tokens and vectors of shape "
+                             f"{shape_str(vectors.shape)}; expected one vector [d] per token.")
+        rows.append(vectors)
+        tokens.append(words)
+    widths = {r.shape[1] for r in rows}
+    if len(widths) != 1:
+        raise InputError(f"{source}: the word vectors have different sizes ({', '.join(map(str, sorted(widths)))}).")
+    longest = max(len(r) for r in rows)
+    doc = np.zeros((len(rows), longest, widths.pop()))
+    mask = np.zeros((len(rows), longest), np.int8)
+    for n, r in enumerate(rows):
+        doc[n, :len(r)] = r
+        mask[n, :len(r)] = 1
+    validate_array(doc, source)
+    labels = [" ".join(words)[:24] for words in tokens]
+    return {"doc": Loaded(doc, source, opened.path),
+            "mask": Loaded(mask, f"{source} (word mask)", opened.path),
+            "q_labels": Loaded(np.empty(0), f"{source} (sentences)", opened.path, labels)}
 
 
 @dataclass
@@ -99,7 +146,8 @@ VARIANT = Variant(
     summary="hierarchical attention (HAN, Yang et al. 2016): word weights per sentence, then sentence weights",
     formula="a_it = softmax_t(tanh(h_it W_w + b_w) u_w); b_i = softmax_i(tanh(s_i W_s + b_s) u_s)",
     doc=__doc__ or "",
-    inputs=(InputSpec("doc", "word annotations [..., n_sent, n_word, d]"),),
+    inputs=(InputSpec("doc", "word annotations [..., n_sent, n_word, d], or JSON of tokenised sentences with "
+                             "vectors", reader=read_tokenised),),
     params=Params,
     check=check,
     compute=compute,
