@@ -341,7 +341,12 @@ def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
             return _labels_from_value(value, spec), p, f"file {spec}"
         return text.splitlines(), p, f"file {spec}"
     if spec.lstrip().startswith("["):
-        return _labels_from_value(_parse_json_text(spec, "labels"), "labels"), None, "a JSON list"
+        try:
+            value = json.loads(spec)
+        except json.JSONDecodeError:
+            value = None  # "[CLS],the,cat" is a comma-separated list that starts with a bracket
+        if isinstance(value, list):
+            return _labels_from_value(value, "labels"), None, "a JSON list"
     return [s.strip() for s in spec.split(",")], None, "a comma-separated list (no such file)"
 
 

@@ -267,3 +267,9 @@ def test_gpu_matches_cpu():
     gpu = R["scaled"].compute(Context(Device("GPU:0", "/GPU:0"), "float32"), {"q": q, "k": k, "v": v}, Mask(),
                               R["scaled"].params(), {})
     np.testing.assert_allclose(gpu.weights, cpu.weights, atol=1e-5)
+
+
+def test_bracketed_token_labels_are_text_not_markup():
+    r = ok("scaled", *QKV, "--q-labels", "[CLS],cat,[SEP]", "--k-labels", "[CLS],a,b,[bold]x")
+    assert "[CLS]" in r.stdout and "[SEP]" in r.stdout and "[bold]x" in r.stdout
+    assert "variants" in ok("--help").stdout and "S = w^T[h; u; h*u]" in ok("variants").stdout

@@ -160,3 +160,8 @@ def test_check_outputs(tmp_path):
     with pytest.raises(OutputError, match="does not exist"):
         check_outputs({"--png": str(tmp_path / "nope" / "a.png")}, [])
     assert check_outputs({"--png": None}, []) == {}
+
+
+def test_comma_separated_labels_may_start_with_a_bracket():
+    assert load_labels("[CLS],the,cat")[0] == ["[CLS]", "the", "cat"]
+    assert load_labels('["[CLS]", "x"]')[0] == ["[CLS]", "x"]

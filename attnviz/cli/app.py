@@ -337,7 +337,7 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
 
 for _variant in REGISTRY.values():
     _command = make_command(_variant)
-    app.command(_variant.name, help=_command.__doc__)(_command)
+    app.command(_variant.name, help=_command.__doc__, short_help=_variant.summary)(_command)
 
 from attnviz.cli.batch import batch_command  # noqa: E402
 from attnviz.cli.inspect_commands import compare_command, inspect_command  # noqa: E402 - after the app exists

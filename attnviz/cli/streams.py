@@ -30,7 +30,10 @@ def stderr() -> IO[str]:
 def out_console() -> Console:
     """A console for results (tables) on stdout."""
     stream = stdout()
-    return Console(file=stream, highlight=False) if stream is not sys.stdout else Console(highlight=False)
+    # markup off: token labels such as "[CLS]" or "[bold]" and file names are text, never styles
+    if stream is not sys.stdout:
+        return Console(file=stream, highlight=False, markup=False)
+    return Console(highlight=False, markup=False)
 
 
 def err_console() -> Console:
