@@ -108,6 +108,16 @@ def _report_checks(results: list[CheckResult], err: Console) -> bool:
     return failed
 
 
+def _run_checked(run: Any, options: dict[str, Any]) -> None:
+    """Run a command body with the usual error handling; exit 3 when one of its checks failed."""
+    from attnviz.cli.app import user_errors
+
+    with user_errors():
+        failed = run(options)
+    if failed:
+        raise typer.Exit(CHECK_FAILED)
+
+
 def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
                      precision: int = 2) -> Table:
     """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
@@ -199,12 +209,7 @@ def inspect_command(
     quiet: Quiet = False,
 ) -> None:
     """Inspect attention weights a model saved: head statistics, tables, PNGs and checks."""
-    from attnviz.cli.app import user_errors
-
-    with user_errors():
-        failed = run_inspect(locals())
-    if failed:
-        raise typer.Exit(CHECK_FAILED)
+    _run_checked(run_inspect, locals())
 
 
 def run_inspect(o: dict[str, Any]) -> bool:
@@ -360,12 +365,7 @@ def compare_command(
     quiet: Quiet = False,
 ) -> None:
     """Compare two sets of attention weights: differences, Jensen-Shannon divergence, argmax agreement."""
-    from attnviz.cli.app import user_errors
-
-    with user_errors():
-        failed = run_compare(locals())
-    if failed:
-        raise typer.Exit(CHECK_FAILED)
+    _run_checked(run_compare, locals())
 
 
 def run_compare(o: dict[str, Any]) -> bool:
