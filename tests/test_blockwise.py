@@ -35,6 +35,7 @@ CASES = {
     "scaled-causal": ["scaled", "x", "x", "v", "--causal"],
     "dot-padding": ["dot", "x", "x", "v", "--key-padding-mask", "pad"],
     "general": ["general", "x", "x", "v", "--seed", "1"],
+    "additive": ["additive", "x", "x", "v", "--units", "4", "--seed", "1"],
     "multihead-self": ["multihead", "x", "--heads", "2", "--seed", "2", "--causal"],
     "local-window": ["local", "x", "x", "v", "--window", "5"],
     "local-p": ["local", "x", "x", "v", "--mode", "local-p", "--window", "4", "--units", "3"],

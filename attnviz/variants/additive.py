@@ -113,4 +113,5 @@ VARIANT = Variant(
     check=check,
     compute=compute,
     learned=True,
+    blockwise=True,
 )
