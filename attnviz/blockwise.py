@@ -94,13 +94,6 @@ class Streamed:
     saved: Path | None = None
 
 
-def _rows(arr: np.ndarray | None, lq: int, start: int, stop: int) -> np.ndarray | None:
-    """Rows ``start:stop`` of a mask or bias that broadcasts to ``[..., Lq, Lk]``."""
-    if arr is None or arr.ndim < 2 or arr.shape[-2] != lq:
-        return arr
-    return arr[..., start:stop, :]
-
-
 def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Any,
         learned: Mapping[str, np.ndarray], weights_shape: tuple[int, ...], budget: int, reduce: str = "mean",
         save_weights: Path | None = None) -> tuple[Result, RowStats, Streamed]:
@@ -139,7 +132,7 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
             stop = min(start + step, lq)
             block_arrays = dict(full)
             block_arrays[query] = arrays[query][..., start:stop, :]
-            block_mask = Mask(_rows(mask.keep, lq, start, stop), _rows(mask.bias, lq, start, stop))
+            block_mask = mask.rows(start, stop, lq)
             result = variant.compute(ctx, block_arrays, block_mask, params, learned)
             w = np.broadcast_to(result.weights, (*lead, stop - start, lk))
             keep = result.keep if result.keep is not None else block_mask.keep

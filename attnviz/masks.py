@@ -34,13 +34,40 @@ class Mask:
     keep: np.ndarray | None = None  # bool
     bias: np.ndarray | None = None  # float, finite (its -inf entries have moved into keep)
     described: list[str] = field(default_factory=list)  # what went into it, for reports
+    #: a causal mask not built yet, (Lq, Lk, align): for long inputs, where [Lq, Lk] booleans would
+    #: take gigabytes, it is made a block of query rows at a time (``rows``), or whole (``materialized``)
+    causal: tuple[int, int, str] | None = None
 
     def is_empty(self) -> bool:
-        return self.keep is None and self.bias is None
+        return self.keep is None and self.bias is None and self.causal is None
 
     def full_keep(self, shape: tuple[int, ...]) -> np.ndarray | None:
         """``keep`` broadcast to ``shape`` (a read-only view), or None when nothing is masked."""
         return None if self.keep is None else np.broadcast_to(self.keep, shape)
+
+    def materialized(self) -> Mask:
+        """The same mask with a deferred causal mask built into ``keep``."""
+        if self.causal is None:
+            return self
+        lq, lk, align = self.causal
+        causal = causal_keep(lq, lk, align)
+        keep = causal if self.keep is None else np.logical_and(self.keep, causal)
+        return Mask(keep, self.bias, self.described)
+
+    def rows(self, start: int, stop: int, lq: int) -> Mask:
+        """The mask of query rows ``start:stop`` (of ``lq``), a deferred causal mask included."""
+        keep, bias = _row_slice(self.keep, lq, start, stop), _row_slice(self.bias, lq, start, stop)
+        if self.causal is not None:
+            causal = causal_keep(lq, self.causal[1], self.causal[2], start, stop)
+            keep = causal if keep is None else np.logical_and(keep, causal)
+        return Mask(keep, bias, self.described)
+
+
+def _row_slice(arr: np.ndarray | None, lq: int, start: int, stop: int) -> np.ndarray | None:
+    """Rows ``start:stop`` of a mask or bias that broadcasts to ``[..., Lq, Lk]``."""
+    if arr is None or arr.ndim < 2 or arr.shape[-2] != lq:
+        return arr
+    return arr[..., start:stop, :]
 
 
 def boolean_keep(loaded: Loaded, convention: str) -> np.ndarray:
@@ -58,10 +85,16 @@ def boolean_keep(loaded: Loaded, convention: str) -> np.ndarray:
     return ~arr if convention == "block" else arr
 
 
-def causal_keep(lq: int, lk: int, align: str = "top-left") -> np.ndarray:
-    """``[Lq, Lk]`` keep mask: ``j <= i`` (top-left) or ``j <= i + Lk - Lq`` (bottom-right)."""
+def causal_keep(lq: int, lk: int, align: str = "top-left", start: int = 0, stop: int | None = None) -> np.ndarray:
+    """``[Lq, Lk]`` keep mask (rows ``start:stop``): ``j <= i`` (top-left) or ``j <= i + Lk - Lq``
+    (bottom-right)."""
     offset = 0 if align == "top-left" else lk - lq
-    return np.arange(lk)[None, :] <= (np.arange(lq)[:, None] + offset)
+    rows = np.arange(start, lq if stop is None else stop)
+    return np.arange(lk)[None, :] <= (rows[:, None] + offset)
+
+
+#: past this many [Lq, Lk] cells a causal mask is built a block of rows at a time (16M = 16 MiB of bools)
+DEFER_CAUSAL = 2**24
 
 
 def key_padding_keep(loaded: Loaded, convention: str, weights_shape: tuple[int, ...]) -> np.ndarray:
@@ -114,7 +147,7 @@ def build_mask(
                            causal=causal, causal_align=causal_align)
         inner.keep = _insert_head_axis(inner.keep)
         inner.bias = _insert_head_axis(inner.bias)
-        return inner
+        return inner  # a deferred causal mask is [T, S]: it broadcasts over heads as it is
     result = Mask()
     keeps: list[np.ndarray] = []
     if mask is not None:
@@ -141,7 +174,11 @@ def build_mask(
         keeps.append(keep)
         result.described.append(f"key padding {key_padding.source}")
     if causal:
-        keeps.append(causal_keep(weights_shape[-2], weights_shape[-1], causal_align))
+        lq, lk = weights_shape[-2], weights_shape[-1]
+        if lq * lk > DEFER_CAUSAL:
+            result.causal = (lq, lk, causal_align)
+        else:
+            keeps.append(causal_keep(lq, lk, causal_align))
         result.described.append(f"causal ({causal_align})")
     if keeps:
         combined = keeps[0]
@@ -157,12 +194,28 @@ def _insert_head_axis(arr: np.ndarray | None) -> np.ndarray | None:
     return np.expand_dims(arr, -3)
 
 
-def fully_masked_rows(keep: np.ndarray | None, weights_shape: tuple[int, ...]) -> np.ndarray:
-    """Index tuples ``[n, rank-1]`` of the query rows in which no key may be attended."""
-    if keep is None:
+def fully_masked_rows(mask: Mask | np.ndarray | None, weights_shape: tuple[int, ...]) -> np.ndarray:
+    """Index tuples ``[n, rank-1]`` of the query rows in which no key may be attended (a deferred
+    causal mask is built a block of rows at a time)."""
+    if isinstance(mask, Mask):
+        if mask.causal is None:
+            return fully_masked_rows(mask.keep, weights_shape)
+        lq, lk = weights_shape[-2:]
+        step = max(1, DEFER_CAUSAL // max(1, lk * max(1, int(np.prod(weights_shape[:-2])))))
+        found = []
+        for start in range(0, lq, step):
+            stop = min(start + step, lq)
+            block = mask.rows(start, stop, lq).keep
+            assert block is not None  # it holds the causal rows at least
+            dead = ~np.broadcast_to(block, (*weights_shape[:-2], stop - start, lk)).any(axis=-1)
+            where = np.argwhere(dead)
+            where[:, -1] += start
+            found.append(where)
+        rows = np.concatenate(found) if found else np.zeros((0, len(weights_shape) - 1), dtype=np.int64)
+        return rows[np.lexsort(rows.T[::-1])] if len(rows) else rows  # the order np.argwhere gives
+    if mask is None:
         return np.zeros((0, len(weights_shape) - 1), dtype=np.int64)
-    rows = ~np.broadcast_to(keep, weights_shape).any(axis=-1)
-    return np.argwhere(rows)
+    return np.argwhere(~np.broadcast_to(mask, weights_shape).any(axis=-1))
 
 
 def describe_rows(rows: np.ndarray, limit: int = 8) -> str:

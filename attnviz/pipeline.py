@@ -218,7 +218,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
         mask.described.append(problem.keep_described)
 
     warnings = []
-    rows = fully_masked_rows(mask.keep, shape)
+    rows = fully_masked_rows(mask, shape)
     if len(rows):
         warnings.append(
             f"{len(rows)} query row(s) have every key masked; their weights and output are all zero: "
@@ -238,7 +238,9 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
     ctx = Context(device, prep.options.dtype, seed=prep.seed)
     arrays = {n: lo.data for n, lo in prep.inputs.items()}
     budget = blockwise.parse_size(prep.options.max_memory)
-    if prep.variant.blockwise and blockwise.needs_blocks(prep.weights_shape, budget):
+    if not (prep.variant.blockwise and blockwise.needs_blocks(prep.weights_shape, budget)):
+        prep.mask = prep.mask.materialized()  # the dense path holds [Lq, Lk] anyway
+    else:
         result, stats, streamed = blockwise.run(prep.variant, ctx, arrays, prep.mask, prep.params, prep.learned,
                                                 prep.weights_shape, budget, reduce, save_weights)
         note = (f"weights {shape_str(prep.weights_shape)} computed in {streamed.blocks} blocks of "

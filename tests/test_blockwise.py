@@ -89,3 +89,30 @@ def test_sizes_and_planning():
     assert needs_blocks((32768, 32768), 512 * 2**20) and not needs_blocks((64, 64), 512 * 2**20)
     rows = rows_per_block((32768, 32768), 512 * 2**20, align=64)
     assert rows % 64 == 0 and rows * 32768 * 40 <= 512 * 2**20
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-memory", "1M"]])
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+def test_deferred_causal_mask_equals_the_built_one(folder, monkeypatch, extra, align):
+    """Long inputs build --causal a block of rows at a time; forced here on a small input."""
+    import attnviz.masks
+
+    np.save(folder / "kshort.npy", np.load(folder / "x.npy")[:, :150])
+    np.save(folder / "vshort.npy", np.load(folder / "v.npy")[:, :150])
+    args = ["scaled", "x", "kshort", "vshort", "--causal", "--causal-align", align]
+
+    def go(name):
+        argv = [str(folder / f"{a}.npy") if a in ("x", "kshort", "vshort") else a for a in args]
+        r = runner.invoke(app, [*argv, *extra, "--save-weights", str(folder / f"{name}.npy"), "--json-file",
+                                str(folder / f"{name}.json"), "--quiet"])
+        assert r.exit_code == 0, r.stderr
+        return np.load(folder / f"{name}.npy"), json.loads((folder / f"{name}.json").read_text()), r.stderr
+
+    built_w, built, built_err = go("built")
+    monkeypatch.setattr(attnviz.masks, "DEFER_CAUSAL", 100)
+    lazy_w, lazy, lazy_err = go("deferred")
+    np.testing.assert_allclose(lazy_w, built_w, atol=1e-6)
+    assert lazy["stats"]["unmasked_keys"] == built["stats"]["unmasked_keys"]
+    assert lazy["warnings"][:1] == built["warnings"][:1] and lazy_err.count("warning") == built_err.count("warning")
+    if align == "bottom-right":  # Lq 200 > Lk 150: the first 50 rows of each batch entry see no key
+        assert "100 query row(s) have every key masked" in lazy_err
