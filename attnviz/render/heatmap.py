@@ -102,6 +102,11 @@ def reduce_blocks(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, r
 
 
 def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str) -> None:
+    if labels is None and n > MAX_TICKS:  # plain positions: a few round numbers, never overprinted
+        from matplotlib.ticker import MaxNLocator
+
+        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(nbins=8, integer=True))
+        return
     step = max(1, math.ceil(n / MAX_TICKS))
     positions = list(range(0, n, step))
     names = [labels[i] if labels is not None else str(i) for i in positions]
@@ -199,8 +204,8 @@ def heatmap_figure(
         blocks = f"blocks of {fr}x{fc}, {reduce}" if (fr, fc) != (1, 1) else ""
         if blocks and blocks not in notes:
             notes.append(blocks)
-        if panel.title or blocks:
-            ax.set_title(" ".join(t for t in (panel.title, f"({blocks})" if blocks else "") if t), fontsize=9)
+        if panel.title:  # the block size is in the figure's title
+            ax.set_title(panel.title, fontsize=9)
         if (fr, fc) == (1, 1) and rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
             for i in range(rows):
                 for j in range(cols):
