@@ -47,15 +47,24 @@ def _silenced_fd2(silence: bool) -> Iterator[None]:
         os.close(devnull)
 
 
+def tensorflow_chatter_wanted() -> bool:
+    """Whether TensorFlow's own start-up lines may reach the user: only when asked for, with
+    ``ATTNVIZ_DEBUG`` set or ``TF_CPP_MIN_LOG_LEVEL`` set to 0, 1 or 2. Unset, or 3 (what people export
+    to silence TensorFlow), they never do: some of them are written before TensorFlow reads its level."""
+    if os.environ.get("ATTNVIZ_DEBUG", "") not in ("", "0"):
+        return True
+    return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() in ("0", "1", "2")
+
+
 @cache
 def tensorflow() -> Any:
     """The ``tensorflow`` module, imported on first use with its start-up chatter silenced.
 
-    Set ``TF_CPP_MIN_LOG_LEVEL`` yourself (e.g. 0) to see TensorFlow's own messages.
+    Set ``TF_CPP_MIN_LOG_LEVEL`` to 0, 1 or 2 (or ``ATTNVIZ_DEBUG=1``) to see TensorFlow's own messages.
     """
-    user_level = "TF_CPP_MIN_LOG_LEVEL" in os.environ
+    wanted = tensorflow_chatter_wanted()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    with _silenced_fd2(not user_level):
+    with _silenced_fd2(not wanted):
         import tensorflow as tf
 
     for gpu in tf.config.list_physical_devices("GPU"):
