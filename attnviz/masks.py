@@ -97,8 +97,10 @@ def causal_keep(lq: int, lk: int, align: str = "top-left", start: int = 0, stop:
 DEFER_CAUSAL = 2**24
 
 
-def key_padding_keep(loaded: Loaded, convention: str, weights_shape: tuple[int, ...]) -> np.ndarray:
-    """``[*batch, Lk]`` key-padding mask, aligned with the weights' leading dimensions from the left."""
+def key_padding_keep(loaded: Loaded, convention: str, weights_shape: tuple[int, ...],
+                     full_shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """``[*batch, Lk]`` key-padding mask, aligned with the weights' leading dimensions from the left
+    (``full_shape``: the weights' real shape, for the message, when ``weights_shape`` has no head axis)."""
     keep = boolean_keep(loaded, convention)
     lead = weights_shape[:-2]
     lk = weights_shape[-1]
@@ -106,19 +108,28 @@ def key_padding_keep(loaded: Loaded, convention: str, weights_shape: tuple[int, 
         raise ShapeError(
             f"{loaded.source}: a key-padding mask has shape [*batch, Lk] = [..., {lk}] with at most "
             f"{len(lead)} batch dimension(s) here; received {shape_str(keep.shape)} for weights "
-            f"{shape_str(weights_shape)}."
+            f"{shape_str(full_shape or weights_shape)}."
         )
     fill = len(lead) - (keep.ndim - 1)
     return keep.reshape(keep.shape[:-1] + (1,) * fill + (1, lk))
 
 
-def check_broadcast(arr: np.ndarray, weights_shape: tuple[int, ...], source: str) -> None:
-    """A mask may repeat over the weights' dimensions but never enlarge them."""
+def check_broadcast(arr: np.ndarray, weights_shape: tuple[int, ...], source: str,
+                    full_shape: tuple[int, ...] | None = None, forms: str = "") -> None:
+    """A mask may repeat over the weights' dimensions but never enlarge them.
+
+    ``full_shape``: the weights' real shape when masks are checked against a shape without a head
+    axis (multi-head); the message then states both and ``forms``, the shapes this command takes."""
     try:
         ok = np.broadcast_shapes(arr.shape, weights_shape) == tuple(weights_shape)
     except ValueError:
         ok = False
     if not ok:
+        if full_shape is not None and forms:
+            raise ShapeError(
+                f"{source}: mask of shape {shape_str(arr.shape)} does not fit the weights {shape_str(full_shape)}; "
+                f"{forms}"
+            )
         raise ShapeError(
             f"{source}: mask of shape {shape_str(arr.shape)} does not broadcast to the weights' shape "
             f"{shape_str(weights_shape)} ([..., Lq, Lk]); a 1-D [Lk] mask applies to every query."
@@ -138,25 +149,39 @@ def build_mask(
 ) -> Mask:
     """Combine every mask a user gave into one ``Mask`` (an empty one when none was given).
 
-    ``mask_shape``: when the weights have a head axis that masks do not (multi-head weights
-    ``[B, N, T, S]`` take masks ``[B, T, S]``, as Keras ``attention_mask``), masks are checked
-    against ``mask_shape`` and the head axis is inserted at -3 afterwards.
+    ``mask_shape``: when the weights have an axis at -3 that masks need not have (multi-head weights
+    ``[B, N, T, S]``), a mask of lower rank than the weights is read against ``mask_shape``
+    (``[B, T, S]``, as Keras ``attention_mask``) and the axis is inserted at -3 afterwards; a mask of
+    the weights' full rank is read against the weights themselves (Hugging Face's 4-D
+    ``[B, 1, 1, S]``, ``[B, 1, T, S]``, ``[B, N, T, S]``). A key-padding mask ``[B, S]`` aligns with
+    the batch dimensions.
     """
-    if mask_shape is not None:
-        inner = build_mask(mask_shape, mask=mask, convention=convention, kind=kind, key_padding=key_padding,
-                           causal=causal, causal_align=causal_align)
-        inner.keep = _insert_head_axis(inner.keep)
-        inner.bias = _insert_head_axis(inner.bias)
-        return inner  # a deferred causal mask is [T, S]: it broadcasts over heads as it is
     result = Mask()
     keeps: list[np.ndarray] = []
+    full = tuple(weights_shape)
+    forms = ""
+    if mask_shape is not None:
+        b = "B, " * (len(mask_shape) - 2)
+        keras = f"[{b}T, S] (Keras attention_mask), " if b else ""
+        forms = (f"a mask takes the form {keras}[S] or [T, S] for every head, or one with the weights' head axis "
+                 f"[{b}1, 1, S], [{b}1, T, S], [{b}N, T, S] (Hugging Face 4-D); 1 broadcasts.")
+
+    def against(arr: np.ndarray) -> tuple[tuple[int, ...], bool]:
+        """The shape a mask array is checked against, and whether the -3 axis is to be inserted."""
+        if mask_shape is not None and arr.ndim < len(full):
+            return tuple(mask_shape), arr.ndim >= 3
+        return full, False
+
     if mask is not None:
         if kind == "additive":
             bias = mask.data.astype(np.float64) if mask.data.dtype.kind != "f" else mask.data
-            check_broadcast(bias, weights_shape, mask.source)
+            shape, insert = against(bias)
+            check_broadcast(bias, shape, mask.source, full, forms)
             if np.isnan(bias).any() or np.isposinf(bias).any():
                 raise InputError(f"{mask.source}: an additive mask may hold finite values and -inf only.")
             neg_inf = np.isneginf(bias)
+            if insert:
+                bias, neg_inf = np.expand_dims(bias, -3), np.expand_dims(neg_inf, -3)
             if neg_inf.any():
                 keeps.append(~neg_inf)
                 bias = np.where(neg_inf, 0.0, bias)
@@ -164,19 +189,21 @@ def build_mask(
             result.described.append(f"additive bias {mask.source}")
         else:
             keep = boolean_keep(mask, convention)
-            check_broadcast(keep, weights_shape, mask.source)
-            keeps.append(keep)
+            shape, insert = against(keep)
+            check_broadcast(keep, shape, mask.source, full, forms)
+            keeps.append(np.expand_dims(keep, -3) if insert else keep)
             result.described.append(f"mask {mask.source} ({convention}: 1 = "
                                     f"{'may attend' if convention == 'keep' else 'masked'})")
     if key_padding is not None:
-        keep = key_padding_keep(key_padding, convention, weights_shape)
-        check_broadcast(keep, weights_shape, key_padding.source)
-        keeps.append(keep)
+        shape = tuple(mask_shape) if mask_shape is not None else full
+        keep = key_padding_keep(key_padding, convention, shape, full)
+        check_broadcast(keep, shape, key_padding.source, full, forms)
+        keeps.append(np.expand_dims(keep, -3) if mask_shape is not None and keep.ndim >= 3 else keep)
         result.described.append(f"key padding {key_padding.source}")
     if causal:
         lq, lk = weights_shape[-2], weights_shape[-1]
         if lq * lk > DEFER_CAUSAL:
-            result.causal = (lq, lk, causal_align)
+            result.causal = (lq, lk, causal_align)  # [Lq, Lk]: broadcasts over every leading axis
         else:
             keeps.append(causal_keep(lq, lk, causal_align))
         result.described.append(f"causal ({causal_align})")
@@ -186,12 +213,6 @@ def build_mask(
             combined = np.logical_and(combined, k)
         result.keep = combined
     return result
-
-
-def _insert_head_axis(arr: np.ndarray | None) -> np.ndarray | None:
-    if arr is None or arr.ndim < 3:
-        return arr  # [T, S] or [S] broadcasts over batch and heads as it is
-    return np.expand_dims(arr, -3)
 
 
 def fully_masked_rows(mask: Mask | np.ndarray | None, weights_shape: tuple[int, ...]) -> np.ndarray:

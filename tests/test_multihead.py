@@ -191,3 +191,70 @@ def test_bad_parameter_files_exit_1(tmp_path, content, message):
     r = runner.invoke(app, ["multihead", str(x), "--params", str(tmp_path / "p.npz")])
     assert r.exit_code == 1, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+MASK_FORMS = {  # attention masks as users hold them, [B, T, S] (Keras) and the Hugging Face 4-D forms
+    "keras [B, T, S]": (2, 5, 4),
+    "hf [B, 1, 1, S]": (2, 1, 1, 4),
+    "hf [B, 1, T, S]": (2, 1, 5, 4),
+    "hf [B, N, T, S]": (2, 3, 5, 4),
+}
+
+
+@pytest.mark.parametrize("form", list(MASK_FORMS))
+def test_command_line_masks_of_every_form_equal_keras(form, tmp_path):
+    """`multihead --mask` takes Keras's [B, T, S] and the 4-D forms Keras MultiHeadAttention itself
+    accepts; the numbers are Keras's given the same mask."""
+    import keras
+
+    rng = np.random.default_rng(4)
+    q = rng.normal(size=(2, 5, 6)).astype(np.float32)
+    v = rng.normal(size=(2, 4, 8)).astype(np.float32)
+    layer = keras.layers.MultiHeadAttention(num_heads=3, key_dim=4)
+    layer(q, v)
+    randomise(layer, rng)
+    mask = rng.random(MASK_FORMS[form]) > 0.3
+    mask[..., 0] = True  # no fully masked rows: Keras makes them uniform, attnviz zero (documented)
+    out, scores = layer(q, v, attention_mask=mask, return_attention_scores=True)
+    np.save(tmp_path / "q.npy", q)
+    np.save(tmp_path / "v.npy", v)
+    np.save(tmp_path / "mask.npy", mask.astype(np.int64))
+    np.savez(tmp_path / "mha.npz", **keras_weights(layer))
+    r = runner.invoke(app, ["multihead", str(tmp_path / "q.npy"), str(tmp_path / "v.npy"), "--params",
+                            str(tmp_path / "mha.npz"), "--mask", str(tmp_path / "mask.npy"), "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["weights_shape"] == [2, 3, 5, 4]
+    np.testing.assert_allclose(doc["weights"], np.asarray(scores), atol=1e-5)
+    np.testing.assert_allclose(doc["output"], np.asarray(out), atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 5, 4), (3, 1, 1, 4), (2, 5, 5)])
+def test_mask_errors_state_the_real_weights_shape(shape, tmp_path):
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "q.npy", rng.normal(size=(2, 5, 6)).astype(np.float32))
+    np.save(tmp_path / "v.npy", rng.normal(size=(2, 4, 6)).astype(np.float32))
+    np.save(tmp_path / "mask.npy", np.ones(shape, np.int8))
+    r = runner.invoke(app, ["multihead", str(tmp_path / "q.npy"), str(tmp_path / "v.npy"), "--heads", "3",
+                            "--mask", str(tmp_path / "mask.npy")])
+    assert r.exit_code == 1
+    assert "[2, 3, 5, 4]" in r.stderr and "[B, 1, 1, S]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hf_padding_mask_as_key_padding_and_as_4d_agree(tmp_path):
+    """A Hugging Face attention_mask [B, S] given as --key-padding-mask and the same mask as [B, 1, 1, S]
+    give the same weights: padded keys get zero on every head."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 5, 6)).astype(np.float32)
+    pad = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], np.int8)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "pad.npy", pad)
+    np.save(tmp_path / "pad4.npy", pad[:, None, None, :])
+    docs = []
+    for option, name in (("--key-padding-mask", "pad.npy"), ("--mask", "pad4.npy")):
+        r = runner.invoke(app, ["multihead", str(tmp_path / "x.npy"), "--heads", "2", option, str(tmp_path / name),
+                                "--json"])
+        assert r.exit_code == 0, r.stderr
+        docs.append(np.array(json.loads(r.stdout)["weights"]))
+    np.testing.assert_array_equal(docs[0], docs[1])
+    assert np.all(docs[0][1, :, :, :2] == 0) and np.allclose(docs[0].sum(-1), 1, atol=1e-6)
