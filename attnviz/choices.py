@@ -6,3 +6,4 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 MASK_CONVENTIONS = ("keep", "block")  # keep: 1 = may attend; block: 1 = masked
 MASK_KINDS = ("bool", "additive")
 CAUSAL_ALIGNS = ("top-left", "bottom-right")
+ROPE_STYLES = ("half", "interleaved")  # half: HF Llama rotate_half; interleaved: GPT-J / RoFormer

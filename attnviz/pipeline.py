@@ -17,6 +17,8 @@ import numpy as np
 from attnviz import blockwise
 from attnviz import params as learned_params
 from attnviz.blockwise import Streamed
+from attnviz.captured import CaptureOptions
+from attnviz.captured import prepare as prepare_captured
 from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import InputError, ShapeError, UsageError
@@ -68,6 +70,7 @@ class Prepared:
     learned: dict[str, np.ndarray] = field(default_factory=dict)
     learned_source: str | None = None  # "params.npz", "seed 0"
     seed: int = 0  # --seed, for variants that sample
+    captured: dict[str, Any] = field(default_factory=dict)  # --layout, grouped heads, --rope: what was done
 
 
 @dataclass
@@ -131,7 +134,8 @@ def _labels(option: str, spec: str | None, fallback: list[str] | None, count: in
 
 
 def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, params: Any,
-            stdin: StdinReader | None = None, param_options: ParamOptions | None = None) -> Prepared:
+            stdin: StdinReader | None = None, param_options: ParamOptions | None = None,
+            capture: CaptureOptions | None = None) -> Prepared:
     """Read and check every input of a run; NumPy only."""
     param_options = param_options or ParamOptions()
     _choice("--mask-convention", options.mask_convention, MASK_CONVENTIONS)
@@ -145,6 +149,10 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     stdin = stdin or StdinReader()
 
     inputs = _resolve_inputs(variant, specs, stdin)
+    captured: dict[str, Any] = {}
+    capture_paths: list[Path] = []
+    if variant.captured_qkv:
+        captured = prepare_captured(inputs, capture or CaptureOptions(), stdin, capture_paths)
     given, given_path = None, None
     external = variant.external_params(params) if variant.external_params else None
     chosen = [option for option, value in (("--params", param_options.params), ("--seed", param_options.seed))
@@ -177,7 +185,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
                 f"{loaded.source}: values up to {largest:g} exceed the {options.dtype} range (±{limit:g}); "
                 "use a wider --dtype."
             )
-    paths = [lo.path for lo in inputs.values() if lo.path is not None] + list(problem.files)
+    paths = [lo.path for lo in inputs.values() if lo.path is not None] + list(problem.files) + capture_paths
     if given_path is not None:
         paths.append(given_path)
     arrays = {n: lo for n, lo in inputs.items() if not n.endswith("_labels") and n != "mask"}
@@ -225,7 +233,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
             f"{'rows' if len(rows) > 1 else 'row'} {describe_rows(rows)}."
         )
     return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings,
-                    learned, learned_source, param_options.seed or 0)
+                    learned, learned_source, param_options.seed or 0, captured)
 
 
 def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mean") -> Outcome:

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from attnviz import __version__
 from attnviz.cli.options import (
+    CAPTURE_OPTIONS,
     FIGURE_OPTIONS,
     OUTPUT_OPTIONS,
     PARAM_OPTIONS,
@@ -151,7 +152,8 @@ def make_command(variant: Variant) -> Callable[..., None]:
         with user_errors():
             run_command(variant, kwargs)
 
-    parameters = [*_variant_parameters(variant), *(PARAM_OPTIONS if variant.learned else []), *RUN_OPTIONS,
+    parameters = [*_variant_parameters(variant), *(PARAM_OPTIONS if variant.learned else []),
+                  *(CAPTURE_OPTIONS if variant.captured_qkv else []), *RUN_OPTIONS,
                   *OUTPUT_OPTIONS, *FIGURE_OPTIONS]
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     command.__name__ = f"{variant.name}_command"
@@ -164,6 +166,7 @@ def _take(kwargs: dict[str, Any], cls: type) -> Any:
 
 
 def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
+    from attnviz.captured import CaptureOptions
     from attnviz.io import check_outputs
     from attnviz.pipeline import ParamOptions, RunOptions, execute, prepare
 
@@ -171,12 +174,13 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     specs = [kwargs.pop(spec.name) for spec in variant.inputs]
     run_options: RunOptions = _take(kwargs, RunOptions)
     param_options: ParamOptions = _take(kwargs, ParamOptions) if variant.learned else ParamOptions()
+    capture: CaptureOptions | None = _take(kwargs, CaptureOptions) if variant.captured_qkv else None
     params = _take(kwargs, variant.params)
     out: OutputOptions = _take(kwargs, OutputOptions)
     out.check()
     check_save_params(param_options.save_params)
 
-    prepared = prepare(variant, specs, run_options, params, param_options=param_options)
+    prepared = prepare(variant, specs, run_options, params, param_options=param_options, capture=capture)
     targets = check_outputs(
         {"--png": out.png, "--save-weights": out.save_weights, "--save-output": out.save_output,
          "--save-params": param_options.save_params, "--json-file": out.json_file},

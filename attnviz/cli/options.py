@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from attnviz.choices import CAUSAL_ALIGNS, DEVICES, DTYPES, MASK_CONVENTIONS, MASK_KINDS
+from attnviz.choices import CAUSAL_ALIGNS, DEVICES, DTYPES, MASK_CONVENTIONS, MASK_KINDS, ROPE_STYLES
 from attnviz.errors import UsageError
 
 MASKS = "Masks"
@@ -17,6 +17,7 @@ PARAMS = "Learned parameters"
 LABELS = "Labels"
 RUN = "Device and precision"
 OUTPUT = "Output"
+CAPTURED = "Captured Q/K/V (layouts, grouped heads, RoPE)"
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 
@@ -76,6 +77,32 @@ PARAM_OPTIONS = [
     _opt("save_params", Annotated[str | None, typer.Option(
         "--save-params", metavar="FILE.npz", rich_help_panel=PARAMS,
         help="write the parameters used, to repeat the run exactly with --params")], None),
+]
+
+
+#: CaptureOptions fields (see attnviz.captured), for commands whose inputs are Q, K and V
+CAPTURE_OPTIONS = [
+    _opt("layout", Annotated[str | None, typer.Option(
+        "--layout", metavar="AXES", rich_help_panel=CAPTURED,
+        help="the axes of Q, K and V from batch, head, seq, d, e.g. batch,seq,head,d for the [B, L, H, d] that "
+             "hooks capture; weights come out [batch, head, Lq, Lk]")], None),
+    _opt("layout_kv", Annotated[str | None, typer.Option(
+        "--layout-kv", metavar="AXES", rich_help_panel=CAPTURED,
+        help="the axes of K and V when they differ from Q's")], None),
+    _opt("rope", Annotated[bool, typer.Option(
+        "--rope", rich_help_panel=CAPTURED,
+        help="apply rotary position embeddings to Q and K before the scores (q/k captured before RoPE)")], False),
+    _opt("rope_theta", Annotated[float, typer.Option(
+        "--rope-theta", rich_help_panel=CAPTURED, help="RoPE base (Llama 10000; Llama 3 500000)")], 10000.0),
+    _opt("rope_style", Annotated[Literal[ROPE_STYLES], typer.Option(  # type: ignore[valid-type]
+        "--rope-style", rich_help_panel=CAPTURED,
+        help="half: Hugging Face Llama's rotate_half; interleaved: GPT-J / RoFormer pairs (2i, 2i+1)")], "half"),
+    _opt("rope_dim", Annotated[int | None, typer.Option(
+        "--rope-dim", metavar="N", rich_help_panel=CAPTURED,
+        help="rotate the first N dimensions of each head only (partial rotary, GPT-NeoX); default all")], None),
+    _opt("positions", Annotated[str | None, typer.Option(
+        "--positions", metavar="FILE", rich_help_panel=CAPTURED,
+        help="position ids [L] or [B, L] for --rope (default 0..L-1); needed for left padding")], None),
 ]
 
 

@@ -73,6 +73,7 @@ def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[
         "dtype": prep.options.dtype,
         "inputs": {name: list(lo.data.shape) for name, lo in prep.inputs.items()},
         "params": result.params,
+        **({"captured": prep.captured} if prep.captured else {}),
         "mask": prep.mask.described,
         "labels": {"q": prep.q_labels, "k": prep.k_labels},
         "weights": None if omit else result.weights,

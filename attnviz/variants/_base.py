@@ -118,6 +118,8 @@ class Variant:
     blockwise: bool = False
     row_maps: Mapping[str, int] = field(default_factory=dict)  # maps split by rows, and along which axis
     query_defaults: tuple[str, ...] = ()  # optional inputs that default to the whole query input
+    #: inputs q, k, v as hooks capture them: --layout, grouped heads and --rope apply (attnviz.captured)
+    captured_qkv: bool = False
 
 
 @dataclass

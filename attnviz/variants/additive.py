@@ -109,6 +109,7 @@ VARIANT = Variant(
     formula="A = softmax(v^T tanh(Q W1 + K W2 + b)), O = A V",
     doc=__doc__ or "",
     inputs=QKV,
+    captured_qkv=True,
     params=Params,
     check=check,
     compute=compute,

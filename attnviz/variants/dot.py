@@ -48,6 +48,7 @@ VARIANT = Variant(
     formula="A = softmax(Q K^T), O = A V",
     doc=__doc__ or "",
     inputs=QKV,
+    captured_qkv=True,
     params=Params,
     check=check,
     compute=compute,

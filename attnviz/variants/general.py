@@ -68,6 +68,7 @@ VARIANT = Variant(
     formula="A = softmax(Q W_a K^T), O = A V",
     doc=__doc__ or "",
     inputs=QKV,
+    captured_qkv=True,
     params=Params,
     check=check,
     compute=compute,

@@ -145,6 +145,7 @@ VARIANT = Variant(
     formula="p = softmax(score); A = onehot(argmax p | sample ~ p), O = A V",
     doc=__doc__ or "",
     inputs=QKV,
+    captured_qkv=True,
     params=Params,
     check=check,
     compute=compute,

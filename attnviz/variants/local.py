@@ -205,6 +205,7 @@ VARIANT = Variant(
     formula="A = softmax over |i - j| <= D of score(q_i, k_j), O = A V",
     doc=__doc__ or "",
     inputs=QKV,
+    captured_qkv=True,
     params=Params,
     check=check,
     compute=compute,

@@ -67,6 +67,7 @@ VARIANT = Variant(
     formula="A = softmax(Q K^T / sqrt(d_k)), O = A V",
     doc=__doc__ or "",
     inputs=QKV,
+    captured_qkv=True,
     params=Params,
     check=check,
     compute=compute,

@@ -237,6 +237,7 @@ VARIANT = Variant(
     formula="A = sparsemax(Q K^T / sqrt(d)) (or entmax, top-k, a pattern mask), O = A V",
     doc=__doc__ or "",
     inputs=QKV,
+    captured_qkv=True,
     params=Params,
     check=check,
     compute=compute,

@@ -1,0 +1,179 @@
+"""Queries, keys and values as hooks capture them from a model: axis layouts, grouped heads and
+rotary position embeddings. Input preparation, between reading the files and the variant, so every
+variant whose inputs are Q, K and V gets it without knowing. NumPy only.
+
+* ``--layout AXES`` names the axes of Q, K and V with ``batch``, ``head``, ``seq`` and ``d`` (for
+  example ``batch,seq,head,d``, the ``[B, L, H, d]`` that forward hooks on a projection capture after a
+  ``view``); ``--layout-kv`` when K and V differ from Q. They are transposed to ``[batch, head, seq,
+  d]`` (the axes present), so the weights and everything after them are ``[batch, head, Lq, Lk]``.
+* Grouped-query attention (Llama, Mistral, Qwen): Q with N heads and K/V with G heads, N a multiple
+  of G, attend as Hugging Face's ``repeat_kv``: query head n uses key/value head ``n // (N / G)``. The
+  head axis is the layout's ``head``, or axis -3 of ``[batch, heads, L, d]`` without a layout.
+* ``--rope``: rotary position embeddings applied to Q and K before the scores, for q/k captured
+  before the rotation. ``--rope-style half`` is Hugging Face Llama's ``rotate_half`` (the two halves
+  of the rotated dimensions form the pairs), ``interleaved`` is GPT-J's and the RoFormer paper's
+  (neighbouring dimensions ``2i, 2i+1`` form the pairs). Pair ``i`` of ``r`` rotated dimensions
+  turns by ``position * theta^(-2i / r)``; ``--rope-dim r`` rotates the first ``r`` dimensions only
+  (GPT-NeoX's partial rotary), the rest pass through. Positions are ``0 .. Lk-1`` for the keys and the
+  last ``Lq`` of them for the queries (a query block at the end of its keys, as with a KV cache), or
+  ``--positions FILE``: ``[L]`` or ``[B, L]`` position ids (Hugging Face ``position_ids``, needed for
+  left padding), aligned with the batch axes from the left. Angles, sines and cosines are computed
+  in float64 (transformers computes them in float32; the two agree to about 1e-6 at the positions
+  of ordinary prompts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.choices import ROPE_STYLES
+from attnviz.errors import ShapeError, UsageError, shape_str
+from attnviz.io import Loaded, StdinReader, load_array
+
+AXES = ("batch", "head", "seq", "d")
+ALIASES = {"b": "batch", "batches": "batch", "h": "head", "heads": "head", "n": "head", "l": "seq", "s": "seq",
+           "t": "seq", "len": "seq", "length": "seq", "sequence": "seq", "token": "seq", "tokens": "seq",
+           "dim": "d", "head_dim": "d", "e": "d", "features": "d"}
+
+
+@dataclass
+class CaptureOptions:
+    """The options of commands whose inputs are Q, K and V (see the module docstring)."""
+
+    layout: str | None = None
+    layout_kv: str | None = None
+    rope: bool = False
+    rope_theta: float = 10000.0
+    rope_style: str = "half"
+    rope_dim: int | None = None
+    positions: str | None = None
+
+
+def parse_layout(text: str, option: str) -> tuple[str, ...]:
+    """``batch,seq,head,d`` as axis names; each at most once, ``seq`` and ``d`` required."""
+    names = tuple(ALIASES.get(t.strip().lower(), t.strip().lower()) for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in AXES]
+    if unknown or len(set(names)) != len(names) or "seq" not in names or "d" not in names:
+        raise UsageError(f"{option} {text!r}: name each axis once from batch, head, seq, d (seq and d required), "
+                         "e.g. batch,seq,head,d.")
+    return names
+
+
+def to_standard(loaded: Loaded, axes: tuple[str, ...], option: str) -> Loaded:
+    """The array with its axes in the order batch, head, seq, d (those present)."""
+    arr = loaded.data
+    if arr.ndim != len(axes):
+        raise ShapeError(f"{loaded.source}: shape {shape_str(arr.shape)} has {arr.ndim} axes, but {option} "
+                         f"{','.join(axes)} names {len(axes)}.")
+    order = [axes.index(a) for a in AXES if a in axes]
+    return replace(loaded, data=np.transpose(arr, order))
+
+
+def repeat_kv(inputs: MutableMapping[str, Loaded]) -> tuple[int, int] | None:
+    """Grouped-query attention: K and V with G heads at axis -3, Q with N (a multiple of G): repeat
+    each key/value head N / G times (query head n uses head n // (N / G)). Returns (N, G) or None."""
+    q, k, v = inputs["q"].data, inputs["k"].data, inputs["v"].data
+    if min(q.ndim, k.ndim, v.ndim) < 3:
+        return None
+    n, g = q.shape[-3], k.shape[-3]
+    if g in (1, n) or n % g or v.shape[-3] != g:
+        return None  # equal, broadcast, or not grouped: the usual shape checks speak
+    for name in ("k", "v"):
+        inputs[name] = replace(inputs[name], data=np.repeat(inputs[name].data, n // g, axis=-3))
+    return n, g
+
+
+def rope_angles(positions: np.ndarray, dims: int, theta: float) -> np.ndarray:
+    """``[..., L, dims / 2]`` rotation angles: position times ``theta^(-2i / dims)``, float64."""
+    inv_freq = 1.0 / theta ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    return positions.astype(np.float64)[..., None] * inv_freq
+
+
+def apply_rope(x: np.ndarray, angles: np.ndarray, style: str) -> np.ndarray:
+    """Rotate the first ``2 * angles.shape[-1]`` dimensions of ``x [..., L, d]`` by ``angles
+    [..., L, r/2]`` (broadcasting), in float64; the rest of ``x`` passes through."""
+    r = 2 * angles.shape[-1]
+    x64 = np.asarray(x, dtype=np.float64)
+    rot, rest = x64[..., :r], x64[..., r:]
+    cos, sin = np.cos(angles), np.sin(angles)
+    if style == "half":  # transformers' rotate_half: pairs (i, i + r/2)
+        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
+        turned = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    else:  # GPT-J / RoFormer: pairs (2i, 2i + 1)
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        turned = np.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(rot.shape)
+    return np.concatenate([turned, rest], axis=-1)
+
+
+def _positions(opts: CaptureOptions, lead: tuple[int, ...], length: int, stdin: StdinReader | None,
+               paths: list[Path]) -> np.ndarray:
+    """Position ids ``[..., L]`` shaped to broadcast against ``[*lead, L]`` (batch axes from the left)."""
+    if opts.positions is None:
+        return np.arange(length)
+    loaded = load_array(opts.positions, stdin)
+    if loaded.path is not None:
+        paths.append(loaded.path)
+    pos = np.asarray(loaded.data)
+    if pos.shape[-1] != length or pos.ndim - 1 > len(lead) or (pos.ndim > 1 and not all(
+            p in (1, n) for p, n in zip(pos.shape[:-1], lead))):
+        raise ShapeError(f"{loaded.source}: position ids have shape [L] or [B, L] = [{', '.join(map(str, lead[:1]))}"
+                         f"{', ' if lead else ''}{length}] here (batch axes from the left); received "
+                         f"{shape_str(pos.shape)}.")
+    return pos.reshape(pos.shape[:-1] + (1,) * (len(lead) - (pos.ndim - 1)) + (length,))
+
+
+def prepare(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, stdin: StdinReader | None = None,
+            paths: list[Path] | None = None) -> dict[str, Any]:
+    """Apply ``--layout``, grouped heads and ``--rope`` to ``inputs["q"]``, ``["k"]``, ``["v"]`` in
+    place; returns what was done, for the JSON document (empty when nothing was)."""
+    paths = paths if paths is not None else []
+    done: dict[str, Any] = {}
+    if opts.rope_style not in ROPE_STYLES:
+        raise UsageError(f"--rope-style {opts.rope_style!r}: expected one of {', '.join(ROPE_STYLES)}.")
+    if not opts.rope and (opts.rope_dim is not None or opts.positions is not None):
+        raise UsageError("--rope-dim and --positions go with --rope.")
+    if not (np.isfinite(opts.rope_theta) and opts.rope_theta > 0):
+        raise UsageError(f"--rope-theta {opts.rope_theta}: must be a positive finite number.")
+    if opts.layout_kv is not None and opts.layout is None:
+        raise UsageError("--layout-kv goes with --layout (the axes of Q).")
+    if opts.layout is not None:
+        q_axes = parse_layout(opts.layout, "--layout")
+        kv_axes = parse_layout(opts.layout_kv, "--layout-kv") if opts.layout_kv else q_axes
+        done["file_shapes"] = {n: list(inputs[n].data.shape) for n in ("q", "k", "v")}
+        inputs["q"] = to_standard(inputs["q"], q_axes, "--layout")
+        for name in ("k", "v"):
+            inputs[name] = to_standard(inputs[name], kv_axes, "--layout-kv" if opts.layout_kv else "--layout")
+        done["layout"] = {"q": ",".join(q_axes), "kv": ",".join(kv_axes),
+                          "as": ",".join(a for a in AXES if a in q_axes)}
+    if opts.rope:
+        q, k = inputs["q"], inputs["k"]
+        d = q.data.shape[-1]
+        if k.data.shape[-1] != d:
+            raise ShapeError(f"--rope: Q ({q.source}) and K ({k.source}) need the same last dimension; received "
+                             f"{shape_str(q.data.shape)} and {shape_str(k.data.shape)}.")
+        dims = d if opts.rope_dim is None else opts.rope_dim
+        if not (0 < dims <= d and dims % 2 == 0):
+            raise UsageError(f"--rope-dim {dims}: must be even, from 2 to the head size {d}.")
+        lq, lk = q.data.shape[-2], k.data.shape[-2]
+        if opts.positions is not None and lq != lk:
+            raise UsageError(f"--positions: Q has {lq} positions and K {lk}; position ids cover Q and K of one "
+                             "length (without --positions, queries take the last Lq key positions).")
+        k_pos = _positions(opts, k.data.shape[:-2], lk, stdin, paths)
+        q_pos = _positions(opts, q.data.shape[:-2], lq, stdin, paths) if opts.positions is not None \
+            else np.arange(max(lk - lq, 0), max(lk - lq, 0) + lq)
+        for name, pos in (("q", q_pos), ("k", k_pos)):
+            loaded = inputs[name]
+            rotated = apply_rope(loaded.data, rope_angles(pos, dims, opts.rope_theta), opts.rope_style)
+            dtype = loaded.data.dtype if loaded.data.dtype.kind == "f" else np.float32
+            inputs[name] = replace(loaded, data=rotated.astype(dtype))
+        done["rope"] = {"theta": opts.rope_theta, "style": opts.rope_style, "dims": dims,
+                        "positions": opts.positions or "0..L-1"}
+    grouped = repeat_kv(inputs)
+    if grouped is not None:
+        done["grouped_heads"] = {"query_heads": grouped[0], "kv_heads": grouped[1]}
+    return done
