@@ -105,3 +105,52 @@ def test_job_lines_become_command_lines(tmp_path):
     assert job.argv == ["local", f"{tmp_path}/a.npz:q", "/abs/k.npy", "--window", "2", "--causal",
                         "--labels", "a,b", "--png", f"{tmp_path}/out/x.png", "--quiet"]
     assert job_from_line(2, '{"command": "dot", "args": ["-"]}', tmp_path, {"dot"}).error
+
+
+def test_relative_container_paths_resolve_against_the_jobs_folder(tmp_path, monkeypatch):
+    """`a.npz`, `a.npz:q` and a bundle `acts.npz` in a jobs file mean files in the jobs file's folder,
+    wherever batch is started from (they once became the folder itself: "is a directory")."""
+    jobs_dir = tmp_path / "jobs"
+    jobs_dir.mkdir()
+    arrays = {n: np.load(SAMPLES / f"{n}.npy") for n in "qkv"}
+    np.savez(jobs_dir / "acts.npz", **arrays)
+    np.savez(jobs_dir / "q_only.npz", arrays["q"])
+    (jobs_dir / "sub").mkdir()
+    np.save(jobs_dir / "sub" / "k.npy", arrays["k"])
+    np.save(jobs_dir / "sub" / "v.npy", arrays["v"])
+    jobs = [{"command": "scaled", "args": ["acts.npz"], "options": {"json": "bundle.json"}},
+            {"command": "scaled", "args": ["acts.npz:q", "acts.npz:k", "acts.npz:v"], "options": {"json": "keys.json"}},
+            {"command": "scaled", "args": ["q_only.npz", "sub/k.npy", "sub/v.npy"], "options": {"json": "one.json"}}]
+    path = write_jobs(jobs_dir, jobs)
+    monkeypatch.chdir(tmp_path)  # somewhere else
+    r = runner.invoke(app, ["batch", path, "--quiet"])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    expected = np.array([[0, 0, .5, .5], [0, 1, 0, 0], [.5, .5, 0, 0]])
+    for name in ("bundle", "keys", "one"):
+        doc = json.loads((jobs_dir / f"{name}.json").read_text())
+        np.testing.assert_allclose(doc["weights"], expected, atol=1e-6)
+
+
+def test_the_readme_batch_example_runs(tmp_path, monkeypatch):
+    """The jobs file and the command of the README's batch section, run as written."""
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### `attnviz batch`"):]
+    section = section[:section.index("\n## ")]
+    job_lines = [ln.strip() for ln in section.splitlines() if ln.strip().startswith('{"command"')]
+    command = next(ln.strip() for ln in section.splitlines() if ln.strip().startswith("attnviz batch "))
+    assert len(job_lines) >= 2
+    for name in "qkv":
+        np.save(tmp_path / f"{name}.npy", np.load(SAMPLES / f"{name}.npy"))
+    weights = np.array([[0, 0, .5, .5], [0, 1, 0, 0], [.5, .5, 0, 0]], np.float32)
+    np.savez(tmp_path / "attn.npz", weights[None, None], weights[None, None])  # two layers
+    (tmp_path / "jobs.jsonl").write_text("\n".join(job_lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    argv = command.split(">")[0].split()[1:]
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["failed"] == 0 and summary["run"] == len(job_lines)
+    for produced in ("a.png", "a.json"):
+        assert (tmp_path / produced).stat().st_size > 0

@@ -30,7 +30,8 @@ from attnviz.errors import InputError, UsageError
 
 #: options whose values are file names, resolved against the jobs file's folder
 PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save_params", "params", "mask",
-                "key_padding_mask", "map_png", "stats_png", "check_mask", "adjacency", "unary", "from_keras"}
+                "key_padding_mask", "map_png", "stats_png", "check_mask", "adjacency", "unary", "from_keras",
+                "positions"}
 LABEL_OPTIONS = {"labels", "q_labels", "k_labels"}  # a file name, or the labels themselves
 
 
@@ -69,10 +70,13 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def _resolve(value: str, base: Path) -> str:
+    """A path as the jobs file gives it, relative to the jobs file's folder exactly as the command line
+    takes it relative to the current directory: ``a.npz``, ``a.npz:q``, ``x.safetensors:k``,
+    ``run.h5:attn/*`` all become ``BASE/...`` with their key kept (a key follows the file name, so
+    joining the folder in front keeps it)."""
     if value == "-" or Path(value).is_absolute():
         return value
-    path, sep, key = value.rpartition(":") if value.lower().rsplit(":", 1)[0].endswith(".npz") else (value, "", "")
-    return str(base / path) + (sep + key if sep else "")
+    return str(base / value)
 
 
 def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job:
