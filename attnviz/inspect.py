@@ -11,7 +11,6 @@ along the layer axis.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
-from attnviz.io import NpzArchive, StdinReader, open_spec, release_pages, validate_array
+from attnviz.formats import listing
+from attnviz.formats import natural_key as natural_key  # moved to attnviz.formats; importable from here
+from attnviz.io import StdinReader, open_spec, release_pages, validate_array
 
 AXES = ("layer", "batch", "head", "q", "k")
 ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": "head", "lq": "q", "query": "q",
@@ -43,11 +44,6 @@ class Weights:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
-
-
-def natural_key(text: str) -> list[object]:
-    """``layer2`` before ``layer10``: digits compare as numbers."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 def parse_layout(text: str | None, rank: int, source: str) -> tuple[str, ...]:
@@ -75,31 +71,35 @@ def to_standard(arr: np.ndarray, layout: tuple[str, ...]) -> np.ndarray:
 
 
 def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None = None) -> Weights:
-    """Read attention weights from a file (any rank, or an .npz of one array per layer)."""
+    """Read attention weights from a file (any rank), a file of one array per layer (.npz, .safetensors,
+    HDF5, torch.save; named keys in natural order), or the matches of a key glob (``FILE:blocks.*.attn``),
+    stacked as layers."""
     opened = open_spec(spec, stdin)
-    keys: list[str] = []
-    if isinstance(opened.raw, NpzArchive) and opened.key is None and len(opened.raw.keys) > 1:
-        keys = sorted(opened.raw.keys, key=natural_key)
+    keys = opened.layer_keys()
+    source = opened.source
+    if keys:
+        if opened.key is not None:
+            source = f"{opened.source}:{opened.key}"
         arrays = [opened.raw.get(k) for k in keys]
         shapes = {tuple(a.shape) for a in arrays}
         if len(shapes) != 1:
-            listed = ", ".join(f"{k} {shape_str(a.shape)}" for k, a in zip(keys, arrays))
-            raise ShapeError(f"{opened.source}: the layers have different shapes ({listed}); inspect one with "
+            listed = listing([f"{k} {shape_str(a.shape)}" for k, a in zip(keys, arrays)])
+            raise ShapeError(f"{source}: the layers have different shapes ({listed}); inspect one with "
                              f"{opened.source}:KEY.")
         for k, a in zip(keys, arrays):
             validate_array(a, f"{opened.source}:{k}", allow_nonfinite=True)
         arr = np.stack(arrays)
-        per_layer = parse_layout(layout, arr.ndim - 1, opened.source)
+        per_layer = parse_layout(layout, arr.ndim - 1, source)
         names: tuple[str, ...] = ("layer", *per_layer)
         if "layer" in per_layer:
-            raise UsageError("--layout: the layers of an .npz are its arrays; name the axes of one array.")
+            raise UsageError(f"--layout: the layers of {source} are its arrays; name the axes of one array.")
     else:
         arr = opened.array(allow_nonfinite=True).data
-        names = parse_layout(layout, arr.ndim, opened.source)
+        names = parse_layout(layout, arr.ndim, source)
     if arr.shape[-1] == 0 or arr.shape[-2] == 0:
-        raise InputError(f"{opened.source}: empty attention maps (shape {shape_str(arr.shape)}).")
+        raise InputError(f"{source}: empty attention maps (shape {shape_str(arr.shape)}).")
     data = to_standard(arr.astype(np.float32, copy=False) if arr.dtype.kind != "f" else arr, names)
-    return Weights(data, opened.source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys)
+    return Weights(data, source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys)
 
 
 def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:

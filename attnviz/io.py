@@ -1,12 +1,16 @@
-"""Reading arrays, labels and bundles; writing output files atomically.
+"""Reading arrays, labels and bundles; writing output files atomically. The single entrance for inputs.
 
-Inputs are ``file.npy``, ``file.npz`` (a single array), ``file.npz:key``, ``file.json`` (nested
-numeric lists, or an object ``{"data": [...], "labels": [...]}``), and ``-`` for JSON on standard
-input. A single ``.npz`` (or JSON object) holding one array per input name (``q``, ``k``, ``v`` ...)
-may stand in for all the inputs of a command; it may also hold ``mask``, ``q_labels`` and
-``k_labels``.
+Inputs are ``file.npy``, ``file.json`` (nested numeric lists, or an object ``{"data": [...],
+"labels": [...]}``), ``-`` for JSON on standard input, and files of named arrays: ``.npz``,
+``.safetensors``, HDF5 (``.h5``, ``.hdf5``) and ``torch.save`` files (``.pt``, ``.pth``, ``.bin``),
+read by the modules of ``attnviz.formats``. ``FILE:KEY`` picks one array of such a file (a file of
+one array needs no key); the key may be a glob (``blocks.*.attn``, ``attn/layer[0-3]``) whose
+matches come in natural order. A single file (or JSON object) holding one array per input name
+(``q``, ``k``, ``v`` ...) may stand in for all the inputs of a command; it may also hold ``mask``,
+``q_labels`` and ``k_labels``.
 
-Nothing here unpickles: every ``numpy.load`` passes ``allow_pickle=False``. NumPy only.
+Nothing here unpickles: every ``numpy.load`` passes ``allow_pickle=False``, and ``torch.load`` is
+called with ``weights_only=True``. NumPy only at import time.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import json
 import os
 import sys
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +26,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from attnviz import formats
 from attnviz.errors import InputError, OutputError, UsageError, shape_str
+from attnviz.formats import CONTAINER_SUFFIXES, Container, is_glob, listing, natural
+from attnviz.formats.npz import NpzArchive as NpzArchive  # re-exported for callers that import it from here
 
-ARRAY_SUFFIXES = (".npy", ".npz", ".json")
+ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
 #: bundle keys that are not inputs of a variant
 BUNDLE_EXTRAS = ("mask", "q_labels", "k_labels")
 STDIN = "-"
@@ -57,15 +63,27 @@ class StdinReader:
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
-    """Split ``file.npz:key`` into ``("file.npz", "key")``; other specs have no key.
+    """Split ``FILE.EXT:KEY`` into ``("FILE.EXT", "KEY")`` for every file of named arrays (``.npz``,
+    ``.safetensors``, ``.h5``, ``.hdf5``, ``.pt``, ``.pth``, ``.bin``); other specs have no key.
 
-    A path that exists as given is never split, so file names containing ``:`` still work.
+    A path that exists as given is never split, so file names containing ``:`` still work. The key
+    may hold ``:`` and ``/`` (``run.h5:attn/layer0``); where several splits are possible, the first
+    whose file exists wins, else the first.
     """
-    if spec != STDIN and not os.path.exists(spec) and ":" in spec:
-        path, key = spec.rsplit(":", 1)
-        if path.lower().endswith(".npz") and key:
-            return path, key
-    return spec, None
+    if spec == STDIN or ":" not in spec or os.path.exists(spec):
+        return spec, None
+    cuts = [i for i, c in enumerate(spec)
+            if c == ":" and i + 1 < len(spec) and spec[:i].lower().endswith(CONTAINER_SUFFIXES)]
+    if not cuts:
+        return spec, None
+    cut = next((i for i in cuts if os.path.isfile(spec[:i])), cuts[0])
+    return spec[:cut], spec[cut + 1:]
+
+
+def supported() -> str:
+    """The file types attnviz reads, for messages."""
+    return (f"{formats.describe()}, .json, FILE:KEY for one array of a file of several ({formats.describe(True)}; "
+            "the key may be a glob), or '-' for JSON on standard input")
 
 
 def _check_path(path: str) -> Path:
@@ -73,10 +91,7 @@ def _check_path(path: str) -> Path:
     if p.is_dir():
         raise UsageError(f"{path}: is a directory, not an array file.")
     if p.suffix.lower() not in ARRAY_SUFFIXES:
-        raise UsageError(
-            f"{path}: unknown file type {p.suffix or '(none)'!r}; attnviz reads .npy, .npz, .npz:KEY, "
-            ".json, or '-' for JSON on standard input."
-        )
+        raise UsageError(f"{path}: unknown file type {p.suffix or '(none)'!r}; attnviz reads {supported()}.")
     if not p.exists():
         raise UsageError(f"{path}: no such file.")
     return p
@@ -183,53 +198,10 @@ def _parse_json_text(text: str, source: str) -> Any:
         raise InputError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).") from None
 
 
-def _load_npy(p: Path, source: str) -> np.ndarray:
-    try:
-        return np.load(p, allow_pickle=False, mmap_mode="r")  # read on demand: long inputs stay on disk
-    except ValueError as exc:
-        if any(s in str(exc).lower() for s in ("pickle", "object arrays", "python objects")):
-            raise InputError(
-                f"{source}: holds pickled Python objects; attnviz never unpickles (allow_pickle=False). "
-                "Save a plain numeric array with numpy.save."
-            ) from None
-        raise InputError(f"{source}: not a readable .npy file ({exc}).") from None
-    except (OSError, EOFError) as exc:
-        raise InputError(f"{source}: not a readable .npy file ({exc}).") from None
-
-
-class NpzArchive:
-    """A ``.npz`` archive opened without pickle; entries read on demand with clear errors."""
-
-    def __init__(self, p: Path, source: str) -> None:
-        self.source = source
-        try:
-            self._z = np.load(p, allow_pickle=False)
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-            raise InputError(f"{source}: not a readable .npz archive ({exc}).") from None
-        if not hasattr(self._z, "files"):
-            raise InputError(f"{source}: is a .npy file, not a .npz archive; rename it to .npy.")
-        self.keys: list[str] = list(self._z.files)
-
-    def get(self, key: str) -> np.ndarray:
-        try:
-            return np.asarray(self._z[key])
-        except KeyError:
-            held = ", ".join(self.keys) or "nothing"
-            raise InputError(f"{self.source}: no array named {key!r}; it holds {held}.") from None
-        except ValueError as exc:
-            if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
-                raise InputError(
-                    f"{self.source}:{key}: holds pickled Python objects; attnviz never unpickles "
-                    "(allow_pickle=False)."
-                ) from None
-            raise InputError(f"{self.source}:{key}: unreadable ({exc}).") from None
-        except (OSError, EOFError, zipfile.BadZipFile) as exc:
-            raise InputError(f"{self.source}:{key}: unreadable ({exc}).") from None
-
-
 @dataclass
 class Opened:
-    """A spec opened once: ``raw`` is an ndarray (.npy), an ``NpzArchive`` archive, or a parsed JSON value."""
+    """A spec opened once: ``raw`` is an ndarray (a file of one array), a ``Container`` of named arrays
+    (.npz, .safetensors, HDF5, torch.save), or a parsed JSON value. ``key`` is the ``FILE:KEY`` part."""
 
     spec: str
     source: str
@@ -240,19 +212,27 @@ class Opened:
     def array(self, *, allow_neg_inf: bool = False, allow_nonfinite: bool = False) -> Loaded:
         """The single array this spec names."""
         source, raw, labels = self.source, self.raw, None
-        if isinstance(raw, NpzArchive):
+        if isinstance(raw, Container):
             key = self.key
             if key is None:
                 if len(raw.keys) != 1:
                     raise InputError(
-                        f"{source}: holds {len(raw.keys)} arrays ({', '.join(raw.keys) or 'none'}); "
+                        f"{source}: holds {len(raw.keys)} arrays ({listing(raw.keys) if raw.keys else 'none'}); "
                         f"name one as {source}:KEY."
                     )
                 arr = raw.get(raw.keys[0])
             else:
-                arr = raw.get(key)
-                source = f"{source}:{key}"
+                matches = raw.select(key)
+                if len(matches) > 1:
+                    raise InputError(
+                        f"{source}:{key}: the pattern matches {len(matches)} arrays ({listing(matches)}); "
+                        "one array is needed here: name it, or narrow the pattern."
+                    )
+                arr = raw.get(matches[0])
+                source = f"{source}:{matches[0]}"
         elif isinstance(raw, np.ndarray):
+            if self.key is not None:
+                raise InputError(f"{source}: holds a single array, not named arrays; drop ':{self.key}'.")
             arr = raw
         else:  # JSON
             if isinstance(raw, dict):
@@ -277,10 +257,10 @@ class Opened:
         raw, wanted = self.raw, [*names, *BUNDLE_EXTRAS, *optional]
         if self.key is not None:
             return None
-        if isinstance(raw, NpzArchive):
-            if not all(n in raw.keys for n in names):
+        if isinstance(raw, Container):
+            if not all(raw.has(n) for n in names):
                 return None
-            values: Mapping[str, Any] = {n: raw.get(n) for n in wanted if n in raw.keys}
+            values: Mapping[str, Any] = {n: raw.get(n) for n in wanted if raw.has(n)}
         elif isinstance(raw, dict) and all(n in raw for n in names):
             values = {n: raw[n] for n in wanted if n in raw}
         else:
@@ -296,21 +276,35 @@ class Opened:
             out[name] = Loaded(arr, where, self.path)
         return out
 
+    def layer_keys(self) -> list[str]:
+        """The keys read as a stack of layers (``inspect``, ``compare``): every key of a file of several
+        arrays named without a key, or the matches of a key glob when there are several, in natural
+        order; empty when the spec names one array."""
+        raw = self.raw
+        if not isinstance(raw, Container):
+            return []
+        if self.key is None:
+            return natural(raw.keys) if len(raw.keys) > 1 else []
+        if raw.has(self.key) or not is_glob(self.key):
+            return []
+        matches = raw.select(self.key)
+        return matches if len(matches) > 1 else []
+
 
 def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
-    """Open ``file.npy``, ``file.npz``, ``file.npz:key``, ``file.json`` or ``-`` (JSON on stdin)."""
+    """Open ``-`` (JSON on stdin), ``file.json``, or any file ``attnviz.formats`` reads (``.npy``,
+    ``.npz``, ``.safetensors``, ``.h5``/``.hdf5``, ``.pt``/``.pth``/``.bin``), with ``:KEY`` (or a key
+    glob) for a file of named arrays."""
     if spec == STDIN:
         stdin = stdin or StdinReader()
         return Opened(spec, "<stdin>", None, None, _parse_json_text(stdin.read(), "<stdin>"))
     path, key = split_spec(spec)
     p = _check_path(path)
-    suffix = p.suffix.lower()
-    if key is not None and suffix != ".npz":
-        raise UsageError(f"{spec}: only .npz archives take ':KEY'.")
-    if suffix == ".npy":
-        return Opened(spec, path, p, None, _load_npy(p, path))
-    if suffix == ".npz":
-        return Opened(spec, path, p, key, NpzArchive(p, path))
+    fmt = formats.BY_SUFFIX.get(p.suffix.lower())
+    if key is not None and (fmt is None or not fmt.keyed):
+        raise UsageError(f"{spec}: only files of named arrays ({formats.describe(True)}) take ':KEY'.")
+    if fmt is not None:
+        return Opened(spec, path, p, key, fmt.open(p, path))
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -319,7 +313,7 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
 
 
 def load_array(spec: str, stdin: StdinReader | None = None, *, allow_neg_inf: bool = False) -> Loaded:
-    """Read one array from a spec (``.npy``, ``.npz``, ``.npz:key``, ``.json`` or ``-``)."""
+    """Read one array from a spec (any file ``open_spec`` reads, ``FILE:KEY``, or ``-``)."""
     return open_spec(spec, stdin).array(allow_neg_inf=allow_neg_inf)
 
 

@@ -1,5 +1,6 @@
-"""Learned parameters: what a variant expects, reading them from ``--params FILE.npz``, drawing them
-with ``--seed N``, and writing them with ``--save-params FILE.npz``. NumPy only.
+"""Learned parameters: what a variant expects, reading them from ``--params FILE`` (``.npz``,
+``.safetensors``, HDF5 or a ``torch.save`` dict), drawing them with ``--seed N``, and writing them
+with ``--save-params FILE.npz``. NumPy only.
 
 Kernels are stored in the Keras orientation ``[in, out]`` and applied as ``x @ W``. Drawn kernels are
 Glorot-uniform, ``U(-l, l)`` with ``l = sqrt(6 / (fan_in + fan_out))`` from
@@ -73,37 +74,32 @@ def draw(specs: Mapping[str, ParamSpec], seed: int) -> dict[str, np.ndarray]:
 
 
 def read(spec: str) -> tuple[dict[str, np.ndarray], Path]:
-    """The arrays of a ``.npz`` parameter file, checked to be numeric and finite (never unpickled)."""
-    import numpy as np
-
+    """The arrays of a parameter file of named arrays (``.npz``, ``.safetensors``, ``.h5``/``.hdf5``, or a
+    ``torch.save`` dict in ``.pt``/``.pth``/``.bin``), checked to be numeric and finite (never unpickled).
+    Keys are the file's own: ``query/kernel`` is a key of a ``.npz`` or ``.safetensors`` file and a
+    dataset path in HDF5."""
+    from attnviz.errors import InputError
+    from attnviz.formats import CONTAINER_SUFFIXES, Container, describe, open_file
     from attnviz.io import validate_array
 
     path = Path(spec)
-    if path.suffix.lower() != ".npz":
-        raise UsageError(f"--params {spec}: a parameter file is a .npz archive (numpy.savez).")
+    if path.suffix.lower() not in CONTAINER_SUFFIXES:
+        raise UsageError(f"--params {spec}: a parameter file is a .npz archive (numpy.savez), or a file of named "
+                         f"arrays ({describe(keyed_only=True)}).")
     if not path.is_file():
         raise UsageError(f"--params {spec}: no such file.")
     try:
-        archive = np.load(path, allow_pickle=False)
-    except Exception as exc:  # zipfile, OSError, ValueError: all mean "not a readable archive"
-        raise ParamsError(f"{spec}: not a readable .npz parameter file ({exc}).") from None
-    if not hasattr(archive, "files"):
-        raise ParamsError(f"{spec}: a parameter file is a .npz archive of named arrays, not a single .npy array.")
-    out = {}
-    for key in archive.files:
-        try:
-            arr = np.asarray(archive[key])
-        except ValueError as exc:
-            if "pickle" in str(exc).lower() or "object" in str(exc).lower():
-                raise ParamsError(
-                    f"{spec}:{key}: holds pickled Python objects; attnviz never unpickles (allow_pickle=False)."
-                ) from None
-            raise ParamsError(f"{spec}:{key}: unreadable ({exc}).") from None
-        try:
+        container = open_file(path, spec)
+        if not isinstance(container, Container):
+            raise ParamsError(f"{spec}: a parameter file holds named arrays (a dict of tensors), not a single "
+                              "tensor.")
+        out = {}
+        for key in container.keys:
+            arr = container.get(key)
             validate_array(arr, f"{spec}:{key}")
-        except Exception as exc:
-            raise ParamsError(str(exc)) from None
-        out[key] = arr
+            out[key] = arr
+    except InputError as exc:
+        raise ParamsError(exc.message) from None
     return out, path
 
 
