@@ -104,13 +104,141 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
 
 def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:
     """A keep mask given in the file's layout (broadcasting against one map, one layer's arrays, or
-    the whole file) in the standard layout ``[layers, batch, heads, Lq, Lk]``."""
+    the whole file) in the standard layout ``[layers, batch, heads, Lq, Lk]``, kept as small as it
+    came (its size-1 axes stay size 1; ``numpy.broadcast_to`` widens it where needed)."""
     from attnviz.masks import check_broadcast
 
     shape = w.file_shape[1:] if w.keys else w.file_shape
     layout = w.layout[1:] if w.keys else w.layout
     check_broadcast(keep, shape, source)
-    return to_standard(np.broadcast_to(keep, shape), layout)
+    return to_standard(keep.reshape((1,) * (len(shape) - keep.ndim) + keep.shape), layout)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Masks and padding (inspect's --mask, --key-padding-mask, --check-mask; compare's masks)
+
+#: with ``--mask-kind additive``, a bias at or below this masks its key: -inf, the -10000 of older
+#: Hugging Face models and the dtype minimum of newer ones (exp underflows to exactly 0 long before)
+ADDITIVE_MASKED = -1e4
+
+
+@dataclass
+class InspectMask:
+    """What the masks of an ``inspect`` or ``compare`` run say, in the standard layout:
+
+    * ``keep``: bool, broadcasts to ``[layers, batch, heads, Lq, Lk]``; None when every key may be attended;
+    * ``real_keys``: bool, broadcasts to ``[layers, batch, heads, Lk]``: the keys some query row may
+      attend. A key no query may attend is padding (the zeros of a ``[B, S]`` attention_mask or a
+      key-padding mask; the padded columns of a causal ``[B, 1, T, S]`` mask). None: none is padding;
+    * ``real_rows``: the same positions as query rows, ``[layers, batch, heads, Lq]``, when
+      ``Lq == Lk`` (self-attention): a query at a padded position is padding too.
+
+    ``finish`` works out the last two from ``keep`` once every mask is in.
+    """
+
+    keep: np.ndarray | None = None
+    real_keys: np.ndarray | None = None
+    real_rows: np.ndarray | None = None
+    described: list[str] = field(default_factory=list)
+
+    def __and__(self, other: InspectMask) -> InspectMask:
+        keep = other.keep if self.keep is None else self.keep if other.keep is None else \
+            np.logical_and(self.keep, other.keep)
+        return InspectMask(keep, described=self.described + other.described)
+
+    def finish(self, shape: tuple[int, ...]) -> InspectMask:
+        """Padding from ``keep``, for weights of ``shape [L, B, H, Lq, Lk]``."""
+        if self.keep is None:
+            return self
+        real = np.any(self.keep, axis=-2)
+        if real.all():
+            return InspectMask(self.keep, described=self.described)
+        return InspectMask(self.keep, real, real if shape[-2] == shape[-1] else None, self.described)
+
+    def batch(self, bi: int) -> InspectMask:
+        """The mask of batch entry ``bi`` alone (the batch axis kept, of size 1)."""
+        def entry(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None or a.shape[1] == 1 else a[:, bi:bi + 1]
+
+        return InspectMask(entry(self.keep), entry(self.real_keys), entry(self.real_rows), self.described)
+
+    def padded_rows(self, shape: tuple[int, ...]) -> int:
+        """How many query rows of weights ``shape [L, B, H, Lq, Lk]`` are padding."""
+        if self.real_rows is None:
+            return 0
+        return int(np.prod(shape[:-1])) - int(np.broadcast_to(self.real_rows, shape[:-1]).sum())
+
+
+def additive_keep(loaded: Any) -> np.ndarray:
+    """An additive mask (a float bias added to the scores) as a keep array: 0 and other biases keep,
+    ``-inf`` and anything at or below ``ADDITIVE_MASKED`` masks."""
+    bias = np.asarray(loaded.data, dtype=np.float64)
+    if np.isnan(bias).any() or np.isposinf(bias).any():
+        raise InputError(f"{loaded.source}: an additive mask may hold finite values and -inf only.")
+    return bias > ADDITIVE_MASKED
+
+
+def read_mask(w: Weights, loaded: Any, *, convention: str = "keep", kind: str = "bool", key_padding: bool = False,
+              option: str = "--mask") -> InspectMask:
+    """A mask file for the weights ``w``, in the standard layout. Its shapes:
+
+    * ``[S]`` or ``[B, S]`` with ``key_padding`` (``--key-padding-mask``), or a 2-D ``[B, S]`` mask when
+      the weights have ``B > 1`` batch entries and ``Lq != B``: a Hugging Face ``attention_mask``;
+    * 4-D: Hugging Face's ``[batch, heads or 1, Lq or 1, Lk]``, whatever the file's layout;
+    * anything else broadcasts against the file's maps as the file holds them (``standard_mask``).
+
+    Call ``finish`` on the result (after combining it with other masks) for the padding it marks.
+    """
+    from attnviz.masks import boolean_keep
+
+    keep = additive_keep(loaded) if kind == "additive" else boolean_keep(loaded, convention)
+    layers, batches, heads, lq, lk = w.shape
+    source = loaded.source
+    attention_mask = keep.ndim == 2 and keep.shape == (batches, lk) and batches > 1
+    if attention_mask and lq == batches and not key_padding:
+        raise UsageError(f"{option} {source}: a [{batches}, {lk}] mask may be a Hugging Face attention_mask "
+                         f"[batch, S] or a [Lq, Lk] mask here (batch = Lq = {lq}); give an attention_mask "
+                         f"with --key-padding-mask, or a [Lq, Lk] mask as [1, {lq}, {lk}].")
+    if key_padding or attention_mask:
+        if keep.ndim not in (1, 2) or keep.shape[-1] != lk or (keep.ndim == 2 and keep.shape[0] not in (1, batches)):
+            raise ShapeError(f"{option} {source}: a padding mask is [batch, Lk] = [{batches}, {lk}] or [{lk}] here; "
+                             f"received {shape_str(keep.shape)} for weights {shape_str(w.shape)} "
+                             "[layers, batch, heads, Lq, Lk].")
+        std = keep.reshape(1, keep.shape[0] if keep.ndim == 2 else 1, 1, 1, lk)
+        what = f"key padding {source}"
+    elif keep.ndim == 4:
+        try:
+            fits = np.broadcast_shapes(keep.shape, (batches, heads, lq, lk)) == (batches, heads, lq, lk)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ShapeError(f"{option} {source}: a 4-D mask is read as [batch, heads or 1, Lq or 1, Lk] (Hugging "
+                             f"Face); received {shape_str(keep.shape)}, expected one that broadcasts to "
+                             f"{shape_str((batches, heads, lq, lk))}.")
+        std = keep[None]
+        what = f"mask {source}"
+    else:
+        std = standard_mask(w, keep, source)
+        what = f"mask {source}"
+    if kind == "additive":
+        what += f" (additive: <= {ADDITIVE_MASKED:g} masks)"
+    else:
+        what += f" ({convention}: 1 = {'may attend' if convention == 'keep' else 'masked'})"
+    if std.shape[-2] > 1 and np.array_equal(std, np.broadcast_to(std[..., :1, :], std.shape)):
+        std = std[..., :1, :]  # the same for every query row (an expanded attention_mask): keep one
+    return InspectMask(keep=std, described=[what])
+
+
+def _first_last(real: np.ndarray | None, lead: tuple[int, ...], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first and last real position of each (layer, batch, head), ``[L, B, H]`` (0 and n - 1 when
+    nothing is known, or nothing is real)."""
+    if real is None:
+        return np.zeros(lead, dtype=np.int64), np.full(lead, n - 1, dtype=np.int64)
+    full = np.broadcast_to(real, (*lead, n))
+    anything = full.any(axis=-1)
+    first = np.where(anything, np.argmax(full, axis=-1), 0)
+    last = np.where(anything, n - 1 - np.argmax(full[..., ::-1], axis=-1), n - 1)
+    return first.astype(np.int64), last.astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -119,6 +247,8 @@ def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:
 HEAD_STATS = ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max")
 TAG_THRESHOLD = 0.5  # a pattern "dominates" when it takes at least half the mass on average
 BROAD_THRESHOLD = 0.9  # normalised entropy at or above this: the head spreads its attention
+#: how far from 1 (or 0, a fully masked row) a row of attention weights may sum (float16 files: 1e-2)
+ROW_SUM_TOL = 1e-3
 
 
 CHUNK = 2**22  # values handled at a time on large inputs (32 MiB in float64)
@@ -136,6 +266,10 @@ def row_blocks(w: np.ndarray, chunk: int = CHUNK) -> Iterator[tuple[tuple[int, .
             release_pages(w)
 
 
+def _real_rows(rows: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
+    return None if rows is None else np.broadcast_to(rows, shape[:-1])
+
+
 def is_causal(w: np.ndarray, chunk: int = CHUNK) -> bool:
     """Nothing above the diagonal (top-left aligned), anywhere."""
     lk = w.shape[-1]
@@ -146,101 +280,238 @@ def is_causal(w: np.ndarray, chunk: int = CHUNK) -> bool:
     return True
 
 
-def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK) -> dict[str, np.ndarray]:
-    """Per (layer, head) means over batch and query rows of ``w [L, B, H, Lq, Lk]``:
+def row_sum_tolerance(dtype: np.dtype[Any]) -> float:
+    return 1e-2 if dtype == np.float16 else ROW_SUM_TOL
 
-    * ``entropy`` (nats) and ``entropy_norm`` (divided by log of the keys a row may attend to: the
-      ``keep`` mask's count; without one, i + 1 when the weights are causal, else Lk; rows with a
-      single key to attend are left out of this mean);
+
+#: the sums ``_head_sums`` returns per (layer, head)
+_SUMS = ("rows", "later", "entropy", "distance", "max", "last", "diagonal", "previous", "first", "first_all",
+         "norm_full", "count_full", "norm_causal", "count_causal", "off_rows", "negative")
+
+
+def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.ndarray | None,
+               first_key: np.ndarray, last_key: np.ndarray, first_row: np.ndarray,
+               tol: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool]:
+    """Sums over batch entries and query rows of one block ``[l, b, h, r, Lk]`` (rows ``start`` on):
+    ``[l, h]`` arrays, the least and largest row sums and values ``[l, h]``, and whether a weight
+    lies above the diagonal. ``keep`` (bool, the block's shape), ``real`` (bool,
+    ``[l, b, h, r]``) and the ``[l, b, h]`` positions are the block's share of the masks. Masked keys
+    and padded rows count as weight 0; only rows that are real and may attend somewhere are counted."""
+    lk = block.shape[-1]
+    i = np.arange(start, start + block.shape[-2])
+    j = np.arange(lk)
+    live = np.ones(block.shape[:-1], dtype=bool) if real is None else np.broadcast_to(real, block.shape[:-1])
+    if keep is not None:
+        live = live & keep.any(axis=-1)
+    # are these distributions? Judged on the rows as the file holds them (masked keys included)
+    row_sum = block.sum(axis=-1)
+    near = (np.abs(row_sum - 1.0) <= tol) | (np.abs(row_sum) <= tol)
+    negative = np.where(live, (block < 0).sum(axis=-1), 0)
+    extremes = {"sum_min": np.where(live, row_sum, np.inf).min(axis=(1, 3)),
+                "sum_max": np.where(live, row_sum, -np.inf).max(axis=(1, 3)),
+                "value_min": np.where(live, block.min(axis=-1), np.inf).min(axis=(1, 3))}
+    if keep is not None or real is not None:
+        x = np.where(live[..., None] if keep is None else keep & live[..., None], block, 0.0)
+    else:
+        x = block
+    above = bool(np.any((x != 0) & (j[None, :] > i[:, None])))
+    logs = np.log(x, out=np.zeros_like(x), where=x > 0)
+    h = 0.0 - np.einsum("...k,...k->...", x, logs)
+    n_full = np.broadcast_to(lk if keep is None else keep.sum(axis=-1), live.shape)
+    n_causal = np.broadcast_to(np.minimum(i + 1, lk) if keep is None else
+                               (keep & (j[None, :] <= i[:, None])).sum(axis=-1), live.shape)
+    top = x.max(axis=-1) if keep is None else np.where(keep, x, -np.inf).max(axis=-1)
+    later = live & (i > first_row[..., None])
+    first = np.take_along_axis(x, np.broadcast_to(first_key[..., None, None], (*x.shape[:-1], 1)), axis=-1)[..., 0]
+    last = np.take_along_axis(x, np.broadcast_to(last_key[..., None, None], (*x.shape[:-1], 1)), axis=-1)[..., 0]
+    diagonal = np.zeros(live.shape)
+    on = i < lk
+    diagonal[..., on] = x[..., np.flatnonzero(on), i[on]]
+    previous = np.zeros(live.shape)
+    after = (i >= 1) & (i - 1 < lk)
+    previous[..., after] = x[..., np.flatnonzero(after), i[after] - 1]
+
+    def total(values: np.ndarray, where: np.ndarray = live) -> np.ndarray:
+        return np.where(where, values, 0.0).sum(axis=(1, 3))
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        normed = {name: np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0)
+                  for name, n in (("full", n_full), ("causal", n_causal))}
+    sums = {
+        "rows": live.sum(axis=(1, 3)).astype(np.float64),
+        "later": later.sum(axis=(1, 3)).astype(np.float64),
+        "entropy": total(h),
+        "distance": total(np.einsum("...k,...k->...", x, np.abs(i[:, None] - j[None, :]).astype(np.float64))),
+        "max": total(top),
+        "last": total(last),
+        "diagonal": total(diagonal),
+        "previous": total(previous, later),
+        "first": total(first, later),
+        "first_all": total(first),
+        "norm_full": total(normed["full"]),
+        "count_full": (live & (n_full > 1)).sum(axis=(1, 3)).astype(np.float64),
+        "norm_causal": total(normed["causal"]),
+        "count_causal": (live & (n_causal > 1)).sum(axis=(1, 3)).astype(np.float64),
+        "off_rows": (live & ~near).sum(axis=(1, 3)).astype(np.float64),
+        "negative": negative.sum(axis=(1, 3)).astype(np.float64),
+    }
+    return sums, extremes, above
+
+
+def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slice], int, np.ndarray]]:
+    """((layer, batch, head) slices, first row, float64 block ``[1, 1, h, r, Lk]``) over ``w`` in
+    pieces of about ``chunk`` values: several heads at a time when their maps are small, else a
+    block of rows of one head."""
+    layers, batches, heads, lq, lk = w.shape
+    per_map = max(1, lq * lk)
+    if per_map <= chunk:
+        group = max(1, chunk // per_map)
+        for li, bi in np.ndindex(layers, batches):
+            for h0 in range(0, heads, group):
+                h1 = min(h0 + group, heads)
+                yield ((slice(li, li + 1), slice(bi, bi + 1), slice(h0, h1)), 0,
+                       np.asarray(w[li:li + 1, bi:bi + 1, h0:h1], dtype=np.float64))
+                release_pages(w)
+        return
+    for (li, bi, hi), start, _, block in row_blocks(w, chunk):
+        yield (slice(li, li + 1), slice(bi, bi + 1), slice(hi, hi + 1)), start, block[None, None, None]
+
+
+def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
+                    real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
+                    ) -> dict[str, np.ndarray]:
+    """Per (layer, head) means over batch entries and query rows of ``w [L, B, H, Lq, Lk]``:
+
+    * ``entropy`` (nats) and ``entropy_norm`` (divided by log n, n the keys a row may attend to:
+      those ``keep`` keeps, and only j <= i when the weights are causal, i.e. hold nothing above the
+      diagonal in the rows counted; rows with a single key to attend are left out of this mean);
     * ``distance``: mean attention distance, sum_j w_ij |i - j|;
-    * ``diagonal``, ``previous`` (j = i - 1, rows i >= 1), ``first`` (j = 0, rows i >= 1, the attention
-      sink), ``last`` (j = Lk - 1): mean weight on those keys; ``max``: mean of each row's largest weight.
+    * ``diagonal``, ``previous`` (j = i - 1), ``first`` (the first real key, j = 0 without padding;
+      the attention sink), ``last`` (the last real key, j = Lk - 1 without padding): mean weight on
+      those keys, ``previous`` and ``first`` over the rows after the first real one;
+      ``max``: mean of each row's largest weight.
 
-    Returns arrays ``[L, H]`` plus ``tag`` (an object array of short descriptions). Inputs larger
-    than ``chunk`` values are summarised a block of rows at a time (``head_statistics_blocked``).
+    Masks, all broadcasting in the standard layout: ``keep`` ``[L, B, H, Lq, Lk]`` (masked keys count
+    as weight 0), ``real_rows`` ``[L, B, H, Lq]`` (padded query rows are left out) and ``real_keys``
+    ``[L, B, H, Lk]`` (where the first and last real keys are). Rows that are padding or fully masked
+    are left out of every mean, so a padded batch entry has the statistics of its unpadded slice.
+
+    Also per (layer, head): ``rows`` (rows counted), ``off_rows`` (of those, rows summing neither to 1
+    nor to 0 within ``row_sum_tolerance``), ``negative`` (negative values in them), ``sum_min``,
+    ``sum_max`` and ``value_min``; ``distributions(stats)`` sums them up. Returns arrays ``[L, H]``
+    plus ``tag`` (an object array of short descriptions; all empty when the rows are not
+    distributions). Inputs larger than ``chunk`` values are summarised a block at a time
+    (``head_statistics_blocked``), with the same result.
     """
     if w.size > chunk:
-        return head_statistics_blocked(w, keep, chunk)
-    w = np.asarray(w, dtype=np.float64)
-    lq, lk = w.shape[-2:]
-    i = np.arange(lq)[:, None]
-    j = np.arange(lk)[None, :]
-    if keep is not None:
-        n = np.broadcast_to(keep, w.shape).sum(axis=-1)
-    elif is_causal(w):
-        n = np.broadcast_to(np.minimum(np.arange(lq) + 1, lk), w.shape[:-1])
-    else:
-        n = np.full(w.shape[:-1], lk)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h = 0.0 - np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0).sum(axis=-1)
-        h_norm = np.where(n > 1, h / np.log(np.maximum(n, 2)), np.nan)  # undefined with one key to attend
-
-    def rows_mean(x: np.ndarray) -> np.ndarray:  # over batch entries and query rows
-        return x.mean(axis=(1, 3))
-
-    with np.errstate(invalid="ignore"):
-        defined = (~np.isnan(h_norm)).sum(axis=(1, 3))
-        entropy_norm = np.where(defined > 0, np.nansum(h_norm, axis=(1, 3)) / np.maximum(defined, 1), 0.0)
-    stats = {
-        "entropy": rows_mean(h),
-        "entropy_norm": entropy_norm,
-        "distance": rows_mean((w * np.abs(i - j)).sum(axis=-1)),
-        "max": rows_mean(w.max(axis=-1)),
-        "last": rows_mean(w[..., :, lk - 1]),
-    }
-    d = min(lq, lk)
-    stats["diagonal"] = w[..., np.arange(d), np.arange(d)].mean(axis=(1, 3)) * d / lq
-    if lq > 1:
-        rows = np.arange(1, lq)
-        prev = w[..., rows, np.minimum(rows - 1, lk - 1)] * (rows - 1 < lk)
-        stats["previous"] = prev.mean(axis=(1, 3))
-        stats["first"] = w[..., 1:, 0].mean(axis=(1, 3))
-    else:
-        stats["previous"] = np.zeros(w.shape[:1] + w.shape[2:3])
-        stats["first"] = w[..., :, 0].mean(axis=(1, 3))
-    stats["tag"] = head_tags(stats)
-    return stats
+        return head_statistics_blocked(w, keep, chunk, real_rows=real_rows, real_keys=real_keys)
+    return _head_statistics(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, np.float64))])
 
 
-def head_statistics_blocked(w: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK) -> dict[str, np.ndarray]:
-    """``head_statistics`` a block of rows at a time: the same sums, in bounded memory."""
+def head_statistics_blocked(w: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK, *,
+                            real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
+                            ) -> dict[str, np.ndarray]:
+    """``head_statistics`` a block at a time: the same sums, in bounded memory."""
+    return _head_statistics(w, keep, real_rows, real_keys, _slabs(w, chunk))
+
+
+def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | None,
+                     real_keys: np.ndarray | None,
+                     blocks: Any) -> dict[str, np.ndarray]:
     layers, batches, heads, lq, lk = w.shape
-    causal = keep is None and is_causal(w, chunk)
-    names = ("entropy", "distance", "max", "last", "diagonal", "previous", "first")
-    sums = {n: np.zeros((layers, heads)) for n in names}
-    norm_sum, norm_count = np.zeros((layers, heads)), np.zeros((layers, heads))
+    lead = (layers, batches, heads)
+    first_key, last_key = _first_last(real_keys, lead, lk)
+    first_row, _ = _first_last(real_rows, lead, lq)
     full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
-    j = np.arange(lk)
-    for (li, bi, hi), start, stop, block in row_blocks(w, chunk):
-        i = np.arange(start, stop)
-        if full_keep is not None:
-            n = full_keep[li, bi, hi, start:stop].sum(axis=-1)
-        elif causal:
-            n = np.minimum(i + 1, lk)
-        else:
-            n = np.full(stop - start, lk)
-        logs = np.log(block, out=np.zeros_like(block), where=block > 0)
-        h = 0.0 - np.einsum("ij,ij->i", block, logs)
-        defined = n > 1
-        norm_sum[li, hi] += (h[defined] / np.log(n[defined])).sum()
-        norm_count[li, hi] += defined.sum()
-        sums["entropy"][li, hi] += h.sum()
-        sums["distance"][li, hi] += np.einsum("ij,ij->", block, np.abs(i[:, None] - j[None, :]))
-        sums["max"][li, hi] += block.max(axis=-1).sum()
-        sums["last"][li, hi] += block[:, lk - 1].sum()
-        diagonal = i < lk
-        sums["diagonal"][li, hi] += block[diagonal, i[diagonal]].sum()
-        later = (i >= 1) & (i - 1 < lk)
-        sums["previous"][li, hi] += block[later, i[later] - 1].sum()
-        sums["first"][li, hi] += block[i >= 1, 0].sum()
-    rows = batches * lq
-    later_rows = batches * (lq - 1) if lq > 1 else rows
-    stats = {n: sums[n] / (later_rows if n in ("previous", "first") and lq > 1 else rows) for n in names}
-    if lq == 1:
-        stats["previous"] = np.zeros((layers, heads))
-    stats["entropy_norm"] = np.where(norm_count > 0, norm_sum / np.maximum(norm_count, 1), 0.0)
+    full_real = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
+    tol = row_sum_tolerance(w.dtype)
+    sums = {n: np.zeros((layers, heads)) for n in _SUMS}
+    extremes = {"sum_min": np.full((layers, heads), np.inf), "sum_max": np.full((layers, heads), -np.inf),
+                "value_min": np.full((layers, heads), np.inf)}
+    above = False
+    for sl, start, block in blocks:
+        span = slice(start, start + block.shape[-2])
+        got, ext, up = _head_sums(block, start, None if full_keep is None else full_keep[sl + (span,)],
+                                  None if full_real is None else full_real[sl + (span,)],
+                                  first_key[sl], last_key[sl], first_row[sl], tol)
+        where = (sl[0], sl[2])
+        for name in _SUMS:
+            sums[name][where] += got[name]
+        extremes["sum_min"][where] = np.minimum(extremes["sum_min"][where], ext["sum_min"])
+        extremes["sum_max"][where] = np.maximum(extremes["sum_max"][where], ext["sum_max"])
+        extremes["value_min"][where] = np.minimum(extremes["value_min"][where], ext["value_min"])
+        above = above or up
+    rows = sums["rows"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = {name: np.where(rows > 0, sums[name] / rows, np.nan)
+                 for name in ("entropy", "distance", "max", "last", "diagonal")}
+        later = sums["later"]
+        stats["previous"] = np.where(later > 0, sums["previous"] / later, np.where(rows > 0, 0.0, np.nan))
+        first_all = np.where(rows > 0, sums["first_all"] / rows, np.nan)
+        stats["first"] = np.where(later > 0, sums["first"] / later, first_all)
+        kind = "full" if above else "causal"
+        norm, count = sums[f"norm_{kind}"], sums[f"count_{kind}"]
+        stats["entropy_norm"] = np.where(count > 0, norm / np.maximum(count, 1), np.where(rows > 0, 0.0, np.nan))
+    stats["rows"] = rows
+    stats["off_rows"] = sums["off_rows"]
+    stats["negative"] = sums["negative"]
+    stats.update(extremes)
     stats["tag"] = head_tags(stats)
+    if not distributions(stats, tol).ok:
+        stats["tag"][...] = ""
     return stats
+
+
+@dataclass
+class Distributions:
+    """Whether the rows examined are distributions (non-negative, each summing to 1, or 0 when fully
+    masked), for the warning that the input may be raw scores or activations."""
+
+    rows: int
+    off_rows: int  # rows summing neither to 1 nor to 0 within tol
+    negative: int  # negative values
+    sum_min: float
+    sum_max: float
+    value_min: float
+    tol: float
+
+    @property
+    def ok(self) -> bool:
+        return self.off_rows == 0 and self.negative == 0
+
+    def warning(self, source: str, tags: bool = True) -> str | None:
+        """One line for stderr and the JSON document's ``warnings``, or None when all is well."""
+        if self.ok:
+            return None
+        found = []
+        if self.off_rows:
+            found.append(f"{self.off_rows} of {self.rows} rows sum neither to 1 nor to 0 (within {self.tol:g})")
+        if self.negative:
+            found.append(f"{self.negative} value(s) are negative (the least {self.value_min:.4g})")
+        return (f"{source} does not hold attention weights as distributions: {' and '.join(found)}; row sums "
+                f"range from {self.sum_min:.4g} to {self.sum_max:.4g}. Raw scores or activations rather than "
+                "attention weights?" + (" Pattern tags are left out." if tags else ""))
+
+
+def distributions(stats: dict[str, np.ndarray], tol: float = ROW_SUM_TOL) -> Distributions:
+    """The summary of ``head_statistics``' row checks over every head."""
+    rows = int(np.sum(stats["rows"]))
+    return Distributions(rows, int(np.sum(stats["off_rows"])), int(np.sum(stats["negative"])),
+                         float(np.min(stats["sum_min"])) if rows else 0.0,
+                         float(np.max(stats["sum_max"])) if rows else 0.0,
+                         float(np.min(stats["value_min"])) if rows else 0.0, tol)
+
+
+def row_distributions(w: np.ndarray, live: np.ndarray | None = None, tol: float = ROW_SUM_TOL) -> Distributions:
+    """The same summary for an array held whole (``compare``), over the rows ``live`` marks."""
+    sums = w.sum(axis=-1)
+    live = np.ones(sums.shape, bool) if live is None else np.broadcast_to(live, sums.shape)
+    near = (np.abs(sums - 1.0) <= tol) | (np.abs(sums) <= tol)
+    counted = sums[live]
+    return Distributions(int(live.sum()), int((live & ~near).sum()), int(((w < 0) & live[..., None]).sum()),
+                         float(counted.min(initial=np.inf)) if counted.size else 0.0,
+                         float(counted.max(initial=-np.inf)) if counted.size else 0.0,
+                         float(np.where(live[..., None], w, np.inf).min(initial=np.inf)), tol)
 
 
 def head_tags(stats: dict[str, np.ndarray]) -> np.ndarray:
@@ -261,8 +532,31 @@ def head_tags(stats: dict[str, np.ndarray]) -> np.ndarray:
     return tags
 
 
+def map_row_stats(one: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK) -> Any:
+    """Per-query statistics (``attnviz.stats.RowStats``) of one map ``[Lq, Lk]``, masked keys counted
+    as weight 0, a block of rows at a time."""
+    from attnviz.stats import RowStats, row_stats
+
+    if keep is None:
+        return row_stats(one)
+    lq, lk = one.shape
+    step = max(1, chunk // max(lk, 1))
+    full_keep = np.broadcast_to(keep, one.shape)
+    parts = []
+    for start in range(0, lq, step):
+        rows = full_keep[start:start + step]
+        block = np.where(rows, np.asarray(one[start:start + step], dtype=np.float64), 0.0)
+        parts.append(row_stats(block, rows, chunk=max(block.size, 1)))
+        release_pages(one)
+    if len(parts) == 1:
+        return parts[0]
+    return RowStats(**{name: np.concatenate([getattr(p, name) for p in parts], axis=0)
+                       for name in RowStats.__dataclass_fields__})
+
+
 # ---------------------------------------------------------------------------------------------------
-# Checks (exit 3 when one fails)
+# Checks (exit 3 when one fails); ``rows`` (bool, broadcasting to [L, B, H, Lq]) marks the real query
+# rows: padded rows are skipped
 
 
 @dataclass
@@ -283,10 +577,13 @@ def locate(index: Sequence[Any], names: Sequence[str] = ("layer", "batch", "head
     return ", ".join(f"{n} {int(i)}" for n, i in zip(names, index))
 
 
-def check_finite(w: np.ndarray, chunk: int = CHUNK) -> CheckResult:
+def check_finite(w: np.ndarray, chunk: int = CHUNK, rows: np.ndarray | None = None) -> CheckResult:
     count, first = 0, None
-    for idx, start, _, block in row_blocks(w, chunk):
+    real = _real_rows(rows, w.shape)
+    for idx, start, stop, block in row_blocks(w, chunk):
         bad = ~np.isfinite(block)
+        if real is not None:
+            bad &= real[idx][start:stop, None]
         if bad.any():
             count += int(bad.sum())
             if first is None:
@@ -298,16 +595,21 @@ def check_finite(w: np.ndarray, chunk: int = CHUNK) -> CheckResult:
                        {"unit": "entries", "index": list(first)})
 
 
-def all_finite(w: np.ndarray, chunk: int = CHUNK) -> bool:
-    return all(np.isfinite(block).all() for _, _, _, block in row_blocks(w, chunk))
+def all_finite(w: np.ndarray, chunk: int = CHUNK, rows: np.ndarray | None = None) -> bool:
+    if rows is None:
+        return all(np.isfinite(block).all() for _, _, _, block in row_blocks(w, chunk))
+    return check_finite(w, chunk, rows).passed
 
 
-def check_rows(w: np.ndarray, atol: float, keep: np.ndarray | None = None) -> CheckResult:
-    """Every row that may attend somewhere sums to 1 within ``atol``."""
+def check_rows(w: np.ndarray, atol: float, keep: np.ndarray | None = None,
+               rows: np.ndarray | None = None) -> CheckResult:
+    """Every real row that may attend somewhere sums to 1 within ``atol``."""
     sums = np.zeros(w.shape[:-1])
     for idx, start, stop, block in row_blocks(w):
         sums[idx][start:stop] = block.sum(axis=-1)
-    live = np.ones(sums.shape, bool) if keep is None else np.broadcast_to(keep, w.shape).any(axis=-1)
+    live = np.ones(sums.shape, bool) if keep is None else np.broadcast_to(np.any(keep, axis=-1), sums.shape)
+    if rows is not None:
+        live = live & np.broadcast_to(rows, sums.shape)
     off = np.where(live, np.abs(sums - 1.0), 0.0)
     off = np.where(np.isnan(off), np.inf, off)
     bad = off > atol
@@ -319,12 +621,17 @@ def check_rows(w: np.ndarray, atol: float, keep: np.ndarray | None = None) -> Ch
                        {"unit": "rows", "index": [int(i) for i in worst], "sum": float(sums[worst]), "atol": atol})
 
 
-def check_masked(w: np.ndarray, keep: np.ndarray, atol: float, name: str, chunk: int = CHUNK) -> CheckResult:
-    """No weight above ``atol`` where ``keep`` is False."""
+def check_masked(w: np.ndarray, keep: np.ndarray, atol: float, name: str, chunk: int = CHUNK,
+                 rows: np.ndarray | None = None) -> CheckResult:
+    """No weight above ``atol`` where ``keep`` is False (in the real rows)."""
     full_keep = np.broadcast_to(keep, w.shape)
+    real = _real_rows(rows, w.shape)
     count, worst, worst_value = 0, None, -1.0
     for idx, start, stop, block in row_blocks(w, chunk):
-        leak = np.where(~full_keep[idx][start:stop], np.abs(np.nan_to_num(block, nan=np.inf)), 0.0)
+        forbidden = ~full_keep[idx][start:stop]
+        if real is not None:
+            forbidden &= real[idx][start:stop, None]
+        leak = np.where(forbidden, np.abs(np.nan_to_num(block, nan=np.inf)), 0.0)
         bad = leak > atol
         if bad.any():
             count += int(bad.sum())
@@ -356,37 +663,57 @@ def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Comparison:
-    diff: np.ndarray  # a - b
+    diff: np.ndarray  # a - b (0 in padded rows)
     max_abs: float
     mean_abs: float
-    js: np.ndarray  # per row [L, B, H, Lq]
+    js: np.ndarray  # per row [L, B, H, Lq]; NaN in padded rows
     argmax_agree: float  # fraction of rows whose argmax is the same
     worst_rows: list[dict[str, object]]
+    js_mean: float = 0.0
+    js_max: float = 0.0
+    rows: int = 0  # the rows compared (padded rows are left out)
+    padded_rows: int = 0
+    distributions: tuple[Distributions, Distributions] | None = None  # of A and of B
 
 
-def compare(a: np.ndarray, b: np.ndarray, worst: int = 5) -> Comparison:
+def compare(a: np.ndarray, b: np.ndarray, worst: int = 5, rows: np.ndarray | None = None,
+            keep: np.ndarray | None = None) -> Comparison:
+    """Differences of ``a`` and ``b`` over the real query rows (``rows``, bool broadcasting to
+    ``[L, B, H, Lq]``; every row when None). ``keep`` only tells which rows are fully masked (they
+    are not asked to be distributions)."""
     a64 = np.asarray(a, dtype=np.float64)
     b64 = np.asarray(b, dtype=np.float64)
-    diff = a64 - b64
+    real = np.ones(a64.shape[:-1], bool) if rows is None else np.broadcast_to(rows, a64.shape[:-1])
+    diff = a64 - b64 if rows is None else np.where(real[..., None], a64 - b64, 0.0)
     absd = np.abs(diff)
-    js = js_divergence(a64, b64)
-    agree = np.argmax(a64, axis=-1) == np.argmax(b64, axis=-1)
+    n = int(real.sum())
+    js = np.where(real, js_divergence(a64, b64), np.nan)
+    agree = (np.argmax(a64, axis=-1) == np.argmax(b64, axis=-1)) & real
     row_max = absd.max(axis=-1)
-    order = np.argsort(-js, axis=None, kind="stable")[:worst]
-    rows = []
+    order = np.argsort(np.where(real, -js, np.inf), axis=None, kind="stable")[:min(worst, n)]
+    worst_rows = []
     for flat in order:
         idx = np.unravel_index(int(flat), js.shape)
-        rows.append({"index": [int(i) for i in idx], "where": locate(idx), "js": float(js[idx]),
-                     "max_abs": float(row_max[idx]), "argmax_a": int(np.argmax(a64[idx])),
-                     "argmax_b": int(np.argmax(b64[idx]))})
-    return Comparison(diff, float(absd.max()), float(absd.mean()), js, float(agree.mean()), rows)
+        worst_rows.append({"index": [int(i) for i in idx], "where": locate(idx), "js": float(js[idx]),
+                           "max_abs": float(row_max[idx]), "argmax_a": int(np.argmax(a64[idx])),
+                           "argmax_b": int(np.argmax(b64[idx]))})
+    live = real if keep is None else real & np.broadcast_to(np.any(keep, axis=-1), real.shape)
+    tol = row_sum_tolerance(np.asarray(a).dtype), row_sum_tolerance(np.asarray(b).dtype)
+    return Comparison(diff, float(absd.max()) if n else 0.0,
+                      float(absd.sum() / (n * a64.shape[-1])) if n else 0.0, js,
+                      float(agree.sum() / n) if n else 1.0, worst_rows,
+                      float(np.nanmean(js)) if n else 0.0, float(np.nanmax(js)) if n else 0.0, n,
+                      real.size - n, (row_distributions(a64, live, tol[0]), row_distributions(b64, live, tol[1])))
 
 
-def tolerance_check(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> CheckResult:
-    """``|a - b| <= atol + rtol |b|`` everywhere (numpy.allclose's rule)."""
+def tolerance_check(a: np.ndarray, b: np.ndarray, atol: float, rtol: float,
+                    rows: np.ndarray | None = None) -> CheckResult:
+    """``|a - b| <= atol + rtol |b|`` everywhere (numpy.allclose's rule), padded rows aside."""
     a64 = np.asarray(a, dtype=np.float64)
     b64 = np.asarray(b, dtype=np.float64)
     excess = np.abs(a64 - b64) - (atol + rtol * np.abs(b64))
+    if rows is not None:
+        excess = np.where(np.broadcast_to(rows, a64.shape[:-1])[..., None], excess, -np.inf)
     bad = excess > 0
     if not bad.any():
         return CheckResult("tolerance", True, detail={"atol": atol, "rtol": rtol})

@@ -14,14 +14,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.choices import CAUSAL_ALIGNS, MASK_CONVENTIONS
+from attnviz.choices import CAUSAL_ALIGNS, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.cli.options import LABELS, MASKS, OUTPUT, check_png_path
 from attnviz.cli.streams import out_console, stdout
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from attnviz.inspect import CheckResult, Weights
+    from attnviz.inspect import CheckResult, InspectMask, Weights
 
 CHECKS = "Checks (exit 3 when one fails)"
 SELECT = "Selection"
@@ -57,6 +57,21 @@ Cmap = Annotated[str | None, typer.Option("--cmap", rich_help_panel=OUTPUT, help
 Reduce = Annotated[Literal["mean", "max"], typer.Option("--reduce", rich_help_panel=OUTPUT,
                                                         help="how long maps are aggregated in blocks: mean or max")]
 Atol = Annotated[float, typer.Option("--atol", min=0, rich_help_panel=CHECKS, help="absolute tolerance")]
+MaskOpt = Annotated[str | None, typer.Option(
+    "--mask", metavar="FILE", rich_help_panel=MASKS,
+    help="what the model was allowed to attend: [B, S] (a Hugging Face attention_mask), 4-D [B, 1|N, 1|T, S], or "
+         "broadcasting to the maps [..., Lq, Lk]; masked keys and padded query rows are left out of statistics "
+         "and checks")]
+KeyPaddingOpt = Annotated[str | None, typer.Option(
+    "--key-padding-mask", metavar="FILE", rich_help_panel=MASKS,
+    help="[B, S] or [S]: 1 = real token, 0 = padding (with --mask-convention keep); padded keys, and the query "
+         "rows at padded positions when Lq = Lk, are left out")]
+MaskConvention = Annotated[Literal[MASK_CONVENTIONS], typer.Option(  # type: ignore[valid-type]
+    "--mask-convention", rich_help_panel=MASKS, help="keep: 1 = may attend; block: 1 = masked")]
+MaskKind = Annotated[Literal[MASK_KINDS], typer.Option(  # type: ignore[valid-type]
+    "--mask-kind", rich_help_panel=MASKS,
+    help="of --mask: bool (0/1) or additive (a float bias: 0 keeps; -inf or <= -1e4, as Hugging Face's "
+         "dtype minimum, masks)")]
 
 
 @dataclass
@@ -119,7 +134,7 @@ def _run_checked(run: Any, options: dict[str, Any]) -> None:
 
 
 def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
-                     precision: int = 2) -> Table:
+                     precision: int = 2, padded: int = 0) -> Table:
     """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
     first); ``reverse`` turns the order round."""
     import numpy as np
@@ -135,6 +150,8 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     shown = rows[:top] if top else rows
     caption = ("means over query rows (and batch entries): entropy H (nats) and H/ln n; dist: mean |i - j| weighted; "
                "diag, prev (j = i - 1), first (j = 0), last: mean weight on that key; max: mean largest weight")
+    if padded:
+        caption += f"; {padded} padded query rows left out, first and last are the first and last real keys"
     if len(shown) < len(rows):
         caption += f"; showing {len(shown)} of {len(rows)} heads (--top)"
     from rich import box
@@ -178,9 +195,12 @@ def inspect_command(
     check_rows: Annotated[bool, typer.Option("--check-rows", rich_help_panel=CHECKS,
                                              help="every row that may attend sums to 1 within --atol")] = False,
     check_mask: Annotated[str | None, typer.Option("--check-mask", metavar="FILE", rich_help_panel=CHECKS,
-                                                   help="no weight where this mask forbids it")] = None,
-    mask_convention: Annotated[Literal[MASK_CONVENTIONS], typer.Option(  # type: ignore[valid-type]
-        "--mask-convention", rich_help_panel=MASKS, help="keep: 1 = may attend; block: 1 = masked")] = "keep",
+                                                   help="no weight where this 0/1 mask forbids it (shapes as "
+                                                        "--mask); it masks the statistics too")] = None,
+    mask: MaskOpt = None,
+    key_padding_mask: KeyPaddingOpt = None,
+    mask_convention: MaskConvention = "keep",
+    mask_kind: MaskKind = "bool",
     check_causal: Annotated[bool, typer.Option("--check-causal", rich_help_panel=CHECKS,
                                                help="nothing above the diagonal")] = False,
     causal_align: Annotated[Literal[CAUSAL_ALIGNS], typer.Option(  # type: ignore[valid-type]
@@ -212,14 +232,40 @@ def inspect_command(
     _run_checked(run_inspect, locals())
 
 
+def read_masks(o: dict[str, Any], w: Weights, paths: list[Any], stdin: Any = None,
+               check: bool = True) -> tuple[InspectMask, InspectMask | None]:
+    """The masks a run was given (--mask, --key-padding-mask, --check-mask), combined; and the
+    --check-mask alone, for its check."""
+    from attnviz import inspect as insp
+    from attnviz.io import load_array
+
+    combined = insp.InspectMask()
+    checked = None
+    wanted = [("--mask", o["mask"], o["mask_kind"], False), ("--key-padding-mask", o["key_padding_mask"], "bool", True)]
+    if check:
+        wanted.append(("--check-mask", o["check_mask"], "bool", False))
+    for option, spec, kind, key_padding in wanted:
+        if spec is None:
+            continue
+        loaded = load_array(spec, stdin, allow_neg_inf=kind == "additive")
+        if loaded.path is not None:
+            paths.append(loaded.path)
+        one = insp.read_mask(w, loaded, convention=o["mask_convention"], kind=kind, key_padding=key_padding,
+                             option=option)
+        if option == "--check-mask":
+            checked = one
+        combined = combined & one
+    return combined.finish(w.shape), checked
+
+
 def run_inspect(o: dict[str, Any]) -> bool:
     import numpy as np
 
     from attnviz import inspect as insp
     from attnviz.cli.app import _stderr
     from attnviz.errors import InputError, shape_str
-    from attnviz.io import check_outputs, load_array
-    from attnviz.masks import boolean_keep, causal_keep
+    from attnviz.io import check_outputs
+    from attnviz.masks import causal_keep
     from attnviz.render.heatmap import check_cmap
 
     for option in ("png", "map_png", "stats_png"):
@@ -232,47 +278,51 @@ def run_inspect(o: dict[str, Any]) -> bool:
     q_labels, k_labels = _labels(o["q_labels"], o["k_labels"], o["labels"], lq, lk, paths)
     sel = Selection(o["layer"], o["batch"], o["head"])
     li, bi, hi = sel.index(w.shape)
-    keep = None
-    if o["check_mask"] is not None:
-        mask = load_array(o["check_mask"])
-        if mask.path is not None:
-            paths.append(mask.path)
-        keep = insp.standard_mask(w, boolean_keep(mask, o["mask_convention"]), mask.source)
+    masks, checked = read_masks(o, w, paths)
+    keep, real = masks.keep, masks.real_rows
     targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"],
                              "--json-file": o["json_file"]}, paths)
 
-    finite = insp.all_finite(w.data)
+    finite = insp.all_finite(w.data, rows=real)
     checks: list[insp.CheckResult] = []
     if o["check_finite"]:
-        checks.append(insp.check_finite(w.data))
+        checks.append(insp.check_finite(w.data, rows=real))
     if not finite and not o["check_finite"]:
-        bad = int((~np.isfinite(w.data)).sum())
+        bad = insp.check_finite(w.data, rows=real).failures
         raise InputError(f"{w.source}: {bad} non-finite value(s); run with --check-finite to locate them.")
     if finite:
         if o["check_rows"]:
-            checks.append(insp.check_rows(w.data, o["atol"], keep))
-        if keep is not None:
-            checks.append(insp.check_masked(w.data, keep, o["atol"], "check-mask"))
+            checks.append(insp.check_rows(w.data, o["atol"], keep, real))
+        if checked is not None and checked.keep is not None:
+            checks.append(insp.check_masked(w.data, checked.keep, o["atol"], "check-mask", rows=real))
         if o["check_causal"]:
             checks.append(insp.check_masked(w.data, causal_keep(lq, lk, o["causal_align"]), o["atol"],
-                                            "check-causal"))
+                                            "check-causal", rows=real))
     failed = _report_checks(checks, err) if checks else False
     if not finite:
         return True
 
+    chosen = masks if o["batch"] is None else masks.batch(bi)
     data = w.data if o["batch"] is None else w.data[:, bi:bi + 1]
-    stats = insp.head_statistics(data, None if keep is None else
-                                 (keep if o["batch"] is None else np.broadcast_to(keep, w.shape)[:, bi:bi + 1]))
+    stats = insp.head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys)
+    distributions = insp.distributions(stats, insp.row_sum_tolerance(w.data.dtype))
+    warnings = [text for text in (distributions.warning(w.source),) if text]
+    for text in warnings:
+        err.print(f"warning: {text}", markup=False, style="yellow")
+    padded = chosen.padded_rows(data.shape)
     one = w.data[li, bi, hi]
     one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]
-    from attnviz.stats import row_stats
+    one_padded = None if real is None else ~np.broadcast_to(real, w.shape[:-1])[li, bi, hi]
 
     wanted = o["json_out"] or o["json_file"] or not (o["no_table"] or o["quiet"])
-    rows = row_stats(one, one_keep) if wanted else None
+    rows = insp.map_row_stats(one, one_keep) if wanted else None
     files = _inspect_files(w, targets, stats, (li, bi, hi), q_labels, k_labels, o, one_keep)
     if not o["quiet"]:
         err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
                   f"{shape_str(w.shape)}", markup=False, style="dim")
+        if masks.described:
+            left_out = f"; {padded} padded query rows left out" if padded else ""
+            err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
         for what, path in files.items():
             err.print(f"saved {what} to {path}", markup=False, style="dim")
     if (o["json_out"] or o["json_file"]) and rows is not None:
@@ -280,22 +330,26 @@ def run_inspect(o: dict[str, Any]) -> bool:
 
         if o["json_file"]:
             files["json"] = o["json_file"]
-        _emit_json(to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels, k_labels)),
-                   o, targets)
+        _emit_json(to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels, k_labels,
+                                          warnings=warnings, mask=masks.described, padded=one_padded,
+                                          padded_rows=padded)), o, targets)
     if not o["json_out"] and rows is not None and not (o["no_table"] or o["quiet"]):
         from attnviz.render.table import stats_table, weights_table
 
         console = out_console()
-        console.print(head_stats_table(stats, sort=o["sort"], reverse=o["reverse"], top=o["top"]), crop=False)
+        console.print(head_stats_table(stats, sort=o["sort"], reverse=o["reverse"], top=o["top"], padded=padded),
+                      crop=False)
         where = f"layer {li}, batch {bi}, head {hi}"
         max_r = o["max_rows"] or None
         max_c = o["max_cols"] if o["max_cols"] is not None else max(4, (console.width - 16) // 10)
         console.print(weights_table(one, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
                                     precision=o["precision"], max_rows=max_r, max_cols=max_c or None,
-                                    title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)"),
+                                    title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
+                                    padded=one_padded),
                       crop=False)
         console.print(stats_table(rows, q_labels=q_labels, k_labels=k_labels, precision=o["precision"],
-                                  max_rows=max_r, title=f"per-query statistics, {where}"), crop=False)
+                                  max_rows=max_r, title=f"per-query statistics, {where}", padded=one_padded),
+                      crop=False)
     return failed
 
 
@@ -352,6 +406,10 @@ def compare_command(
     layer: LayerOpt = 0,
     head: HeadOpt = 0,
     batch: BatchOpt = None,
+    mask: MaskOpt = None,
+    key_padding_mask: KeyPaddingOpt = None,
+    mask_convention: MaskConvention = "keep",
+    mask_kind: MaskKind = "bool",
     png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
                                             help="heatmap of A - B (diverging colours) for every layer and head of "
                                                  "the batch entry (up to 16 panels)")] = None,
@@ -369,8 +427,6 @@ def compare_command(
 
 
 def run_compare(o: dict[str, Any]) -> bool:
-    import numpy as np
-
     from attnviz import inspect as insp
     from attnviz.cli.app import _stderr
     from attnviz.errors import InputError, ShapeError, shape_str
@@ -385,17 +441,28 @@ def run_compare(o: dict[str, Any]) -> bool:
     if a.shape != b.shape:
         raise ShapeError(f"A ({a.source}) is {shape_str(a.file_shape)} and B ({b.source}) {shape_str(b.file_shape)}; "
                          "compare needs the same shape.")
+    paths = [*a.paths, *b.paths]
+    masks, _ = read_masks(o, a, paths, stdin, check=False)
     for w in (a, b):
-        if not np.isfinite(w.data).all():
+        if not insp.all_finite(w.data, rows=masks.real_rows):
             raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
-    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, [*a.paths, *b.paths])
+    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, paths)
     _, bi, _ = Selection(o["layer"], o["batch"], o["head"]).index(a.shape)
-    result = insp.compare(a.data, b.data, o["worst"])
+    result = insp.compare(a.data, b.data, o["worst"], masks.real_rows, masks.keep)
     checks = []
     if o["atol"] is not None or o["rtol"] is not None:
-        checks.append(insp.tolerance_check(a.data, b.data, o["atol"] or 0.0, o["rtol"] or 0.0))
+        checks.append(insp.tolerance_check(a.data, b.data, o["atol"] or 0.0, o["rtol"] or 0.0, masks.real_rows))
     err = _stderr()
     failed = _report_checks(checks, err) if checks else False
+    warnings = []
+    for w, found in zip((a, b), result.distributions or ()):
+        text = found.warning(f"{'A' if w is a else 'B'} ({w.source})", tags=False)
+        if text:
+            warnings.append(text)
+            err.print(f"warning: {text}", markup=False, style="yellow")
+    if masks.described and not o["quiet"]:
+        left_out = f"; {result.padded_rows} padded query rows left out" if result.padded_rows else ""
+        err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
     files: dict[str, str] = {}
     if "--png" in targets:
         from attnviz.render.heatmap import Panel, heatmap_figure, save_figure
@@ -414,7 +481,8 @@ def run_compare(o: dict[str, Any]) -> bool:
 
         if o["json_file"]:
             files["json"] = o["json_file"]
-        _emit_json(to_json(compare_report(a, b, result, checks, files)), o, targets)
+        _emit_json(to_json(compare_report(a, b, result, checks, files, warnings=warnings, mask=masks.described)),
+                   o, targets)
     if not (o["json_out"] or o["no_table"] or o["quiet"]):
         console = out_console()
         p = o["precision"]
@@ -423,8 +491,8 @@ def run_compare(o: dict[str, Any]) -> bool:
         summary.add_column("value", justify="right")
         for name, value in (("max |A - B|", f"{result.max_abs:.{max(p, 3)}g}"),
                             ("mean |A - B|", f"{result.mean_abs:.{max(p, 3)}g}"),
-                            ("mean Jensen-Shannon (nats, max ln 2)", f"{float(result.js.mean()):.{max(p, 3)}g}"),
-                            ("max Jensen-Shannon", f"{float(result.js.max()):.{max(p, 3)}g}"),
+                            ("mean Jensen-Shannon (nats, max ln 2)", f"{result.js_mean:.{max(p, 3)}g}"),
+                            ("max Jensen-Shannon", f"{result.js_max:.{max(p, 3)}g}"),
                             ("rows with the same argmax", f"{100 * result.argmax_agree:.2f}%")):
             summary.add_row(name, value)
         console.print(summary, crop=False)

@@ -97,12 +97,20 @@ def _checks(checks: list[CheckResult]) -> list[dict[str, Any]]:
 
 def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, index: tuple[int, int, int],
                    checks: list[CheckResult], files: dict[str, str], q_labels: list[str] | None,
-                   k_labels: list[str] | None) -> dict[str, Any]:
+                   k_labels: list[str] | None, *, warnings: list[str] | None = None, mask: list[str] | None = None,
+                   padded: np.ndarray | None = None, padded_rows: int = 0) -> dict[str, Any]:
     """The JSON document of ``attnviz inspect``: per-head statistics, the selected map's per-query
-    statistics and the checks (the weights themselves are the input, so they are not repeated)."""
+    statistics and the checks (the weights themselves are the input, so they are not repeated).
+    ``padded``: the selected map's padded query rows; their statistics (but ``top_k``) are ``null``."""
     layers, heads = stats["entropy"].shape
     head_rows = [{"layer": li, "head": hi, **{k: float(stats[k][li, hi]) for k in HEAD_STATS},
+                  "rows": int(stats["rows"][li, hi]) if "rows" in stats else None,
                   "tag": str(stats["tag"][li, hi]) or None} for li in range(layers) for hi in range(heads)]
+    per_query = stats_document(rows)
+    if padded is not None:
+        for name in ("entropy", "entropy_normalized", "max", "argmax", "row_sum"):
+            per_query[name] = _null_where(np.asarray(per_query[name]), padded)
+    per_query["padded"] = padded if padded is not None else np.zeros(rows.entropy.shape, dtype=bool)
     return plain({
         "attnviz": __version__,
         "command": "inspect",
@@ -113,15 +121,21 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "weights_shape": list(w.shape),
         "selected": dict(zip(("layer", "batch", "head"), index)),
         "labels": {"q": q_labels, "k": k_labels},
+        "mask": mask or [],
+        "padded_rows": padded_rows,
         "head_stats": head_rows,
-        "stats": stats_document(rows),
+        "stats": per_query,
         "checks": _checks(checks),
+        "warnings": warnings or [],
         "files": files,
     })
 
 
 def compare_report(a: Weights, b: Weights, result: Comparison, checks: list[CheckResult],
-                   files: dict[str, str]) -> dict[str, Any]:
+                   files: dict[str, str], *, warnings: list[str] | None = None,
+                   mask: list[str] | None = None) -> dict[str, Any]:
+    """The JSON document of ``attnviz compare``; padded rows are left out of every figure (their
+    ``per_row`` divergence is ``null``)."""
     return plain({
         "attnviz": __version__,
         "command": "compare",
@@ -130,10 +144,14 @@ def compare_report(a: Weights, b: Weights, result: Comparison, checks: list[Chec
         "weights_shape": list(a.shape),
         "max_abs_diff": result.max_abs,
         "mean_abs_diff": result.mean_abs,
-        "js_divergence": {"mean": float(result.js.mean()), "max": float(result.js.max()), "per_row": result.js},
+        "js_divergence": {"mean": result.js_mean, "max": result.js_max, "per_row": result.js},
         "argmax_agreement": result.argmax_agree,
         "worst_rows": result.worst_rows,
+        "mask": mask or [],
+        "rows_compared": result.rows,
+        "padded_rows": result.padded_rows,
         "checks": _checks(checks),
+        "warnings": warnings or [],
         "files": files,
     })
 

@@ -20,6 +20,7 @@ from attnviz.stats import RowStats
 # viridis, sampled at 9 points: dark blue (low) to yellow (high); readable on dark and light terminals
 _RAMP = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 MASKED = "·"
+PAD = "pad"  # marks a query row at a padded position (left out of statistics and checks)
 
 
 def shade(value: float, vmax: float) -> Style:
@@ -78,11 +79,13 @@ def weights_table(
     axis_names: tuple[str, str] = ("query", "key"),
     row_ids: Sequence[int] | None = None,
     total_rows: int | None = None,
+    padded: np.ndarray | None = None,
 ) -> Table:
     """A table of one 2-D map ``[Lq, Lk]``, each cell shaded by its value. Masked cells show ``·``.
 
     ``row_ids``: ``weights`` holds only these rows of a map of ``total_rows`` (a long map computed in
-    blocks keeps its first and last rows); the gap between them is elided like any other."""
+    blocks keeps its first and last rows); the gap between them is elided like any other.
+    ``padded`` (bool ``[Lq]``): query rows at padded positions, labelled ``pad`` and shown dim, unshaded."""
     grid: Any = weights if row_ids is None else _RowsView(weights, row_ids)
     lq, lk = grid.shape
     if row_ids is not None:
@@ -104,8 +107,11 @@ def weights_table(
         caption = "not shown: " + ", ".join(caption_parts) + " (--max-rows / --max-cols show more)"
     if keep is not None and not keep.all():
         caption = (caption + "; " if caption else "") + f"{MASKED} = masked"
+    if padded is not None and padded.any():
+        caption = (caption + "; " if caption else "") + f"{PAD} = a padded query row"
     table = Table(title=title, caption=caption, caption_justify="left")
-    label = max((len(axis_name(i, q_labels)) for i in rows if i is not None), default=1)
+    label = max((len(axis_name(i, q_labels)) + (len(PAD) + 1 if padded is not None and padded[i] else 0)
+                 for i in rows if i is not None), default=1)
     table.add_column(f"{axis_names[0]} \\ {axis_names[1]}", style="bold", overflow="fold", min_width=min(label, 16))
     for j in cols:
         header = "…" if j is None else (k_labels[j] if k_labels is not None else str(j))
@@ -115,6 +121,7 @@ def weights_table(
             table.add_row("⋮", *["⋮" for _ in cols])
             continue
         cells: list[Text | str] = []
+        pad = padded is not None and bool(padded[i])
         for j in cols:
             if j is None:
                 cells.append("…")
@@ -122,8 +129,8 @@ def weights_table(
                 cells.append(Text(MASKED, style="dim", justify="center"))
             else:
                 value = float(grid[i, j])
-                cells.append(Text(f"{value:.{precision}f}", style=shade(value, vmax)))
-        table.add_row(axis_name(i, q_labels), *cells)
+                cells.append(Text(f"{value:.{precision}f}", style="dim" if pad else shade(value, vmax)))
+        table.add_row(axis_name(i, q_labels) + (f" {PAD}" if pad else ""), *cells)
     return table
 
 
@@ -148,8 +155,10 @@ def stats_table(
     max_rows: int | None = None,
     title: str | None = None,
     row_name: str = "query",
+    padded: np.ndarray | None = None,
 ) -> Table:
-    """Per-query statistics of one 2-D map: entropy, normalised entropy, max, argmax, top-k, row sum."""
+    """Per-query statistics of one 2-D map: entropy, normalised entropy, max, argmax, top-k, row sum.
+    ``padded`` (bool ``[Lq]``): rows at padded positions, shown as ``pad`` (left out)."""
     lq = stats.entropy.shape[0]
     rows = pick(lq, max_rows)
     elided = _elided(rows, lq, "rows")
@@ -157,6 +166,7 @@ def stats_table(
     table = Table(
         title=title,
         caption="H: entropy in nats; H/log n: normalised by the unmasked key count"
+        + (f"; {PAD}: a padded query row, left out" if padded is not None and padded.any() else "")
         + (f"; not shown: {elided} (--max-rows shows more)" if elided else ""),
         caption_justify="left",
     )
@@ -172,13 +182,17 @@ def stats_table(
     table.add_column("argmax", overflow="fold", min_width=min(key, 16))
     table.add_column(f"top-{k} (key: weight)", overflow="fold", min_width=min(key, 16) + number + 2)
     table.add_column("sum", justify="right", overflow="fold", min_width=number)
-    sparse = bool(((stats.support < stats.n_keys) & ~stats.masked).any())
+    counted = ~stats.masked if padded is None else ~stats.masked & ~padded
+    sparse = bool(((stats.support < stats.n_keys) & counted).any())
     if sparse:  # exact zeros among the keys a row may attend to: say how many keys each row uses
         table.add_column("support", justify="right", overflow="fold")
     for i in rows:
         support = [f"{int(stats.support[i])}/{int(stats.n_keys[i])}"] if sparse and i is not None else []
         if i is None:
             table.add_row("⋮", *["⋮"] * (7 if sparse else 6))
+            continue
+        if padded is not None and padded[i]:
+            table.add_row(axis_name(i, q_labels), *[Text(PAD, style="dim")] * (7 if sparse else 6))
             continue
         if stats.masked[i]:
             table.add_row(axis_name(i, q_labels), *[Text("masked", style="dim")] * 5, f"{stats.row_sum[i]:.{p}f}",
