@@ -107,7 +107,7 @@ def _resolve_inputs(variant: Variant, specs: Sequence[str | None], stdin: StdinR
         listed = ", ".join(required)
         raise UsageError(
             f"{variant.name} needs {' '.join(n.upper() for n in required)}: {len(required)} files, or one "
-            f".npz/JSON holding arrays named {listed}; received {' '.join(given)}."
+            f"file (.npz, .safetensors, .h5, .pt, JSON) holding arrays named {listed}; received {' '.join(given)}."
         )
     result: dict[str, Loaded] = {}
     for spec, o in zip(variant.inputs, opened):

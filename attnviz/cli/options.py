@@ -30,7 +30,8 @@ def _opt(name: str, annotation: object, default: object) -> inspect.Parameter:
 RUN_OPTIONS = [
     _opt("mask", Annotated[str | None, typer.Option(
         "--mask", metavar="FILE", rich_help_panel=MASKS,
-        help="mask broadcasting to [..., Lq, Lk] (.npy/.npz/.json); a 1-D [Lk] mask applies to every query")], None),
+        help="mask broadcasting to [..., Lq, Lk] (any array file, FILE:KEY); a 1-D [Lk] mask applies to every "
+             "query")], None),
     _opt("mask_convention", Annotated[Literal[MASK_CONVENTIONS], typer.Option(  # type: ignore[valid-type]
         "--mask-convention", rich_help_panel=MASKS,
         help="keep: 1 = may attend (Keras, PyTorch SDPA); block: 1 = masked (TF tutorial)")], "keep"),
@@ -68,8 +69,9 @@ RUN_OPTIONS = [
 #: ParamOptions fields (see attnviz.pipeline.ParamOptions), for variants with learned parameters
 PARAM_OPTIONS = [
     _opt("params", Annotated[str | None, typer.Option(
-        "--params", metavar="FILE.npz", rich_help_panel=PARAMS,
-        help="the learned parameters, one array per key ([in, out] kernels, applied as x @ W)")], None),
+        "--params", metavar="FILE", rich_help_panel=PARAMS,
+        help="the learned parameters: .npz, .safetensors, .h5 or .pt, one array per key ([in, out] kernels, "
+             "applied as x @ W)")], None),
     _opt("seed", Annotated[int | None, typer.Option(
         "--seed", rich_help_panel=PARAMS,
         help="draw the parameters (Glorot-uniform kernels, zero biases) from this seed; default 0 "

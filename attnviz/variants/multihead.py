@@ -77,7 +77,7 @@ class Params:
 
 
 INPUTS = (
-    InputSpec("query", "the query sequence [..., T, d_q], or one .npz/JSON holding query (value, key)"),
+    InputSpec("query", "the query sequence [..., T, d_q], or one file holding query (value, key)"),
     InputSpec("value", "the value sequence [..., S, d_v] (default: QUERY, self-attention)", optional=True),
     InputSpec("key", "the key sequence [..., S, d_k] (default: VALUE)", optional=True),
 )
