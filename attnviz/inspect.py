@@ -40,6 +40,9 @@ class Weights:
     file_shape: tuple[int, ...]
     paths: list[Path] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # the .npz keys stacked as layers, if any
+    #: the dtype the file stored the weights in (bfloat16 and float16 files are read as float32):
+    #: how closely rows can sum to 1 depends on it
+    stored_dtype: str = "float32"
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -89,17 +92,20 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
         for k, a in zip(keys, arrays):
             validate_array(a, f"{opened.source}:{k}", allow_nonfinite=True)
         arr = np.stack(arrays)
+        stored = coarsest([opened.raw.stored.get(k, a.dtype.name) for k, a in zip(keys, arrays)])
         per_layer = parse_layout(layout, arr.ndim - 1, source)
         names: tuple[str, ...] = ("layer", *per_layer)
         if "layer" in per_layer:
             raise UsageError(f"--layout: the layers of {source} are its arrays; name the axes of one array.")
     else:
-        arr = opened.array(allow_nonfinite=True).data
+        loaded = opened.array(allow_nonfinite=True)
+        arr = loaded.data
+        stored = loaded.stored_dtype or arr.dtype.name
         names = parse_layout(layout, arr.ndim, source)
     if arr.shape[-1] == 0 or arr.shape[-2] == 0:
         raise InputError(f"{source}: empty attention maps (shape {shape_str(arr.shape)}).")
     data = to_standard(arr.astype(np.float32, copy=False) if arr.dtype.kind != "f" else arr, names)
-    return Weights(data, source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys)
+    return Weights(data, source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys, stored)
 
 
 def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:
@@ -280,8 +286,31 @@ def is_causal(w: np.ndarray, chunk: int = CHUNK) -> bool:
     return True
 
 
-def row_sum_tolerance(dtype: np.dtype[Any]) -> float:
-    return 1e-2 if dtype == np.float16 else ROW_SUM_TOL
+#: the unit roundoff of each storage dtype (half an ulp at 1): rows of n weights rounded to it sum to 1
+#: within this (times the sum, which is 1) however long they are
+ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8,
+            "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
+
+
+def coarsest(dtypes: list[str]) -> str:
+    """The storage dtype with the largest roundoff among ``dtypes`` (integers count as float32)."""
+    return max(dtypes, key=lambda d: ROUNDOFF.get(d, ROUNDOFF["float32"]), default="float32")
+
+
+def row_sum_tolerance(stored: str | np.dtype[Any]) -> float:
+    """How far a row of weights stored as ``stored`` may sum from 1 and still be a distribution:
+    1e-3 for float32/64, about 2.5 times the worst rounding for half precision (float16 and bfloat16:
+    1e-2; 8-bit floats 0.15)."""
+    name = np.dtype(stored).name if isinstance(stored, np.dtype) else str(stored)
+    if name in ("float16", "bfloat16"):
+        return 1e-2
+    return max(ROW_SUM_TOL, 2.5 * ROUNDOFF.get(name, 0.0))
+
+
+def default_atol(stored: str) -> float:
+    """``--check-rows``' default tolerance: 1e-5 for float32 and float64 files; for weights stored in
+    half precision, the rounding of the storage itself (2 ulps at 1: float16 2e-3, bfloat16 1.6e-2)."""
+    return max(1e-5, 2.0 * 2.0 * ROUNDOFF.get(stored, 0.0))
 
 
 #: the sums ``_head_sums`` returns per (layer, head)
@@ -379,7 +408,7 @@ def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slic
 
 def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
                     real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
-                    ) -> dict[str, np.ndarray]:
+                    stored: str | None = None) -> dict[str, np.ndarray]:
     """Per (layer, head) means over batch entries and query rows of ``w [L, B, H, Lq, Lk]``:
 
     * ``entropy`` (nats) and ``entropy_norm`` (divided by log n, n the keys a row may attend to:
@@ -397,34 +426,36 @@ def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = 
     are left out of every mean, so a padded batch entry has the statistics of its unpadded slice.
 
     Also per (layer, head): ``rows`` (rows counted), ``off_rows`` (of those, rows summing neither to 1
-    nor to 0 within ``row_sum_tolerance``), ``negative`` (negative values in them), ``sum_min``,
+    nor to 0 within ``row_sum_tolerance(stored)``, ``stored`` the file's dtype), ``negative``
+    (negative values in them), ``sum_min``,
     ``sum_max`` and ``value_min``; ``distributions(stats)`` sums them up. Returns arrays ``[L, H]``
     plus ``tag`` (an object array of short descriptions; all empty when the rows are not
     distributions). Inputs larger than ``chunk`` values are summarised a block at a time
     (``head_statistics_blocked``), with the same result.
     """
     if w.size > chunk:
-        return head_statistics_blocked(w, keep, chunk, real_rows=real_rows, real_keys=real_keys)
-    return _head_statistics(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, np.float64))])
+        return head_statistics_blocked(w, keep, chunk, real_rows=real_rows, real_keys=real_keys, stored=stored)
+    return _head_statistics(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, np.float64))],
+                            stored or w.dtype.name)
 
 
 def head_statistics_blocked(w: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK, *,
                             real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
-                            ) -> dict[str, np.ndarray]:
+                            stored: str | None = None) -> dict[str, np.ndarray]:
     """``head_statistics`` a block at a time: the same sums, in bounded memory."""
-    return _head_statistics(w, keep, real_rows, real_keys, _slabs(w, chunk))
+    return _head_statistics(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name)
 
 
 def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | None,
                      real_keys: np.ndarray | None,
-                     blocks: Any) -> dict[str, np.ndarray]:
+                     blocks: Any, stored: str) -> dict[str, np.ndarray]:
     layers, batches, heads, lq, lk = w.shape
     lead = (layers, batches, heads)
     first_key, last_key = _first_last(real_keys, lead, lk)
     first_row, _ = _first_last(real_rows, lead, lq)
     full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
     full_real = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
-    tol = row_sum_tolerance(w.dtype)
+    tol = row_sum_tolerance(stored)
     sums = {n: np.zeros((layers, heads)) for n in _SUMS}
     extremes = {"sum_min": np.full((layers, heads), np.inf), "sum_max": np.full((layers, heads), -np.inf),
                 "value_min": np.full((layers, heads), np.inf)}
@@ -677,7 +708,7 @@ class Comparison:
 
 
 def compare(a: np.ndarray, b: np.ndarray, worst: int = 5, rows: np.ndarray | None = None,
-            keep: np.ndarray | None = None) -> Comparison:
+            keep: np.ndarray | None = None, stored: tuple[str, str] | None = None) -> Comparison:
     """Differences of ``a`` and ``b`` over the real query rows (``rows``, bool broadcasting to
     ``[L, B, H, Lq]``; every row when None). ``keep`` only tells which rows are fully masked (they
     are not asked to be distributions)."""
@@ -698,7 +729,8 @@ def compare(a: np.ndarray, b: np.ndarray, worst: int = 5, rows: np.ndarray | Non
                            "max_abs": float(row_max[idx]), "argmax_a": int(np.argmax(a64[idx])),
                            "argmax_b": int(np.argmax(b64[idx]))})
     live = real if keep is None else real & np.broadcast_to(np.any(keep, axis=-1), real.shape)
-    tol = row_sum_tolerance(np.asarray(a).dtype), row_sum_tolerance(np.asarray(b).dtype)
+    tol = (row_sum_tolerance(stored[0] if stored else np.asarray(a).dtype),
+           row_sum_tolerance(stored[1] if stored else np.asarray(b).dtype))
     return Comparison(diff, float(absd.max()) if n else 0.0,
                       float(absd.sum() / (n * a64.shape[-1])) if n else 0.0, js,
                       float(agree.sum() / n) if n else 1.0, worst_rows,

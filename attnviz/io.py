@@ -45,6 +45,8 @@ class Loaded:
     source: str  # how to name it in a message: "q.npy", "acts.npz:q", "<stdin>"
     path: Path | None  # the file on disk, None for stdin
     labels: list[str] | None = None
+    #: the dtype the file stored, when reading widened it (bfloat16 and float16 become float32)
+    stored_dtype: str | None = None
 
 
 class StdinReader:
@@ -212,6 +214,7 @@ class Opened:
     def array(self, *, allow_neg_inf: bool = False, allow_nonfinite: bool = False) -> Loaded:
         """The single array this spec names."""
         source, raw, labels = self.source, self.raw, None
+        picked: str | None = None
         if isinstance(raw, Container):
             key = self.key
             if key is None:
@@ -220,7 +223,8 @@ class Opened:
                         f"{source}: holds {len(raw.keys)} arrays ({listing(raw.keys) if raw.keys else 'none'}); "
                         f"name one as {source}:KEY."
                     )
-                arr = raw.get(raw.keys[0])
+                picked = raw.keys[0]
+                arr = raw.get(picked)
             else:
                 matches = raw.select(key)
                 if len(matches) > 1:
@@ -228,7 +232,8 @@ class Opened:
                         f"{source}:{key}: the pattern matches {len(matches)} arrays ({listing(matches)}); "
                         "one array is needed here: name it, or narrow the pattern."
                     )
-                arr = raw.get(matches[0])
+                picked = matches[0]
+                arr = raw.get(picked)
                 source = f"{source}:{matches[0]}"
         elif isinstance(raw, np.ndarray):
             if self.key is not None:
@@ -246,7 +251,8 @@ class Opened:
                 raw = raw["data"]
             arr = _from_json_value(raw, source)
         validate_array(arr, source, allow_neg_inf=allow_neg_inf, allow_nonfinite=allow_nonfinite)
-        return Loaded(arr, source, self.path, labels)
+        stored = raw.stored.get(picked) if isinstance(raw, Container) and picked is not None else None
+        return Loaded(arr, source, self.path, labels, stored)
 
     def bundle(self, names: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Loaded] | None:
         """If this is an ``.npz`` archive or JSON object holding every one of ``names``, read them

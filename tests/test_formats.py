@@ -429,3 +429,51 @@ def test_reading_other_formats_never_imports_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", READ_OTHERS, specs[0]], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.split() == []  # a .npy needs none of them
+
+
+def _bf16_attention(rng, shape, pad_from=None):
+    """Softmax rows rounded to bfloat16, as a bf16 model's output_attentions gives them: each row sums
+    to 1 only within the storage's rounding (about 3e-3 here), never within 1e-5."""
+    import ml_dtypes
+
+    s = rng.normal(scale=3, size=shape)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return w.astype(ml_dtypes.bfloat16)
+
+
+def test_weights_stored_in_bfloat16_are_judged_by_their_own_rounding(tmp_path):
+    """A bf16 dump is attention weights: no "not distributions" warning, and --check-rows passes with
+    the bfloat16 tolerance by default (it fails at --atol 1e-5, and the same sums in a float32 file
+    draw the warning)."""
+    rng = np.random.default_rng(11)
+    layers = {f"layer.{i}": _bf16_attention(rng, (2, 3, 64, 64)) for i in range(3)}
+    save_st(tmp_path / "attn.safetensors", layers)
+    off = max(abs(float(a.astype(np.float64).sum(-1).max()) - 1) for a in layers.values())
+    assert 1e-3 < off < 1e-2  # rounding moves the sums past a float32 tolerance
+    spec = str(tmp_path / "attn.safetensors") + ":layer.*"
+    assert load_weights(spec).stored_dtype == "bfloat16"
+    r = invoke("inspect", spec, "--check-rows", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["stored_dtype"] == "bfloat16" and not doc["warnings"]
+    assert "tolerance 0.015625" in r.stderr
+    assert invoke("inspect", spec, "--check-rows", "--atol", "1e-5", "--no-table").exit_code == 3
+    np.savez(tmp_path / "f32.npz", **{k: v.astype(np.float32) for k, v in layers.items()})
+    r = invoke("inspect", str(tmp_path / "f32.npz"), "--no-table")
+    assert r.exit_code == 0 and "sum neither to 1 nor to 0" in r.stderr
+    r = invoke("compare", spec, str(tmp_path / "f32.npz"), "--json")
+    assert r.exit_code == 0 and len(json.loads(r.stdout)["warnings"]) == 1  # B (float32 storage) only
+
+
+def test_storage_dtype_is_remembered_for_torch_and_h5(tmp_path):
+    torch = pytest.importorskip("torch")
+    w = torch.softmax(torch.randn(2, 4, 4), -1)
+    torch.save({"layers.0": w.to(torch.bfloat16), "layers.1": w.to(torch.float16)}, tmp_path / "a.pt")
+    assert load_weights(str(tmp_path / "a.pt") + ":layers.0").stored_dtype == "bfloat16"
+    assert load_weights(str(tmp_path / "a.pt")).stored_dtype == "bfloat16"  # the coarser of the layers
+    assert load_weights(str(tmp_path / "a.pt") + ":layers.1").stored_dtype == "float16"
+    save_h5(tmp_path / "a.h5", {"attn/0": w.numpy().astype(np.float16)})
+    assert load_weights(str(tmp_path / "a.h5") + ":attn/0").stored_dtype == "float16"
+    np.save(tmp_path / "a.npy", w.numpy())
+    assert load_weights(str(tmp_path / "a.npy")).stored_dtype == "float32"

@@ -56,7 +56,10 @@ Title = Annotated[str | None, typer.Option("--title", rich_help_panel=OUTPUT, he
 Cmap = Annotated[str | None, typer.Option("--cmap", rich_help_panel=OUTPUT, help="a matplotlib colour map")]
 Reduce = Annotated[Literal["mean", "max"], typer.Option("--reduce", rich_help_panel=OUTPUT,
                                                         help="how long maps are aggregated in blocks: mean or max")]
-Atol = Annotated[float, typer.Option("--atol", min=0, rich_help_panel=CHECKS, help="absolute tolerance")]
+Atol = Annotated[float | None, typer.Option(
+    "--atol", min=0, rich_help_panel=CHECKS,
+    help="absolute tolerance of the checks (default 1e-5; for weights stored in float16 2e-3, bfloat16 1.6e-2, "
+         "their rounding)")]
 MaskOpt = Annotated[str | None, typer.Option(
     "--mask", metavar="FILE", rich_help_panel=MASKS,
     help="what the model was allowed to attend: [B, S] (a Hugging Face attention_mask), 4-D [B, 1|N, 1|T, S], or "
@@ -207,7 +210,7 @@ def inspect_command(
         "--causal-align", rich_help_panel=CHECKS, help="the diagonal when Lq != Lk")] = "top-left",
     check_finite: Annotated[bool, typer.Option("--check-finite", rich_help_panel=CHECKS,
                                                help="no NaN or infinity")] = False,
-    atol: Atol = 1e-5,
+    atol: Atol = None,
     png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
                                             help="a layer x head grid of every map (the map itself when there "
                                                  "is one); .png, .svg or .pdf")] = None,
@@ -283,6 +286,12 @@ def run_inspect(o: dict[str, Any]) -> bool:
     targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"],
                              "--json-file": o["json_file"]}, paths)
 
+    if o["atol"] is None:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
+        atol = insp.default_atol(w.stored_dtype)
+        o["atol"] = atol
+        if atol > 1e-5 and o["check_rows"] and not o["quiet"]:
+            err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
+                      "(--atol to choose)", markup=False, style="dim")
     finite = insp.all_finite(w.data, rows=real)
     checks: list[insp.CheckResult] = []
     if o["check_finite"]:
@@ -304,8 +313,9 @@ def run_inspect(o: dict[str, Any]) -> bool:
 
     chosen = masks if o["batch"] is None else masks.batch(bi)
     data = w.data if o["batch"] is None else w.data[:, bi:bi + 1]
-    stats = insp.head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys)
-    distributions = insp.distributions(stats, insp.row_sum_tolerance(w.data.dtype))
+    stats = insp.head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
+                                 stored=w.stored_dtype)
+    distributions = insp.distributions(stats, insp.row_sum_tolerance(w.stored_dtype))
     warnings = [text for text in (distributions.warning(w.source),) if text]
     for text in warnings:
         err.print(f"warning: {text}", markup=False, style="yellow")
@@ -448,7 +458,7 @@ def run_compare(o: dict[str, Any]) -> bool:
             raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
     targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, paths)
     _, bi, _ = Selection(o["layer"], o["batch"], o["head"]).index(a.shape)
-    result = insp.compare(a.data, b.data, o["worst"], masks.real_rows, masks.keep)
+    result = insp.compare(a.data, b.data, o["worst"], masks.real_rows, masks.keep, (a.stored_dtype, b.stored_dtype))
     checks = []
     if o["atol"] is not None or o["rtol"] is not None:
         checks.append(insp.tolerance_check(a.data, b.data, o["atol"] or 0.0, o["rtol"] or 0.0, masks.real_rows))

@@ -69,6 +69,15 @@ class Container:
         self.source = source
         self.keys: list[str] = list(keys)
         self._known = set(self.keys)
+        #: the dtype each array read had in the file, when it was widened on reading ("bfloat16")
+        self.stored: dict[str, str] = {}
+
+    def upcast(self, key: str, arr: np.ndarray) -> np.ndarray:
+        """``upcast_half``, remembering the dtype the file stored (tolerances depend on it)."""
+        out = upcast_half(arr)
+        if out is not arr:
+            self.stored[key] = arr.dtype.name
+        return out
 
     def read(self, key: str) -> np.ndarray:  # pragma: no cover - every reader overrides it
         raise NotImplementedError

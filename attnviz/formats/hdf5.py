@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import Container, natural, reason, upcast_half
+from attnviz.formats._base import Container, natural, reason
 
 SUFFIXES = (".h5", ".hdf5")
 
@@ -57,7 +57,7 @@ class Hdf5File(Container):
                 return np.asarray(dataset.asstr()[()], dtype=str)
             mapped = self._mapped(dataset)
             arr = mapped if mapped is not None else np.asarray(dataset[()])
-            return upcast_half(arr)
+            return self.upcast(key, arr)
         except Exception as exc:
             raise InputError(f"{self.source}:{key}: cannot read the dataset ({reason(exc)}).") from None
 

@@ -96,10 +96,13 @@ class TorchFile(Container):
         if isinstance(value, np.ndarray):
             return value
         try:
-            return to_numpy(self._torch, value)
+            arr = to_numpy(self._torch, value)
         except Exception as exc:
             raise InputError(f"{self.source}:{key}: cannot convert the {value.dtype} tensor to an array "
                              f"({reason(exc)}).") from None
+        if value.is_floating_point() and value.element_size() <= 2:
+            self.stored[key] = str(value.dtype).removeprefix("torch.")
+        return arr
 
 
 def open_file(p: Path, source: str) -> np.ndarray | TorchFile:

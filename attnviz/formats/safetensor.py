@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import Container, natural, reason, upcast_half
+from attnviz.formats._base import Container, natural, reason
 
 SUFFIXES = (".safetensors",)
 
@@ -78,7 +78,7 @@ class SafetensorsFile(Container):
 
                 with safe_open(str(self.path), framework="np") as f:
                     arr = f.get_tensor(key)
-            return upcast_half(arr)
+            return self.upcast(key, arr)
         except Exception as exc:
             raise InputError(f"{self.source}:{key}: cannot read the {entry.get('dtype', '?')} tensor "
                              f"({reason(exc)}).") from None

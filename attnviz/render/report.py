@@ -116,6 +116,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "command": "inspect",
         "source": w.source,
         "file_shape": list(w.file_shape),
+        "stored_dtype": w.stored_dtype,
         "layout": list(w.layout),
         "layers_from_keys": w.keys or None,
         "weights_shape": list(w.shape),
