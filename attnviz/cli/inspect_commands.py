@@ -326,7 +326,11 @@ def run_inspect(o: dict[str, Any]) -> bool:
 
     wanted = o["json_out"] or o["json_file"] or not (o["no_table"] or o["quiet"])
     rows = insp.map_row_stats(one, one_keep) if wanted else None
-    files = _inspect_files(w, targets, stats, (li, bi, hi), q_labels, k_labels, o, one_keep)
+    drawn_keep = one_keep  # the picture greys padded query rows as well as masked keys
+    if one_padded is not None and one_padded.any():
+        drawn_keep = np.ones(one.shape, bool) if one_keep is None else one_keep.copy()
+        drawn_keep[one_padded] = False
+    files = _inspect_files(w, targets, stats, (li, bi, hi), q_labels, k_labels, o, drawn_keep)
     if not o["quiet"]:
         err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
                   f"{shape_str(w.shape)}", markup=False, style="dim")
