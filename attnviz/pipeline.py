@@ -72,6 +72,14 @@ class Prepared:
     seed: int = 0  # --seed, for variants that sample
     captured: dict[str, Any] = field(default_factory=dict)  # --layout, grouped heads, --rope: what was done
 
+    @property
+    def lead_names(self) -> tuple[str, ...]:
+        """Names of the weights' last leading axes, for slice labels: the variant's, or those --layout gave."""
+        layout = self.captured.get("layout")
+        if layout:
+            return tuple(a for a in layout["as"].split(",") if a not in ("seq", "d"))
+        return self.variant.lead_names
+
 
 @dataclass
 class Outcome:

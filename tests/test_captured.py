@@ -234,3 +234,13 @@ def test_capture_options_on_q_k_v_commands_only():
         r = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert r.exit_code == 0
         assert ("--rope" in r.stdout) is (has and command != "inspect"), command
+
+
+def test_slices_are_named_by_the_layout(tmp_path):
+    q, k, v = hooked(np.random.default_rng(9))
+    for name, arr in (("q", q), ("k", k), ("v", v)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    r = runner.invoke(app, ["scaled", *(str(tmp_path / f"{n}.npy") for n in "qkv"), "--layout", "batch,seq,head,d",
+                            "--index", "1,3"], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.stderr
+    assert "batch 1, head 3" in r.stdout

@@ -246,7 +246,7 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
 
         prep = outcome.prepared
         drawn = [v for v in result.views if v.png and streamed is None]
-        names = prep.variant.lead_names
+        names = prep.lead_names
         if streamed is not None:
             lead, (lq, lk) = streamed.weights_shape[:-2], streamed.weights_shape[-2:]
             slices = list(np.ndindex(*lead)) if lead else [()]
@@ -294,7 +294,7 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
     keep = prep.mask.full_keep(shape)
     keep2d = keep[index] if keep is not None else None
     lead = shape[:-2]
-    names = prep.variant.lead_names
+    names = prep.lead_names
     shown = slice_label(index, names)
     where = f", {shown} of leading dims {list(lead)} (--index picks another)" if lead else ""
     max_rows = out.max_rows or None
