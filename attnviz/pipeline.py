@@ -3,11 +3,23 @@
 ``prepare`` reads and checks everything with NumPy (inputs, labels, masks, shapes, option values)
 so that a bad file fails fast, before TensorFlow is imported. ``execute`` computes on the chosen
 device and adds the per-query statistics. The command line (and, later, batch jobs) call these two.
+
+Two things every variant gets from ``execute`` without knowing:
+
+* **Any number of leading axes.** TensorFlow's kernels stop at a rank (``tf.nn.softmax`` at 5-D,
+  broadcasting binary ops at 5 axes), so inputs with more than ``MAX_LEAD`` leading (batch) axes
+  are folded into one before ``compute`` and every result unfolded after: 6-D and 7-D ``q/k/v``
+  give what the 4-D computation of each slice gives.
+* **Overflow named.** Values that overflow the compute dtype (scores of huge inputs, float16
+  products past 65504, integers near their limits) end in a ``NumericError`` that names the inputs
+  to blame and what to do, never in NaN weights or an internal error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +33,16 @@ from attnviz.captured import CaptureOptions
 from attnviz.captured import prepare as prepare_captured
 from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
-from attnviz.errors import InputError, ShapeError, UsageError
+from attnviz.errors import AttnvizError, InputError, ParamsError, ShapeError, UsageError
 from attnviz.io import Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
 from attnviz.masks import Mask, build_mask, describe_rows, fully_masked_rows
 from attnviz.stats import RowStats, row_stats
-from attnviz.variants._base import Context, Result, Variant
+from attnviz.variants._base import Context, NumericError, Result, Variant, overflow_advice
+
+#: leading (batch) axes passed to a variant as they are; more are folded into one ([batch, heads, L, d] is 2)
+MAX_LEAD = 2
+#: integers a dtype holds exactly (2**mantissa bits): larger ones are rounded when cast
+EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
 
 
 @dataclass
@@ -55,6 +72,25 @@ class ParamOptions:
     save_params: str | None = None
 
 
+@dataclass(frozen=True)
+class Magnitude:
+    """How large an input's values are: what an overflow message names."""
+
+    source: str  # "q.npy", "params.npz:W1"
+    largest: float  # max |value|
+    width: int  # the last dimension (what a dot product sums over)
+    is_input: bool = True  # an input rather than a learned parameter
+
+
+def largest_magnitude(arr: np.ndarray) -> float:
+    """``max |arr|`` without a copy of the array and without integer overflow (``abs(int64 min)``)."""
+    if arr.size == 0:
+        return 0.0
+    if arr.dtype.kind == "b":
+        return float(bool(arr.any()))
+    return max(abs(float(arr.min())), abs(float(arr.max())))
+
+
 @dataclass
 class Prepared:
     variant: Variant
@@ -71,6 +107,8 @@ class Prepared:
     learned_source: str | None = None  # "params.npz", "seed 0"
     seed: int = 0  # --seed, for variants that sample
     captured: dict[str, Any] = field(default_factory=dict)  # --layout, grouped heads, --rope: what was done
+    #: the largest |value| of each input and of each parameter read from a file, to name overflows
+    magnitudes: dict[str, Magnitude] = field(default_factory=dict)
 
     @property
     def lead_names(self) -> tuple[str, ...]:
@@ -185,14 +223,8 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
             seed = param_options.seed if param_options.seed is not None else 0
             learned = learned_params.draw(problem.specs, seed)
             learned_source = f"seed {seed}" if problem.specs else None
-    limit = DTYPE_MAX[options.dtype]
-    for loaded in inputs.values():
-        largest = float(np.abs(loaded.data).max()) if loaded.data.size else 0.0
-        if largest > limit:
-            raise InputError(
-                f"{loaded.source}: values up to {largest:g} exceed the {options.dtype} range (±{limit:g}); "
-                "use a wider --dtype."
-            )
+    magnitudes, range_warnings = _check_range(inputs, learned if given is not None else {}, given_path,
+                                              options.dtype)
     paths = [lo.path for lo in inputs.values() if lo.path is not None] + list(problem.files) + capture_paths
     if given_path is not None:
         paths.append(given_path)
@@ -233,7 +265,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
         mask.keep = problem.keep if mask.keep is None else np.logical_and(mask.keep, problem.keep)
         mask.described.append(problem.keep_described)
 
-    warnings = []
+    warnings = list(range_warnings)
     rows = fully_masked_rows(mask, shape)
     if len(rows):
         warnings.append(
@@ -241,7 +273,42 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
             f"{'rows' if len(rows) > 1 else 'row'} {describe_rows(rows)}."
         )
     return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings,
-                    learned, learned_source, param_options.seed or 0, captured)
+                    learned, learned_source, param_options.seed or 0, captured, magnitudes)
+
+
+def _check_range(inputs: Mapping[str, Loaded], learned: Mapping[str, np.ndarray], params_path: Path | None,
+                 dtype: str) -> tuple[dict[str, Magnitude], list[str]]:
+    """Every input (and parameter from a file) must fit the compute dtype: a value past its range
+    would be infinite once cast. Integers past what the dtype holds exactly are rounded: a warning.
+    Returns the magnitudes, for messages about overflow later, and the warnings."""
+    limit = DTYPE_MAX[dtype]
+    exact = EXACT_INTEGERS[dtype]
+    magnitudes: dict[str, Magnitude] = {}
+    warnings: list[str] = []
+    for name, loaded in inputs.items():
+        if name.endswith("_labels") or name == "mask" or loaded.data.dtype.kind not in "biuf":
+            continue
+        largest = largest_magnitude(loaded.data)
+        if largest > limit:
+            raise InputError(
+                f"{loaded.source}: values up to {largest:.4g} exceed the {dtype} range (±{limit:.4g}); "
+                f"{'rescale the input' if dtype == 'float64' else 'use --dtype float64 or rescale the input'}."
+            )
+        if loaded.data.dtype.kind in "iu" and largest > exact:
+            wider = "; --dtype float64 keeps them exact up to 2**53." if dtype != "float64" else "."
+            warnings.append(f"{loaded.source}: integers up to {largest:.4g} are rounded in {dtype} (exact up to "
+                            f"2**{int(math.log2(exact))}){wider}")
+        width = int(loaded.data.shape[-1]) if loaded.data.ndim else 1
+        magnitudes[name] = Magnitude(str(loaded.source), largest, width)
+    for key, arr in learned.items():
+        largest = largest_magnitude(np.asarray(arr))
+        source = f"{params_path}:{key}" if params_path is not None else key
+        if largest > limit:
+            raise ParamsError(f"{source}: values up to {largest:.4g} exceed the {dtype} range (±{limit:.4g}); "
+                              "use --dtype float64 or rescale the parameters.")
+        width = int(arr.shape[0]) if arr.ndim else 1  # x @ W sums over W's first axis
+        magnitudes[f"param:{key}"] = Magnitude(source, largest, width, is_input=False)
+    return magnitudes, warnings
 
 
 def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mean") -> Outcome:
@@ -249,20 +316,22 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
 
     When the dense weights would not fit in ``--max-memory`` and the variant allows it, the work
     runs in blocks of query rows (``attnviz.blockwise``); ``save_weights`` is then written while
-    computing, and ``reduce`` aggregates the heatmaps."""
+    computing, and ``reduce`` aggregates the heatmaps. Either way the variant's ``compute`` is
+    wrapped (``guarded``): leading axes folded past ``MAX_LEAD``, overflow named."""
     device = resolve_device(prep.options.device)
     ctx = Context(device, prep.options.dtype, seed=prep.seed)
     arrays = {n: lo.data for n, lo in prep.inputs.items()}
+    variant = guarded(prep, arrays)
     budget = blockwise.parse_size(prep.options.max_memory)
     if not (prep.variant.blockwise and blockwise.needs_blocks(prep.weights_shape, budget)):
         prep.mask = prep.mask.materialized()  # the dense path holds [Lq, Lk] anyway
     else:
-        result, stats, streamed = blockwise.run(prep.variant, ctx, arrays, prep.mask, prep.params, prep.learned,
+        result, stats, streamed = blockwise.run(variant, ctx, arrays, prep.mask, prep.params, prep.learned,
                                                 prep.weights_shape, budget, reduce, save_weights)
         note = (f"weights {shape_str(prep.weights_shape)} computed in {streamed.blocks} blocks of "
                 f"{streamed.rows_per_block} query rows to stay within --max-memory")
         return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings], {}, streamed, [note])
-    result = prep.variant.compute(ctx, arrays, prep.mask, prep.params, prep.learned)
+    result = variant.compute(ctx, arrays, prep.mask, prep.params, prep.learned)
     if result.weights.shape != prep.weights_shape:  # a variant bug, not a user error
         raise ShapeError(
             f"{prep.variant.name}: computed weights of shape {shape_str(result.weights.shape)}, "
@@ -273,3 +342,172 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
     stats = row_stats(result.weights, prep.mask.keep)
     extra = {view.name: row_stats(result.maps[view.name], prep.mask.keep) for view in result.views if view.stats}
     return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings], extra)
+
+
+# ----------------------------------------------------------------------------------------------
+# What every variant's compute gets: folded leading axes, finite results, overflow named
+
+Compute = Callable[..., Result]
+
+
+def guarded(prep: Prepared, arrays: Mapping[str, np.ndarray]) -> Variant:
+    """``prep.variant`` with its ``compute`` wrapped: inputs with more than ``MAX_LEAD`` leading
+    axes folded into one and the results unfolded (``Fold``); results checked to be finite; an
+    overflow (``NumericError``, or any failure when the inputs are large enough to overflow)
+    reported naming the inputs."""
+    fold = Fold.plan(prep.variant, arrays, prep.weights_shape)
+    inner = prep.variant.compute
+
+    def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Any,
+                learned: Mapping[str, np.ndarray]) -> Result:
+        try:
+            with np.errstate(all="ignore"):  # NumPy's RuntimeWarnings are not for users; results are checked
+                if fold is None:
+                    result = inner(ctx, arrays, mask, params, learned)
+                else:
+                    result = fold.restore(inner(ctx, *fold.apply(arrays, mask, params), learned))
+                check_finite(result, ctx.dtype)
+        except NumericError as exc:
+            raise NumericError(overflow_message(prep, exc.stage), exc.stage) from None
+        except AttnvizError as exc:
+            if "non-finite" not in exc.message:  # from finite inputs, only an overflow makes non-finite values
+                raise
+            raise NumericError(overflow_message(prep, "the result"), "the result") from None
+        except Exception:
+            if not may_overflow(prep):
+                raise
+            raise NumericError(overflow_message(prep, "the computation"), "the computation") from None
+        return result
+
+    return dataclasses.replace(prep.variant, compute=compute)
+
+
+def check_finite(result: Result, dtype: str) -> None:
+    """The weights and output are finite, and no further map holds NaN (a map may hold -inf where
+    it is masked): anything else overflowed."""
+    for stage, arr in (("the weights", result.weights), ("the output", result.output)):
+        if arr is not None and arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+            raise NumericError(f"{stage} overflowed {dtype}.", stage)
+    for name, arr in result.maps.items():
+        if isinstance(arr, np.ndarray) and arr.dtype.kind == "f" and np.isnan(arr).any():
+            raise NumericError(f"the map {name!r} overflowed {dtype}.", f"the map {name!r}")
+
+
+def _pair_bound(magnitudes: Mapping[str, Magnitude]) -> float:
+    """A bound on a dot product of two of the arrays: the two largest magnitudes times the widest d."""
+    top = sorted((m.largest for m in magnitudes.values()), reverse=True)[:2]
+    if not top:
+        return 0.0
+    width = max(m.width for m in magnitudes.values())
+    return top[0] * (top[1] if len(top) > 1 else top[0]) * width
+
+
+def may_overflow(prep: Prepared) -> bool:
+    """Whether products of the inputs (and parameters) could pass the compute dtype's range."""
+    return _pair_bound(prep.magnitudes) > DTYPE_MAX[prep.options.dtype] or bool(_culprits(prep))
+
+
+def _culprits(prep: Prepared) -> list[Magnitude]:
+    """The arrays large enough to overflow a dot product with an array like themselves: ``m^2 d``
+    past the dtype's largest value."""
+    limit = DTYPE_MAX[prep.options.dtype]
+    return [m for m in prep.magnitudes.values() if m.largest * m.largest * max(m.width, 1) > limit]
+
+
+def overflow_message(prep: Prepared, stage: str) -> str:
+    """One line: what overflowed, which inputs hold the values to blame, and what to do."""
+    dtype = prep.options.dtype
+    limit = DTYPE_MAX[dtype]
+    culprits = _culprits(prep)
+    if culprits:
+        named = [f"{m.source} (values up to {m.largest:.3g})" for m in culprits]
+        why = f"{_join(named)} {'is' if len(named) == 1 else 'are'} too large for products in {dtype}"
+    else:  # no single input is to blame: their products, or a scale, took the scores past the range
+        ranked = sorted(prep.magnitudes.values(), key=lambda m: -m.largest)[:4]
+        named = [f"{m.source} (up to {m.largest:.3g})" for m in ranked]
+        why = f"from {_join(named)}" if named else ""
+        scale = getattr(prep.params, "scale", None)
+        if isinstance(scale, (int, float)) and not isinstance(scale, bool) and abs(scale) > 1:
+            why += f" with --scale {scale:g}"
+    return (f"{stage} overflowed {dtype} (largest finite value {limit:.4g}){': ' + why if why else ''}; "
+            f"{overflow_advice(dtype)}.")
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Leading (batch) axes ``lead`` folded into one of ``size`` for a variant's ``compute``.
+
+    Each input's batch axes are those before its ``core`` trailing axes (``InputSpec.core``); masks
+    and array parameters broadcast to the weights, whose batch axes come before ``weights_core``.
+    An array whose batch axes are all 1 keeps one axis of 1 (it still broadcasts); one that is
+    broadcast along some batch axes is expanded first (a copy: folding needs a single stride)."""
+
+    lead: tuple[int, ...]
+    cores: dict[str, int]
+    weights_core: int
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.lead)
+
+    @classmethod
+    def plan(cls, variant: Variant, arrays: Mapping[str, np.ndarray],
+             weights_shape: tuple[int, ...]) -> Fold | None:
+        """The fold of a run, or None when its leading axes are few enough to pass as they are."""
+        declared = {spec.name: spec.core for spec in variant.inputs}
+        cores: dict[str, int] = {}
+        leads = []
+        for name, arr in arrays.items():
+            core = declared.get(name) or max(2, arr.ndim - len(weights_shape) + 2)
+            if arr.ndim < core:
+                return None
+            cores[name] = core
+            leads.append(arr.shape[:arr.ndim - core])
+        try:
+            lead = tuple(int(n) for n in np.broadcast_shapes(*leads))
+        except ValueError:
+            return None
+        if len(lead) <= MAX_LEAD or tuple(weights_shape[:len(lead)]) != lead:
+            return None
+        return cls(lead, cores, len(weights_shape) - len(lead))
+
+    def fold(self, arr: np.ndarray, core: int) -> np.ndarray:
+        batch = arr.ndim - core
+        if batch <= 0:
+            return arr  # no batch axes: it broadcasts over all of them
+        rest = arr.shape[batch:]
+        if all(n == 1 for n in arr.shape[:batch]):
+            return arr.reshape((1, *rest))
+        if tuple(arr.shape[:batch]) != self.lead:
+            arr = np.broadcast_to(arr, (*self.lead, *rest))
+        return arr.reshape((self.size, *rest))
+
+    def unfold(self, arr: Any) -> Any:
+        if not isinstance(arr, np.ndarray) or arr.ndim < 1 or arr.shape[0] not in (self.size, 1):
+            return arr
+        lead = self.lead if arr.shape[0] == self.size else (1,) * len(self.lead)
+        return arr.reshape((*lead, *arr.shape[1:]))
+
+    def apply(self, arrays: Mapping[str, np.ndarray], mask: Mask,
+              params: Any) -> tuple[dict[str, np.ndarray], Mask, Any]:
+        """Inputs, mask and array parameters (which broadcast to the weights), folded."""
+        folded = {name: self.fold(arr, self.cores.get(name, 2)) for name, arr in arrays.items()}
+        w = self.weights_core
+        mask = dataclasses.replace(mask, keep=None if mask.keep is None else self.fold(mask.keep, w),
+                                   bias=None if mask.bias is None else self.fold(mask.bias, w))
+        if dataclasses.is_dataclass(params) and not isinstance(params, type):
+            changes = {f.name: self.fold(value, w) for f in dataclasses.fields(params)
+                       if isinstance(value := getattr(params, f.name), np.ndarray)}
+            if changes:
+                params = dataclasses.replace(params, **changes)
+        return folded, mask, params
+
+    def restore(self, result: Result) -> Result:
+        """A result of the folded computation with the leading axes back."""
+        return dataclasses.replace(
+            result, weights=self.unfold(result.weights), output=self.unfold(result.output),
+            maps={name: self.unfold(arr) for name, arr in result.maps.items()}, keep=self.unfold(result.keep))

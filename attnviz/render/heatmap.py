@@ -7,11 +7,18 @@ aggregated in blocks (mean, or max) down to at most ``MAX_SIDE`` cells a side; t
 original positions and the panel title says so. ``model_grid_figure`` draws a layer x head grid of
 thumbnails, ``stat_figure`` a layers x heads heatmap of one statistic. ``save_figure`` writes PNG,
 SVG or PDF by the file's extension, atomically.
+
+Text from users' files (labels, titles with file names) is drawn as written: shortened and with
+control characters made visible first (``attnviz.render.text``), never through mathtext or TeX
+(``$x^2$`` shows as typed). matplotlib's own warnings (a glyph missing from the font, a layout it
+could not fit) are not for users: they never reach stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.io import shape_str, write_atomic
+from attnviz.render import text as inert
 from attnviz.render.table import slice_label
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -28,6 +36,10 @@ ANNOTATE_MAX = 16  # write values in cells when both sides are at most this
 MAX_SIDE = 512  # aggregate longer maps in blocks to at most this many cells a side
 THUMB_SIDE = 96  # ... and thumbnails in the model grid to this
 CHUNK = 2**22  # values aggregated at a time
+#: text properties of every string drawn: literal, never mathtext ($...$) or TeX
+PLAIN = {"parse_math": False, "usetex": False}
+TICK_WIDTH = inert.LABEL_WIDTH  # characters of a tick label
+PANEL_TITLE_WIDTH = 80
 
 
 @dataclass
@@ -109,13 +121,13 @@ def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str) -> None:
         return
     step = max(1, math.ceil(n / MAX_TICKS))
     positions = list(range(0, n, step))
-    names = [labels[i] if labels is not None else str(i) for i in positions]
+    names = [inert.label(labels[i], TICK_WIDTH) if labels is not None else str(i) for i in positions]
     if axis == "x":
         ax.set_xticks(positions)
-        ax.set_xticklabels(names, rotation=90 if labels is not None else 0, fontsize=8)
+        ax.set_xticklabels(names, rotation=90 if labels is not None else 0, fontsize=8, **PLAIN)
     else:
         ax.set_yticks(positions)
-        ax.set_yticklabels(names, fontsize=8)
+        ax.set_yticklabels(names, fontsize=8, **PLAIN)
 
 
 def _colormap(name: str) -> Any:
@@ -134,10 +146,23 @@ def check_cmap(name: str | None) -> None:
         _colormap(name)
 
 
+def quiet_matplotlib() -> None:
+    """Keep matplotlib's warnings off stderr: a glyph missing from the font (labels in any script),
+    a layout it could not fit, font look-ups. Filters, not ``catch_warnings`` (which is not safe
+    with the threads of ``attnviz batch``); idempotent, as ``filterwarnings`` replaces an equal
+    filter."""
+    warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from (current )?font")
+    warnings.filterwarnings("ignore", message=r"Matplotlib currently does not support")
+    warnings.filterwarnings("ignore", module=r"matplotlib(\.|$)")
+    warnings.filterwarnings("ignore", module=r"attnviz\.render\.heatmap$")  # matplotlib's warn_external lands here
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
+
+
 def _new_figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    quiet_matplotlib()
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -199,13 +224,13 @@ def heatmap_figure(
                           aspect="auto", interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
         _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else k_labels, "x")
         _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else q_labels, "y")
-        ax.set_xlabel(panel.xlabel if panel.xlabel is not None else xlabel)
-        ax.set_ylabel(panel.ylabel if panel.ylabel is not None else ylabel)
+        ax.set_xlabel(inert.label(panel.xlabel if panel.xlabel is not None else xlabel, PANEL_TITLE_WIDTH), **PLAIN)
+        ax.set_ylabel(inert.label(panel.ylabel if panel.ylabel is not None else ylabel, PANEL_TITLE_WIDTH), **PLAIN)
         blocks = f"blocks of {fr}x{fc}, {reduce}" if (fr, fc) != (1, 1) else ""
         if blocks and blocks not in notes:
             notes.append(blocks)
         if panel.title:  # the block size is in the figure's title
-            ax.set_title(panel.title, fontsize=9)
+            ax.set_title(inert.title(panel.title, PANEL_TITLE_WIDTH), fontsize=9, **PLAIN)
         if (fr, fc) == (1, 1) and rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
             for i in range(rows):
                 for j in range(cols):
@@ -216,15 +241,15 @@ def heatmap_figure(
                     if diverging:
                         light = abs(value) < 0.6 * vmax
                     ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                            color="black" if light else "white")
+                            color="black" if light else "white", **PLAIN)
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.9, label=colorbar_label)
+        fig.colorbar(image, ax=axes, shrink=0.9).set_label(inert.label(colorbar_label, PANEL_TITLE_WIDTH), **PLAIN)
     if total > len(panels):
         notes.append(f"showing {len(panels)} of {total} panels")
     if any_masked:
         notes.append("grey: masked")
     note = f" ({'; '.join(notes)})" if notes else ""
-    fig.suptitle(f"{title}{shape_note}{note}", fontsize=11)
+    fig.suptitle(f"{inert.title(title)}{shape_note}{note}", fontsize=11, **PLAIN)
     return fig
 
 
@@ -249,11 +274,12 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
             ax.set_xticks([])
             ax.set_yticks([])
             if li == 0:
-                ax.set_title(f"head {head_ids[hi]}", fontsize=8)
+                ax.set_title(f"head {head_ids[hi]}", fontsize=8, **PLAIN)
             if hi == 0:
-                ax.set_ylabel(f"layer {layer_ids[li]}", fontsize=8)
+                ax.set_ylabel(f"layer {layer_ids[li]}", fontsize=8, **PLAIN)
     note = f" (blocks of {blocks[0]}x{blocks[1]}, {reduce})" if blocks != (1, 1) else ""
-    fig.suptitle(f"{title}: layers x heads, maps [{w.shape[-2]}, {w.shape[-1]}]{note}", fontsize=11)
+    fig.suptitle(f"{inert.title(title)}: layers x heads, maps [{w.shape[-2]}, {w.shape[-1]}]{note}", fontsize=11,
+                 **PLAIN)
     return fig
 
 
@@ -266,20 +292,21 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
     image = ax.imshow(values, cmap=_colormap(cmap or "magma"), aspect="auto", interpolation="nearest")
     _ticks(ax, heads, [str(h) for h in head_ids] if head_ids is not None else None, "x")
     _ticks(ax, layers, [str(x) for x in layer_ids] if layer_ids is not None else None, "y")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
+    ax.set_xlabel("head", **PLAIN)
+    ax.set_ylabel("layer", **PLAIN)
     if layers * heads <= 400:
         top = float(np.nanmax(values)) if values.size else 1.0
         for i in range(layers):
             for j in range(heads):
                 ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if top and values[i, j] > 0.6 * top else "white")
-    fig.colorbar(image, ax=ax, label=stat)
-    fig.suptitle(f"{title}: {stat} per head", fontsize=11)
+                        color="black" if top and values[i, j] > 0.6 * top else "white", **PLAIN)
+    fig.colorbar(image, ax=ax).set_label(inert.label(stat, PANEL_TITLE_WIDTH), **PLAIN)
+    fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per head", fontsize=11, **PLAIN)
     return fig
 
 
 def save_figure(fig: Any, path: Path) -> None:
     """Write a figure as PNG/SVG/PDF by extension, through a temporary file and a rename."""
     fmt = path.suffix.lower().lstrip(".")
+    quiet_matplotlib()
     write_atomic(path, lambda fh: fig.savefig(fh, format=fmt, dpi=120))

@@ -2,6 +2,9 @@
 
 Long maps are elided: the first and last rows (and columns) are shown around a ``⋮`` row (``…``
 column), and the caption says what was left out and how to see more.
+
+Labels and titles come from users' files: they reach rich as ``Text`` (never parsed for markup or
+emoji codes), shortened and with control characters made visible (``attnviz.render.text``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.io import array_max
+from attnviz.render import text as inert
 from attnviz.stats import RowStats
 
 # viridis, sampled at 9 points: dark blue (low) to yellow (high); readable on dark and light terminals
@@ -60,10 +64,25 @@ def slice_label(index: Sequence[int], names: Sequence[str] = ()) -> str:
 
 
 def axis_name(i: int, labels: Sequence[str] | None, width: int = 12) -> str:
+    """``3 cat``: a position and its label, shortened to ``width`` and made visible."""
     if labels is None:
         return str(i)
-    label = labels[i] if len(labels[i]) <= width else labels[i][: width - 1] + "…"
-    return f"{i} {label}"
+    return f"{i} {inert.label(labels[i], width)}"
+
+
+def _caption(value: str | None) -> Text | None:
+    """Plain text for rich: a ``Text`` is never read as markup or emoji codes."""
+    return None if value is None else Text(value, style="table.caption")
+
+
+def _title(value: str | None) -> Text | None:
+    return None if value is None else Text(inert.title(value), style="table.title")
+
+
+def _header(labels: Sequence[str] | None, j: int | None) -> Text:
+    if j is None:
+        return Text("…")
+    return Text(inert.label(labels[j]) if labels is not None else str(j))
 
 
 def weights_table(
@@ -109,13 +128,13 @@ def weights_table(
         caption = (caption + "; " if caption else "") + f"{MASKED} = masked"
     if padded is not None and padded.any():
         caption = (caption + "; " if caption else "") + f"{PAD} = a padded query row"
-    table = Table(title=title, caption=caption, caption_justify="left")
+    table = Table(title=_title(title), caption=_caption(caption), caption_justify="left")
     label = max((len(axis_name(i, q_labels)) + (len(PAD) + 1 if padded is not None and padded[i] else 0)
                  for i in rows if i is not None), default=1)
-    table.add_column(f"{axis_names[0]} \\ {axis_names[1]}", style="bold", overflow="fold", min_width=min(label, 16))
+    corner = Text(f"{inert.label(axis_names[0])} \\ {inert.label(axis_names[1])}")
+    table.add_column(corner, style="bold", overflow="fold", min_width=min(label, 16))
     for j in cols:
-        header = "…" if j is None else (k_labels[j] if k_labels is not None else str(j))
-        table.add_column(header, justify="right", overflow="fold", min_width=precision + 3)
+        table.add_column(_header(k_labels, j), justify="right", overflow="fold", min_width=precision + 3)
     for i in rows:
         if i is None:
             table.add_row("⋮", *["⋮" for _ in cols])
@@ -130,7 +149,7 @@ def weights_table(
             else:
                 value = float(grid[i, j])
                 cells.append(Text(f"{value:.{precision}f}", style="dim" if pad else shade(value, vmax)))
-        table.add_row(axis_name(i, q_labels) + (f" {PAD}" if pad else ""), *cells)
+        table.add_row(Text(axis_name(i, q_labels) + (f" {PAD}" if pad else "")), *cells)
     return table
 
 
@@ -164,7 +183,7 @@ def stats_table(
     elided = _elided(rows, lq, "rows")
     k = stats.top_index.shape[-1]
     table = Table(
-        title=title,
+        title=_title(title),
         caption="H: entropy in nats; H/log n: normalised by the unmasked key count"
         + (f"; {PAD}: a padded query row, left out" if padded is not None and padded.any() else "")
         + (f"; not shown: {elided} (--max-rows shows more)" if elided else ""),
@@ -175,7 +194,7 @@ def stats_table(
     label = max((len(axis_name(i, q_labels)) for i in rows if i is not None), default=1)
     key = max((len(axis_name(int(j), k_labels)) for j in np.unique(stats.top_index)), default=1)
     # overflow "fold": a cell too narrow wraps its text, it never hides digits behind an ellipsis
-    table.add_column(row_name, overflow="fold", min_width=min(label, 16))
+    table.add_column(Text(inert.label(row_name)), overflow="fold", min_width=min(label, 16))
     table.add_column("H", justify="right", overflow="fold", min_width=number)
     table.add_column("H/log n", justify="right", overflow="fold", min_width=number)
     table.add_column("max", justify="right", overflow="fold", min_width=number)
@@ -192,10 +211,10 @@ def stats_table(
             table.add_row("⋮", *["⋮"] * (7 if sparse else 6))
             continue
         if padded is not None and padded[i]:
-            table.add_row(axis_name(i, q_labels), *[Text(PAD, style="dim")] * (7 if sparse else 6))
+            table.add_row(Text(axis_name(i, q_labels)), *[Text(PAD, style="dim")] * (7 if sparse else 6))
             continue
         if stats.masked[i]:
-            table.add_row(axis_name(i, q_labels), *[Text("masked", style="dim")] * 5, f"{stats.row_sum[i]:.{p}f}",
+            table.add_row(Text(axis_name(i, q_labels)), *[Text("masked", style="dim")] * 5, f"{stats.row_sum[i]:.{p}f}",
                           *support)
             continue
         top = "  ".join(
@@ -203,12 +222,12 @@ def stats_table(
             for j, w in zip(stats.top_index[i], stats.top_weight[i])
         )
         table.add_row(
-            axis_name(i, q_labels),
+            Text(axis_name(i, q_labels)),
             f"{stats.entropy[i]:.{p}f}",
             f"{stats.entropy_norm[i]:.{p}f}",
             f"{stats.max[i]:.{p}f}",
-            axis_name(int(stats.argmax[i]), k_labels),
-            top,
+            Text(axis_name(int(stats.argmax[i]), k_labels)),
+            Text(top),
             f"{stats.row_sum[i]:.{p}f}",
             *support,
         )
@@ -227,12 +246,11 @@ def vector_table(
     cols = pick(values.shape[0], max_cols)
     vmax = float(np.max(values)) if values.size else 1.0
     elided = _elided(cols, values.shape[0], "columns")
-    table = Table(title=title, caption=f"not shown: {elided} (--max-cols shows more)" if elided else None,
+    table = Table(title=_title(title), caption=f"not shown: {elided} (--max-cols shows more)" if elided else None,
                   caption_justify="left")
     cells: list[Text | str] = []
     for j in cols:
-        header = "…" if j is None else (labels[j] if labels is not None else str(j))
-        table.add_column(header, justify="right", overflow="fold", min_width=precision + 3)
+        table.add_column(_header(labels, j), justify="right", overflow="fold", min_width=precision + 3)
         cells.append("…" if j is None else Text(f"{float(values[j]):.{precision}f}",
                                                 style=shade(float(values[j]), vmax)))
     table.add_row(*cells)
@@ -258,11 +276,11 @@ def slice_summary_table(stats: RowStats, *, precision: int = 3, max_rows: int | 
         one = stats.select(slices[r])
         live = ~one.masked
         if not live.any():
-            table.add_row(slice_label(slices[r], names), *[Text("masked", style="dim")] * 3,
+            table.add_row(Text(inert.label(slice_label(slices[r], names), 80)), *[Text("masked", style="dim")] * 3,
                           str(int(one.masked.sum())))
             continue
         table.add_row(
-            slice_label(slices[r], names),
+            Text(inert.label(slice_label(slices[r], names), 80)),
             f"{one.entropy[live].mean():.{p}f}",
             f"{one.entropy_norm[live].mean():.{p}f}",
             f"{one.max[live].mean():.{p}f}",

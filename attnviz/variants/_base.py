@@ -47,6 +47,18 @@ class InputSpec:
     #: reads a form of this input that is not a plain array (opened spec -> entries such as the
     #: input itself, "mask" and "q_labels", as a bundle gives them), or None to read it as an array
     reader: Callable[[Any], dict[str, Loaded] | None] | None = None
+    #: trailing axes that are not batch axes (2 for ``[..., L, d]``, 3 for ``[..., n_sent, n_word, d]``);
+    #: None: 2, or more when the input has more axes than the weights (the pipeline flattens the rest)
+    core: int | None = None
+
+
+class NumericError(AttnvizError):
+    """Values that overflowed the compute dtype (exit 1). ``stage`` says what came out non-finite
+    ("the scores", "the output"); the pipeline adds which inputs are to blame."""
+
+    def __init__(self, message: str, stage: str = "the result") -> None:
+        super().__init__(message)
+        self.stage = stage
 
 
 @dataclass
@@ -230,19 +242,19 @@ def masked_softmax(ctx: Context, scores: Any, mask: Mask) -> Any:
 
     ``where(keep, s, -inf)``, subtract the finite-guarded row max, exp, divide with 0/0 -> 0: a fully
     masked row is all zeros, never NaN and never uniform. float16/bfloat16 scores are upcast to
-    float32 first.
+    float32 first. Scores that are not finite where a key is kept overflowed: ``NumericError``.
     """
     import numpy as np
 
     tf = ctx.tf
     s = tf.cast(scores, softmax_dtype(ctx.dtype))
-    if mask.keep is None and mask.bias is None:
-        return tf.nn.softmax(s, axis=-1)  # nothing masked: the fused kernel (it subtracts the row max too)
     if mask.bias is not None:
         s = s + tf.cast(tf.convert_to_tensor(mask.bias), s.dtype)
-    keep = None
-    if mask.keep is not None:
-        keep = tf.convert_to_tensor(mask.keep)
+    keep = None if mask.keep is None else tf.convert_to_tensor(mask.keep)
+    check_finite_scores(ctx, s, keep)
+    if keep is None and mask.bias is None:
+        return tf.nn.softmax(s, axis=-1)  # nothing masked: the fused kernel (it subtracts the row max too)
+    if keep is not None:
         s = tf.where(keep, s, tf.constant(-np.inf, dtype=s.dtype))
     m = tf.reduce_max(s, axis=-1, keepdims=True)
     m = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
@@ -284,6 +296,26 @@ def softmax_and_output(ctx: Context, scores: Any, v: Any, mask: Mask) -> tuple[n
     return w, o
 
 
+def overflow_advice(dtype: str) -> str:
+    """What to do when values overflow ``dtype``."""
+    if dtype in ("float16", "bfloat16"):
+        return "use --dtype float32 (or float64) or rescale the inputs"
+    if dtype == "float32":
+        return "use --dtype float64 or rescale the inputs"
+    return "rescale the inputs"
+
+
+def check_finite_scores(ctx: Context, scores: Any, keep: Any = None) -> None:
+    """Scores from finite inputs that are not finite where a key may be attended overflowed the
+    dtype: an error, never NaN weights, and never a row silently all zero (every score -inf)."""
+    tf = ctx.tf
+    bad = tf.logical_not(tf.math.is_finite(scores))
+    if keep is not None:
+        bad = tf.logical_and(bad, keep)
+    if bool(tf.reduce_any(bad)):
+        raise NumericError(f"the scores overflowed {ctx.dtype}; {overflow_advice(ctx.dtype)}.", "the scores")
+
+
 def check_finite_result(weights: np.ndarray, dtype: str, output: np.ndarray | None = None) -> None:
     """Never show NaN: scores that overflowed the dtype are an error with a way out. A NaN weight
     makes its row of ``O = A V`` NaN too (NaN times anything is NaN), so the much smaller output is
@@ -292,8 +324,8 @@ def check_finite_result(weights: np.ndarray, dtype: str, output: np.ndarray | No
 
     probe = output if output is not None else weights.sum(axis=-1)
     if not np.isfinite(probe).all():
-        hint = " (the scores overflowed float16; try --dtype float32)" if dtype == "float16" else ""
-        raise AttnvizError(f"the attention weights came out non-finite{hint}.")
+        stage = "the output" if output is not None and np.isfinite(weights.sum(axis=-1)).all() else "the weights"
+        raise NumericError(f"{stage} overflowed {dtype}; {overflow_advice(dtype)}.", stage)
 
 
 
@@ -312,13 +344,15 @@ def score_specs(score: str, d_q: int, d_k: int) -> dict[str, ParamSpec]:
 
 def base_scores(ctx: Context, q: Any, k: Any, score: str, learned: Mapping[str, np.ndarray]) -> Any:
     """Scores ``[..., Lq, Lk]`` from tensors Q and K: ``scaled`` Q K^T / sqrt(d_k), ``dot`` Q K^T,
-    ``general`` Q W_a K^T."""
+    ``general`` Q W_a K^T; finite, or a ``NumericError`` (they overflowed the dtype)."""
     tf = ctx.tf
     if score == "scaled":
         q = q * ctx.scalar(1.0 / math.sqrt(int(q.shape[-1])), q.dtype)
     elif score == "general":
         q = tf.tensordot(q, ctx.tensor(learned["W_a"]), axes=1)
-    return tf.matmul(q, k, transpose_b=True)
+    scores = tf.matmul(q, k, transpose_b=True)
+    check_finite_scores(ctx, scores)  # some users (sparsemax, the CRF) take them to NumPy, not to masked_softmax
+    return scores
 
 
 def score_field_help() -> str:

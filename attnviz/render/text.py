@@ -1,0 +1,85 @@
+"""Text from files made inert before it reaches a terminal or a figure.
+
+Labels (``--labels`` files and lists, JSON labels, bundle ``q_labels``), file names and anything
+else a user's files put into a message, a table or a figure go through here first:
+
+* control characters are made visible as Python-style escapes, never sent: C0 (``\\x00``-``\\x1f``,
+  ESC shown as ``\\x1b``, CR as ``\\r``, tab as ``\\t``, a newline in a label as ``\\n``), DEL and C1
+  (``\\x7f``-``\\x9f``), the bidirectional overrides, embeddings, isolates and marks (U+202E shown
+  as ``\\u202e``), the line and paragraph separators, a byte-order mark, and lone surrogates (the
+  bytes of a file name that is not UTF-8, which a terminal could not even encode);
+* long text is shortened with an ellipsis *before* anything else looks at it, so a one-megabyte
+  label costs no more than a short one.
+
+Rich markup (``[bold red]``) and emoji codes (``:smile:``) are not changed here (a backslash would
+show); the renderers hand such text to rich as ``rich.text.Text``, which rich never parses, and the
+command line prints messages with ``markup=False, emoji=False``. Figures draw text with
+``parse_math=False``, so ``$x^2$`` shows as written.
+
+The standard library only: fast, and importable without NumPy.
+"""
+
+from __future__ import annotations
+
+import re
+
+ELLIPSIS = "…"
+LABEL_WIDTH = 24  # table headers and heatmap tick labels
+TITLE_WIDTH = 200  # table and figure titles
+MESSAGE_WIDTH = 2000  # a message on stderr (the middle is cut, so that its advice stays)
+
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f"  # C0, DEL, C1
+    "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"  # bidirectional marks, embeddings, overrides, isolates
+    "\u2028\u2029\ufeff"  # line and paragraph separators, byte-order mark
+    "\ud800-\udfff]"  # lone surrogates (undecodable bytes of a file name)
+)
+_UNSAFE_OR_NEWLINE_KEPT = re.compile(_UNSAFE.pattern.replace("\x00-\x1f", "\x00-\x09\x0b-\x1f"))
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    named = _NAMED.get(ch)
+    if named is not None:
+        return named
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str, *, newlines: bool = False) -> str:
+    """``text`` with every control character escaped (``\\x1b``, ``\\r``, ``\\u202e``); with
+    ``newlines`` a line feed stays a line break (messages of two lines)."""
+    text = str(text)
+    pattern = _UNSAFE_OR_NEWLINE_KEPT if newlines else _UNSAFE
+    return pattern.sub(_escape, text) if pattern.search(text) else text
+
+
+def shorten(text: str, width: int) -> str:
+    """At most ``width`` characters, the last an ellipsis when some were cut; made visible first
+    (escapes count), but only a prefix of a long text is ever looked at."""
+    text = str(text)
+    shown = visible(text[: width + 1])
+    if len(shown) <= width and len(text) <= width:
+        return shown
+    return shown[: max(width - 1, 0)] + ELLIPSIS
+
+
+def label(text: str, width: int = LABEL_WIDTH) -> str:
+    """A token label for a table header, a tick or a row name: visible and at most ``width`` long."""
+    return shorten(text, width)
+
+
+def title(text: str, width: int = TITLE_WIDTH) -> str:
+    """A title (it may hold file names): visible and at most ``width`` long."""
+    return shorten(text, width)
+
+
+def message(text: str, width: int = MESSAGE_WIDTH) -> str:
+    """A message for stderr: control characters visible except line breaks; an over-long message
+    keeps its beginning and its end (where the advice is) around an ellipsis."""
+    text = str(text)
+    if len(text) > width:
+        half = width // 2
+        text = text[:half] + ELLIPSIS + text[-half:]
+    return visible(text, newlines=True)
