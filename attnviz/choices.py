@@ -1,5 +1,6 @@
-"""The allowed values of the enumerated options, in a module that imports nothing, so that the
-command line can offer them without loading NumPy or TensorFlow."""
+"""The allowed values of the enumerated options, and bounds of numeric ones, in a module that
+imports nothing, so that the command line can offer and check them without loading NumPy or
+TensorFlow."""
 
 DEVICES = ("auto", "cpu", "gpu")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -7,3 +8,8 @@ MASK_CONVENTIONS = ("keep", "block")  # keep: 1 = may attend; block: 1 = masked
 MASK_KINDS = ("bool", "additive")
 CAUSAL_ALIGNS = ("top-left", "bottom-right")
 ROPE_STYLES = ("half", "interleaved")  # half: HF Llama rotate_half; interleaved: GPT-J / RoFormer
+
+#: the largest width of a learned layer (--units, --key-dim, ...) and number of heads an option may
+#: ask for: drawn parameters stay within a few hundred megabytes
+MAX_WIDTH = 8192
+MAX_HEADS = 1024

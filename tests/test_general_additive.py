@@ -153,7 +153,7 @@ def test_bad_parameters_are_named():
         compute("additive", Q1, KEYS, KEYS, learned={**good, "extra": np.ones(1)})
     with pytest.raises(ParamsError, match="key 'W2' has shape \\[3, 2\\], expected \\[2, 2\\]"):
         compute("additive", Q1, KEYS, KEYS, learned={**good, "W2": np.ones((3, 2))})
-    with pytest.raises(ParamsError, match="--units 5, but W1"):
+    with pytest.raises(ParamsError, match=r"W1 \[2, 2\] has units = 2, but --units 5 was given"):
         compute("additive", Q1, KEYS, KEYS, learned=good, units=5)
     with pytest.raises(ParamsError, match="key 'W_a' has shape"):
         compute("general", Q1, KEYS, KEYS, learned={"W_a": np.eye(3)})

@@ -129,7 +129,7 @@ def test_hyper_parameters_read_off_or_refused():
         compute("multihead", inputs={"query": x}, heads=3, kv_heads=2)
     drawn = compute("multihead", inputs={"query": x}, heads=2, seed=1)
     assert drawn.weights.shape == (2, 3, 3) and drawn.output.shape == (3, 4)
-    with pytest.raises(ParamsError, match="--heads 4, but the parameters say 2"):
+    with pytest.raises(ParamsError, match=r"query/kernel \[4, 2, 2\] has 2 heads, but --heads 4 was given"):
         compute("multihead", inputs={"query": x}, heads=4,
                 learned={"query/kernel": np.ones((4, 2, 2)), "key/kernel": np.ones((4, 2, 2)),
                          "value/kernel": np.ones((4, 2, 2)), "attention_output/kernel": np.ones((2, 2, 4))})
@@ -170,7 +170,7 @@ def test_cli_seed_save_params_round_trip_and_from_keras(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("missing", "missing key 'attention_output/kernel'"),
-    ("shape", "key 'key/kernel' has shape [4, 2, 3], expected [4, 2, 2]"),
+    ("shape", "p.npz: the arrays disagree on the key_dim: query/kernel [4, 2, 2] has 2, key/kernel [4, 2, 3] has 3"),
     ("pickle", "never unpickles"),
     ("rank", "expected 3 dimensions"),
 ])

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from attnviz import __version__
 from attnviz.cli.options import (
@@ -26,19 +27,53 @@ from attnviz.cli.options import (
     PARAM_OPTIONS,
     RUN_OPTIONS,
     OutputOptions,
+    StagedOutputs,
     check_save_params,
+    error_line,
     parse_index,
+    staged_outputs,
+    typed,
+    usage_message,
 )
-from attnviz.cli.streams import err_console, out_console, stdout
-from attnviz.errors import AttnvizError, shape_str
+from attnviz.cli.streams import err_console, out_console, stderr, stdout
+from attnviz.errors import AttnvizError, ParamsError, shape_str
 from attnviz.variants import REGISTRY
 from attnviz.variants._base import Variant
 
 if TYPE_CHECKING:  # the pipeline loads NumPy: imported when a command runs, not for --help
     from attnviz.pipeline import Outcome
 
+
+class AttnvizGroup(TyperGroup):
+    """The command group: usage errors (unknown option or command, a bad or missing value, a
+    missing argument) of any command end in attnviz's one line on stderr and exit 2, instead of
+    Click's usage block. ``attnviz`` alone still prints the help."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        with usage_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        with usage_errors():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError  # Typer vendors Click
+
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise
+    except ClickException as exc:
+        stderr().write(error_line(usage_message(exc)))
+        raise typer.Exit(exc.exit_code) from None
+
+
 app = typer.Typer(
     name="attnviz",
+    cls=AttnvizGroup,
     help="Compute, inspect and visualise attention from the command line: tables, statistics, "
     "heatmap PNGs and JSON.",
     no_args_is_help=True,
@@ -76,7 +111,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except AttnvizError as exc:
-        _stderr().print(f"attnviz: error: {exc.message}", markup=False)
+        stderr().write(error_line(exc.message))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         _stderr().print("attnviz: interrupted", markup=False)
@@ -86,11 +121,8 @@ def user_errors() -> Iterator[None]:
     except Exception as exc:  # a bug: say so briefly, keep the traceback for those who ask
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
-        _stderr().print(
-            f"attnviz: internal error: {type(exc).__name__}: {exc}\n"
-            "This is a bug; rerun with ATTNVIZ_DEBUG=1 for the traceback and please report it.",
-            markup=False,
-        )
+        stderr().write(error_line(f"{type(exc).__name__}: {exc}", "internal error")
+                       + "This is a bug; rerun with ATTNVIZ_DEBUG=1 for the traceback and please report it.\n")
         raise typer.Exit(1) from None
 
 
@@ -138,10 +170,12 @@ def _variant_parameters(variant: Variant) -> list[inspect.Parameter]:
         if f.metadata.get("cli") is False:  # set by the variant itself (e.g. an array read in check)
             continue
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-        option = typer.Option(flag, help=f.metadata.get("help", ""),
-                              metavar=f.metadata.get("metavar"), rich_help_panel=f"{variant.name} options")
+        # numbers and choices are parsed and checked here, with the bounds the field declares
+        annotation = typed(hints[f.name], flag, min=f.metadata.get("min"), max=f.metadata.get("max"),
+                           above=f.metadata.get("above"), help=f.metadata.get("help", ""),
+                           metavar=f.metadata.get("metavar"), rich_help_panel=f"{variant.name} options")
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                                        annotation=Annotated[hints[f.name], option]))
+                                        annotation=annotation))
     return params
 
 
@@ -180,7 +214,10 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     out.check()
     check_save_params(param_options.save_params)
 
-    prepared = prepare(variant, specs, run_options, params, param_options=param_options, capture=capture)
+    try:
+        prepared = prepare(variant, specs, run_options, params, param_options=param_options, capture=capture)
+    except ParamsError as exc:  # a variant's check names the keys; the file is named here
+        raise ParamsError(name_params_file(exc.message, param_options.params, params)) from None
     targets = check_outputs(
         {"--png": out.png, "--save-weights": out.save_weights, "--save-output": out.save_output,
          "--save-params": param_options.save_params, "--json-file": out.json_file},
@@ -190,36 +227,51 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     err = _stderr()
     info = not out.quiet
 
-    outcome = execute(prepared, targets.get("--save-weights"), out.reduce)
+    # every output is written to a staged file next to its target, and all are put in place only
+    # when every one was written: a failed run leaves no file behind (see StagedOutputs)
+    with staged_outputs(targets) as staged:
+        outcome = execute(prepared, staged.get("--save-weights"), out.reduce)
+        if info:
+            for note in outcome.notes:
+                err.print(note, markup=False, style="dim")
+            learned = f", parameters from {prepared.learned_source}" if prepared.learned_source else ""
+            err.print(f"{variant.name}: {outcome.device.name}, {run_options.dtype}, weights "
+                      f"{shape_str(prepared.weights_shape)}{learned}", markup=False, style="dim")
+        for warning in outcome.warnings:
+            err.print(f"warning: {warning}", markup=False, style="yellow")
+
+        files = write_files(outcome, staged, out)
+        text = None
+        if out.json or out.json_file:
+            from attnviz.io import save_text
+            from attnviz.render.report import build_report, to_json
+
+            if out.json_file:
+                files["json"] = out.json_file
+            text = to_json(build_report(outcome, files)) + "\n"
+            if out.json_file:
+                save_text(staged["--json-file"], text)
+        staged.commit()
     if info:
-        for note in outcome.notes:
-            err.print(note, markup=False, style="dim")
-        learned = f", parameters from {prepared.learned_source}" if prepared.learned_source else ""
-        err.print(f"{variant.name}: {outcome.device.name}, {run_options.dtype}, weights "
-                  f"{shape_str(prepared.weights_shape)}{learned}", markup=False, style="dim")
-    for warning in outcome.warnings:
-        err.print(f"warning: {warning}", markup=False, style="yellow")
-
-    files = write_files(outcome, targets, out, err if info else None)
-    if out.json or out.json_file:
-        from attnviz.io import save_text
-        from attnviz.render.report import build_report, to_json
-
-        if out.json_file:
-            files["json"] = out.json_file
-        text = to_json(build_report(outcome, files)) + "\n"
-        if out.json_file:
-            save_text(targets["--json-file"], text)
-            if info:
-                err.print(f"saved json to {out.json_file}", markup=False, style="dim")
-        if out.json:
-            stdout().write(text)
+        for what, path in files.items():
+            err.print(f"saved {what} to {path}", markup=False, style="dim")
+    if out.json and text is not None:
+        stdout().write(text)
     if not (out.json or out.no_table or out.quiet):
         print_tables(outcome, index, out)
 
 
-def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, err: Console | None) -> dict[str, str]:
-    """Write every requested file atomically; returns {"png": path, ...} for the JSON document."""
+def name_params_file(message: str, params_file: str | None, params: Any) -> str:
+    """A variant's check says ``parameters: ...`` of the arrays it was given; name their file."""
+    source = params_file or getattr(params, "from_keras", None)
+    if source and message.startswith("parameters: "):
+        return f"{source}: " + message.removeprefix("parameters: ")
+    return message
+
+
+def write_files(outcome: Outcome, staged: StagedOutputs, out: OutputOptions) -> dict[str, str]:
+    """Write every requested file to its staged path; returns {"png": path, ...} (the paths the
+    user gave, for the JSON document and the "saved" lines)."""
     import numpy as np
 
     from attnviz import params as learned_params
@@ -228,19 +280,19 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
     written: dict[str, str] = {}
     result = outcome.result
     streamed = outcome.streamed
-    if "--save-params" in targets:
-        learned_params.save(targets["--save-params"], outcome.prepared.learned)
-        written["params"] = str(targets["--save-params"])
-    if "--save-weights" in targets:
+    if "--save-output" in staged and result.output is None:
+        raise AttnvizError(f"--save-output: {outcome.prepared.variant.name} has no output array.")
+    if "--save-params" in staged:
+        learned_params.save(staged["--save-params"], outcome.prepared.learned)
+        written["params"] = str(staged.targets["--save-params"])
+    if "--save-weights" in staged:
         if streamed is None:  # a blockwise run wrote them while computing
-            save_npy(targets["--save-weights"], result.weights)
+            save_npy(staged["--save-weights"], result.weights)
         written["weights"] = out.save_weights or ""
-    if "--save-output" in targets:
-        if result.output is None:
-            raise AttnvizError(f"--save-output: {outcome.prepared.variant.name} has no output array.")
-        save_npy(targets["--save-output"], result.output)
+    if "--save-output" in staged and result.output is not None:
+        save_npy(staged["--save-output"], result.output)
         written["output"] = out.save_output or ""
-    if "--png" in targets:
+    if "--png" in staged:
         from attnviz.render.heatmap import Panel, heatmap_figure, save_figure, slice_panels
         from attnviz.render.table import slice_label
 
@@ -270,11 +322,8 @@ def write_files(outcome: Outcome, targets: dict[str, Any], out: OutputOptions, e
         fig = heatmap_figure(panels, title=out.title or f"{prep.variant.name} attention weights {shape}",
                              q_labels=prep.q_labels, k_labels=prep.k_labels, cmap=out.cmap, reduce=out.reduce,
                              ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1])
-        save_figure(fig, targets["--png"])
+        save_figure(fig, staged["--png"])
         written["png"] = out.png or ""
-    if err is not None:
-        for what, path in written.items():
-            err.print(f"saved {what} to {path}", markup=False, style="dim")
     return written
 
 

@@ -159,6 +159,8 @@ def run_job(click_command: Any, job: Job) -> JobResult:
     """Run one job through the command line's own code, with its own stdout and stderr buffers."""
     from typer._click.exceptions import ClickException  # Typer vendors Click
 
+    from attnviz.cli.options import usage_message
+
     start = time.perf_counter()
     if job.error:
         return JobResult(job, 2, 0.0, job.error)
@@ -167,8 +169,8 @@ def run_job(click_command: Any, job: Job) -> JobResult:
     with redirected(out, err):
         try:
             code = click_command.main(args=job.argv, prog_name="attnviz", standalone_mode=False) or 0
-        except ClickException as exc:
-            code, message = exc.exit_code, exc.format_message()
+        except ClickException as exc:  # the command group words usage errors itself; anything else alike
+            code, message = exc.exit_code, usage_message(exc)
     seconds = time.perf_counter() - start
     if code and message is None:
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]

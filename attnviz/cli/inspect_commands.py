@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.choices import CAUSAL_ALIGNS, MASK_CONVENTIONS, MASK_KINDS
-from attnviz.cli.options import LABELS, MASKS, OUTPUT, check_png_path
+from attnviz.cli.options import LABELS, MASKS, OUTPUT, StagedOutputs, check_png_path, checked_option, staged_outputs
 from attnviz.cli.streams import out_console, stdout
 
 if TYPE_CHECKING:
@@ -34,17 +34,19 @@ COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "distance": "dist", "diagon
 Layout = Annotated[str | None, typer.Option("--layout", metavar="AXES", rich_help_panel=SELECT,
                                             help="name the axes when the rank does not say, e.g. batch,q,k "
                                                  "(from layer, batch, head, q, k)")]
-LayerOpt = Annotated[int, typer.Option("--layer", rich_help_panel=SELECT, help="the layer the tables show")]
-HeadOpt = Annotated[int, typer.Option("--head", rich_help_panel=SELECT, help="the head the tables show")]
-BatchOpt = Annotated[int | None, typer.Option("--batch", rich_help_panel=SELECT,
-                                               help="the batch entry shown; head statistics average over all "
-                                                    "entries unless this is given")]
-Precision = Annotated[int, typer.Option("--precision", min=0, max=12, rich_help_panel=OUTPUT,
-                                        help="digits after the point in tables")]
-MaxRows = Annotated[int, typer.Option("--max-rows", min=0, rich_help_panel=OUTPUT,
-                                      help="show at most this many rows, eliding the middle (0: all)")]
-MaxCols = Annotated[int | None, typer.Option("--max-cols", min=0, rich_help_panel=OUTPUT,
-                                             help="show at most this many key columns (default: what fits)")]
+LayerOpt = Annotated[int, checked_option(int, "--layer", rich_help_panel=SELECT,
+                                          help="the layer the tables show")]
+HeadOpt = Annotated[int, checked_option(int, "--head", rich_help_panel=SELECT,
+                                        help="the head the tables show")]
+BatchOpt = Annotated[int | None, checked_option(int | None, "--batch", rich_help_panel=SELECT,
+                                                help="the batch entry shown; head statistics average over all "
+                                                     "entries unless this is given")]
+Precision = Annotated[int, checked_option(int, "--precision", min=0, max=12, rich_help_panel=OUTPUT,
+                                          help="digits after the point in tables")]
+MaxRows = Annotated[int, checked_option(int, "--max-rows", min=0, rich_help_panel=OUTPUT,
+                                        help="show at most this many rows, eliding the middle (0: all)")]
+MaxCols = Annotated[int | None, checked_option(int | None, "--max-cols", min=0, rich_help_panel=OUTPUT,
+                                               help="show at most this many key columns (default: what fits)")]
 JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT,
                                        help="print the JSON document on stdout instead of tables")]
 JsonFile = Annotated[str | None, typer.Option("--json-file", metavar="FILE.json", rich_help_panel=OUTPUT,
@@ -54,10 +56,10 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT,
                                      help="print no tables and no informational lines")]
 Title = Annotated[str | None, typer.Option("--title", rich_help_panel=OUTPUT, help="the heatmap's title")]
 Cmap = Annotated[str | None, typer.Option("--cmap", rich_help_panel=OUTPUT, help="a matplotlib colour map")]
-Reduce = Annotated[Literal["mean", "max"], typer.Option("--reduce", rich_help_panel=OUTPUT,
-                                                        help="how long maps are aggregated in blocks: mean or max")]
-Atol = Annotated[float | None, typer.Option(
-    "--atol", min=0, rich_help_panel=CHECKS,
+Reduce = Annotated[Literal["mean", "max"], checked_option(Literal["mean", "max"], "--reduce", rich_help_panel=OUTPUT,
+                                                          help="how long maps are aggregated in blocks: mean or max")]
+Atol = Annotated[float | None, checked_option(
+    float | None, "--atol", min=0, rich_help_panel=CHECKS,
     help="absolute tolerance of the checks (default 1e-5; for weights stored in float16 2e-3, bfloat16 1.6e-2, "
          "their rounding)")]
 MaskOpt = Annotated[str | None, typer.Option(
@@ -69,10 +71,11 @@ KeyPaddingOpt = Annotated[str | None, typer.Option(
     "--key-padding-mask", metavar="FILE", rich_help_panel=MASKS,
     help="[B, S] or [S]: 1 = real token, 0 = padding (with --mask-convention keep); padded keys, and the query "
          "rows at padded positions when Lq = Lk, are left out")]
-MaskConvention = Annotated[Literal[MASK_CONVENTIONS], typer.Option(  # type: ignore[valid-type]
-    "--mask-convention", rich_help_panel=MASKS, help="keep: 1 = may attend; block: 1 = masked")]
-MaskKind = Annotated[Literal[MASK_KINDS], typer.Option(  # type: ignore[valid-type]
-    "--mask-kind", rich_help_panel=MASKS,
+MaskConvention = Annotated[Literal[MASK_CONVENTIONS], checked_option(  # type: ignore[valid-type]
+    Literal[MASK_CONVENTIONS], "--mask-convention", rich_help_panel=MASKS,  # type: ignore[valid-type]
+    help="keep: 1 = may attend; block: 1 = masked")]
+MaskKind = Annotated[Literal[MASK_KINDS], checked_option(  # type: ignore[valid-type]
+    Literal[MASK_KINDS], "--mask-kind", rich_help_panel=MASKS,  # type: ignore[valid-type]
     help="of --mask: bool (0/1) or additive (a float bias: 0 keeps; -inf or <= -1e4, as Hugging Face's "
          "dtype minimum, masks)")]
 
@@ -188,13 +191,13 @@ def inspect_command(
     layer: LayerOpt = 0,
     head: HeadOpt = 0,
     batch: BatchOpt = None,
-    sort: Annotated[Literal[SORTABLE], typer.Option(  # type: ignore[valid-type]
-        "--sort", rich_help_panel=OUTPUT, help="order the head statistics by this column (statistics: largest "
-                                                "first)")] = "layer",
+    sort: Annotated[Literal[SORTABLE], checked_option(  # type: ignore[valid-type]
+        Literal[SORTABLE], "--sort", rich_help_panel=OUTPUT,  # type: ignore[valid-type]
+        help="order the head statistics by this column (statistics: largest first)")] = "layer",
     reverse: Annotated[bool, typer.Option("--reverse", rich_help_panel=OUTPUT,
                                           help="turn the order round (statistics sort largest first)")] = False,
-    top: Annotated[int | None, typer.Option("--top", min=1, rich_help_panel=OUTPUT,
-                                            help="show only the first N heads of the sorted table")] = None,
+    top: Annotated[int | None, checked_option(int | None, "--top", min=1, rich_help_panel=OUTPUT,
+                                              help="show only the first N heads of the sorted table")] = None,
     check_rows: Annotated[bool, typer.Option("--check-rows", rich_help_panel=CHECKS,
                                              help="every row that may attend sums to 1 within --atol")] = False,
     check_mask: Annotated[str | None, typer.Option("--check-mask", metavar="FILE", rich_help_panel=CHECKS,
@@ -206,8 +209,9 @@ def inspect_command(
     mask_kind: MaskKind = "bool",
     check_causal: Annotated[bool, typer.Option("--check-causal", rich_help_panel=CHECKS,
                                                help="nothing above the diagonal")] = False,
-    causal_align: Annotated[Literal[CAUSAL_ALIGNS], typer.Option(  # type: ignore[valid-type]
-        "--causal-align", rich_help_panel=CHECKS, help="the diagonal when Lq != Lk")] = "top-left",
+    causal_align: Annotated[Literal[CAUSAL_ALIGNS], checked_option(  # type: ignore[valid-type]
+        Literal[CAUSAL_ALIGNS], "--causal-align", rich_help_panel=CHECKS,  # type: ignore[valid-type]
+        help="the diagonal when Lq != Lk")] = "top-left",
     check_finite: Annotated[bool, typer.Option("--check-finite", rich_help_panel=CHECKS,
                                                help="no NaN or infinity")] = False,
     atol: Atol = None,
@@ -218,8 +222,9 @@ def inspect_command(
                                                 help="the selected map alone, with labels")] = None,
     stats_png: Annotated[str | None, typer.Option("--stats-png", metavar="FILE", rich_help_panel=OUTPUT,
                                                   help="a layers x heads heatmap of --stat")] = None,
-    stat: Annotated[Literal[SORTABLE[2:]], typer.Option(  # type: ignore[valid-type]
-        "--stat", rich_help_panel=OUTPUT, help="the statistic of --stats-png")] = "entropy",
+    stat: Annotated[Literal[SORTABLE[2:]], checked_option(  # type: ignore[valid-type]
+        Literal[SORTABLE[2:]], "--stat", rich_help_panel=OUTPUT,  # type: ignore[valid-type]
+        help="the statistic of --stats-png")] = "entropy",
     title: Title = None,
     cmap: Cmap = None,
     reduce: Reduce = "mean",
@@ -285,99 +290,104 @@ def run_inspect(o: dict[str, Any]) -> bool:
     keep, real = masks.keep, masks.real_rows
     targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"],
                              "--json-file": o["json_file"]}, paths)
+    # the targets are reserved now, before any statistics are computed; every file is written to
+    # its staged path and all are put in place together, or none (attnviz.cli.options.StagedOutputs)
+    with staged_outputs(targets) as staged:
+        if o["atol"] is None:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
+            atol = insp.default_atol(w.stored_dtype)
+            o["atol"] = atol
+            if atol > 1e-5 and o["check_rows"] and not o["quiet"]:
+                err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
+                          "(--atol to choose)", markup=False, style="dim")
+        finite = insp.all_finite(w.data, rows=real)
+        checks: list[insp.CheckResult] = []
+        if o["check_finite"]:
+            checks.append(insp.check_finite(w.data, rows=real))
+        if not finite and not o["check_finite"]:
+            bad = insp.check_finite(w.data, rows=real).failures
+            raise InputError(f"{w.source}: {bad} non-finite value(s); run with --check-finite to locate them.")
+        if finite:
+            if o["check_rows"]:
+                checks.append(insp.check_rows(w.data, o["atol"], keep, real))
+            if checked is not None and checked.keep is not None:
+                checks.append(insp.check_masked(w.data, checked.keep, o["atol"], "check-mask", rows=real))
+            if o["check_causal"]:
+                checks.append(insp.check_masked(w.data, causal_keep(lq, lk, o["causal_align"]), o["atol"],
+                                                "check-causal", rows=real))
+        failed = _report_checks(checks, err) if checks else False
+        if not finite:
+            return True
 
-    if o["atol"] is None:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
-        atol = insp.default_atol(w.stored_dtype)
-        o["atol"] = atol
-        if atol > 1e-5 and o["check_rows"] and not o["quiet"]:
-            err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
-                      "(--atol to choose)", markup=False, style="dim")
-    finite = insp.all_finite(w.data, rows=real)
-    checks: list[insp.CheckResult] = []
-    if o["check_finite"]:
-        checks.append(insp.check_finite(w.data, rows=real))
-    if not finite and not o["check_finite"]:
-        bad = insp.check_finite(w.data, rows=real).failures
-        raise InputError(f"{w.source}: {bad} non-finite value(s); run with --check-finite to locate them.")
-    if finite:
-        if o["check_rows"]:
-            checks.append(insp.check_rows(w.data, o["atol"], keep, real))
-        if checked is not None and checked.keep is not None:
-            checks.append(insp.check_masked(w.data, checked.keep, o["atol"], "check-mask", rows=real))
-        if o["check_causal"]:
-            checks.append(insp.check_masked(w.data, causal_keep(lq, lk, o["causal_align"]), o["atol"],
-                                            "check-causal", rows=real))
-    failed = _report_checks(checks, err) if checks else False
-    if not finite:
-        return True
+        chosen = masks if o["batch"] is None else masks.batch(bi)
+        data = w.data if o["batch"] is None else w.data[:, bi:bi + 1]
+        stats = insp.head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
+                                     stored=w.stored_dtype)
+        distributions = insp.distributions(stats, insp.row_sum_tolerance(w.stored_dtype))
+        warnings = [text for text in (distributions.warning(w.source),) if text]
+        for text in warnings:
+            err.print(f"warning: {text}", markup=False, style="yellow")
+        padded = chosen.padded_rows(data.shape)
+        one = w.data[li, bi, hi]
+        one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]
+        one_padded = None if real is None else ~np.broadcast_to(real, w.shape[:-1])[li, bi, hi]
 
-    chosen = masks if o["batch"] is None else masks.batch(bi)
-    data = w.data if o["batch"] is None else w.data[:, bi:bi + 1]
-    stats = insp.head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
-                                 stored=w.stored_dtype)
-    distributions = insp.distributions(stats, insp.row_sum_tolerance(w.stored_dtype))
-    warnings = [text for text in (distributions.warning(w.source),) if text]
-    for text in warnings:
-        err.print(f"warning: {text}", markup=False, style="yellow")
-    padded = chosen.padded_rows(data.shape)
-    one = w.data[li, bi, hi]
-    one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]
-    one_padded = None if real is None else ~np.broadcast_to(real, w.shape[:-1])[li, bi, hi]
+        wanted = o["json_out"] or o["json_file"] or not (o["no_table"] or o["quiet"])
+        rows = insp.map_row_stats(one, one_keep) if wanted else None
+        drawn_keep = one_keep  # the picture greys padded query rows as well as masked keys
+        if one_padded is not None and one_padded.any():
+            drawn_keep = np.ones(one.shape, bool) if one_keep is None else one_keep.copy()
+            drawn_keep[one_padded] = False
+        document = None
+        files = _inspect_files(w, staged, stats, (li, bi, hi), q_labels, k_labels, o, drawn_keep)
+        if (o["json_out"] or o["json_file"]) and rows is not None:
+            from attnviz.render.report import inspect_report, to_json
 
-    wanted = o["json_out"] or o["json_file"] or not (o["no_table"] or o["quiet"])
-    rows = insp.map_row_stats(one, one_keep) if wanted else None
-    drawn_keep = one_keep  # the picture greys padded query rows as well as masked keys
-    if one_padded is not None and one_padded.any():
-        drawn_keep = np.ones(one.shape, bool) if one_keep is None else one_keep.copy()
-        drawn_keep[one_padded] = False
-    files = _inspect_files(w, targets, stats, (li, bi, hi), q_labels, k_labels, o, drawn_keep)
-    if not o["quiet"]:
-        err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
-                  f"{shape_str(w.shape)}", markup=False, style="dim")
-        if masks.described:
-            left_out = f"; {padded} padded query rows left out" if padded else ""
-            err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
-        for what, path in files.items():
-            err.print(f"saved {what} to {path}", markup=False, style="dim")
-    if (o["json_out"] or o["json_file"]) and rows is not None:
-        from attnviz.render.report import inspect_report, to_json
+            if o["json_file"]:
+                files["json"] = o["json_file"]
+            document = to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels, k_labels,
+                                              warnings=warnings, mask=masks.described, padded=one_padded,
+                                              padded_rows=padded))
+            _save_json(document, staged)
+        staged.commit()
+        if not o["quiet"]:
+            err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
+                      f"{shape_str(w.shape)}", markup=False, style="dim")
+            if masks.described:
+                left_out = f"; {padded} padded query rows left out" if padded else ""
+                err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
+            for what, path in files.items():
+                err.print(f"saved {what} to {path}", markup=False, style="dim")
+        if o["json_out"] and document is not None:
+            stdout().write(document + "\n")
+        if not o["json_out"] and rows is not None and not (o["no_table"] or o["quiet"]):
+            from attnviz.render.table import stats_table, weights_table
 
-        if o["json_file"]:
-            files["json"] = o["json_file"]
-        _emit_json(to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels, k_labels,
-                                          warnings=warnings, mask=masks.described, padded=one_padded,
-                                          padded_rows=padded)), o, targets)
-    if not o["json_out"] and rows is not None and not (o["no_table"] or o["quiet"]):
-        from attnviz.render.table import stats_table, weights_table
-
-        console = out_console()
-        console.print(head_stats_table(stats, sort=o["sort"], reverse=o["reverse"], top=o["top"], padded=padded),
-                      crop=False)
-        where = f"layer {li}, batch {bi}, head {hi}"
-        max_r = o["max_rows"] or None
-        max_c = o["max_cols"] if o["max_cols"] is not None else max(4, (console.width - 16) // 10)
-        console.print(weights_table(one, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
-                                    precision=o["precision"], max_rows=max_r, max_cols=max_c or None,
-                                    title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
-                                    padded=one_padded),
-                      crop=False)
-        console.print(stats_table(rows, q_labels=q_labels, k_labels=k_labels, precision=o["precision"],
-                                  max_rows=max_r, title=f"per-query statistics, {where}", padded=one_padded),
-                      crop=False)
-    return failed
+            console = out_console()
+            console.print(head_stats_table(stats, sort=o["sort"], reverse=o["reverse"], top=o["top"], padded=padded),
+                          crop=False)
+            where = f"layer {li}, batch {bi}, head {hi}"
+            max_r = o["max_rows"] or None
+            max_c = o["max_cols"] if o["max_cols"] is not None else max(4, (console.width - 16) // 10)
+            console.print(weights_table(one, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
+                                        precision=o["precision"], max_rows=max_r, max_cols=max_c or None,
+                                        title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
+                                        padded=one_padded),
+                          crop=False)
+            console.print(stats_table(rows, q_labels=q_labels, k_labels=k_labels, precision=o["precision"],
+                                      max_rows=max_r, title=f"per-query statistics, {where}", padded=one_padded),
+                          crop=False)
+        return failed
 
 
-def _emit_json(text: str, o: dict[str, Any], targets: dict[str, Any]) -> None:
-    """The JSON document on stdout (--json) and/or in a file (--json-file)."""
-    if o["json_file"]:
+def _save_json(text: str, staged: StagedOutputs) -> None:
+    """The JSON document in its file (--json-file)."""
+    if "--json-file" in staged:
         from attnviz.io import save_text
 
-        save_text(targets["--json-file"], text + "\n")
-    if o["json_out"]:
-        stdout().write(text + "\n")
+        save_text(staged["--json-file"], text + "\n")
 
 
-def _inspect_files(w: Weights, targets: dict[str, Any], stats: dict[str, np.ndarray], index: tuple[int, int, int],
+def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarray], index: tuple[int, int, int],
                    q_labels: list[str] | None, k_labels: list[str] | None, o: dict[str, Any],
                    one_keep: np.ndarray | None) -> dict[str, str]:
     li, bi, hi = index
@@ -411,12 +421,12 @@ def compare_command(
     a: Annotated[str, typer.Argument(metavar="A", show_default=False, help="attention weights (as for inspect)")],
     b: Annotated[str, typer.Argument(metavar="B", show_default=False, help="weights of the same shape")],
     layout: Layout = None,
-    atol: Annotated[float | None, typer.Option("--atol", min=0, rich_help_panel=CHECKS,
-                                               help="fail (exit 3) where |A - B| > atol + rtol |B|")] = None,
-    rtol: Annotated[float | None, typer.Option("--rtol", min=0, rich_help_panel=CHECKS,
-                                               help="relative tolerance of the check (default 0)")] = None,
-    worst: Annotated[int, typer.Option("--worst", min=1, rich_help_panel=OUTPUT,
-                                       help="list this many of the most different rows")] = 5,
+    atol: Annotated[float | None, checked_option(float | None, "--atol", min=0, rich_help_panel=CHECKS,
+                help="fail (exit 3) where |A - B| > atol + rtol |B|")] = None,
+    rtol: Annotated[float | None, checked_option(float | None, "--rtol", min=0, rich_help_panel=CHECKS,
+                help="relative tolerance of the check (default 0)")] = None,
+    worst: Annotated[int, checked_option(int, "--worst", min=1, rich_help_panel=OUTPUT,
+                                         help="list this many of the most different rows")] = 5,
     layer: LayerOpt = 0,
     head: HeadOpt = 0,
     batch: BatchOpt = None,
@@ -460,43 +470,49 @@ def run_compare(o: dict[str, Any]) -> bool:
     for w in (a, b):
         if not insp.all_finite(w.data, rows=masks.real_rows):
             raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
-    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, paths)
     _, bi, _ = Selection(o["layer"], o["batch"], o["head"]).index(a.shape)
-    result = insp.compare(a.data, b.data, o["worst"], masks.real_rows, masks.keep, (a.stored_dtype, b.stored_dtype))
-    checks = []
-    if o["atol"] is not None or o["rtol"] is not None:
-        checks.append(insp.tolerance_check(a.data, b.data, o["atol"] or 0.0, o["rtol"] or 0.0, masks.real_rows))
+    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, paths)
     err = _stderr()
-    failed = _report_checks(checks, err) if checks else False
-    warnings = []
-    for w, found in zip((a, b), result.distributions or ()):
-        text = found.warning(f"{'A' if w is a else 'B'} ({w.source})", tags=False)
-        if text:
-            warnings.append(text)
-            err.print(f"warning: {text}", markup=False, style="yellow")
-    if masks.described and not o["quiet"]:
-        left_out = f"; {result.padded_rows} padded query rows left out" if result.padded_rows else ""
-        err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
     files: dict[str, str] = {}
-    if "--png" in targets:
-        from attnviz.render.heatmap import Panel, heatmap_figure, save_figure
+    text = None
+    with staged_outputs(targets) as staged:  # all files or none (attnviz.cli.options.StagedOutputs)
+        result = insp.compare(a.data, b.data, o["worst"], masks.real_rows, masks.keep,
+                              (a.stored_dtype, b.stored_dtype))
+        checks = []
+        if o["atol"] is not None or o["rtol"] is not None:
+            checks.append(insp.tolerance_check(a.data, b.data, o["atol"] or 0.0, o["rtol"] or 0.0, masks.real_rows))
+        failed = _report_checks(checks, err) if checks else False
+        warnings = []
+        for w, found in zip((a, b), result.distributions or ()):
+            found_text = found.warning(f"{'A' if w is a else 'B'} ({w.source})", tags=False)
+            if found_text:
+                warnings.append(found_text)
+                err.print(f"warning: {found_text}", markup=False, style="yellow")
+        if masks.described and not o["quiet"]:
+            left_out = f"; {result.padded_rows} padded query rows left out" if result.padded_rows else ""
+            err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
+        if "--png" in staged:
+            from attnviz.render.heatmap import Panel, heatmap_figure, save_figure
 
-        layers, _, heads = a.shape[:3]
-        panels = [Panel(f"layer {li}, head {hi}" if layers * heads > 1 else "", result.diff[li, bi, hi])
-                  for li in range(layers) for hi in range(heads)]
-        fig = heatmap_figure(panels, title=o["title"] or f"A - B: {a.source} - {b.source}, batch {bi}",
-                             diverging=True, cmap=o["cmap"], reduce=o["reduce"], colorbar_label="A - B")
-        save_figure(fig, targets["--png"])
-        files["png"] = o["png"]
-        if not o["quiet"]:
-            err.print(f"saved png to {o['png']}", markup=False, style="dim")
-    if o["json_out"] or o["json_file"]:
-        from attnviz.render.report import compare_report, to_json
+            layers, _, heads = a.shape[:3]
+            panels = [Panel(f"layer {li}, head {hi}" if layers * heads > 1 else "", result.diff[li, bi, hi])
+                      for li in range(layers) for hi in range(heads)]
+            fig = heatmap_figure(panels, title=o["title"] or f"A - B: {a.source} - {b.source}, batch {bi}",
+                                 diverging=True, cmap=o["cmap"], reduce=o["reduce"], colorbar_label="A - B")
+            save_figure(fig, staged["--png"])
+            files["png"] = o["png"]
+        if o["json_out"] or o["json_file"]:
+            from attnviz.render.report import compare_report, to_json
 
-        if o["json_file"]:
-            files["json"] = o["json_file"]
-        _emit_json(to_json(compare_report(a, b, result, checks, files, warnings=warnings, mask=masks.described)),
-                   o, targets)
+            if o["json_file"]:
+                files["json"] = o["json_file"]
+            text = to_json(compare_report(a, b, result, checks, files, warnings=warnings, mask=masks.described))
+            _save_json(text, staged)
+        staged.commit()
+    if "png" in files and not o["quiet"]:
+        err.print(f"saved png to {o['png']}", markup=False, style="dim")
+    if o["json_out"] and text is not None:
+        stdout().write(text + "\n")
     if not (o["json_out"] or o["no_table"] or o["quiet"]):
         console = out_console()
         p = o["precision"]

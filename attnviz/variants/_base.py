@@ -196,20 +196,30 @@ def broadcast_leading(inputs: Mapping[str, Loaded], names: tuple[str, ...], core
         ) from None
 
 
-def read_units(given: Mapping[str, np.ndarray] | None, key: str, requested: int | None, default: int) -> int:
+def read_units(given: Mapping[str, np.ndarray] | None, key: str, requested: int | None, default: int,
+               also: Mapping[str, int] | None = None) -> int:
     """The width of a learned layer: read off the last axis of ``given[key]`` when a parameter file
-    has that kernel (``--units`` must then agree), else ``--units``, else ``default``."""
+    has that kernel (``--units`` must then agree), else ``--units``, else ``default``. ``also`` names
+    further arrays of the file and the axis that holds the same width (``{"v": 0}``): when they
+    disagree with the kernel, the error names both arrays and their shapes. Errors about the file
+    start with ``parameters:``, which the command line replaces by the file's name."""
     from attnviz.errors import ParamsError, UsageError
 
     if requested is not None and requested < 1:
         raise UsageError(f"--units {requested}: must be at least 1.")
-    if given is not None and key in given and given[key].ndim == 2:
-        found = int(given[key].shape[1])
-        if requested is not None and requested != found:
-            raise ParamsError(f"--units {requested}, but {key} in the parameter file has shape "
-                              f"{shape_str(given[key].shape)} (units = {found}).")
-        return found
-    return requested or default
+    if given is None or key not in given or given[key].ndim != 2:
+        return requested or default
+    kernel = given[key]
+    found = int(kernel.shape[1])
+    for other, axis in (also or {}).items():
+        arr = given.get(other)
+        if arr is not None and -arr.ndim <= axis < arr.ndim and int(arr.shape[axis]) != found:
+            raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} and {other} {shape_str(arr.shape)} "
+                              f"disagree on the width (units): {found} and {int(arr.shape[axis])}.")
+    if requested is not None and requested != found:
+        raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} has units = {found}, but --units "
+                          f"{requested} was given.")
+    return found
 
 
 def check_qkv(inputs: Mapping[str, Loaded], same_dim: bool = True) -> tuple[int, ...]:

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Params:
-    scale: float | None = field(default=None, metadata={"help": "multiply A B^T by this instead of 1/sqrt(d)"})
+    scale: float | None = field(default=None, metadata={"help": "multiply A B^T by this instead of 1/sqrt(d)",
+                                                        "above": 0})
     dcn: bool = field(default=False, metadata={"help": "also compute the DCN summary C = A_r (A_c^T V_A)"})
 
 

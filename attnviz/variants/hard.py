@@ -22,11 +22,12 @@ selects key 2; u = 0.2 samples key 1; gumbel with u = [0.5, 0.9, 0.1] and tau = 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, shape_str
 from attnviz.variants._base import (
     Context,
     Problem,
@@ -48,14 +49,19 @@ if TYPE_CHECKING:
     from attnviz.masks import Mask
 
 
+#: --samples draws at most this many one-hot weights in all (the draws are held at once)
+MAX_DRAWN = 2**23
+
+
 @dataclass
 class Params:
     mode: Literal["argmax", "sample", "gumbel"] = field(
         default="argmax", metadata={"help": "argmax: the most likely key; sample: draw from p (--seed); gumbel: "
                                             "Gumbel-softmax relaxation (--tau, --hard)"})
     samples: int | None = field(default=None, metadata={"help": "sample: draw N times and show how often each key "
-                                                                  "was picked"})
-    tau: float = field(default=1.0, metadata={"help": "gumbel: temperature"})
+                                                                  "was picked", "min": 1,
+                                                        "max": 1_000_000})
+    tau: float = field(default=1.0, metadata={"help": "gumbel: temperature", "min": 1e-6, "max": 1e6})
     hard: bool = field(default=False, metadata={"help": "gumbel: one-hot of the relaxed sample (straight-through "
                                                         "forward value)"})
     score: Literal["scaled", "dot", "general"] = field(default="scaled", metadata={"help": score_field_help()})
@@ -69,6 +75,10 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
         raise UsageError("--tau and --hard go with --mode gumbel.")
     if not params.tau > 0:
         raise UsageError(f"--tau {params.tau}: must be positive.")
+    drawn = (params.samples or 1) * math.prod(shape)
+    if params.mode == "sample" and drawn > MAX_DRAWN:
+        raise UsageError(f"--samples {params.samples}: that many draws of the {shape_str(shape)} weights hold "
+                         f"{drawn:,} values, more than {MAX_DRAWN:,}; use fewer samples.")
     return Problem(shape, score_specs(params.score, inputs["q"].data.shape[-1], inputs["k"].data.shape[-1]))
 
 

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attnviz.choices import MAX_WIDTH
 from attnviz.params import ParamSpec, bias
 from attnviz.variants._base import (
     Context,
@@ -98,15 +99,16 @@ def read_tokenised(opened: Any) -> dict[str, Loaded] | None:
 @dataclass
 class Params:
     units: int | None = field(default=None, metadata={"help": f"d_a = d_s, the width of the attention layers "
-                                                              f"(default: from --params, else {DEFAULT_UNITS})"})
+                                                              f"(default: from --params, else {DEFAULT_UNITS})",
+                                                      "min": 1, "max": MAX_WIDTH})
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
     doc = inputs["doc"]
     require_rank(doc, "DOC", 3, "[..., n_sent, n_word, d]")
     lead, (n_sent, n_word, d) = doc.data.shape[:-3], doc.data.shape[-3:]
-    d_a = read_units(given, "W_w", params.units, DEFAULT_UNITS)
-    d_s = read_units(given, "W_s", params.units, DEFAULT_UNITS)
+    d_a = read_units(given, "W_w", params.units, DEFAULT_UNITS, also={"b_w": 0, "u_w": 0})
+    d_s = read_units(given, "W_s", params.units, DEFAULT_UNITS, also={"b_s": 0, "u_s": 0})
     specs = {"W_w": ParamSpec((d, d_a)), "b_w": bias(d_a), "u_w": ParamSpec((d_a,)),
              "W_s": ParamSpec((d, d_s)), "b_s": bias(d_s), "u_s": ParamSpec((d_s,))}
     params.units = d_a

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from attnviz.choices import MAX_WIDTH
 from attnviz.errors import UsageError
 from attnviz.params import ParamSpec
 from attnviz.variants._base import (
@@ -65,18 +66,21 @@ class Params:
         default="window", metadata={"help": "window: a fixed band; local-m: Luong's monotonic window; local-p: "
                                             "Luong's predicted window with a Gaussian"})
     window: int | None = field(default=None, metadata={"help": "D: the half-width of the window (the width for "
-                                                                "the cyberzhg styles)"})
+                                                                "the cyberzhg styles)", "min": 0})
     window_style: Literal["symmetric", "cyberzhg", "cyberzhg-history", "band"] = field(
         default="symmetric", metadata={"help": "how --mode window reads --window (see the command's docs)"})
-    left: int | None = field(default=None, metadata={"help": "band style: keys this far left (-1: all)"})
-    right: int | None = field(default=None, metadata={"help": "band style: keys this far right (-1: all)"})
+    left: int | None = field(default=None, metadata={"help": "band style: keys this far left (-1: all)",
+                                                     "min": -1})
+    right: int | None = field(default=None, metadata={"help": "band style: keys this far right (-1: all)",
+                                                      "min": -1})
     dilation: int = field(default=1, metadata={"help": "symmetric style: keep every d-th key of a d-times wider "
-                                                       "window"})
+                                                       "window", "min": 1})
     global_tokens: str | None = field(default=None, metadata={"help": "positions that attend and are attended "
                                                                         "everywhere, e.g. 0,5", "metavar": "I,J"})
     score: Literal["scaled", "dot", "general"] = field(default="scaled", metadata={"help": score_field_help()})
     units: int | None = field(default=None, metadata={"help": f"local-p: d_p of W_p (default: from --params, "
-                                                               f"else {DEFAULT_UNITS})"})
+                                                               f"else {DEFAULT_UNITS})", "min": 1,
+                                                      "max": MAX_WIDTH})
     renormalize: bool = field(default=False, metadata={"help": "local-p: rescale each row to sum to 1"})
     align_over: Literal["window", "all"] = field(
         default="window", metadata={"help": "local-p: the softmax before the Gaussian runs over the window or all "
@@ -150,7 +154,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
         raise UsageError("--units, --renormalize and --align-over belong to --mode local-p.")
     specs = score_specs(params.score, d_q, d_k)
     if params.mode == "local-p":
-        params.units = read_units(given, "W_p", params.units, DEFAULT_UNITS)
+        params.units = read_units(given, "W_p", params.units, DEFAULT_UNITS, also={"v_p": 0})
         specs.update({"W_p": ParamSpec((d_q, params.units)), "v_p": ParamSpec((params.units,))})
         return Problem(shape, specs)
     keep = window_keep(lq, lk, params)

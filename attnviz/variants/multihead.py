@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.errors import ParamsError, UsageError, shape_str
+from attnviz.choices import MAX_HEADS, MAX_WIDTH
+from attnviz.errors import ParamsError, ShapeError, UsageError, shape_str
 from attnviz.params import ParamSpec
 from attnviz.variants._base import (
     Context,
@@ -62,14 +63,18 @@ BIASES = ("query/bias", "key/bias", "value/bias", "attention_output/bias")
 
 @dataclass
 class Params:
-    heads: int | None = field(default=None, metadata={"help": "number of (query) heads N; read off --params"})
-    key_dim: int | None = field(default=None, metadata={"help": "size of each query/key head (default d_q // N)"})
-    value_dim: int | None = field(default=None, metadata={"help": "size of each value head (default key_dim)"})
-    output_dim: int | None = field(default=None, metadata={"help": "size of the output (default d_q)"})
+    heads: int | None = field(default=None, metadata={"help": "number of (query) heads N; read off --params",
+                                                      "min": 1, "max": MAX_HEADS})
+    key_dim: int | None = field(default=None, metadata={"help": "size of each query/key head (default d_q // N)",
+                                                        "min": 1, "max": MAX_WIDTH})
+    value_dim: int | None = field(default=None, metadata={"help": "size of each value head (default key_dim)",
+                                                          "min": 1, "max": MAX_WIDTH})
+    output_dim: int | None = field(default=None, metadata={"help": "size of the output (default d_q)",
+                                                           "min": 1, "max": MAX_WIDTH})
     no_bias: bool = field(default=False, metadata={"help": "no biases (Keras use_bias=False)"})
     kv_heads: int | None = field(
         default=None, metadata={"help": "key/value heads G for grouped-query attention (1: multi-query); "
-                                        "N must be a multiple of G"})
+                                        "N must be a multiple of G", "min": 1, "max": MAX_HEADS})
     from_keras: str | None = field(
         default=None, metadata={"help": "read the parameters from this saved Keras model (.keras), safe mode",
                                 "metavar": "MODEL.keras"})
@@ -93,10 +98,54 @@ def _read_off(given: Mapping[str, np.ndarray], name: str, rank: int) -> tuple[in
     return shape
 
 
-def _agree(option: str, value: int | None, found: int, where: str) -> int:
+def _agree(option: str, value: int | None, found: int, key: str, shape: tuple[int, ...], what: str) -> int:
+    """``found`` (read off ``key``), which an option the user gave must equal; ``what`` words it,
+    e.g. ``"{} heads"``."""
     if value is not None and value != found:
-        raise ParamsError(f"{option} {value}, but the parameters say {found} ({where}).")
+        raise ParamsError(f"parameters: {key} {shape_str(shape)} has {what.format(found)}, but {option} {value} "
+                          "was given.")
     return found
+
+
+#: the sizes a parameter file must agree on, each as the (key, axis) pairs that hold it
+AGREE = (
+    ("query heads N", (("query/kernel", 1), ("query/bias", 0), ("attention_output/kernel", 0))),
+    ("key_dim", (("query/kernel", 2), ("key/kernel", 2), ("query/bias", 1), ("key/bias", 1))),
+    ("key/value heads G", (("key/kernel", 1), ("value/kernel", 1), ("key/bias", 0), ("value/bias", 0))),
+    ("value_dim", (("value/kernel", 2), ("value/bias", 1), ("attention_output/kernel", 1))),
+    ("output size", (("attention_output/kernel", 2), ("attention_output/bias", 0))),
+)
+RANKS = {"query/kernel": 3, "key/kernel": 3, "value/kernel": 3, "attention_output/kernel": 3, "query/bias": 2,
+         "key/bias": 2, "value/bias": 2, "attention_output/bias": 1}
+
+#: at most this many parameters are drawn (256 MB of float32)
+MAX_DRAWN = 2**26
+
+
+def check_given(given: Mapping[str, np.ndarray], inputs: Mapping[str, Loaded]) -> None:
+    """A parameter file's arrays agree with each other and with the inputs, or the error names the
+    arrays (and shapes) that disagree: never an option the user did not give."""
+    for name, rank in RANKS.items():
+        if name in given and given[name].ndim != rank:
+            raise ParamsError(f"parameters: key {name!r} has shape {shape_str(given[name].shape)}; expected {rank} "
+                              "dimensions.")
+    for what, entries in AGREE:
+        found = [(k, axis, int(given[k].shape[axis])) for k, axis in entries if k in given]
+        if len({n for _, _, n in found}) > 1:
+            listed = ", ".join(f"{k} {shape_str(given[k].shape)} has {n}" for k, _, n in found)
+            raise ParamsError(f"parameters: the arrays disagree on the {what}: {listed}.")
+    for name, input_name in (("query/kernel", "query"), ("key/kernel", "key"), ("value/kernel", "value")):
+        loaded = inputs[input_name]
+        features = loaded.data.shape[-1]
+        if given[name].shape[0] != features:
+            raise ParamsError(f"parameters: {name} {shape_str(given[name].shape)} takes {given[name].shape[0]} "
+                              f"features, but {input_name.upper()} ({loaded.source}) has {features} "
+                              f"(shape {shape_str(loaded.data.shape)}).")
+    heads, kv_heads = given["query/kernel"].shape[1], given["key/kernel"].shape[1]
+    if heads % kv_heads:
+        raise ParamsError(f"parameters: query/kernel {shape_str(given['query/kernel'].shape)} has {heads} query heads "
+                          f"and key/kernel {shape_str(given['key/kernel'].shape)} {kv_heads} key/value heads; the "
+                          "query heads must be a multiple of the key/value heads.")
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
@@ -107,7 +156,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
     for name, loaded in named.items():
         require_rank(loaded, name, 2, "[..., length, features]")
     if key.data.shape[-2] != value.data.shape[-2]:
-        raise UsageError(f"KEY ({key.source}) has shape {shape_str(key.data.shape)} and VALUE ({value.source}) "
+        raise ShapeError(f"KEY ({key.source}) has shape {shape_str(key.data.shape)} and VALUE ({value.source}) "
                          f"{shape_str(value.data.shape)}: they need the same length S.")
     lead = broadcast_leading(named, ("query", "value", "key"))
     d_q, d_v, d_k = query.data.shape[-1], value.data.shape[-1], key.data.shape[-1]
@@ -118,30 +167,35 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
         nk = _read_off(given, "key/kernel", 3)
         nv = _read_off(given, "value/kernel", 3)
         no = _read_off(given, "attention_output/kernel", 3)
-        heads = _agree("--heads", params.heads, nq[1], f"query/kernel {shape_str(nq)}")
-        key_dim = _agree("--key-dim", params.key_dim, nq[2], f"query/kernel {shape_str(nq)}")
-        value_dim = _agree("--value-dim", params.value_dim, nv[2], f"value/kernel {shape_str(nv)}")
-        kv_heads = _agree("--kv-heads", params.kv_heads, nk[1], f"key/kernel {shape_str(nk)}")
-        output_dim = _agree("--output-dim", params.output_dim, no[2], f"attention_output/kernel {shape_str(no)}")
+        check_given(given, named)
+        heads = _agree("--heads", params.heads, nq[1], "query/kernel", nq, "{} heads")
+        key_dim = _agree("--key-dim", params.key_dim, nq[2], "query/kernel", nq, "key_dim {}")
+        value_dim = _agree("--value-dim", params.value_dim, nv[2], "value/kernel", nv, "value_dim {}")
+        kv_heads = _agree("--kv-heads", params.kv_heads, nk[1], "key/kernel", nk, "{} key/value heads")
+        output_dim = _agree("--output-dim", params.output_dim, no[2], "attention_output/kernel", no, "output size {}")
         use_bias = any(b in given for b in BIASES)
         if params.no_bias and use_bias:
-            raise ParamsError("--no-bias, but the parameters hold biases.")
+            raise ParamsError(f"parameters: the file holds biases ({', '.join(b for b in BIASES if b in given)}), "
+                              "but --no-bias was given.")
     else:
         if params.heads is None:
             raise UsageError("give --heads (and --key-dim) to draw the parameters, or read them with --params "
                              "or --from-keras.")
         heads = params.heads
+        if params.key_dim is None and d_q < heads:
+            raise UsageError(f"--heads {heads} is more than QUERY's {d_q} features: the default key_dim d_q // heads "
+                             "would be 0; give --key-dim.")
         key_dim = params.key_dim or d_q // heads
         value_dim = params.value_dim or key_dim
         kv_heads = params.kv_heads or heads
         output_dim = params.output_dim or d_q
         use_bias = not params.no_bias
+        if heads % kv_heads:
+            raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}.")
     for option, number in (("--heads", heads), ("--key-dim", key_dim), ("--value-dim", value_dim),
                            ("--kv-heads", kv_heads), ("--output-dim", output_dim)):
-        if number < 1:
-            raise UsageError(f"{option} {number}: must be at least 1 (d_q = {d_q}).")
-    if heads % kv_heads:
-        raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}.")
+        if number < 1:  # only from a caller that skipped the command line's checks
+            raise UsageError(f"{option} {number}: must be at least 1.")
     params.heads, params.key_dim, params.value_dim = heads, key_dim, value_dim
     params.kv_heads, params.output_dim, params.no_bias = kv_heads, output_dim, not use_bias
 
@@ -158,6 +212,12 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
             "value/bias": ParamSpec((kv_heads, value_dim), init="zeros"),
             "attention_output/bias": ParamSpec((output_dim,), init="zeros"),
         })
+    if given is None:
+        drawn = sum(math.prod(spec.shape) for spec in specs.values())
+        if drawn > MAX_DRAWN:
+            raise UsageError(f"--heads {heads}, key_dim {key_dim}, value_dim {value_dim}, output {output_dim}: "
+                             f"{drawn:,} parameters to draw, more than {MAX_DRAWN:,}; use fewer heads or smaller "
+                             "dimensions.")
     return Problem((*lead, heads, t, s), specs, mask_shape=(*lead, t, s))
 
 

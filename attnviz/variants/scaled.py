@@ -39,7 +39,8 @@ QKV = (
 class Params:
     scale: float | None = field(
         default=None,
-        metadata={"help": "multiply Q K^T by this instead of 1/sqrt(d_k); a temperature t is --scale 1/t"},
+        metadata={"help": "multiply Q K^T by this instead of 1/sqrt(d_k); a temperature t is --scale 1/t",
+                  "above": 0},
     )
 
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from attnviz.choices import MAX_WIDTH
 from attnviz.errors import ParamsError, UsageError, shape_str
 from attnviz.params import ParamSpec, bias
 from attnviz.variants._base import (
@@ -61,13 +62,16 @@ class Params:
         default="scaled",
         metadata={"help": "scaled: projections W_Q, W_K, W_V and scaled dot product; additive / multiplicative: "
                           "keras-self-attention's SeqSelfAttention"})
-    key_dim: int | None = field(default=None, metadata={"help": "d_k when the parameters are drawn (default d)"})
-    value_dim: int | None = field(default=None, metadata={"help": "d_v when the parameters are drawn (default d)"})
+    key_dim: int | None = field(default=None, metadata={"help": "d_k when the parameters are drawn (default d)",
+                                                        "min": 1, "max": MAX_WIDTH})
+    value_dim: int | None = field(default=None, metadata={"help": "d_v when the parameters are drawn (default d)",
+                                                          "min": 1, "max": MAX_WIDTH})
     units: int | None = field(
         default=None, metadata={"help": f"additive: units of the tanh layer (default: from --params, else "
-                                        f"{DEFAULT_UNITS})"})
+                                        f"{DEFAULT_UNITS})", "min": 1, "max": MAX_WIDTH})
     width: int | None = field(default=None, metadata={"help": "attend only within a window of this many keys "
-                                                                 "(SeqSelfAttention attention_width)"})
+                                                                 "(SeqSelfAttention attention_width)",
+                                                      "min": 1})
     history_only: bool = field(default=False, metadata={"help": "the window ends at the query (causal)"})
 
 
@@ -84,6 +88,27 @@ def window_keep(length: int, width: int | None, history_only: bool) -> np.ndarra
         return j <= t
     lower = t - (width - 1) if history_only else t - width // 2
     return (lower <= j) & (j < lower + width)
+
+
+def _width(given: Mapping[str, np.ndarray] | None, key: str, also: Mapping[str, int], option: str,
+           requested: int | None, d: int) -> int:
+    """d_k (or d_v): the last axis of ``given[key]`` [d, d_k] when the file has it, checked against the
+    arrays in ``also`` and against the option; else the option, else d."""
+    if given is None or key not in given:
+        return requested or d
+    kernel = given[key]
+    if kernel.ndim != 2:
+        raise ParamsError(f"parameters: key {key!r} has shape {shape_str(kernel.shape)}; expected [d, width].")
+    found = int(kernel.shape[1])
+    for other, axis in also.items():
+        arr = given.get(other)
+        if arr is not None and -arr.ndim <= axis < arr.ndim and int(arr.shape[axis]) != found:
+            raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} and {other} {shape_str(arr.shape)} "
+                              f"disagree on the width: {found} and {int(arr.shape[axis])}.")
+    if requested is not None and requested != found:
+        raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} has width {found}, but {option} "
+                          f"{requested} was given.")
+    return found
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
@@ -106,14 +131,19 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
             if kernel.ndim != 3 or kernel.shape[0] != 3:
                 raise ParamsError(f"parameters: the packed 'kernel' is [3, d, d_out] (W_Q, W_K, W_V); received "
                                   f"{shape_str(kernel.shape)}.")
+            for option, requested in (("--key-dim", params.key_dim), ("--value-dim", params.value_dim)):
+                if requested is not None and requested != kernel.shape[2]:
+                    raise ParamsError(f"parameters: the packed 'kernel' {shape_str(kernel.shape)} has d_out = "
+                                      f"{kernel.shape[2]}, but {option} {requested} was given.")
             specs = {"kernel": ParamSpec((3, d, kernel.shape[2]), fans=(d, kernel.shape[2]))}
         else:
-            d_k = given["W_Q"].shape[-1] if given is not None and "W_Q" in given else params.key_dim or d
-            d_v = given["W_V"].shape[-1] if given is not None and "W_V" in given else params.value_dim or d
+            d_k = _width(given, "W_Q", {"W_K": 1, "b_Q": 0, "b_K": 0}, "--key-dim", params.key_dim, d)
+            d_v = _width(given, "W_V", {"b_V": 0}, "--value-dim", params.value_dim, d)
             specs = {"W_Q": ParamSpec((d, d_k)), "W_K": ParamSpec((d, d_k)), "W_V": ParamSpec((d, d_v)),
                      "b_Q": bias(d_k), "b_K": bias(d_k), "b_V": bias(d_v)}
     elif params.score == "additive":
-        units = params.units = read_units(given, "Wt", params.units, DEFAULT_UNITS)
+        units = params.units = read_units(given, "Wt", params.units, DEFAULT_UNITS,
+                                                   also={"Wx": 1, "bh": 0, "Wa": 0})
         specs = {"Wt": ParamSpec((d, units)), "Wx": ParamSpec((d, units)), "bh": bias(units),
                  "Wa": ParamSpec((units, 1)), "ba": bias(1)}
     else:

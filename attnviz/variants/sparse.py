@@ -55,11 +55,16 @@ class Params:
     method: Literal["sparsemax", "entmax", "topk", "strided", "fixed"] = field(
         default="sparsemax", metadata={"help": "sparsemax, entmax (--alpha), topk (--k), or a Sparse Transformer "
                                                "pattern: strided, fixed (--stride, --c)"})
-    alpha: float = field(default=1.5, metadata={"help": "entmax: alpha > 1 (1.5: exact; 2: sparsemax)"})
-    n_iter: int = field(default=50, metadata={"help": "entmax: bisection steps for alpha other than 1.5 and 2"})
-    top_k: int | None = field(default=None, metadata={"help": "topk: keys kept per row", "flag": "--k"})
-    stride: int | None = field(default=None, metadata={"help": "strided/fixed: stride l (default ceil(sqrt(Lk)))"})
-    c: int = field(default=1, metadata={"help": "fixed: summary positions at the end of each block"})
+    alpha: float = field(default=1.5, metadata={"help": "entmax: alpha > 1 (1.5: exact; 2: sparsemax)",
+                                                "above": 1, "max": 100})
+    n_iter: int = field(default=50, metadata={"help": "entmax: bisection steps for alpha other than 1.5 and 2",
+                                              "min": 1, "max": 10_000})
+    top_k: int | None = field(default=None, metadata={"help": "topk: keys kept per row", "flag": "--k",
+                                                      "min": 1})
+    stride: int | None = field(default=None, metadata={"help": "strided/fixed: stride l (default ceil(sqrt(Lk)))",
+                                                       "min": 1})
+    c: int = field(default=1, metadata={"help": "fixed: summary positions at the end of each block",
+                                        "min": 1})
     combine: Literal["union", "split"] = field(
         default="union", metadata={"help": "strided/fixed: the union of the two sub-patterns, or each as a slice"})
     score: Literal["scaled", "dot", "general"] = field(default="scaled", metadata={"help": score_field_help()})

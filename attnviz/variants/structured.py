@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from attnviz.choices import MAX_WIDTH
 from attnviz.errors import ShapeError, UsageError, shape_str
 from attnviz.params import ParamSpec
 from attnviz.variants._base import (
@@ -65,12 +66,14 @@ class Params:
     score: Literal["scaled", "dot", "gat"] = field(default="scaled", metadata={"help": "graph: scaled or dot "
                                                                                      "product of Q and K, or GAT"})
     units: int | None = field(default=None, metadata={"help": "gat: d', the width of W (default: from --params, "
-                                                              "else d)"})
-    negative_slope: float = field(default=0.2, metadata={"help": "gat: LeakyReLU slope"})
+                                                              "else d)", "min": 1,
+                                                      "max": MAX_WIDTH})
+    negative_slope: float = field(default=0.2, metadata={"help": "gat: LeakyReLU slope", "min": 0, "max": 1})
     unary: str | None = field(default=None, metadata={"help": "crf: unary scores theta(1) [..., Lq, Lk] instead of "
                                                               "the bilinear k W q", "metavar": "FILE"})
     normalize: float | None = field(default=None, metadata={"help": "crf: rescale each row to sum to this "
-                                                                      "(harvardnlp NMT uses 1)"})
+                                                                      "(harvardnlp NMT uses 1)",
+                                                            "above": 0, "max": 1e6})
     unary_values: Any = field(default=None, metadata={"cli": False})  # --unary, read in check
 
 
@@ -105,7 +108,7 @@ def _check_graph(inputs: Mapping[str, Loaded], params: Params, shape: tuple[int,
     specs: dict[str, ParamSpec] = {}
     if params.score == "gat":
         d = inputs["q"].data.shape[-1]
-        params.units = read_units(given, "W", params.units, d)
+        params.units = read_units(given, "W", params.units, d, also={"a_src": 0, "a_dst": 0})
         specs = {"W": ParamSpec((d, params.units)), "a_src": ParamSpec((params.units,)),
                  "a_dst": ParamSpec((params.units,))}
     loops = "" if params.no_self_loops else " + self-loops"
