@@ -11,11 +11,15 @@ matches come in natural order. A single file (or JSON object) holding one array 
 
 Nothing here unpickles: every ``numpy.load`` passes ``allow_pickle=False``, and ``torch.load`` is
 called with ``weights_only=True``. NumPy only at import time.
+
+Limits (``attnviz.formats._base``, README "Inputs"): only regular files are opened (a directory, device,
+FIFO or socket, also behind a symbolic link, is a usage error, exit 2); array sizes are judged from
+headers before anything is allocated; JSON (a file or standard input) is read in pieces, at most
+``MAX_TEXT_BYTES``, must be UTF-8, and may nest at most ``MAX_JSON_DEPTH`` deep.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -29,6 +33,14 @@ import numpy as np
 from attnviz import formats
 from attnviz.errors import InputError, OutputError, UsageError, shape_str
 from attnviz.formats import CONTAINER_SUFFIXES, Container, is_glob, listing, natural
+from attnviz.formats._base import (
+    MAX_TEXT_BYTES,
+    decode_text,
+    loads_json,
+    read_limited,
+    read_text_file,
+    regular_file,
+)
 from attnviz.formats.npz import NpzArchive as NpzArchive  # re-exported for callers that import it from here
 
 ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
@@ -49,6 +61,21 @@ class Loaded:
     stored_dtype: str | None = None
 
 
+STDIN_SOURCE = "<stdin>"
+
+
+def read_stdin(stream: IO[Any] | None = None, what: str = "JSON", limit: int = MAX_TEXT_BYTES) -> str:
+    """Standard input as text: read in pieces (bytes where the stream has them), at most ``limit``,
+    UTF-8; binary or undecodable input is an error naming ``'-' (<stdin>)``."""
+    stream = stream if stream is not None else sys.stdin
+    if stream is None:
+        raise InputError(f"{STDIN_SOURCE}: there is no standard input to read ('-').")
+    raw = getattr(stream, "buffer", None)
+    source = f"'-' ({STDIN_SOURCE})"
+    data = read_limited(raw if raw is not None else stream, source, limit, what)
+    return decode_text(data, source, what)
+
+
 class StdinReader:
     """Reads standard input once; a second ``-`` would find it empty, so it is refused."""
 
@@ -60,8 +87,7 @@ class StdinReader:
         if self._used:
             raise UsageError("'-' (standard input) can be used for one input only.")
         self._used = True
-        stream = self._stream if self._stream is not None else sys.stdin
-        return stream.read()
+        return read_stdin(self._stream)
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -89,13 +115,14 @@ def supported() -> str:
 
 
 def _check_path(path: str) -> Path:
+    """A path that names a regular file of a type attnviz reads (exit 2 otherwise): a directory, device,
+    FIFO or socket is refused before it is opened, also behind a symbolic link."""
     p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{path}: is a directory, not an array file.")
+    if os.path.lexists(p) or "\0" in path:
+        regular_file(p, path)  # exists: it must be a regular file
     if p.suffix.lower() not in ARRAY_SUFFIXES:
         raise UsageError(f"{path}: unknown file type {p.suffix or '(none)'!r}; attnviz reads {supported()}.")
-    if not p.exists():
-        raise UsageError(f"{path}: no such file.")
+    regular_file(p, path)  # missing: "no such file"
     return p
 
 
@@ -156,9 +183,17 @@ def release_pages(arr: np.ndarray) -> None:
 
 
 def flat_chunks(arr: np.ndarray, size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-    """(offset, values) pieces of an array in C order, without copying the whole array."""
-    if arr.size <= size or not arr.flags.c_contiguous:
+    """(offset, values) pieces of an array in C order, without copying the whole array (one that is not
+    C-contiguous, such as a Fortran-order file, is copied a block of leading rows at a time)."""
+    if arr.size <= size or arr.ndim == 0:
         yield 0, np.asarray(arr).reshape(-1)
+        return
+    if not arr.flags.c_contiguous:
+        row = arr.size // arr.shape[0]
+        step = max(1, size // max(row, 1))
+        for first in range(0, arr.shape[0], step):
+            yield first * row, np.ascontiguousarray(arr[first:first + step]).reshape(-1)
+            release_pages(arr)
         return
     flat = arr.reshape(-1)
     for start in range(0, flat.size, size):
@@ -194,10 +229,11 @@ def _labels_from_value(value: Any, source: str) -> list[str]:
 
 
 def _parse_json_text(text: str, source: str) -> Any:
+    """Parsed JSON, its nesting checked before parsing; any failure an ``InputError`` naming ``source``."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).") from None
+        return loads_json(text)
+    except ValueError as exc:
+        raise InputError(f"{source}: not valid JSON ({exc}).") from None
 
 
 @dataclass
@@ -244,7 +280,7 @@ class Opened:
                 if "data" not in raw:
                     raise InputError(
                         f"{source}: a JSON object must have a \"data\" entry (and optionally \"labels\"), "
-                        f"or one entry per input; it has {', '.join(map(str, raw)) or 'no entries'}."
+                        f"or one entry per input; it has {listing(list(raw)) if raw else 'no entries'}."
                     )
                 if "labels" in raw:
                     labels = _labels_from_value(raw["labels"], f"{source} (labels)")
@@ -303,19 +339,18 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
     glob) for a file of named arrays."""
     if spec == STDIN:
         stdin = stdin or StdinReader()
-        return Opened(spec, "<stdin>", None, None, _parse_json_text(stdin.read(), "<stdin>"))
+        return Opened(spec, STDIN_SOURCE, None, None, _parse_json_text(stdin.read(), f"'-' ({STDIN_SOURCE})"))
     path, key = split_spec(spec)
     p = _check_path(path)
     fmt = formats.BY_SUFFIX.get(p.suffix.lower())
     if key is not None and (fmt is None or not fmt.keyed):
         raise UsageError(f"{spec}: only files of named arrays ({formats.describe(True)}) take ':KEY'.")
     if fmt is not None:
-        return Opened(spec, path, p, key, fmt.open(p, path))
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc}).") from None
-    return Opened(spec, path, p, None, _parse_json_text(text, path))
+        try:
+            return Opened(spec, path, p, key, fmt.open(p, path))
+        except MemoryError:
+            raise InputError(f"{path}: not enough memory to read it.") from None
+    return Opened(spec, path, p, None, _parse_json_text(read_text_file(p, path), path))
 
 
 def load_array(spec: str, stdin: StdinReader | None = None, *, allow_neg_inf: bool = False) -> Loaded:
@@ -329,11 +364,9 @@ def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
     Returns the labels, the file they came from (or None) and how the value was read (for messages).
     """
     p = Path(spec)
-    if p.is_file():
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{spec}: cannot read labels ({exc}).") from None
+    special = os.path.lexists(p) and not os.path.isdir(p)  # a FIFO or device is refused, never read as text
+    if os.path.isfile(p) or special:  # False (not an error) for a name too long to be a file: a long list
+        text = read_text_file(p, spec, what="labels")
         if p.suffix.lower() == ".json":
             value = _parse_json_text(text, spec)
             if isinstance(value, dict) and "labels" in value:
@@ -342,8 +375,8 @@ def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
         return text.splitlines(), p, f"file {spec}"
     if spec.lstrip().startswith("["):
         try:
-            value = json.loads(spec)
-        except json.JSONDecodeError:
+            value = loads_json(spec)
+        except ValueError:
             value = None  # "[CLS],the,cat" is a comma-separated list that starts with a bracket
         if isinstance(value, list):
             return _labels_from_value(value, "labels"), None, "a JSON list"

@@ -80,14 +80,14 @@ def read(spec: str) -> tuple[dict[str, np.ndarray], Path]:
     dataset path in HDF5."""
     from attnviz.errors import InputError
     from attnviz.formats import CONTAINER_SUFFIXES, Container, describe, open_file
+    from attnviz.formats._base import regular_file
     from attnviz.io import validate_array
 
     path = Path(spec)
     if path.suffix.lower() not in CONTAINER_SUFFIXES:
         raise UsageError(f"--params {spec}: a parameter file is a .npz archive (numpy.savez), or a file of named "
                          f"arrays ({describe(keyed_only=True)}).")
-    if not path.is_file():
-        raise UsageError(f"--params {spec}: no such file.")
+    regular_file(path, f"--params {spec}")  # a directory, device or FIFO is refused before it is opened
     try:
         container = open_file(path, spec)
         if not isinstance(container, Container):
@@ -100,6 +100,8 @@ def read(spec: str) -> tuple[dict[str, np.ndarray], Path]:
             out[key] = arr
     except InputError as exc:
         raise ParamsError(exc.message) from None
+    except MemoryError:
+        raise ParamsError(f"{spec}: not enough memory to read the parameters.") from None
     return out, path
 
 

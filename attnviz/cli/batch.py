@@ -10,12 +10,19 @@ flags (``"causal": true`` is ``--causal``, ``"window": 2`` is ``--window 2``, fa
 out, a list repeats the flag), with one difference: ``"json": "a.json"`` writes the JSON document to
 that file (``"json": true`` puts it in the batch's --json summary). Relative paths, in ``args`` and in
 options that name files, resolve against the jobs file's folder. Jobs run quietly (no tables).
+
+A line that cannot be a job (not UTF-8, not valid JSON, nested too deeply, not an object, wrong types,
+option values other than strings, finite numbers, true/false/null or lists of those) fails that job
+alone, with a message naming the line; the other jobs run. The jobs file (or ``-``, standard input) is
+read like every text input: a regular file, in pieces, at most ``MAX_TEXT_BYTES``.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +40,10 @@ PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save
                 "key_padding_mask", "map_png", "stats_png", "check_mask", "adjacency", "unary", "from_keras",
                 "positions"}
 LABEL_OPTIONS = {"labels", "q_labels", "k_labels"}  # a file name, or the labels themselves
+#: what an option name in a jobs file looks like (it becomes --name)
+OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+#: how much of a value from a jobs file a message quotes
+QUOTED = 60
 
 
 @dataclass
@@ -79,30 +90,76 @@ def _resolve(value: str, base: Path) -> str:
     return str(base / value)
 
 
+def _quoted(value: Any) -> str:
+    """A value from a jobs file as a message quotes it: ``repr`` (control characters escaped), shortened."""
+    text = repr(value)
+    return text if len(text) <= QUOTED else text[: QUOTED - 3] + "..."
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _inert(text: str) -> str:
+    """Text for the summary table with control characters (ESC, CR, BEL, C1 ...) made visible as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _scalar_problem(value: Any) -> str | None:
+    """Why an option value cannot be a command-line value, or None."""
+    if value is None or isinstance(value, (bool, str)):
+        return None if not isinstance(value, str) or "\0" not in value else "a string with a NUL byte"
+    if isinstance(value, int):
+        return None if abs(value) < 10**100 else "an integer too large for an option"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "not a finite number"
+    return f"a JSON {'object' if isinstance(value, dict) else type(value).__name__}"
+
+
+def _options_problem(options: dict[str, Any]) -> str | None:
+    for name, value in options.items():
+        if not OPTION_NAME.fullmatch(name):
+            return f"option name {_quoted(name)} is not an option (letters, digits, - and _)"
+        for v in value if isinstance(value, list) else [value]:
+            problem = _scalar_problem(v)
+            if problem is not None:
+                return (f'option "{name}": {_quoted(v)} is {problem}; values are strings, finite numbers, '
+                        "true, false, null, or a list of those")
+    return None
+
+
 def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job:
-    """A jobs-file line as a command line (``argv``); a line that cannot be one gives a job with an error."""
+    """A jobs-file line as a command line (``argv``); a line that cannot be one (for any reason) gives a
+    job with an error, and only that job fails."""
+    from attnviz.formats._base import loads_json
+
     job = Job(number)
     try:
-        spec = json.loads(line)
-    except json.JSONDecodeError as exc:
-        job.error = f"line {number}: not valid JSON ({exc.msg}, column {exc.colno})."
+        spec = loads_json(line)
+    except ValueError as exc:
+        job.error = f"line {number}: not valid JSON ({exc})."
         return job
     if not isinstance(spec, dict) or not isinstance(spec.get("command"), str):
         job.error = f'line {number}: a job is an object with "command", "args" and "options".'
         return job
     job.command = spec["command"]
     args, options = spec.get("args", []), spec.get("options", {})
-    unknown = set(spec) - {"command", "args", "options"}
+    unknown = sorted(set(spec) - {"command", "args", "options"})
     if job.command not in commands:
-        job.error = f"line {number}: unknown command {job.command!r}; one of {', '.join(sorted(commands))}."
+        job.error = f"line {number}: unknown command {_quoted(job.command)}; one of {', '.join(sorted(commands))}."
+        job.command = job.command[:QUOTED]
     elif unknown:
-        job.error = f"line {number}: unknown entries {', '.join(sorted(unknown))} (command, args, options)."
-    elif not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        job.error = (f"line {number}: unknown entries {', '.join(_quoted(u) for u in unknown[:5])}"
+                     f"{' ...' if len(unknown) > 5 else ''} (command, args, options).")
+    elif not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
         job.error = f'line {number}: "args" is a list of file names.'
     elif not isinstance(options, dict):
         job.error = f'line {number}: "options" is an object of option names and values.'
     elif "-" in args:
         job.error = f"line {number}: a batch job cannot read standard input ('-')."
+    else:
+        problem = _options_problem(options)
+        if problem is not None:
+            job.error = f"line {number}: {problem}."
     if job.error:
         return job
     argv = [job.command, *(_resolve(a, base) for a in args)]
@@ -133,25 +190,55 @@ def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job
     return job
 
 
-def read_jobs(spec: str) -> tuple[list[Job], Path]:
+def _jobs_bytes(spec: str) -> tuple[bytes, str, Path]:
+    """The jobs file's bytes (bounded, a regular file only), how to name it, and the folder paths resolve in."""
     import sys
 
+    from attnviz.formats._base import MAX_TEXT_BYTES, read_limited, regular_file, size_str
+
     if spec == "-":
-        text, base = sys.stdin.read(), Path.cwd()
-    else:
-        path = Path(spec)
-        if not path.is_file():
-            raise UsageError(f"{spec}: no such jobs file.")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{spec}: cannot read ({exc}).") from None
-        base = path.resolve().parent
+        source = "'-' (<stdin>)"
+        stream = sys.stdin
+        if stream is None:
+            raise InputError(f"{source}: there is no standard input to read.")
+        return read_limited(getattr(stream, "buffer", None) or stream, source, what="jobs"), source, Path.cwd()
+    path = Path(spec)
+    try:
+        size = regular_file(path, spec)
+    except UsageError as exc:
+        if exc.message == f"{spec}: no such file.":
+            raise UsageError(f"{spec}: no such jobs file.") from None
+        raise
+    if size > MAX_TEXT_BYTES:
+        raise InputError(f"{spec}: {size_str(size)} of jobs, more than the {size_str(MAX_TEXT_BYTES)} attnviz reads; "
+                         "split it, or use --shard.")
+    try:
+        with open(path, "rb") as fh:
+            data = read_limited(fh, spec, what="jobs")
+    except OSError as exc:
+        raise InputError(f"{spec}: cannot read ({exc.strerror or exc}).") from None
+    return data, spec, path.resolve().parent
+
+
+def read_jobs(spec: str) -> tuple[list[Job], Path]:
+    data, source, base = _jobs_bytes(spec)
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise InputError(f"{source}: holds binary data (a NUL byte at offset {nul}), not JSON Lines jobs.")
     from attnviz.cli.app import app
 
     commands = {c.name for c in app.registered_commands if c.name and c.name not in ("batch", "variants")}
-    jobs = [job_from_line(n, line, base, commands) for n, line in enumerate(text.splitlines(), 1)
-            if line.strip() and not line.lstrip().startswith("#")]
+    jobs = []
+    lines = data.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            jobs.append(Job(number, error=f"line {number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                         f"{exc.start + 1})."))
+            continue
+        if line.strip() and not line.lstrip().startswith("#"):
+            jobs.append(job_from_line(number, line, base, commands))
     return jobs, base
 
 
@@ -171,6 +258,10 @@ def run_job(click_command: Any, job: Job) -> JobResult:
             code = click_command.main(args=job.argv, prog_name="attnviz", standalone_mode=False) or 0
         except ClickException as exc:  # the command group words usage errors itself; anything else alike
             code, message = exc.exit_code, usage_message(exc)
+        except Exception as exc:  # a bug in one job must not end the batch: that job fails, the others run
+            code, message = 1, f"internal error: {type(exc).__name__}: {exc}"[:500]
+    if not isinstance(code, int):
+        code = 1
     seconds = time.perf_counter() - start
     if code and message is None:
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
@@ -280,8 +371,8 @@ def run_batch(spec: str, shard: str | None, workers: int, fail_fast: bool, json_
             table.add_column(column, justify="right" if column in ("line", "seconds") else "left",
                              overflow="fold")
         for r in results:
-            table.add_row(str(r.job.number), r.job.command, "ok" if r.ok else f"failed ({r.exit_code})",
-                          f"{r.seconds:.2f}", r.error or "")
+            table.add_row(str(r.job.number), _inert(r.job.command), "ok" if r.ok else f"failed ({r.exit_code})",
+                          f"{r.seconds:.2f}", _inert(r.error or ""))
         if len(results) < len(jobs):
             table.caption = f"{len(jobs) - len(results)} job(s) not run (--fail-fast)"
         out_console().print(table, crop=False)

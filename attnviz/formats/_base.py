@@ -1,18 +1,45 @@
-"""What every reader shares: the ``Container`` of named arrays, natural key order, key globs, and
-capped key listings for messages. NumPy only."""
+"""What every reader shares: the ``Container`` of named arrays, natural key order, key globs, capped
+key listings for messages, and the limits every input is held to. NumPy only.
+
+The limits (README "Inputs"):
+
+- only regular files are read (``regular_file``): a directory, a device such as ``/dev/zero``, a FIFO
+  or a socket, also behind a symbolic link, is refused before it is opened (exit 2, as a missing file);
+- sizes are judged from headers before anything is allocated: data that stays on disk (memory-mapped:
+  ``.npy``, uncompressed ``.npz`` members, safetensors, contiguous HDF5 datasets, zip ``torch.save``
+  files) must lie within the file's real size; data that must be held in memory (compressed members,
+  chunked or compressed HDF5 datasets, conversions such as float16 -> float32) may take at most
+  ``memory_limit()`` bytes;
+- text (JSON files and standard input, label files, jobs files) is read in pieces up to
+  ``MAX_TEXT_BYTES`` and must be UTF-8; JSON may nest at most ``MAX_JSON_DEPTH`` brackets deep,
+  checked before it is parsed.
+"""
 
 from __future__ import annotations
 
+import errno
 import fnmatch
+import json
+import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
+from typing import IO, Any
 
 import numpy as np
 
-from attnviz.errors import InputError
+from attnviz.errors import InputError, UsageError, shape_str
 
 #: how many keys a message lists before "and N more"
 LISTED = 20
+#: how many characters of one key a message shows
+KEY_CHARS = 80
+#: the most text (bytes) read from a JSON file, standard input, a label file or a jobs file
+MAX_TEXT_BYTES = 64 * 2**20
+#: the deepest nesting of ``[``/``{`` a JSON text may have (NumPy arrays have at most 64 dimensions)
+MAX_JSON_DEPTH = 64
+#: the least ``memory_limit()`` gives, however little memory seems free
+MIN_MEMORY_LIMIT = 256 * 2**20
 GLOB_CHARS = "*?["
 #: ml_dtypes float types NumPy cannot compute with, by name
 SMALL_FLOATS = ("bfloat16", "float8_", "float6_", "float4_")
@@ -28,11 +55,18 @@ def natural(keys: Iterable[str]) -> list[str]:
     return sorted(keys, key=natural_key)
 
 
+def short(text: str, limit: int = KEY_CHARS) -> str:
+    """A name from a file as a message shows it: at most ``limit`` characters."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def listing(keys: Sequence[str], limit: int = LISTED) -> str:
-    """Keys for a message: ``a, b, c``, at most ``limit`` of them, then ``and N more``."""
+    """Keys for a message: ``a, b, c``, at most ``limit`` of them (each shortened to ``KEY_CHARS``),
+    then ``and N more``."""
     if not keys:
         return "nothing"
-    shown = ", ".join(keys[:limit])
+    shown = ", ".join(short(k) for k in list(keys[:limit]))
     return shown if len(keys) <= limit else f"{shown} and {len(keys) - limit} more"
 
 
@@ -48,11 +82,212 @@ def reason(exc: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def upcast_half(arr: np.ndarray) -> np.ndarray:
-    """float16, bfloat16 and 8-bit floats (ml_dtypes) become float32; other arrays are returned as they are."""
+def upcast_half(arr: np.ndarray, source: str = "the input") -> np.ndarray:
+    """float16, bfloat16 and 8-bit floats (ml_dtypes) become float32; other arrays are returned as they are.
+    The float32 copy is held in memory: it may take at most ``memory_limit()``."""
     if arr.dtype == np.float16 or arr.dtype.name.startswith(SMALL_FLOATS):
+        check_memory(arr.size * 4, source, f"as float32 ({arr.dtype} widened)", arr.shape)
         return np.array(arr, dtype=np.float32)  # a plain array, also from a memory map
     return arr
+
+
+# ---------------------------------------------------------------------------------------------------
+# Limits
+
+
+def size_str(nbytes: int) -> str:
+    """Bytes for a message: ``512 B``, ``1.5 KiB``, ``3.7 TiB``."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{nbytes} B"  # pragma: no cover
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh.read(1 << 16).decode("ascii", "replace").splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_limit() -> int:
+    """The most bytes one input array may take when it must be held in memory (decompressed, or
+    converted): half the memory available now (``MemAvailable`` on Linux, physical memory elsewhere),
+    at most half an address-space limit (``ulimit -v``), and never less than ``MIN_MEMORY_LIMIT``."""
+    available = _available_memory()
+    limit = available // 2 if available else 8 * 2**30
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
+            limit = min(limit, soft // 2)
+    except (ImportError, OSError, ValueError):
+        pass
+    return max(limit, MIN_MEMORY_LIMIT)
+
+
+def array_bytes(shape: Iterable[int], itemsize: int) -> int:
+    """The bytes an array of ``shape`` would take (Python integers: no overflow)."""
+    count = 1
+    for n in shape:
+        count *= int(n)
+    return count * int(itemsize)
+
+
+def describe_array(dtype: Any, shape: Iterable[int], nbytes: int) -> str:
+    return f"a {dtype} array of shape {shape_str(shape)} ({size_str(nbytes)})"
+
+
+def check_memory(nbytes: int, source: str, what: str = "", shape: Iterable[int] | None = None) -> None:
+    """Refuse, before allocating, an array that would take more than ``memory_limit()`` in memory."""
+    limit = memory_limit()
+    if nbytes > limit:
+        shown = f" of shape {shape_str(shape)}" if shape is not None else ""
+        how = f" {what}" if what else ""
+        raise InputError(f"{source}: the array{shown} would take {size_str(nbytes)} in memory{how}, "
+                         f"more than the {size_str(limit)} attnviz allows (half the memory available); "
+                         "store it uncompressed (.npy, numpy.savez) so that it can stay on disk, or pass a slice.")
+
+
+def check_stored(nbytes: int, available: int, source: str, dtype: Any, shape: Iterable[int], where: str) -> None:
+    """Refuse a header that claims more bytes than ``available`` (what the file really holds)."""
+    if nbytes > available:
+        raise InputError(f"{source}: the header claims {describe_array(dtype, shape, nbytes)}, but {where} holds only "
+                         f"{size_str(max(available, 0))}; the file is cut short or its header is wrong.")
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file(path: str | os.PathLike[str], source: str | None = None) -> int:
+    """The size of ``path`` if it is a regular file (symbolic links followed); a directory, a device, a
+    FIFO or a socket, also behind a symbolic link, is a usage error (exit 2) before anything opens it,
+    so nothing hangs on a pipe or reads ``/dev/zero`` for ever."""
+    name = source if source is not None else str(path)
+    try:
+        info = os.stat(path)
+    except ValueError:
+        raise UsageError(f"{short(name)!r}: a file name cannot contain a NUL byte.") from None
+    except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(path):
+            raise UsageError(f"{name}: is a symbolic link to {os.readlink(path)}, which does not exist.") from None
+        raise UsageError(f"{name}: no such file.") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # the name itself is wrong: usage
+            raise UsageError(f"{short(name)}: {exc.strerror}.") from None
+        raise InputError(f"{name}: cannot read ({exc.strerror or exc}).") from None
+    if stat.S_ISREG(info.st_mode):
+        return int(info.st_size)
+    kind = next((k for test, k in _KINDS if test(info.st_mode)), "not a regular file")
+    via = f" (a symbolic link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+    if stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{name}: is a directory{via}, not an array file.")
+    raise UsageError(f"{name}: is {kind}{via}, not a regular file; attnviz reads regular files only.")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Text and JSON, bounded
+
+
+def read_limited(stream: IO[Any], source: str, limit: int = MAX_TEXT_BYTES, what: str = "JSON") -> bytes:
+    """At most ``limit`` bytes of a stream, read in pieces (never one unbounded read); more is an error."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        try:
+            chunk = stream.read(min(1 << 20, limit + 1 - total))
+        except UnicodeDecodeError as exc:  # a text stream that decodes itself
+            raise InputError(f"{source}: not UTF-8 text (byte {exc.start} of a piece: "
+                             f"0x{exc.object[exc.start]:02x}); {what} must be UTF-8 text.") from None
+        except OSError as exc:
+            raise InputError(f"{source}: cannot read ({exc.strerror or exc}).") from None
+        if not chunk:
+            break
+        data = chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else bytes(chunk)
+        nul = data.find(b"\0")
+        if nul >= 0:  # binary: say so now rather than after reading up to the limit (/dev/zero, /dev/urandom)
+            raise InputError(f"{source}: holds binary data (a NUL byte at offset {total + nul}), not {what} text.")
+        chunks.append(data)
+        total += len(data)
+        if total > limit:
+            raise InputError(f"{source}: more than {size_str(limit)} of {what}; attnviz reads at most that much "
+                             "text. Save large arrays with numpy.save (.npy).")
+    return b"".join(chunks)
+
+
+def read_text_file(path: str | os.PathLike[str], source: str, limit: int = MAX_TEXT_BYTES,
+                   what: str = "JSON") -> str:
+    """A regular file's text: at most ``limit`` bytes, UTF-8 (a byte-order mark is dropped)."""
+    size = regular_file(path, source)
+    if size > limit:
+        raise InputError(f"{source}: {size_str(size)} of {what}, more than the {size_str(limit)} attnviz reads; "
+                         "save large arrays with numpy.save (.npy).")
+    try:
+        with open(path, "rb") as fh:
+            data = read_limited(fh, source, limit, what)
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read ({exc.strerror or exc}).") from None
+    return decode_text(data, source, what)
+
+
+def decode_text(data: bytes, source: str, what: str = "JSON") -> str:
+    """UTF-8 text, or an error saying where the first byte that is not text is."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise InputError(f"{source}: holds binary data (a NUL byte at offset {nul}), not {what} text.")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                         f"{what} must be UTF-8 text.") from None
+
+
+#: an escape inside a JSON string (a backslash and the character after it)
+_JSON_ESCAPE = re.compile(r"\\[\s\S]")
+#: a JSON string once its escapes are gone, or what is left of one cut short (never backtracks)
+_JSON_STRING = re.compile(r'"[^"]*(?:"|\Z)')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """How deeply ``[`` and ``{`` nest in a JSON text, outside strings: linear time, no recursion, NumPy
+    for the counting (bounded temporaries)."""
+    skeleton = _NOT_BRACKET.sub("", _JSON_STRING.sub("", _JSON_ESCAPE.sub("", text))).encode("ascii")
+    depth = deepest = 0
+    step = 1 << 22
+    for start in range(0, len(skeleton), step):
+        codes = np.frombuffer(skeleton, np.uint8, count=min(step, len(skeleton) - start), offset=start)
+        moves = np.where((codes == 91) | (codes == 123), 1, -1).astype(np.int64)
+        levels = np.cumsum(moves) + depth
+        deepest = max(deepest, int(levels.max()))
+        depth = int(levels[-1])
+    return deepest
+
+
+def loads_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` with the nesting checked first; every failure is a ``ValueError`` with one short line."""
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"nested {depth} levels deep; attnviz reads JSON nested at most {max_depth} deep")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except RecursionError:  # pragma: no cover - the depth check comes first
+        raise ValueError("nested too deeply") from None
+    except ValueError as exc:  # an integer of more than 4300 digits, ...
+        raise ValueError(reason(exc)) from None
 
 
 class Container:
@@ -74,7 +309,7 @@ class Container:
 
     def upcast(self, key: str, arr: np.ndarray) -> np.ndarray:
         """``upcast_half``, remembering the dtype the file stored (tolerances depend on it)."""
-        out = upcast_half(arr)
+        out = upcast_half(arr, f"{self.source}:{key}")
         if out is not arr:
             self.stored[key] = arr.dtype.name
         return out
@@ -112,3 +347,45 @@ class Container:
         if not matches:
             raise InputError(f"{self.source}: no array matches {key!r}; it holds {listing(self.keys)}.")
         return matches
+
+
+# ---------------------------------------------------------------------------------------------------
+# Zip archives (.npz, torch.save)
+
+#: the most a deflate stream can expand (1032:1), with room for a small member
+DEFLATE_RATIO = 1032
+
+
+def check_zip_members(infos: Iterable[Any], file_size: int, source: str) -> None:
+    """Refuse a zip directory whose entries claim more than the archive can hold: a stored entry's bytes
+    must lie inside the file, a deflated entry cannot expand more than deflate can. (What an entry may
+    take in memory is judged when it is read.)"""
+    import zipfile
+
+    for info in infos:
+        name = short(info.filename)
+        if info.header_offset + info.compress_size > file_size:
+            raise InputError(f"{source}: not a readable zip archive (the entry {name!r} claims "
+                             f"{size_str(info.compress_size)} beyond the end of the file; it is cut short).")
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            raise InputError(f"{source}: not a readable zip archive (the stored entry {name!r} claims "
+                             f"{size_str(info.file_size)} but holds {size_str(info.compress_size)}).")
+        if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > info.compress_size * DEFLATE_RATIO + 1024:
+            raise InputError(f"{source}: not a readable zip archive (the entry {name!r} claims "
+                             f"{size_str(info.file_size)} from {size_str(info.compress_size)} of compressed data, "
+                             "more than deflate can expand: a zip bomb or a damaged directory).")
+
+
+def zip_data_offset(fh: IO[bytes], info: Any, file_size: int) -> int:
+    """Where a zip entry's data starts in the file (after its local header), checked to lie inside it."""
+    import struct
+
+    fh.seek(info.header_offset)
+    local = fh.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise ValueError(f"bad local header for {short(info.filename)!r}")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    start = info.header_offset + 30 + name_len + extra_len
+    if start + info.compress_size > file_size:
+        raise ValueError(f"the entry {short(info.filename)!r} runs past the end of the file")
+    return start

@@ -2,6 +2,11 @@
 the groups. A contiguous, uncompressed dataset is memory-mapped; others are read whole. String
 datasets come back as text (usable as ``q_labels``/``k_labels``). h5py is imported only when such a
 file is read.
+
+Sizes are judged from the dataset's shape and dtype before it is read: a memory-mapped dataset must lie
+inside the file; one read into memory (chunked, compressed, never written) may take at most
+``memory_limit()``. Data kept outside the file (external storage, virtual datasets) is refused: attnviz
+reads only what the file itself holds.
 """
 
 from __future__ import annotations
@@ -12,9 +17,19 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import Container, natural, reason
+from attnviz.formats._base import (
+    Container,
+    array_bytes,
+    check_memory,
+    check_stored,
+    natural,
+    reason,
+    regular_file,
+)
 
 SUFFIXES = (".h5", ".hdf5")
+#: what one element of a variable-length (string) dataset is counted as in memory
+VLEN_BYTES = 64
 
 
 class Hdf5File(Container):
@@ -25,11 +40,18 @@ class Hdf5File(Container):
             raise InputError(f"{source}: reading HDF5 files needs h5py, which is not installed; pip install h5py.") \
                 from None
         self.path = p
+        self.size = regular_file(p, source)
         self._h5py = h5py
         datasets: list[str] = []
         self.groups: set[str] = set()
+        #: names that are not UTF-8 (h5py gives them as bytes): shown with escapes, opened by their bytes
+        self._raw_names: dict[str, bytes] = {}
 
-        def visit(name: str, obj: Any) -> None:
+        def visit(name: str | bytes, obj: Any) -> None:
+            if isinstance(name, bytes):
+                text = name.decode("utf-8", "backslashreplace")
+                self._raw_names[text] = name
+                name = text
             if isinstance(obj, h5py.Dataset):
                 datasets.append(name)
             elif isinstance(obj, h5py.Group):
@@ -51,18 +73,32 @@ class Hdf5File(Container):
         return ""
 
     def read(self, key: str) -> np.ndarray:
+        where = f"{self.source}:{key}"
         try:
-            dataset = self._file[key]
-            if self._h5py.check_string_dtype(dataset.dtype) is not None:
+            dataset = self._file[self._raw_names.get(key, key)]
+            if dataset.is_virtual or dataset.external:
+                raise InputError(f"{where}: the dataset's data is kept in other files (a virtual dataset or "
+                                 "external storage); attnviz reads only data inside the file itself.")
+            shape, dtype = tuple(int(n) for n in dataset.shape or ()), dataset.dtype
+            if self._h5py.check_string_dtype(dtype) is not None or dtype.kind == "O":
+                check_memory(array_bytes(shape, max(dtype.itemsize, VLEN_BYTES)), where, "", shape)
                 return np.asarray(dataset.asstr()[()], dtype=str)
-            mapped = self._mapped(dataset)
+            nbytes = array_bytes(shape, dtype.itemsize)
+            mapped = self._mapped(dataset, where, nbytes)
+            if mapped is None:
+                check_memory(nbytes, where, "", shape)
             arr = mapped if mapped is not None else np.asarray(dataset[()])
             return self.upcast(key, arr)
+        except InputError:
+            raise
+        except MemoryError:
+            raise InputError(f"{where}: not enough memory to read the dataset.") from None
         except Exception as exc:
-            raise InputError(f"{self.source}:{key}: cannot read the dataset ({reason(exc)}).") from None
+            raise InputError(f"{where}: cannot read the dataset ({reason(exc)}).") from None
 
-    def _mapped(self, dataset: Any) -> np.ndarray | None:
-        """A memory map of a contiguous, uncompressed, numeric dataset; None when it cannot be one."""
+    def _mapped(self, dataset: Any, where: str, nbytes: int) -> np.ndarray | None:
+        """A memory map of a contiguous, uncompressed, numeric dataset; None when it cannot be one. One
+        whose data would run past the end of the file is refused."""
         dtype, shape = dataset.dtype, tuple(dataset.shape)
         if (dataset.chunks is not None or dataset.compression is not None or dtype.kind not in "biuf"
                 or dtype.names is not None or not shape or 0 in shape or self._file.userblock_size
@@ -71,6 +107,7 @@ class Hdf5File(Container):
         offset = dataset.id.get_offset()
         if offset is None:
             return None
+        check_stored(nbytes, self.size - offset, where, dtype, shape, "the file after the dataset's offset")
         try:
             arr = np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape)
         except (OSError, ValueError):

@@ -1,25 +1,78 @@
-"""``.npy``: one array, memory-mapped (read on demand), never unpickled."""
+"""``.npy``: one array, memory-mapped (read on demand), never unpickled.
+
+The header is read first (``read_header``) and its claim checked against the bytes that follow it, so a
+header that promises more than the file holds is refused before NumPy maps or allocates anything.
+"""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
 from attnviz.errors import InputError
+from attnviz.formats._base import array_bytes, check_stored, reason, regular_file
 
 SUFFIXES = (".npy",)
+MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+#: the longest header read (NumPy's own default)
+MAX_HEADER = 10000
+
+
+def pickled(source: str) -> InputError:
+    return InputError(f"{source}: holds pickled Python objects; attnviz never unpickles (allow_pickle=False). "
+                      "Save a plain numeric array with numpy.save.")
+
+
+def _header_reader() -> Any:
+    impl = getattr(np.lib, "_format_impl", None) or np.lib.format  # NumPy 2 keeps it in _format_impl
+    return impl._read_array_header
+
+
+def read_header(fh: IO[bytes], source: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """``(shape, fortran_order, dtype, header length)`` of the ``.npy`` data at the stream's position,
+    read without allocating the array; pickled (object) arrays are refused here."""
+    start = fh.tell()
+    head = fh.read(len(MAGIC))
+    if head != MAGIC:
+        if head.startswith(ZIP_MAGIC[:2]):
+            raise InputError(f"{source}: is a zip archive (.npz), not a .npy file; rename it to .npz.")
+        if head[:1] == b"\x80":
+            raise pickled(source)
+        raise InputError(f"{source}: not a readable .npy file (it does not start with the NumPy magic string).")
+    fh.seek(start)
+    try:
+        with warnings.catch_warnings():  # a damaged header can make Python warn about its own text
+            warnings.simplefilter("ignore")
+            version = np.lib.format.read_magic(fh)
+            shape, fortran, dtype = _header_reader()(fh, version, max_header_size=MAX_HEADER)
+    except Exception as exc:  # ValueError, SyntaxError, EOFError, MemoryError from a hostile header ...
+        raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None
+    if not isinstance(dtype, np.dtype):
+        raise InputError(f"{source}: not a readable .npy file (no dtype in the header).")
+    if dtype.hasobject:
+        raise pickled(source)
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise InputError(f"{source}: not a readable .npy file (the header's shape {shape!r} is not a shape).")
+    return tuple(int(n) for n in shape), bool(fortran), dtype, fh.tell() - start
 
 
 def open_file(p: Path, source: str) -> np.ndarray:
+    size = regular_file(p, source)
+    try:
+        with open(p, "rb") as fh:
+            shape, _, dtype, header = read_header(fh, source)
+    except OSError as exc:
+        raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None
+    check_stored(array_bytes(shape, dtype.itemsize), size - header, source, dtype, shape, "the file")
     try:
         return np.load(p, allow_pickle=False, mmap_mode="r")  # read on demand: long inputs stay on disk
     except ValueError as exc:
         if any(s in str(exc).lower() for s in ("pickle", "object arrays", "python objects")):
-            raise InputError(
-                f"{source}: holds pickled Python objects; attnviz never unpickles (allow_pickle=False). "
-                "Save a plain numeric array with numpy.save."
-            ) from None
-        raise InputError(f"{source}: not a readable .npy file ({exc}).") from None
-    except (OSError, EOFError) as exc:
-        raise InputError(f"{source}: not a readable .npy file ({exc}).") from None
+            raise pickled(source) from None
+        raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None
+    except Exception as exc:  # OSError, EOFError, MemoryError ...
+        raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None

@@ -6,6 +6,13 @@ loads tensors and plain containers and refuses any other Python object. attnviz 
 arbitrary objects. Keys are dict keys, or ``0``, ``1`` ... for list and tuple items, nested ones
 joined with ``.`` (``layers.0.attn``). Half-precision tensors become float32.
 
+Sizes before allocation: a zip file's directory is checked first (stored entries inside the file,
+compressed ones within ``memory_limit()``), and PyTorch itself refuses a storage larger than its
+record; a legacy (non-zip) file is read into memory whole, so it may be at most ``memory_limit()``. A
+tensor that is a view of more elements than its storage holds (an expanded tensor), or that must be
+converted (sparse, quantized, half precision), may take at most ``memory_limit()`` as an array.
+Nesting deeper than ``MAX_DEPTH`` containers, and containers that hold themselves, are refused.
+
 torch is optional: it is imported (by name, at run time) only when such a file is read.
 """
 
@@ -20,9 +27,19 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import Container, reason, upcast_half
+from attnviz.formats._base import (
+    Container,
+    check_memory,
+    check_zip_members,
+    reason,
+    regular_file,
+    size_str,
+    upcast_half,
+)
 
 SUFFIXES = (".pt", ".pth", ".bin")
+#: the deepest nesting of dicts, lists and tuples read
+MAX_DEPTH = 64
 
 
 def _torch(source: str) -> Any:
@@ -36,13 +53,42 @@ def _torch(source: str) -> Any:
                          f"({reason(exc)}).") from None
 
 
+def _check_sizes(p: Path, source: str) -> bool:
+    """Whether the file is a zip archive (torch.save's default), its directory checked; a legacy file is
+    read whole, so it must fit in ``memory_limit()``."""
+    size = regular_file(p, source)
+    try:
+        is_zip = zipfile.is_zipfile(p)
+        if is_zip:
+            with zipfile.ZipFile(p) as archive:
+                infos = archive.infolist()
+    except Exception as exc:
+        raise InputError(f"{source}: not a readable torch.save file ({reason(exc)}).") from None
+    if is_zip:
+        try:
+            check_zip_members(infos, size, source)
+        except InputError as exc:
+            raise InputError(exc.message.replace("not a readable zip archive", "not a readable torch.save file")) \
+                from None
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED:
+                check_memory(info.file_size, f"{source} (entry {info.filename!r})", "once decompressed")
+    else:
+        check_memory(size, source, "(a legacy torch.save file is read whole)")
+    return is_zip
+
+
 def _load(torch: Any, p: Path, source: str) -> Any:
     import pickle
+    import warnings
 
+    is_zip = _check_sizes(p, source)
     try:
-        if zipfile.is_zipfile(p):
-            return torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-        return torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's warnings about a file are not for attnviz's users
+            warnings.simplefilter("ignore")
+            if is_zip:
+                return torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
         if found:
@@ -55,26 +101,53 @@ def _load(torch: Any, p: Path, source: str) -> Any:
         why = detail.group(1).strip() if detail else reason(exc)
         raise InputError(f"{source}: not a readable torch.save file, or one torch.load(weights_only=True) "
                          f"refuses ({why}).") from None
-    except Exception as exc:  # RuntimeError (a damaged zip), EOFError, OSError, ...
+    except Exception as exc:  # RuntimeError (a damaged zip, a storage larger than its record), EOFError, OSError, ...
         raise InputError(f"{source}: not a readable torch.save file ({reason(exc)}).") from None
 
 
-def _flatten(torch: Any, value: Any, prefix: str, out: dict[str, Any]) -> None:
-    """Tensors (and lists of strings, as labels) under dotted keys; other leaves (numbers, None) are left out."""
-    if isinstance(value, torch.Tensor):
-        out[prefix] = value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(torch, v, f"{prefix}.{k}" if prefix else str(k), out)
-    elif isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, str) for v in value):
-            out[prefix] = np.array(value, dtype=str)
-            return
-        for i, v in enumerate(value):
-            _flatten(torch, v, f"{prefix}.{i}" if prefix else str(i), out)
+def _flatten(torch: Any, value: Any, source: str) -> dict[str, Any]:
+    """Tensors (and lists of strings, as labels) under dotted keys, in the file's order; other leaves
+    (numbers, None) are left out. Iterative: deep nesting is an error, never a RecursionError."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[Any, str, int, tuple[int, ...]]] = [(value, "", 0, ())]
+    while stack:
+        item, prefix, depth, parents = stack.pop()
+        if isinstance(item, torch.Tensor):
+            out[prefix] = item
+            continue
+        if not isinstance(item, (dict, list, tuple)):
+            continue
+        if depth >= MAX_DEPTH:
+            raise InputError(f"{source}: containers nested more than {MAX_DEPTH} deep (at {prefix!r}); attnviz "
+                             "reads a tensor, or dicts and lists of tensors.")
+        if id(item) in parents:
+            raise InputError(f"{source}: a container that holds itself (at {prefix!r}); attnviz reads a tensor, "
+                             "or dicts and lists of tensors.")
+        if isinstance(item, (list, tuple)) and item and all(isinstance(v, str) for v in item):
+            out[prefix] = np.array(item, dtype=str)
+            continue
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        children = [(v, f"{prefix}.{k}" if prefix else str(k), depth + 1, (*parents, id(item))) for k, v in pairs]
+        stack.extend(reversed(children))
+    return out
 
 
-def to_numpy(torch: Any, tensor: Any) -> np.ndarray:
+def _check_tensor(torch: Any, t: Any, source: str) -> None:
+    """Refuse, before converting, a tensor whose array would not fit in ``memory_limit()`` where it is
+    not simply the bytes the file stores: an expanded view, a sparse, quantized or half-precision tensor."""
+    numel = int(t.numel())
+    converted = t.layout != torch.strided or t.is_quantized or (t.is_floating_point() and t.element_size() <= 2)
+    if converted:
+        check_memory(numel * max(int(t.element_size()), 4), source, "once converted", tuple(t.shape))
+        return
+    stored = int(t.untyped_storage().nbytes())
+    logical = numel * int(t.element_size())
+    if logical > stored:
+        check_memory(logical, source, f"(a view of {size_str(stored)} of storage)", tuple(t.shape))
+
+
+def to_numpy(torch: Any, tensor: Any, source: str = "the tensor") -> np.ndarray:
+    _check_tensor(torch, tensor, source)
     t = tensor.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
@@ -82,7 +155,7 @@ def to_numpy(torch: Any, tensor: Any) -> np.ndarray:
         t = t.dequantize()
     if t.is_floating_point() and t.element_size() <= 2:  # float16, bfloat16, float8: NumPy float32
         t = t.float()
-    return upcast_half(t.numpy())
+    return upcast_half(t.numpy(), source)
 
 
 class TorchFile(Container):
@@ -96,7 +169,9 @@ class TorchFile(Container):
         if isinstance(value, np.ndarray):
             return value
         try:
-            arr = to_numpy(self._torch, value)
+            arr = to_numpy(self._torch, value, f"{self.source}:{key}")
+        except InputError:
+            raise
         except Exception as exc:
             raise InputError(f"{self.source}:{key}: cannot convert the {value.dtype} tensor to an array "
                              f"({reason(exc)}).") from None
@@ -111,12 +186,13 @@ def open_file(p: Path, source: str) -> np.ndarray | TorchFile:
     value = _load(torch, p, source)
     if isinstance(value, torch.Tensor):
         try:
-            return to_numpy(torch, value)
+            return to_numpy(torch, value, source)
+        except InputError:
+            raise
         except Exception as exc:
             raise InputError(f"{source}: cannot convert the {value.dtype} tensor to an array ({reason(exc)}).") \
                 from None
-    tensors: dict[str, Any] = {}
-    _flatten(torch, value, "", tensors)
+    tensors = _flatten(torch, value, source)
     if not tensors:
         raise InputError(f"{source}: holds no tensors (a {type(value).__name__}); attnviz reads a tensor, or a "
                          "dict or list of tensors.")

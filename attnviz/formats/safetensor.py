@@ -5,11 +5,14 @@ API (never torch).
 memory-mapped at the offsets the header gives, so a large tensor stays on disk until it is read.
 bfloat16 (and 8-bit float) tensors are viewed through ``ml_dtypes``; half-precision tensors become
 float32. ``safetensors`` and ``ml_dtypes`` are imported only when such a file is read.
+
+The header is checked first, by attnviz itself and with bounded reads: its length must fit in the file
+(and ``MAX_HEADER``), it is JSON of bounded depth, and every tensor's offsets must lie inside the data
+and hold exactly what its dtype and shape claim.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from pathlib import Path
@@ -18,9 +21,14 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import Container, natural, reason
+from attnviz.formats._base import Container, check_memory, decode_text, loads_json, natural, reason, regular_file, short
 
 SUFFIXES = (".safetensors",)
+#: the longest header read (the safetensors library's own limit)
+MAX_HEADER = 100_000_000
+#: bytes per element of the dtypes the format names
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
+            "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8, "C128": 16}
 
 #: safetensors dtype -> NumPy dtype (little-endian, as the format stores them)
 NATIVE = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
@@ -29,13 +37,40 @@ NATIVE = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", 
 ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
-def _header(p: Path) -> tuple[int, dict[str, Any]]:
-    """The header length and the parsed header (tensor name -> dtype, shape, data_offsets)."""
+def _header(p: Path, file_size: int, source: str) -> tuple[int, dict[str, Any]]:
+    """The header length and the parsed header (tensor name -> dtype, shape, data_offsets), every entry
+    checked against the file's real size; a ``ValueError`` says what is wrong."""
     with open(p, "rb") as fh:
-        (size,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(size))
+        first = fh.read(8)
+        if len(first) < 8:
+            raise ValueError("shorter than the 8-byte header length")
+        (size,) = struct.unpack("<Q", first)
+        if size > min(MAX_HEADER, file_size - 8):
+            raise ValueError(f"the header claims {size} bytes; the file holds {max(file_size - 8, 0)} after its length")
+        text = fh.read(size)
+    try:
+        header = loads_json(decode_text(text, source, "header"))
+    except InputError as exc:
+        raise ValueError(exc.message.removeprefix(f"{source}: ")) from None
     if not isinstance(header, dict):
         raise ValueError("the header is not a JSON object")
+    data_size = file_size - 8 - size
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        what = f"tensor {short(name)!r}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+            raise ValueError(f"{what}: no dtype")
+        shape, offsets = entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+            raise ValueError(f"{what}: the shape is not a list of sizes")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data_size):
+            raise ValueError(f"{what}: data offsets {short(str(offsets))} outside the {data_size} bytes of data")
+        itemsize = ITEMSIZE.get(entry["dtype"])
+        if itemsize is not None and offsets[1] - offsets[0] != math.prod(shape) * itemsize:
+            raise ValueError(f"{what}: the header claims a {entry['dtype']} tensor of shape {short(str(shape))}, "
+                             f"but its offsets hold {offsets[1] - offsets[0]} bytes")
     return size, header
 
 
@@ -47,10 +82,11 @@ class SafetensorsFile(Container):
             raise InputError(f"{source}: reading .safetensors files needs the safetensors package, which is not "
                              "installed; pip install safetensors.") from None
         self.path = p
+        file_size = regular_file(p, source)
         try:
+            size, header = _header(p, file_size, source)  # bounded reads, before the library maps the file
             with safe_open(str(p), framework="np") as f:  # checks the header against the file
                 keys = list(f.keys())
-            size, header = _header(p)
             self._start = 8 + size
             self._entries = {k: header[k] for k in keys}
         except Exception as exc:  # SafetensorError, OSError, ValueError, KeyError, struct.error ...
@@ -76,9 +112,12 @@ class SafetensorsFile(Container):
             else:
                 from safetensors import safe_open
 
+                check_memory(int(end) - int(begin), f"{self.source}:{key}", "", shape)
                 with safe_open(str(self.path), framework="np") as f:
                     arr = f.get_tensor(key)
             return self.upcast(key, arr)
+        except InputError:
+            raise
         except Exception as exc:
             raise InputError(f"{self.source}:{key}: cannot read the {entry.get('dtype', '?')} tensor "
                              f"({reason(exc)}).") from None
