@@ -53,6 +53,8 @@ def parse_size(text: str | None) -> int:
         value = float(number) * UNITS[unit]
     except (ValueError, KeyError):
         raise UsageError(f"--max-memory {text!r}: expected a size such as 512M, 2G or 300000000.") from None
+    if not math.isfinite(value):
+        raise UsageError(f"--max-memory {text!r}: expected a finite size such as 512M, 2G or 300000000.")
     if value < 2**20:
         raise UsageError(f"--max-memory {text}: at least 1M.")
     return int(value)

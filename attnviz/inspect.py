@@ -21,6 +21,7 @@ import numpy as np
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
 from attnviz.formats import listing
 from attnviz.formats import natural_key as natural_key  # moved to attnviz.formats; importable from here
+from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, release_pages, validate_array
 
 AXES = ("layer", "batch", "head", "q", "k")
@@ -91,6 +92,12 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
                              f"{opened.source}:KEY.")
         for k, a in zip(keys, arrays):
             validate_array(a, f"{opened.source}:{k}", allow_nonfinite=True)
+        stacked = sum(a.size for a in arrays) * np.result_type(*arrays).itemsize
+        if stacked > memory_limit():  # the layers are stacked in memory, even when each is memory-mapped
+            raise InputError(f"{source}: the {len(keys)} layers stacked would take {size_str(stacked)} in memory, "
+                             f"more than the {size_str(memory_limit())} attnviz allows (half the memory "
+                             f"available); inspect fewer with {opened.source}:KEY or a narrower pattern, or save "
+                             "them as one [layers, ...] .npy, which stays on disk.")
         arr = np.stack(arrays)
         stored = coarsest([opened.raw.stored.get(k, a.dtype.name) for k, a in zip(keys, arrays)])
         per_layer = parse_layout(layout, arr.ndim - 1, source)

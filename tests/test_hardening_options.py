@@ -316,8 +316,7 @@ def test_every_number_and_choice_is_parsed_by_attnviz():
             parser = desc.parameter_info.parser
             if not isinstance(parser, (Number, OneOf, Size, Positions)):
                 unchecked.append((name, param.opts))
-    # batch's own options are declared in batch.py with Typer's min=1; usage_message words them alike
-    assert unchecked == [("batch", ["--jobs", "-j"])]
+    assert unchecked == []
 
 
 @pytest.mark.parametrize("value, words", [("nan", ["nan"]), ("1e999", ["1e999"]), ("ten", ["'ten'", "expected"])])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
@@ -39,6 +40,12 @@ from attnviz.cli.streams import err_console, out_console, stderr, stdout
 from attnviz.errors import AttnvizError, ParamsError, shape_str
 from attnviz.variants import REGISTRY
 from attnviz.variants._base import Variant
+
+# NumPy's floating-point RuntimeWarnings ("invalid value encountered in cast") would reach users' stderr
+# as Python warnings; attnviz checks non-finite values itself and says what they mean. Process-wide, as
+# batch runs jobs in threads (warnings.catch_warnings is not thread-safe).
+warnings.filterwarnings("ignore", message=r"(invalid value|overflow|divide by zero|underflow) encountered",
+                        category=RuntimeWarning)
 
 if TYPE_CHECKING:  # the pipeline loads NumPy: imported when a command runs, not for --help
     from attnviz.pipeline import Outcome

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import typer
 
-from attnviz.cli.options import OUTPUT
+from attnviz.cli.options import OUTPUT, checked_option
 from attnviz.cli.streams import err_console, out_console, redirected, stdout
 from attnviz.errors import InputError, UsageError
 
@@ -96,12 +96,11 @@ def _quoted(value: Any) -> str:
     return text if len(text) <= QUOTED else text[: QUOTED - 3] + "..."
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def _inert(text: str) -> str:
-    """Text for the summary table with control characters (ESC, CR, BEL, C1 ...) made visible as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Text for the summary table with control characters (ESC, CR, BEL, C1 ...) made visible."""
+    from attnviz.render.text import visible
+
+    return visible(text)
 
 
 def _scalar_problem(value: Any) -> str | None:
@@ -318,8 +317,8 @@ def batch_command(
     shard: Annotated[str | None, typer.Option("--shard", metavar="INDEX/COUNT",
                                               help="run only the jobs whose number modulo COUNT is INDEX "
                                                    "(0-based), e.g. $SLURM_ARRAY_TASK_ID/4")] = None,
-    workers: Annotated[int, typer.Option("--jobs", "-j", min=1,
-                                         help="run this many jobs at once (threads)")] = 1,
+    workers: Annotated[int, checked_option(int, "--jobs", "-j", min=1, max=256,
+                                           help="run this many jobs at once (threads)")] = 1,
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first job that fails")] = False,
     json_out: Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT,
                                            help="print the summary as JSON on stdout")] = False,

@@ -516,7 +516,10 @@ def run_compare(o: dict[str, Any]) -> bool:
     if not (o["json_out"] or o["no_table"] or o["quiet"]):
         console = out_console()
         p = o["precision"]
-        summary = Table(title=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]")
+        from attnviz.render.text import title as inert_title
+
+        summary = Table(title=Text(inert_title(f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} "
+                                               "[layers, batch, heads, Lq, Lk]")))
         summary.add_column("measure")
         summary.add_column("value", justify="right")
         for name, value in (("max |A - B|", f"{result.max_abs:.{max(p, 3)}g}"),

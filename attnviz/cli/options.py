@@ -49,11 +49,14 @@ SEED_MAX = 2**63 - 1
 
 
 def _inert(text: str, limit: int | None = 40, keep: str = "") -> str:
-    """Text from the command line as a message shows it: control characters (ESC, CR, BEL, ...)
-    escaped, except those in ``keep``; shortened to ``limit`` characters."""
+    """Text from the command line as a message shows it (``attnviz.render.text.visible``: control
+    characters such as ESC, CR, BEL escaped; a line feed kept when ``keep`` has it), shortened to
+    ``limit`` characters."""
+    from attnviz.render.text import visible
+
     if limit is not None and len(text) > limit:
         text = text[:limit] + "..."
-    return "".join(ch if ch.isprintable() or ch in keep else repr(ch)[1:-1] for ch in text)
+    return visible(text, newlines="\n" in keep)
 
 
 def error_line(message: str, kind: str = "error") -> str:

@@ -15,6 +15,8 @@ from typing import IO
 
 from rich.console import Console
 
+from attnviz.render.text import visible
+
 _OUT: ContextVar[IO[str] | None] = ContextVar("attnviz_stdout", default=None)
 _ERR: ContextVar[IO[str] | None] = ContextVar("attnviz_stderr", default=None)
 
@@ -27,18 +29,29 @@ def stderr() -> IO[str]:
     return _ERR.get() or sys.stderr
 
 
+class MessageConsole(Console):
+    """A console whose plain-string messages are inert: control characters in file names and labels
+    are shown escaped (``\x1b``), never sent, and rich markup and emoji codes are never read."""
+
+    def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
+        kwargs.setdefault("markup", False)
+        kwargs.setdefault("emoji", False)
+        super().print(*(visible(o, newlines=True) if isinstance(o, str) else o for o in objects),
+                      **kwargs)  # type: ignore[arg-type]
+
+
 def out_console() -> Console:
     """A console for results (tables) on stdout."""
     stream = stdout()
-    # markup off: token labels such as "[CLS]" or "[bold]" and file names are text, never styles
+    # markup and emoji codes off: token labels such as "[CLS]", "[bold]" or ":smile:" and file names are text
     if stream is not sys.stdout:
-        return Console(file=stream, highlight=False, markup=False)
-    return Console(highlight=False, markup=False)
+        return MessageConsole(file=stream, highlight=False, markup=False, emoji=False)
+    return MessageConsole(highlight=False, markup=False, emoji=False)
 
 
 def err_console() -> Console:
     """A console for messages on stderr."""
-    return Console(file=stderr(), highlight=False, soft_wrap=True)
+    return MessageConsole(file=stderr(), highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
 @contextmanager

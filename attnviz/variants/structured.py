@@ -38,6 +38,7 @@ from attnviz.params import ParamSpec
 from attnviz.variants._base import (
     Context,
     InputSpec,
+    NumericError,
     Problem,
     Result,
     Variant,
@@ -228,7 +229,8 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
         dtype = np.float64 if ctx.dtype == "float64" else np.float32
         output = ctx.numpy(tf.matmul(ctx.tensor(marginals), v))
     if not math.isfinite(float(np.sum(marginals))):
-        raise ShapeError("the CRF marginals came out non-finite.")
+        raise NumericError("the CRF marginals came out non-finite; the unary or pairwise scores overflowed "
+                           f"{ctx.dtype}: use --dtype float64 or rescale them.", "the CRF marginals")
     return Result(marginals.astype(dtype), output, params=used)
 
 
