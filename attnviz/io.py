@@ -428,15 +428,18 @@ def check_outputs(outputs: Mapping[str, str | None], inputs: Iterable[Path | Non
         if value is None:
             continue
         p = Path(value)
-        r = p.resolve()
-        if r in in_paths:
-            raise UsageError(f"{option} {value}: that is one of the input files; refusing to overwrite it.")
-        if r in seen:
-            raise UsageError(f"{option} {value}: the same file as {seen[r]}; give each output its own path.")
-        if p.is_dir():
-            raise UsageError(f"{option} {value}: is a directory; give a file name.")
-        if not r.parent.is_dir():
-            raise OutputError(f"{option} {value}: the folder {p.parent} does not exist.")
+        try:
+            r = p.resolve()
+            if r in in_paths:
+                raise UsageError(f"{option} {value}: that is one of the input files; refusing to overwrite it.")
+            if r in seen:
+                raise UsageError(f"{option} {value}: the same file as {seen[r]}; give each output its own path.")
+            if p.is_dir():
+                raise UsageError(f"{option} {value}: is a directory; give a file name.")
+            if not r.parent.is_dir():
+                raise OutputError(f"{option} {value}: the folder {p.parent} does not exist.")
+        except OSError as exc:  # a name too long for the file system, a loop of links ...
+            raise OutputError(f"{option} {value}: cannot write there ({exc.strerror or exc}).") from None
         seen[r] = option
         result[option] = p
     return result

@@ -110,13 +110,14 @@ def check(given: Mapping[str, np.ndarray], specs: Mapping[str, ParamSpec], sourc
     wrongly shaped key is an error naming the key, the shape received and the shape expected."""
     import numpy as np
 
+    from attnviz.formats import listing, natural
     from attnviz.io import shape_str
 
-    extra = sorted(set(given) - set(specs))
+    extra = natural(set(given) - set(specs))
     if extra:
         raise ParamsError(
-            f"{source}: unexpected key(s) {', '.join(extra)}; this run expects "
-            + ", ".join(f"{k} {shape_str(s.shape)}" for k, s in specs.items())
+            f"{source}: unexpected key(s) {listing(extra)}; this run expects "
+            + listing([f"{k} {shape_str(s.shape)}" for k, s in specs.items()])
             + "."
         )
     out = {}

@@ -398,10 +398,7 @@ CLASS_1 = [
          ("cut.npy",)),
     Case("npy-empty-file", 1, text("empty.npy", b""), ["compare", "empty.npy", "w.npy"], 1, ("empty.npy",)),
     Case("npy-sparse-16GiB", 1, sparse_npy("huge.npy", 65536), ["inspect", "huge.npy", "--no-table"], 1,
-         ("huge.npy", "16.0 GiB"),
-         bug="a valid 16 GiB .npy that cannot be memory-mapped under the address-space limit is called 'not a "
-             "readable .npy file ([Errno 12] Cannot allocate memory)': blames the file, says neither the size nor "
-             "the limit"),
+         ("huge.npy", "16.0 GiB")),
     Case("npz-stored-member-lies", 1, lying_npz("lie.npz", zipfile.ZIP_STORED), ["inspect", "lie.npz"], 1,
          ("lie.npz:attn", "[9999999, 3]")),
     Case("npz-deflated-member-lies", 1, all_of(WEIGHTS, lying_npz("lie.npz", zipfile.ZIP_DEFLATED)),
@@ -511,8 +508,7 @@ CLASS_3 = [
     Case("unknown-file-type", 3, text("w.txt", "0.5 0.5\n"), ["inspect", "w.txt"], 2, ("w.txt",)),
     Case("stdin-for-two-arguments", 3, qkv(), ["scaled", "-", "-", "v.npy"], 2, ("-",), stdin=b"[[1, 2, 3]]"),
     Case("missing-file-with-newline", 3, None, ["inspect", "nope\nattnviz: error: forged.npy"], 2,
-         ("nope\\nattnviz: error: forged.npy", "no such file"),
-         bug="a line feed in a missing file's name is printed raw: 'attnviz: error: nope' then a forged line"),
+         ("nope\\nattnviz: error: forged.npy", "no such file")),
     Case("no-command-at-all", 3, None, [], 2, ("missing",),
          bug="bare `attnviz` prints Click's 40-line help on stderr with exit 2, not one usage line "
              "(or the help on stdout with exit 0)"),
@@ -610,14 +606,10 @@ CLASS_5 = [
     Case("h5-keys-hostile", 5, h5("k.h5", **{"a\rb\x07": attention(3, 3), "c\x9b[1m": attention(3, 3)}),
          ["inspect", "k.h5", "--json"], 0, ("a\\rb\\u0007",)),
     Case("file-name-newline-in-error", 5, all_of(qkv(), npy(FORGED + ".npy", normal(3, 7))),
-         ["scaled", FORGED + ".npy", "k.npy", "v.npy"], 1, (FORGED_SHOWN + ".npy",),
-         bug="a line feed in a file name reaches stderr raw: the name forges a second 'attnviz: error:' line "
-             "(README: a newline is shown as \\n)"),
+         ["scaled", FORGED + ".npy", "k.npy", "v.npy"], 1, (FORGED_SHOWN + ".npy",)),
     Case("file-name-newline-in-info-lines", 5, npy(FORGED + ".npy", attention(3, 3)),
          ["inspect", FORGED + ".npy", "--no-table", "--png", FORGED + ".png"], 0, (FORGED_SHOWN + ".npy",),
-         outputs=(FORGED + ".png",), check=_no_forged_lines,
-         bug="file names with a line feed are printed raw in 'inspect: NAME ...' and 'saved png to NAME': "
-             "a file name forges lines on stderr"),
+         outputs=(FORGED + ".png",), check=_no_forged_lines),
     Case("file-name-in-error", 5, all_of(qkv(), npy("\x1b]0;pwned\x07[bold]q.npy", normal(3, 7))),
          ["scaled", "\x1b]0;pwned\x07[bold]q.npy", "k.npy", "v.npy"], 1, ("\\x1b]0;pwned\\x07[bold]q.npy",)),
     Case("keys-listed-in-error", 5, safetensors("k.safetensors", **{"l\x1b[2J": attention(3, 3),
@@ -675,8 +667,7 @@ CLASS_6 = [
          ["structured", *QKV, "--method", "crf", "--params", "p.npz"], 1, ("p.npz", "'T'")),
     Case("params-5000-unexpected-keys", 6,
          all_of(qkv(), npz("p.npz", W_a=ONES((3, 3)), **{f"extra{i}": ONES(1) for i in range(5000)})),
-         ["general", *QKV, "--params", "p.npz"], 1, ("p.npz", "unexpected key", "and 4980 more"),
-         bug="'unexpected key(s)' lists all 5000 keys (a 54 kB line); listings are capped at 20 elsewhere"),
+         ["general", *QKV, "--params", "p.npz"], 1, ("p.npz", "unexpected key", "and 4980 more")),
     Case("params-nan-value", 6, all_of(qkv(), npz("p.npz", W_a=np.full((3, 3), np.nan))),
          ["general", *QKV, "--params", "p.npz"], 1, ("p.npz", "W_a")),
 ]
@@ -722,8 +713,7 @@ CLASS_7 = [
          all_of(WEIGHTS, jobs_file("jobs.jsonl", [json.dumps({**GOOD_JOB, "options": {"json": "jobs.jsonl"}}).encode(),
                                                   json.dumps(GOOD_JOB).encode()])),
          ["batch", "jobs.jsonl", "--json"], 1, one_line=False,
-         check=jobs_report({1: "failed", 2: "ok"}, {1: "jobs.jsonl"}),
-         bug="a job whose output is the jobs file itself overwrites the jobs file (an input of the batch)"),
+         check=jobs_report({1: "failed", 2: "ok"}, {1: "jobs.jsonl"})),
     Case("jobs-bad-lines-table", 7, all_of(WEIGHTS, jobs_file("jobs.jsonl", BAD_LINES[1:8])), ["batch", "jobs.jsonl"],
          1, one_line=False),
     Case("jobs-stdin-bad-line", 7, WEIGHTS, ["batch", "-", "--json"], 1, one_line=False,
@@ -733,9 +723,7 @@ CLASS_7 = [
          all_of(WEIGHTS, jobs_file("jobs.jsonl", [json.dumps({**GOOD_JOB, "options": {"png": LONG_NAME}}).encode(),
                                                   json.dumps(GOOD_JOB).encode()])),
          ["batch", "jobs.jsonl", "--json"], 1, one_line=False,
-         check=jobs_report({1: "failed", 2: "ok"}, {1: "--png"}),
-         bug="a job whose --png name is longer than the file system allows fails with 'attnviz: internal error: "
-             "OSError: [Errno 36] File name too long'"),
+         check=jobs_report({1: "failed", 2: "ok"}, {1: "--png"})),
 ]
 
 
@@ -767,9 +755,7 @@ CLASS_8 = [
     Case("output-is-dev-null-fifo", 8, all_of(WEIGHTS, fifo("out.json")),
          ["inspect", "w.npy", "--png", "a.png", "--json-file", "out.json"], 1, ("--json-file out.json",)),
     Case("output-name-too-long", 8, WEIGHTS, ["inspect", "w.npy", "--json-file", "d.json", "--png", LONG_NAME], 1,
-         ("--png", "too long"),
-         bug="an output name longer than the file system allows ends in 'attnviz: internal error: OSError: "
-             "[Errno 36] File name too long' instead of a message naming --png"),
+         ("--png", "too long")),
     Case("inspect-write-fails-after-a-png", 8, npy("w.npy", attention(2, 40, 40)),  # a.png ~33 kB, m.png ~67 kB
          ["inspect", "w.npy", "--png", "a.png", "--map-png", "m.png", "--json-file", "d.json", "--quiet"], 1,
          ("m.png", "cannot write"), fsize=48 * 1024),

@@ -126,9 +126,14 @@ def _options_problem(options: dict[str, Any]) -> str | None:
     return None
 
 
-def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job:
+#: options whose values are files a job writes: never the jobs file itself
+OUTPUT_PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save_params", "map_png",
+                       "stats_png"}
+
+
+def job_from_line(number: int, line: str, base: Path, commands: set[str], jobs_file: Path | None = None) -> Job:
     """A jobs-file line as a command line (``argv``); a line that cannot be one (for any reason) gives a
-    job with an error, and only that job fails."""
+    job with an error, and only that job fails. No job may write over ``jobs_file``."""
     from attnviz.formats._base import loads_json
 
     job = Job(number)
@@ -162,6 +167,7 @@ def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job
     if job.error:
         return job
     argv = [job.command, *(_resolve(a, base) for a in args)]
+    written: list[tuple[str, str]] = []  # (option, file) of the outputs the job names
     for name, value in options.items():
         key = name.replace("-", "_")
         flag = "--" + key.replace("_", "-")
@@ -171,6 +177,7 @@ def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job
                 argv.append("--json")
             elif isinstance(value, str):
                 argv += ["--json-file", _resolve(value, base)]
+                written.append(("json", argv[-1]))
             continue
         values = value if isinstance(value, list) else [value]
         for v in values:
@@ -182,7 +189,19 @@ def job_from_line(number: int, line: str, base: Path, commands: set[str]) -> Job
             text = str(v)
             if key in PATH_OPTIONS or (key in LABEL_OPTIONS and (base / text).exists()):
                 text = _resolve(text, base)
+            if key in OUTPUT_PATH_OPTIONS:
+                written.append((name, text))
             argv += [flag, text]
+    if jobs_file is not None:
+        for name, target in written:
+            try:
+                same = Path(target).resolve() == jobs_file
+            except OSError:
+                same = False
+            if same:
+                job.error = (f"line {number}: {_quoted(name)} {target} is the jobs file itself; refusing to "
+                             "overwrite it.")
+                return job
     if "quiet" not in options:
         argv.append("--quiet")
     job.argv = argv
@@ -221,6 +240,7 @@ def _jobs_bytes(spec: str) -> tuple[bytes, str, Path]:
 
 def read_jobs(spec: str) -> tuple[list[Job], Path]:
     data, source, base = _jobs_bytes(spec)
+    jobs_file = None if spec == "-" else Path(spec).resolve()
     nul = data.find(b"\0")
     if nul >= 0:
         raise InputError(f"{source}: holds binary data (a NUL byte at offset {nul}), not JSON Lines jobs.")
@@ -237,7 +257,7 @@ def read_jobs(spec: str) -> tuple[list[Job], Path]:
                                          f"{exc.start + 1})."))
             continue
         if line.strip() and not line.lstrip().startswith("#"):
-            jobs.append(job_from_line(number, line, base, commands))
+            jobs.append(job_from_line(number, line, base, commands, jobs_file))
     return jobs, base
 
 

@@ -60,9 +60,10 @@ def _inert(text: str, limit: int | None = 40, keep: str = "") -> str:
 
 
 def error_line(message: str, kind: str = "error") -> str:
-    """An error as attnviz prints it on stderr: inert text (control characters escaped, its one or
-    two lines kept), written as is (no markup, no emoji codes)."""
-    return f"attnviz: {kind}: {_inert(message, limit=None, keep=chr(10))}\n"
+    """An error as attnviz prints it on stderr: one line of inert text (control characters escaped,
+    a line feed too: a file name holding one cannot forge a second message line), written as is (no
+    markup, no emoji codes)."""
+    return f"attnviz: {kind}: {_inert(message, limit=None)}\n"
 
 
 _PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE | re.ASCII)

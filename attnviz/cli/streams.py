@@ -36,7 +36,7 @@ class MessageConsole(Console):
     def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
         kwargs.setdefault("markup", False)
         kwargs.setdefault("emoji", False)
-        super().print(*(visible(o, newlines=True) if isinstance(o, str) else o for o in objects),
+        super().print(*(visible(o) if isinstance(o, str) else o for o in objects),
                       **kwargs)  # type: ignore[arg-type]
 
 

@@ -6,6 +6,7 @@ header that promises more than the file holds is refused before NumPy maps or al
 
 from __future__ import annotations
 
+import errno
 import warnings
 from pathlib import Path
 from typing import IO, Any
@@ -13,7 +14,7 @@ from typing import IO, Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import array_bytes, check_stored, reason, regular_file
+from attnviz.formats._base import array_bytes, check_stored, describe_array, reason, regular_file
 
 SUFFIXES = (".npy",)
 MAGIC = b"\x93NUMPY"
@@ -74,5 +75,12 @@ def open_file(p: Path, source: str) -> np.ndarray:
         if any(s in str(exc).lower() for s in ("pickle", "object arrays", "python objects")):
             raise pickled(source) from None
         raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None
-    except Exception as exc:  # OSError, EOFError, MemoryError ...
+    except (MemoryError, OSError) as exc:
+        if isinstance(exc, MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM:
+            nbytes = array_bytes(shape, dtype.itemsize)
+            raise InputError(f"{source}: {describe_array(dtype, shape, nbytes)} cannot be mapped into this process's "
+                             "memory (an address-space limit, ulimit -v, is lower); pass a slice, or raise the "
+                             "limit.") from None
+        raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None
+    except Exception as exc:  # EOFError ...
         raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None
