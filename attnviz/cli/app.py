@@ -279,8 +279,6 @@ def name_params_file(message: str, params_file: str | None, params: Any) -> str:
 def write_files(outcome: Outcome, staged: StagedOutputs, out: OutputOptions) -> dict[str, str]:
     """Write every requested file to its staged path; returns {"png": path, ...} (the paths the
     user gave, for the JSON document and the "saved" lines)."""
-    import numpy as np
-
     from attnviz import params as learned_params
     from attnviz.io import save_npy
 
@@ -300,38 +298,56 @@ def write_files(outcome: Outcome, staged: StagedOutputs, out: OutputOptions) -> 
         save_npy(staged["--save-output"], result.output)
         written["output"] = out.save_output or ""
     if "--png" in staged:
-        from attnviz.render.heatmap import Panel, heatmap_figure, save_figure, slice_panels
-        from attnviz.render.table import slice_label
+        from attnviz.render.heatmap import save_figure
 
-        prep = outcome.prepared
-        drawn = [v for v in result.views if v.png and streamed is None]
-        names = prep.lead_names
-        if streamed is not None:
-            lead, (lq, lk) = streamed.weights_shape[:-2], streamed.weights_shape[-2:]
-            slices = list(np.ndindex(*lead)) if lead else [()]
-            panels = [Panel(slice_label(s, names) if lead else "", grid, full_shape=(lq, lk),
-                            blocks=streamed.grid_blocks) for s, grid in zip(slices, streamed.grids)]
-        else:
-            panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if drawn else "", names)
-        for view in drawn:
-            if view.axis == "both":
-                panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title, names)
-            else:  # a vector: a one-column strip along the queries, or a one-row strip along the keys
-                data = result.maps[view.name]
-                strip = data[..., :, None] if view.axis == "q" else data[..., None, :]
-                for panel in slice_panels(strip, None, view.title, names):
-                    if view.axis == "q":
-                        panel.k_labels, panel.xlabel = [""], ""
-                    else:
-                        panel.q_labels, panel.ylabel = [""], ""
-                    panels.append(panel)
-        shape = shape_str(prep.weights_shape)
-        fig = heatmap_figure(panels, title=out.title or f"{prep.variant.name} attention weights {shape}",
-                             q_labels=prep.q_labels, k_labels=prep.k_labels, cmap=out.cmap, reduce=out.reduce,
-                             ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1])
-        save_figure(fig, staged["--png"])
+        save_figure(png_figure(outcome, out), staged["--png"])
         written["png"] = out.png or ""
     return written
+
+
+def png_figure(outcome: Outcome, out: OutputOptions) -> Any:
+    """The heatmap of a run: many maps of one shape (``MOSAIC_PANELS`` or more slices of the weights,
+    no further maps to draw) as one mosaic picture, rows and columns named by the leading axes;
+    otherwise one panel per map (and per further map a variant shows)."""
+    import numpy as np
+
+    from attnviz.render.heatmap import MOSAIC_PANELS, Panel, heatmap_figure, slice_panels, slices_mosaic
+    from attnviz.render.table import slice_label
+
+    result, streamed, prep = outcome.result, outcome.streamed, outcome.prepared
+    drawn = [v for v in result.views if v.png and streamed is None]
+    names = prep.lead_names
+    title = out.title or f"{prep.variant.name} attention weights {shape_str(prep.weights_shape)}"
+    lead, (lq, lk) = prep.weights_shape[:-2], prep.weights_shape[-2:]
+    count = int(np.prod(lead)) if lead else 1
+    if count >= MOSAIC_PANELS and not drawn:
+        if streamed is None:
+            return slices_mosaic(result.weights, title=title, names=names, keep=prep.mask.keep, cmap=out.cmap,
+                                 reduce=out.reduce)
+        if len(streamed.grids) == count:  # a blockwise run aggregated every slice while computing
+            return slices_mosaic(None, title=title, names=names, grids=streamed.grids, lead=tuple(lead),
+                                 full_shape=(lq, lk), blocks=streamed.grid_blocks, cmap=out.cmap, reduce=out.reduce)
+    if streamed is not None:
+        lead, (lq, lk) = streamed.weights_shape[:-2], streamed.weights_shape[-2:]
+        slices = list(np.ndindex(*lead)) if lead else [()]
+        panels = [Panel(slice_label(s, names) if lead else "", grid, full_shape=(lq, lk),
+                        blocks=streamed.grid_blocks) for s, grid in zip(slices, streamed.grids)]
+    else:
+        panels = slice_panels(result.weights, prep.mask.keep, prep.variant.weights_title if drawn else "", names)
+    for view in drawn:
+        if view.axis == "both":
+            panels += slice_panels(result.maps[view.name], prep.mask.keep, view.title, names)
+        else:  # a vector: a one-column strip along the queries, or a one-row strip along the keys
+            data = result.maps[view.name]
+            strip = data[..., :, None] if view.axis == "q" else data[..., None, :]
+            for panel in slice_panels(strip, None, view.title, names):
+                if view.axis == "q":
+                    panel.k_labels, panel.xlabel = [""], ""
+                else:
+                    panel.q_labels, panel.ylabel = [""], ""
+                panels.append(panel)
+    return heatmap_figure(panels, title=title, q_labels=prep.q_labels, k_labels=prep.k_labels, cmap=out.cmap,
+                          reduce=out.reduce, ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1])
 
 
 def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -> None:

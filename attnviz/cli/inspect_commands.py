@@ -338,7 +338,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
             drawn_keep = np.ones(one.shape, bool) if one_keep is None else one_keep.copy()
             drawn_keep[one_padded] = False
         document = None
-        files = _inspect_files(w, staged, stats, (li, bi, hi), q_labels, k_labels, o, drawn_keep)
+        files = _inspect_files(w, staged, stats, (li, bi, hi), q_labels, k_labels, o, drawn_keep, masks)
         if (o["json_out"] or o["json_file"]) and rows is not None:
             from attnviz.render.report import inspect_report, to_json
 
@@ -387,9 +387,23 @@ def _save_json(text: str, staged: StagedOutputs) -> None:
         save_text(staged["--json-file"], text + "\n")
 
 
+def _grid_masks(masks: InspectMask | None, shape: tuple[int, ...],
+                bi: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The keep mask and real query rows of batch entry ``bi`` for a layer x head grid (views that
+    broadcast, never a copy the size of the weights)."""
+    import numpy as np
+
+    keep = real = None
+    if masks is not None and masks.keep is not None:
+        keep = np.broadcast_to(masks.keep, shape)[:, bi]
+    if masks is not None and masks.real_rows is not None:
+        real = np.broadcast_to(masks.real_rows, shape[:-1])[:, bi]
+    return keep, real
+
+
 def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarray], index: tuple[int, int, int],
                    q_labels: list[str] | None, k_labels: list[str] | None, o: dict[str, Any],
-                   one_keep: np.ndarray | None) -> dict[str, str]:
+                   one_keep: np.ndarray | None, masks: InspectMask | None = None) -> dict[str, str]:
     li, bi, hi = index
     written: dict[str, str] = {}
     if not targets:
@@ -399,8 +413,10 @@ def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarr
     name = o["title"] or f"attention weights of {w.source}"
     layers, _, heads = w.shape[:3]
     if "--png" in targets:
-        if layers * heads > 1:
-            fig = model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=o["cmap"], reduce=o["reduce"])
+        if layers * heads > 1:  # one mosaic of every map, read a layer at a time; masked cells grey
+            keep, real = _grid_masks(masks, w.shape, bi)
+            fig = model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=o["cmap"], reduce=o["reduce"],
+                                    keep=keep, real_rows=real)
         else:
             fig = heatmap_figure(w.data[0, bi, 0], title=name, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
                                  cmap=o["cmap"], reduce=o["reduce"])
@@ -435,8 +451,8 @@ def compare_command(
     mask_convention: MaskConvention = "keep",
     mask_kind: MaskKind = "bool",
     png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
-                                            help="heatmap of A - B (diverging colours) for every layer and head of "
-                                                 "the batch entry (up to 16 panels)")] = None,
+                                            help="heatmap of A - B (diverging colours, one symmetric scale) for "
+                                                 "every layer and head of the batch entry; .png, .svg or .pdf")] = None,
     title: Title = None,
     cmap: Cmap = None,
     reduce: Reduce = "mean",
@@ -492,13 +508,17 @@ def run_compare(o: dict[str, Any]) -> bool:
             left_out = f"; {result.padded_rows} padded query rows left out" if result.padded_rows else ""
             err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
         if "--png" in staged:
-            from attnviz.render.heatmap import Panel, heatmap_figure, save_figure
+            from attnviz.render.heatmap import heatmap_figure, model_grid_figure, save_figure
 
             layers, _, heads = a.shape[:3]
-            panels = [Panel(f"layer {li}, head {hi}" if layers * heads > 1 else "", result.diff[li, bi, hi])
-                      for li in range(layers) for hi in range(heads)]
-            fig = heatmap_figure(panels, title=o["title"] or f"A - B: {a.source} - {b.source}, batch {bi}",
-                                 diverging=True, cmap=o["cmap"], reduce=o["reduce"], colorbar_label="A - B")
+            name = o["title"] or f"A - B: {a.source} - {b.source}, batch {bi}"
+            if layers * heads > 1:  # every layer and head, one symmetric scale for all
+                keep, real = _grid_masks(masks, a.shape, bi)
+                fig = model_grid_figure(result.diff[:, bi], title=name, diverging=True, cmap=o["cmap"],
+                                        reduce=o["reduce"], colorbar_label="A - B", keep=keep, real_rows=real)
+            else:
+                fig = heatmap_figure(result.diff[0, bi, 0], title=name, diverging=True, cmap=o["cmap"],
+                                     reduce=o["reduce"], colorbar_label="A - B")
             save_figure(fig, staged["--png"])
             files["png"] = o["png"]
         if o["json_out"] or o["json_file"]:
