@@ -27,8 +27,8 @@ import numpy as np
 
 from attnviz.errors import OutputError
 from attnviz.masks import Mask
-from attnviz.stats import RowStats, row_stats
-from attnviz.variants._base import Context, Result, Variant
+from attnviz.stats import RowStats, fused_row_stats
+from attnviz.variants._base import Context, NumericError, Result, Variant
 
 PREVIEW_ROWS = 32
 MAX_PANELS = 16
@@ -122,12 +122,18 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
         except OSError as exc:
             os.unlink(tmp)
             raise OutputError(f"--save-weights {save_weights}: cannot write ({exc.strerror or exc}).") from None
+    ctx.hold(*(arr for name, arr in full.items() if name != query))  # keys, values: one tensor each for all blocks
     try:
         stats_parts: list[RowStats] = []
         outputs: list[np.ndarray] = []
         row_maps: dict[str, list[np.ndarray]] = {name: [] for name in variant.row_maps}
         previews: list[np.ndarray] = []
         grids: list[list[np.ndarray]] = [[] for _ in slices]
+        cells = BlockGrids(len(slices), lk, fr, fc, reduce) if fr * fc > 1 else None  # for the heatmap
+        # blocks of whole cells of fr rows write straight into the whole grids
+        whole = None
+        if cells is not None and step % fr == 0:
+            whole = [np.empty((math.ceil(lq / fr), math.ceil(lk / fc))) for _ in slices]
         result = None
         blocks = 0
         for start in range(0, lq, step):
@@ -138,7 +144,12 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
             result = variant.compute(ctx, block_arrays, block_mask, params, learned)
             w = np.broadcast_to(result.weights, (*lead, stop - start, lk))
             keep = result.keep if result.keep is not None else block_mask.keep
-            stats_parts.append(row_stats(w, keep))
+            if cells is not None:
+                cells.start(stop - start, keep is not None, np.float64 if w.dtype == np.float64 else np.float32)
+            with np.errstate(all="ignore"):
+                stats_parts.append(fused_row_stats(w, keep, visit=None if cells is None else cells.visit, align=fr))
+            if not np.isfinite(stats_parts[-1].row_sum).all():  # a NaN or infinity spoils its row's sum
+                raise NumericError("the weights are not finite.", "the weights")
             if result.output is not None:
                 outputs.append(result.output)
             for name in variant.row_maps:
@@ -149,7 +160,12 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
                 previews.append(w[..., wanted, :])
             full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
             for n, s in enumerate(slices):
-                grids[n].append(reduce_blocks(w[s], None if full_keep is None else full_keep[s], fr, fc, reduce))
+                if cells is None:
+                    grids[n].append(reduce_blocks(w[s], None if full_keep is None else full_keep[s], fr, fc, reduce))
+                elif whole is not None:
+                    cells.result(n, whole[n][start // fr:start // fr + math.ceil((stop - start) / fr)])
+                else:
+                    grids[n].append(cells.result(n))
             if memmap is not None:
                 memmap[..., start:stop, :] = w
             blocks += 1
@@ -172,5 +188,132 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
     merged = Result(placeholder, output, params=result.params, maps=maps,
                     views=[v for v in result.views if v.name in maps], warnings=result.warnings)
     streamed = Streamed(weights_shape, step, blocks, preview_ids, np.concatenate(previews, axis=-2),
-                        [np.concatenate(g, axis=0) for g in grids], (fr, fc), save_weights)
+                        whole or [np.concatenate(g, axis=0) for g in grids], (fr, fc), save_weights)
     return merged, stats, streamed
+
+
+class BlockGrids:
+    """``attnviz.render.heatmap.reduce_blocks`` of the first maps of a block of rows (the mean or max of
+    each ``fr x fc`` cell, masked cells left out, NaN where a cell has none), gathered tile by tile
+    during the statistics' pass (``visit``), so the weights are read once: rows are folded into
+    ``[cells, Lk]`` float32 accumulators as tiles go by, columns at the end (``fr`` times less data).
+    Maxima are exact; means of float32 maps agree within float32 rounding (a relative 1e-6), far
+    below what a colour map shows. A masked cell: the weight times the keep flag (and minus the largest
+    finite value for a max), no ``np.where``."""
+
+    def __init__(self, maps: int, cols: int, fr: int, fc: int, reduce: str = "mean") -> None:
+        self.maps, self.cols, self.fr, self.fc, self.reduce = maps, cols, fr, fc, reduce
+        self.rows = 0
+        self.acc: list[np.ndarray] = []
+        self.count: list[np.ndarray] | None = None  # kept cells, when there is a mask
+
+    def start(self, rows: int, masked: bool, dtype: Any = np.float32) -> None:
+        """Empty accumulators for a block of ``rows`` rows of ``dtype`` (float32, or float64), with
+        counts of kept cells when ``masked`` (made here, not on a first visit: visits come from several
+        threads); those of the block before are reused when they fit."""
+        self.rows = rows
+        shape = (math.ceil(rows / self.fr), self.cols)
+        if self.acc and self.acc[0].shape == shape and self.acc[0].dtype == dtype:
+            for acc in self.acc:
+                acc.fill(-np.inf if self.reduce == "max" else 0.0)
+        elif self.reduce == "max":
+            self.acc = [np.full(shape, -np.inf, dtype=dtype) for _ in range(self.maps)]
+        else:  # zeros: pages the kernel zeroes as they are first touched
+            self.acc = [np.zeros(shape, dtype=dtype) for _ in range(self.maps)]
+        if not masked:
+            self.count = None
+        elif self.count is not None and self.count[0].shape == shape:
+            for count in self.count:
+                count.fill(0)
+        else:
+            self.count = [np.zeros(shape, dtype=np.int32) for _ in range(self.maps)]
+
+    def visit(self, index: int, start: int, tile: np.ndarray, keep: np.ndarray | None) -> None:
+        if index >= len(self.acc):
+            return
+        acc = self.acc[index]
+        pair = np.maximum if self.reduce == "max" else np.add
+        values = np.asarray(tile, dtype=acc.dtype)
+        if keep is not None:
+            flag = np.asarray(keep, dtype=bool).view(np.int8)
+            values = values * flag  # exact: w * 1, or 0
+            if self.reduce == "max":  # a masked cell never wins: -(the largest finite value)
+                values += (flag - 1) * acc.dtype.type(np.finfo(acc.dtype).max)
+            if self.count is not None:
+                self._fold(self.count[index], start, flag, np.add)
+        self._fold(acc, start, values, pair)
+
+    def _fold(self, acc: np.ndarray, start: int, values: np.ndarray, pair: Any) -> None:
+        """Rows ``start:start + len(values)`` folded into their cells: whole cells of ``fr`` rows
+        (the tile starts where a cell does), or part of one cell. Sums of floats by ``einsum`` (one
+        vectorised pass, whatever ``fr``); counts in int32."""
+        fr = self.fr
+        r = len(values)
+        cell = start // fr
+        counts = acc.dtype == np.int32
+        whole = r - r % fr if start % fr == 0 else 0
+        if whole:
+            n = whole // fr
+            blocks = values[:whole].reshape(n, fr, -1)
+            if pair is np.add and not counts:
+                part = np.einsum("ijk->ik", blocks)
+            else:
+                part = pair.reduce(blocks, axis=1, dtype=np.int32 if counts else None)
+            pair(acc[cell:cell + n], part, out=acc[cell:cell + n])
+            cell += n
+        if whole != r:
+            rest = values[whole:]
+            if pair is np.add and not counts:
+                part = np.einsum("ij->j", rest)
+            else:
+                part = pair.reduce(rest, axis=0, dtype=np.int32 if counts else None)
+            pair(acc[cell], part, out=acc[cell])
+
+    def result(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The aggregated map ``[ceil(rows / fr), ceil(cols / fc)]`` (float64, NaN where nothing is
+        kept), written to ``out`` when given."""
+        fr, fc = self.fr, self.fc
+        pair = np.maximum if self.reduce == "max" else np.add
+        dense = _fold_columns(self.acc[index], fc, pair)
+        if out is None:
+            out = np.empty(dense.shape)
+        if self.reduce == "max":
+            out[...] = dense
+        elif self.count is not None:
+            kept = _fold_columns(self.count[index], fc, np.add)
+            np.divide(dense, np.maximum(kept, 1), out=out)
+        else:  # every cell holds fr x fc positions, fewer in the last row and column of cells
+            np.divide(dense, fr * fc, out=out)
+            if self.rows % fr:
+                out[-1] *= fr / (self.rows % fr)
+            if self.cols % fc:
+                out[:, -1] *= fc / (self.cols % fc)
+        if self.count is not None:
+            out[_fold_columns(self.count[index], fc, np.add) == 0] = np.nan
+        return out
+
+
+def _sizes(n: int, f: int) -> np.ndarray:
+    """How many of ``n`` positions each block of ``f`` holds (the last one may be partial)."""
+    sizes = np.full(math.ceil(n / f), f, dtype=np.int64)
+    sizes[-1] = n - f * (len(sizes) - 1)
+    return sizes
+
+
+def _fold_columns(values: np.ndarray, fc: int, pair: Any) -> np.ndarray:
+    """``pair`` (``np.add`` or ``np.maximum``) folded over blocks of ``fc`` columns, the last one partial."""
+    rows, cols = values.shape
+    whole = cols - cols % fc
+    parts = []
+    if whole and fc <= 16:  # a few strided element-wise passes beat a reduction over a short axis
+        acc = np.array(values[:, 0:whole:fc])
+        for j in range(1, fc):
+            pair(acc, values[:, j:whole:fc], out=acc)
+        parts.append(acc)
+    elif whole and pair is np.add and values.dtype.kind == "f":
+        parts.append(np.einsum("ijk->ij", values[:, :whole].reshape(rows, whole // fc, fc)))
+    elif whole:
+        parts.append(pair.reduce(values[:, :whole].reshape(rows, whole // fc, fc), axis=2))
+    if whole != cols:
+        parts.append(pair.reduce(values[:, whole:], axis=1, keepdims=True))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)

@@ -36,7 +36,7 @@ from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import AttnvizError, InputError, ParamsError, ShapeError, UsageError
 from attnviz.io import Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
 from attnviz.masks import Mask, build_mask, describe_rows, fully_masked_rows
-from attnviz.stats import RowStats, row_stats
+from attnviz.stats import RowStats, fused_row_stats
 from attnviz.variants._base import Context, NumericError, Result, Variant, overflow_advice
 
 #: leading (batch) axes passed to a variant as they are; more are folded into one ([batch, heads, L, d] is 2)
@@ -326,8 +326,11 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
     if not (prep.variant.blockwise and blockwise.needs_blocks(prep.weights_shape, budget)):
         prep.mask = prep.mask.materialized()  # the dense path holds [Lq, Lk] anyway
     else:
-        result, stats, streamed = blockwise.run(variant, ctx, arrays, prep.mask, prep.params, prep.learned,
-                                                prep.weights_shape, budget, reduce, save_weights)
+        try:
+            result, stats, streamed = blockwise.run(variant, ctx, arrays, prep.mask, prep.params, prep.learned,
+                                                    prep.weights_shape, budget, reduce, save_weights)
+        except NumericError as exc:  # weights found not finite by their statistics: name the inputs to blame
+            raise NumericError(overflow_message(prep, exc.stage), exc.stage) from None
         note = (f"weights {shape_str(prep.weights_shape)} computed in {streamed.blocks} blocks of "
                 f"{streamed.rows_per_block} query rows to stay within --max-memory")
         return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings], {}, streamed, [note])
@@ -339,9 +342,20 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
         )
     if result.keep is not None:
         prep.mask.keep = result.keep
-    stats = row_stats(result.weights, prep.mask.keep)
-    extra = {view.name: row_stats(result.maps[view.name], prep.mask.keep) for view in result.views if view.stats}
+    with np.errstate(all="ignore"):
+        stats = fused_row_stats(result.weights, prep.mask.keep)
+        if not weights_finite(stats):
+            raise NumericError(overflow_message(prep, "the weights"), "the weights")
+        extra = {view.name: fused_row_stats(result.maps[view.name], prep.mask.keep)
+                 for view in result.views if view.stats}
     return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings], extra)
+
+
+def weights_finite(stats: RowStats) -> bool:
+    """Whether the weights the statistics were taken from are finite: a NaN or an infinity in a row
+    makes its sum NaN or infinite (finite float32 weights never sum past float64's range), so the
+    weights need no pass of their own."""
+    return bool(np.isfinite(stats.row_sum).all())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -366,7 +380,7 @@ def guarded(prep: Prepared, arrays: Mapping[str, np.ndarray]) -> Variant:
                     result = inner(ctx, arrays, mask, params, learned)
                 else:
                     result = fold.restore(inner(ctx, *fold.apply(arrays, mask, params), learned))
-                check_finite(result, ctx.dtype)
+                check_finite(result, ctx.dtype, weights=False)  # the weights: by their statistics
         except NumericError as exc:
             raise NumericError(overflow_message(prep, exc.stage), exc.stage) from None
         except AttnvizError as exc:
@@ -382,15 +396,26 @@ def guarded(prep: Prepared, arrays: Mapping[str, np.ndarray]) -> Variant:
     return dataclasses.replace(prep.variant, compute=compute)
 
 
-def check_finite(result: Result, dtype: str) -> None:
+def check_finite(result: Result, dtype: str, weights: bool = True) -> None:
     """The weights and output are finite, and no further map holds NaN (a map may hold -inf where
-    it is masked): anything else overflowed."""
-    for stage, arr in (("the weights", result.weights), ("the output", result.output)):
-        if arr is not None and arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
-            raise NumericError(f"{stage} overflowed {dtype}.", stage)
+    it is masked): anything else overflowed, and the first of these that did is named.
+
+    ``weights=False`` leaves the weights (the one large array) to their statistics
+    (``weights_finite``), unless the output or a map failed: then they are checked here first."""
+
+    def bad(arr: np.ndarray | None) -> bool:
+        return arr is not None and arr.dtype.kind == "f" and arr.size > 0 and not np.isfinite(arr).all()
+
+    if weights and bad(result.weights):
+        raise NumericError(f"the weights overflowed {dtype}.", "the weights")
+    failed = ("the output", "the output") if bad(result.output) else None
     for name, arr in result.maps.items():
-        if isinstance(arr, np.ndarray) and arr.dtype.kind == "f" and np.isnan(arr).any():
-            raise NumericError(f"the map {name!r} overflowed {dtype}.", f"the map {name!r}")
+        if failed is None and isinstance(arr, np.ndarray) and arr.dtype.kind == "f" and np.isnan(arr).any():
+            failed = (f"the map {name!r}", f"the map {name!r}")
+    if failed is not None:
+        if not weights and bad(result.weights):
+            raise NumericError(f"the weights overflowed {dtype}.", "the weights")
+        raise NumericError(f"{failed[0]} overflowed {dtype}.", failed[1])
 
 
 def _pair_bound(magnitudes: Mapping[str, Magnitude]) -> float:

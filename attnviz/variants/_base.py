@@ -141,21 +141,55 @@ class Context:
     device: Device
     dtype: str
     seed: int = 0  # for variants that sample (hard attention)
+    #: arrays that stay unchanged for the whole run (the keys and values while blocks of query rows are
+    #: computed), by id, with what was derived from them: each is converted to a tensor once
+    held: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    derived: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def tf(self) -> Any:
         return tensorflow()
+
+    def hold(self, *arrays: np.ndarray) -> None:
+        """Mark ``arrays`` as unchanged for the rest of the run: ``tensor`` and ``largest`` work on
+        each once."""
+        for arr in arrays:
+            self.held.setdefault(id(arr), arr)
+
+    def _once(self, what: str, arr: np.ndarray, make: Callable[[], Any]) -> Any:
+        if self.held.get(id(arr)) is not arr:
+            return make()
+        key = (what, id(arr))
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
+
+    def largest(self, arr: np.ndarray) -> float:
+        """``max |arr|``, as a float."""
+        import numpy as np
+
+        return float(self._once("largest", arr, lambda: float(np.max(np.abs(arr))) if arr.size else 0.0))
 
     def tensor(self, arr: np.ndarray) -> Any:
         """A NumPy array as a tensor of the run's dtype."""
         import numpy as np
 
         tf = self.tf
-        return tf.cast(tf.convert_to_tensor(np.asarray(arr)), self.dtype)
+        return self._once("tensor", arr, lambda: tf.cast(tf.convert_to_tensor(np.asarray(arr)), self.dtype))
 
     def scalar(self, value: float, dtype: Any = None) -> Any:
         """A Python number as a tensor (``tf.constant``, not ``tf.cast``: that rounds through float32)."""
         return self.tf.constant(value, dtype=dtype or self.dtype)
+
+    def host(self, tensor: Any) -> np.ndarray:
+        """A tensor as NumPy without a copy when it lives in host memory (a read-only view of
+        TensorFlow's buffer, which it keeps alive); from a GPU, a copy. bfloat16 as float32."""
+        import numpy as np
+
+        tf = self.tf
+        if tensor.dtype == tf.bfloat16:
+            tensor = tf.cast(tensor, tf.float32)
+        return np.asarray(tensor)
 
     def numpy(self, tensor: Any) -> np.ndarray:
         """A tensor back as NumPy (bfloat16 as float32, which NumPy can hold)."""
@@ -247,7 +281,7 @@ def check_qkv(inputs: Mapping[str, Loaded], same_dim: bool = True) -> tuple[int,
 # TensorFlow kernels
 
 
-def masked_softmax(ctx: Context, scores: Any, mask: Mask) -> Any:
+def masked_softmax(ctx: Context, scores: Any, mask: Mask, finite: bool = False) -> Any:
     """Softmax over the last axis with a keep mask and an optional bias (reference section 0.3).
 
     ``where(keep, s, -inf)``, subtract the finite-guarded row max, exp, divide with 0/0 -> 0: a fully
@@ -261,7 +295,8 @@ def masked_softmax(ctx: Context, scores: Any, mask: Mask) -> Any:
     if mask.bias is not None:
         s = s + tf.cast(tf.convert_to_tensor(mask.bias), s.dtype)
     keep = None if mask.keep is None else tf.convert_to_tensor(mask.keep)
-    check_finite_scores(ctx, s, keep)
+    if not finite:  # ``finite``: the caller has shown the scores cannot overflow
+        check_finite_scores(ctx, s, keep)
     if keep is None and mask.bias is None:
         return tf.nn.softmax(s, axis=-1)  # nothing masked: the fused kernel (it subtracts the row max too)
     if keep is not None:
@@ -288,20 +323,41 @@ def attend(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Mask
         if scale != 1.0:
             qt = qt * ctx.scalar(scale, qt.dtype)
         scores = tf.matmul(qt, kt, transpose_b=True)
-        return softmax_and_output(ctx, scores, vt, mask)
+        return softmax_and_output(ctx, scores, vt, mask, finite=scores_bounded(ctx, q, k, scale, mask))
 
 
-def softmax_and_output(ctx: Context, scores: Any, v: Any, mask: Mask) -> tuple[np.ndarray, np.ndarray]:
+def scores_bounded(ctx: Context, q: np.ndarray, k: np.ndarray, scale: float, mask: Mask) -> bool:
+    """Whether ``scale * Q K^T (+ bias)`` is sure to be finite in the run's dtype: every score is at
+    most ``|scale| max|q| max|k| d`` (and the largest bias) in size, the partial sums of the matmul
+    too, so when that is well inside the dtype's range the scores need no finiteness pass."""
+    import numpy as np
+
+    from attnviz.device import DTYPE_MAX
+
+    if q.size == 0 or k.size == 0 or q.dtype.kind not in "biuf" or k.dtype.kind not in "biuf":
+        return False
+    limit = DTYPE_MAX[ctx.dtype] / 4
+    with np.errstate(all="ignore"):
+        q_max, k_max = abs(scale) * ctx.largest(q), ctx.largest(k)
+        bound = q_max * k_max * q.shape[-1]
+        if mask.bias is not None and np.size(mask.bias):
+            bound += float(np.max(np.abs(mask.bias)))
+    return all(math.isfinite(x) and x < limit for x in (q_max, k_max, bound))
+
+
+def softmax_and_output(ctx: Context, scores: Any, v: Any, mask: Mask,
+                       finite: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """From scores ``[..., Lq, Lk]`` and values ``[..., Lk, d_v]`` (tensors, on the run's device):
     the masked softmax weights and ``O = A V``, as NumPy, checked to be finite. The weights are
-    broadcast to the leading dimensions of the output."""
+    broadcast to the leading dimensions of the output. ``finite``: the caller has shown that the
+    scores cannot overflow (``scores_bounded``), so they are not checked again."""
     tf = ctx.tf
-    weights = masked_softmax(ctx, scores, mask)
+    weights = masked_softmax(ctx, scores, mask, finite)
     output = tf.matmul(tf.cast(weights, v.dtype), v)
     lead = tuple(output.shape[:-2])
     if tuple(weights.shape[:-2]) != lead:
         weights = tf.broadcast_to(weights, (*lead, *weights.shape[-2:]))
-    w, o = ctx.numpy(weights), ctx.numpy(output)
+    w, o = ctx.host(weights), ctx.numpy(output)  # the weights, the large one, without a copy on the CPU
     check_finite_result(w, ctx.dtype, o)
     return w, o
 
