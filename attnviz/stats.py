@@ -248,25 +248,36 @@ class _Out:
     top_weight: np.ndarray
 
 
-def _summarise_tile(t: np.ndarray, out: _Out, at: int, k: int, scratch: np.ndarray) -> None:
+def _summarise_tile(t: np.ndarray, out: _Out, at: int, k: int, scratch: np.ndarray, zeros: bool = False) -> bool:
     """Every statistic of the rows of one tile ``t [r, Lk]`` (C-contiguous, float32 or float64),
-    written to ``out`` from flat row ``at`` on; ``scratch`` holds at least ``t.size`` values."""
+    written to ``out`` from flat row ``at`` on; ``scratch`` holds at least ``t.size`` values.
+
+    ``zeros``: rows with exact zeros are expected (most rows of the tile before had some: a mask, a
+    sparse variant), so 0 log 0 = 0 is arranged from the start. Returns whether most rows of this
+    tile had a zero (or a negative weight)."""
     r, lk = t.shape
     rows = slice(at, at + r)
-    # entropy, -sum w log w: a zero (0 * -inf) or a negative weight (log: NaN) makes its row's sum NaN,
-    # and only those rows are done again with 0 log 0 = 0
+    tiny = np.finfo(t.dtype).smallest_subnormal
     a = scratch[:t.size].reshape(r, lk)
-    np.log(t, out=a)
-    h = 0.0 - _row_sums(a, t)  # 0 - x, not -x: no "-0.000" for a one-hot row
+    if zeros:  # a zero becomes the smallest positive value: 0 * log(tiny) = 0; every row counted
+        np.maximum(t, tiny, out=a)
+        np.log(a, out=a)
+        h = 0.0 - _row_sums(a, t)  # 0 - x, not -x: no "-0.000" for a one-hot row
+        support = np.count_nonzero(t, axis=-1).astype(np.int64)
+        redo = np.flatnonzero(support < lk)
+    else:  # -sum w log w: a zero (0 * -inf) or a negative weight (log: NaN) makes its row's sum NaN,
+        # and only those rows are done again, with 0 log 0 = 0
+        np.log(t, out=a)
+        h = 0.0 - _row_sums(a, t)
+        support = np.full(r, lk, dtype=np.int64)  # a row without a zero: every key
+        redo = np.flatnonzero(np.isnan(h))
+        if redo.size:
+            sub = t[redo]
+            support[redo] = np.count_nonzero(sub, axis=-1)
+            b = np.maximum(sub, tiny)
+            np.log(b, out=b)
+            h[redo] = 0.0 - _row_sums(b, sub)
     out.row_sum[rows] = _row_sums(t)
-    support = np.full(r, lk, dtype=np.int64)  # a row without a zero: every key
-    redo = np.flatnonzero(np.isnan(h))
-    if redo.size:
-        sub = t[redo]
-        support[redo] = np.count_nonzero(sub, axis=-1)
-        b = np.maximum(sub, np.finfo(t.dtype).smallest_subnormal)  # a zero: 0 * log(tiny) = 0
-        np.log(b, out=b)
-        h[redo] = 0.0 - _row_sums(b, sub)
     out.support[rows] = support
     if k <= ARGMAX_K:  # the entropy is done with the scratch buffer: a copy to set the winners aside in
         work = scratch[:t.size].reshape(r, lk)
@@ -278,16 +289,19 @@ def _summarise_tile(t: np.ndarray, out: _Out, at: int, k: int, scratch: np.ndarr
     out.top_index[rows] = order
     out.top_weight[rows] = top
     # weights outside [0, 1] (not a distribution): terms of both signs, so the reference's float64
-    # entropy, and with a negative weight (a sum that may cancel) the float64 row sum too
+    # entropy, and with a negative weight (a sum that may cancel) the float64 row sum too. A negative
+    # weight made its row's sum NaN, unless it was clamped (``zeros``): then every row is looked at
     odd = np.flatnonzero(top[:, 0] > 1)
-    if redo.size:
-        negative = redo[t[redo].min(axis=-1) < 0]
+    suspects = np.arange(r) if zeros else redo
+    if suspects.size:
+        negative = suspects[t[suspects].min(axis=-1) < 0]
         if negative.size:
             out.row_sum[at + negative] = t[negative].sum(axis=-1, dtype=np.float64)
             odd = np.union1d(odd, negative)
     if odd.size:
         h[odd] = entropy(t[odd])
     out.entropy[rows] = h
+    return 2 * redo.size > r
 
 
 def fused_row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3, *,
@@ -340,13 +354,14 @@ def fused_row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int 
 
     def run(queue: Iterator[list[tuple[int, int, int]]]) -> None:
         scratch = np.empty(min(lq, step) * lk, dtype=cd)
+        zeros = False  # whether most rows of the last tile had an exact zero
         with np.errstate(all="ignore"):  # per thread: log(0) and 0 * -inf are expected here
             for unit in queue:
                 for i, start, stop in unit:
                     tile = compact[indices[i]][start:stop]
                     if tile.dtype != cd or not tile.flags.c_contiguous:
                         tile = np.ascontiguousarray(tile, dtype=cd)
-                    _summarise_tile(tile, out, i * lq + start, k, scratch)
+                    zeros = _summarise_tile(tile, out, i * lq + start, k, scratch, zeros)
                     if visit is not None:
                         visit(i, start, tile, None if full_keep is None else full_keep[indices[i]][start:stop])
 
