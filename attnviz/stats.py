@@ -346,7 +346,10 @@ def fused_row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int 
                np.empty((n_rows, k), dtype=np.int64), np.empty((n_rows, k)))
     step = max(1, TILE // lk)
     align = max(1, align)
-    step = step - step % align if step >= align else align // -(-align // step)  # whole runs, or within one
+    if step >= align:  # whole runs of ``align`` rows a tile
+        step -= step % align
+    else:  # or tiles that divide a run exactly
+        step = max(d for d in range(1, step + 1) if align % d == 0)
     # units of work: a tile, or the tiles of one run of ``align`` rows when tiles are shorter than that
     per_unit = max(1, align // step)
     units = [[(i, s, min(s + step, lq)) for s in range(u, min(u + per_unit * step, lq), step)]

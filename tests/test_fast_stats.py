@@ -199,6 +199,22 @@ def test_block_grids_equal_reduce_blocks(shape, fr, fc, reduce):
                     np.testing.assert_allclose(got, expected, rtol=2e-6 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("tile, fr", [(3 * 90, 7), (5 * 90, 7), (2 * 90, 64), (90 * 90, 7)])
+def test_block_grids_with_tiles_shorter_than_a_cell(tile, fr, monkeypatch):
+    """Tiles of 2, 3 or 5 rows against cells of 7 or 64 rows: tiles never straddle a cell, and each
+    cell's rows are gathered by one thread (threads=4, many units)."""
+    monkeypatch.setattr(stats, "TILE", tile)
+    rng = np.random.default_rng(9)
+    w = rng.random((3, 300, 90)).astype(np.float32)
+    for keep in (None, rng.random((300, 90)) > 0.3):
+        grids = BlockGrids(3, 90, fr, 4, "mean")
+        grids.start(300, keep is not None)
+        fused_row_stats(w, keep, visit=grids.visit, align=fr, min_size=0, threads=4)
+        for n in range(3):
+            expected = reduce_blocks(w[n], None if keep is None else keep, fr, 4)
+            np.testing.assert_allclose(grids.result(n), expected, rtol=2e-6)
+
+
 def test_blockwise_run_equals_the_dense_run():
     """Statistics and the heatmap grid of a run in blocks of query rows (fused pass, grids gathered
     during it) against the dense run (the statistics' reference, the heatmap's reduce_blocks)."""
