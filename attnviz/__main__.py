@@ -1,5 +1,5 @@
-"""`python -m attnviz`."""
+"""`python -m attnviz`: the console script (through a warm worker when one listens, see attnviz.cli.client)."""
 
-from attnviz.cli import app
+from attnviz.cli import main
 
-app(prog_name="attnviz")
+main()

@@ -1,5 +1,7 @@
 """Start-up stays light: help, version and input errors never import TensorFlow or matplotlib
-(checked in fresh interpreters, since the test process itself has imported both)."""
+(checked in fresh interpreters, since the test process itself has imported both), and a cold run of
+the console script (``attnviz.cli.runner``) never imports pydantic: its coercion of option values is
+Typer's, without the TypeAdapters, and gives the same values and messages."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 
 import pytest
 
+from attnviz.cli import app
 from tests.conftest import ROOT, SAMPLES
 
 HEAVY = ("tensorflow", "matplotlib", "keras")
@@ -48,10 +51,78 @@ def test_input_errors_fail_before_tensorflow(args, expected):
     assert code == expected and loaded == []
 
 
+RUNNER_PROBE = """
+import contextlib, io, sys
+from attnviz.cli.runner import run
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        run({args!r})
+    except SystemExit as exc:
+        code = exc.code
+print(code, " ".join(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--help"], 0), (["scaled", "--help"], 0), (["serve", "--help"], 0),
+    (["scaled", "missing.npy", "k.npy", "v.npy"], 2),
+    (["scaled", str(SAMPLES / "q.npy"), str(SAMPLES / "k.npy"), str(SAMPLES / "v.npy"), "--precision", "x"], 2),
+    (["inspect", str(SAMPLES / "q.npy"), "--top", "0"], 2),
+])
+def test_a_cold_run_imports_no_pydantic(args, expected):
+    out = subprocess.run([sys.executable, "-c", RUNNER_PROBE.format(args=args, heavy=(*HEAVY, "pydantic"))],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    code, _, loaded = out.stdout.strip().partition(" ")
+    assert int(code) == expected and loaded.split() == []
+
+
+COERCION_CASES = [
+    ["variants"],
+    ["scaled", str(SAMPLES / "seed_example.npz"), "--causal", "--json", "--precision", "4", "--seed", "7"],
+    ["scaled", "q.npy", "--precision", "x"], ["scaled", "q.npy", "--precision", "13"],
+    ["scaled", "q.npy", "--device", "tpu"], ["scaled", "q.npy", "--dtype", "float8"],
+    ["scaled", "q.npy", "--max-memory", "12zz"], ["scaled", "q.npy", "--seed", "-1"],
+    ["scaled", "q.npy", "--index", "a,b"], ["scaled", "q.npy", "--mask"], ["scaled", "q.npy", "--causal-align", "x"],
+    ["scaled", "q.npy", "--mask-convention", "KEEP"], ["local", "q.npy", "--window", "1.5"],
+    ["inspect", "w.npy", "--top", "0"], ["inspect", "w.npy", "--atol", "nan"], ["inspect", "w.npy", "--sort", "x"],
+    ["batch", "jobs.jsonl", "--jobs", "0"], ["serve", "--idle-timeout", "soon"], ["scaled"], ["scaled", "--bogus"],
+    ["--no-server", "variants", "--json"], ["scaled", "--help"], ["serve", "--status", "--stop"],
+]
+
+
+@pytest.mark.parametrize("args", COERCION_CASES, ids=" ".join)
+def test_direct_coercion_is_typers(args):
+    """Values and messages through attnviz.cli.runner's command (also as built for one command) are those
+    of Typer's own command."""
+    import contextlib
+    import io
+
+    import typer.main
+
+    from attnviz.cli.runner import click_command
+
+    def invoke(command):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                command.main(args=list(args), prog_name="attnviz")
+                code = 0
+            except SystemExit as exc:
+                code = exc.code
+        return code, out.getvalue(), err.getvalue()
+
+    expected = invoke(typer.main.get_command(app))
+    assert invoke(click_command()) == expected
+    if not args[0].startswith("-"):  # a cold run builds the command it runs only
+        assert invoke(click_command(args[0])) == expected
+
+
 def _run_scaled(env_extra):
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "ATTNVIZ_DEBUG")}
+    env["ATTNVIZ_NO_SERVER"] = "1"  # a cold run, whatever worker the user runs
     env.update(env_extra)
     args = ["scaled", *(str(SAMPLES / f"{n}.npy") for n in "qkv"), "--quiet"]
     return subprocess.run([sys.executable, "-m", "attnviz", *args], cwd=ROOT, capture_output=True, text=True,

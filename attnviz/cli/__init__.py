@@ -1,5 +1,41 @@
-"""The command line (the only package that imports typer)."""
+"""The command line (the only package that imports typer).
 
-from attnviz.cli.app import app
+``attnviz.cli.app`` (the Typer application) is imported on first use of ``attnviz.cli.app``, not with
+this package: the console script, ``main``, starts in ``attnviz.cli.client``, which imports the
+standard library only and hands the command to a warm worker (``attnviz serve``) when one listens.
+"""
 
-__all__ = ["app"]
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, NoReturn
+
+__all__ = ["app", "main"]
+
+
+def main() -> NoReturn:
+    """The ``attnviz`` console script (and ``python -m attnviz``)."""
+    from attnviz.cli.client import main as client_main
+
+    client_main()
+
+
+class _Package(types.ModuleType):
+    """``attnviz.cli.app`` is the Typer application, also once the module of the same name is imported
+    (the import system binds a submodule to its package's attribute: here it binds the app instead)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "app":
+            from attnviz.cli.app import app
+
+            return app
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "app" and isinstance(value, types.ModuleType):
+            value = value.app
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -104,6 +104,8 @@ def _version(value: bool) -> None:
 def main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
+    no_server: Annotated[bool, typer.Option("--no-server", help="run in this process, not on a warm worker "
+                                                                "(attnviz serve; also ATTNVIZ_NO_SERVER=1)")] = False,
 ) -> None:
     """Compute, inspect and visualise attention from the command line.
 
@@ -421,3 +423,7 @@ from attnviz.cli.inspect_commands import compare_command, inspect_command  # noq
 app.command("inspect")(inspect_command)
 app.command("compare")(compare_command)
 app.command("batch")(batch_command)
+
+from attnviz.cli.serve import serve_command  # noqa: E402
+
+app.command("serve")(serve_command)

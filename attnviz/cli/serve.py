@@ -1,0 +1,881 @@
+"""``attnviz serve``: a warm worker. One process keeps TensorFlow, NumPy, matplotlib, rich and the
+command line imported (and warmed up by a small ``scaled`` run with a PNG before it listens), and runs
+the commands ordinary ``attnviz`` invocations send it (``attnviz.cli.client``: where it listens, who may
+talk to it, when a client does not, and the conversation).
+
+**One code path.** A request runs through the same Click command as a cold run
+(``attnviz.cli.runner.click_command``, ``main(args, prog_name="attnviz")`` in standalone mode, so usage
+errors, exit codes and ``--help`` are Click's and attnviz's own), with the command's streams set by
+``attnviz.cli.streams.redirected`` as ``batch`` sets a job's. Its output is kept as bytes, encoded as the
+client's own streams encode, and sent once the command ends: stdout and stderr in the order they were
+written, then the exit code. The client writes them to its own streams.
+
+**One request at a time.** A cold run owns its process: the working directory, the environment, the
+umask, ``sys.stdin``/``stdout``/``stderr`` and the terminal. So does a request here: on the main thread,
+the worker enters the client's working directory (relative paths resolve there, and messages name them
+as typed), sets the client's forwarded environment (``COLUMNS``, ``NO_COLOR``, ``TERM``, ``ATTNVIZ_*`` ...)
+and umask, presents the client's terminal (whether each stream is one, and its size, for rich) and fresh
+warning registries, and restores all of it afterwards. Threads would have to make every path absolute,
+which changes what messages say; so clients queue instead (connections are accepted and greeted at once
+by other threads, and served in turn; a long command makes the next one wait). ``batch --jobs`` still
+runs its jobs in threads inside a request.
+
+**Standard input** is read only when the command reads it: the worker asks the client for each piece,
+so ``attnviz scaled -`` with JSON on a pipe, an interactive terminal, or an endless stream behave as in a
+cold run.
+
+**Stopping.** After ``--idle-timeout`` without a request (default 15 minutes; 0: never), on
+``attnviz serve --stop``, on SIGTERM or Ctrl-C. A request cut short (a signal mid-command) sends no
+output: its client runs the command itself. A client that goes away mid-request (Ctrl-C) has its command
+interrupted as Ctrl-C interrupts a cold run, and nothing is sent.
+
+**Security.** The socket is created inside the private directory (``attnviz.cli.client.runtime_dir``:
+owned by the user, mode 0700, checked, never a symbolic link; refused otherwise), bound under umask 077 to
+a temporary name, made 0600 and renamed into place once listening. Every connection's peer must run as
+the same user (``SO_PEERCRED``); others are closed unanswered. A lock file beside the socket is held for
+the worker's life, so two workers never share a socket and a socket left by a dead worker is known to be
+stale. Requests are bounded in size and checked before anything runs. There is no TCP.
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import io
+import json
+import os
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from attnviz.cli import client
+from attnviz.cli.options import Number, OptionValueError
+from attnviz.errors import AttnvizError, UsageError
+
+if TYPE_CHECKING:  # imported where used: registering the command must not cost a socket module
+    import socket
+
+DEFAULT_IDLE = 15 * 60.0
+MAX_IDLE = 30 * 24 * 3600.0
+MAX_REQUEST = 4 << 20  # argv, environment and the rest of a request, as JSON
+START_TIMEOUT = 300.0  # importing TensorFlow takes seconds; on a loaded machine, more
+STOP_TIMEOUT = 30.0
+GREETING_TIMEOUT = 30.0  # a client sends its request at once after the hello
+
+
+# ----------------------------------------------------------------------------------------------
+# --idle-timeout
+
+
+@dataclass(frozen=True)
+class Duration(Number):
+    """A number of seconds, also with a unit (``90s``, ``15m``, ``1.5h``), checked as every number option is
+    (finite, within bounds); 0 is never."""
+
+    kind: type = float
+    min: float | None = 0.0
+    max: float | None = MAX_IDLE
+
+    UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def __call__(self, value: Any) -> Any:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhSMH])\s*", str(value))
+        if match is not None and not isinstance(value, (int, float)):
+            seconds = float(match[1]) * self.UNITS[match[2].lower()]
+            if seconds > MAX_IDLE:
+                raise OptionValueError(value, "must be at most 30 days")
+            return seconds
+        try:
+            return super().__call__(value)
+        except OptionValueError as exc:
+            if exc.problem == "expected a number":
+                raise OptionValueError(value, "expected seconds, or a number with s, m or h (90s, 15m, 2h)") from None
+            raise
+
+
+def duration_text(seconds: float) -> str:
+    if seconds <= 0:
+        return "never"
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+# ----------------------------------------------------------------------------------------------
+# A request's streams
+
+
+class _Bytes:
+    """``sys.stdout.buffer`` of a request: bytes written as they are."""
+
+    def __init__(self, kind: bytes, chunks: list[tuple[bytes, bytes]], tty: bool) -> None:
+        self._kind, self._chunks, self._tty = kind, chunks, tty
+
+    def write(self, data: Any) -> int:
+        data = bytes(data)
+        if data:
+            self._chunks.append((self._kind, data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def writable(self) -> bool:
+        return True
+
+
+class _Output(io.TextIOBase):
+    """The stdout or stderr of a request, as the client's own stream would be: its encoding (text is
+    encoded as it is written, so a character the client's stream cannot encode fails here, as it would
+    there) and whether it is a terminal (rich decides colours and live displays from that)."""
+
+    def __init__(self, kind: bytes, chunks: list[tuple[bytes, bytes]], info: dict[str, Any]) -> None:
+        super().__init__()
+        self._kind, self._chunks = kind, chunks
+        self._tty = bool(info.get("tty"))
+        self._encoding = str(info.get("encoding") or "utf-8")
+        self._errors = str(info.get("errors") or "strict")
+        self.buffer = _Bytes(kind, chunks, self._tty)
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return self._errors
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if text:
+            self._chunks.append((self._kind, text.encode(self._encoding, self._errors)))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _RemoteInput(io.RawIOBase):
+    """The client's standard input, read piece by piece as the command asks for it."""
+
+    def __init__(self, request: _Request | None, tty: bool) -> None:
+        super().__init__()
+        self._request, self._tty = request, tty
+
+    def readable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def readinto(self, b: Any) -> int:
+        r = self._request
+        if r is None or r.gone:
+            return 0
+        client.send_frame(r.conn, b"I", min(len(b), client.STDIN_PIECE).to_bytes(4, "big"))
+        kind, data = r.incoming.get()
+        if kind == b"F":
+            code = int.from_bytes(data[:4], "big") or errno.EIO
+            raise OSError(code, os.strerror(code))
+        if kind != b"D":
+            return 0
+        data = data[: len(b)]
+        b[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        parts: list[bytes] = []
+        piece = bytearray(client.STDIN_PIECE)
+        while True:
+            n = self.readinto(piece)
+            if not n:
+                return b"".join(parts)
+            parts.append(bytes(piece[:n]))
+
+
+@dataclass
+class _Request:
+    number: int
+    conn: socket.socket
+    client: int | None  # its process id
+    incoming: queue.Queue[tuple[bytes | None, bytes]] = field(default_factory=queue.Queue)
+    running: bool = False  # the command is running (a cancel may interrupt it)
+    gone: bool = False  # the client went away
+    done: bool = False  # the worker is finished with it
+
+
+class _Declined(Exception):
+    """A request the worker will not run (the client runs it itself)."""
+
+
+class _Stop(BaseException):
+    """Leave the serving loop (a signal while idle)."""
+
+
+def _check_request(req: Any) -> str | None:
+    """Why ``req`` is not a well-formed run request, or None."""
+    if not isinstance(req, dict):
+        return "not a request"
+    argv, env, cwd, umask = req.get("argv"), req.get("env"), req.get("cwd"), req.get("umask")
+    if not isinstance(argv, list) or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        return "argv"
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd:
+        return "working directory"
+    if not isinstance(umask, int) or not 0 <= umask <= 0o777:
+        return "umask"
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+            for k, v in env.items()):
+        return "environment"
+    for name in ("stdout", "stderr", "stdin"):
+        info = req.get(name)
+        if info is None and name == "stdin":
+            continue
+        if not isinstance(info, dict):
+            return name
+        try:
+            codecs.lookup(str(info.get("encoding") or "utf-8"))
+            codecs.lookup_error(str(info.get("errors") or "strict"))
+        except LookupError:
+            return f"{name} encoding"
+    sizes = req.get("terminal")
+    if not isinstance(sizes, list) or len(sizes) != 3 or not all(
+            s is None or (isinstance(s, list) and len(s) == 2 and all(isinstance(n, int) and 0 <= n < 1 << 16
+                                                                       for n in s)) for s in sizes):
+        return "terminal"
+    return None
+
+
+@contextmanager
+def _client_process(req: dict[str, Any], stdin: Any, out: _Output, err: _Output) -> Iterator[None]:
+    """The process-wide state of a cold run of the client, for the duration of one request."""
+    with ExitStack() as stack:
+        home = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
+        stack.callback(os.close, home)
+        try:
+            os.chdir(req["cwd"])
+        except OSError as exc:
+            raise _Declined(f"cannot enter {req['cwd']} ({exc.strerror})") from None
+        stack.callback(os.fchdir, home)
+
+        wanted = {k: v for k, v in req["env"].items() if k in client.FORWARDED or k.startswith(client.FORWARDED_PREFIX)}
+        names = set(wanted) | {k for k in os.environ if k in client.FORWARDED or k.startswith(client.FORWARDED_PREFIX)}
+        saved_env = {k: os.environ.get(k) for k in names}
+
+        def restore_env() -> None:
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        stack.callback(restore_env)
+        for k in names:
+            if k in wanted:
+                os.environ[k] = wanted[k]
+            else:
+                os.environ.pop(k, None)
+
+        stack.callback(os.umask, os.umask(req["umask"]))
+
+        sizes = req["terminal"]
+        real_size = os.get_terminal_size
+
+        def terminal_size(fd: int = 1) -> os.terminal_size:
+            if fd in (0, 1, 2):
+                size = sizes[fd]
+                if size is None:
+                    raise OSError(errno.ENOTTY, os.strerror(errno.ENOTTY))
+                return os.terminal_size(size)
+            return real_size(fd)
+
+        os.get_terminal_size = terminal_size
+        stack.callback(setattr, os, "get_terminal_size", real_size)
+
+        saved_streams = sys.stdin, sys.stdout, sys.stderr
+        sys.stdin, sys.stdout, sys.stderr = stdin, out, err
+
+        def restore_streams() -> None:
+            sys.stdin, sys.stdout, sys.stderr = saved_streams
+
+        stack.callback(restore_streams)
+        stack.enter_context(warnings.catch_warnings())  # fresh registries: a warning shows once per run
+
+        from attnviz.cli.streams import redirected
+
+        stack.enter_context(redirected(out, err))  # type: ignore[arg-type]  # text streams, not IO[str] subclasses
+        yield
+
+
+def _exit_status(code: Any) -> int:
+    """The exit status of a process ending with ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def run_request(req: dict[str, Any], request: _Request | None = None) -> tuple[int, list[tuple[bytes, bytes]]]:
+    """Run one request as a cold run of its client would: (exit status, output chunks in order)."""
+    import traceback
+
+    from attnviz.cli.runner import click_command
+
+    chunks: list[tuple[bytes, bytes]] = []
+    out, err = _Output(b"O", chunks, req["stdout"]), _Output(b"E", chunks, req["stderr"])
+    stdin = None
+    if req.get("stdin") is not None:
+        info = req["stdin"]
+        stdin = io.TextIOWrapper(io.BufferedReader(_RemoteInput(request, bool(info.get("tty")))),
+                                 encoding=str(info.get("encoding") or "utf-8"),
+                                 errors=str(info.get("errors") or "strict"), newline="\n")
+    with _client_process(req, stdin, out, err):
+        if request is not None:
+            request.running = True
+        try:
+            click_command().main(args=list(req["argv"]), prog_name="attnviz")
+            code = 0
+        except SystemExit as exc:
+            code = _exit_status(exc.code)
+        except (KeyboardInterrupt, _Stop):
+            raise
+        except BaseException:  # as Python ends a process on an uncaught exception
+            traceback.print_exc()
+            code = 1
+        finally:
+            if request is not None:
+                request.running = False
+    return code, chunks
+
+
+def _merged(chunks: list[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """Consecutive chunks of one stream as one."""
+    kind = b""
+    parts: list[bytes] = []
+    for k, data in chunks:
+        if k != kind and parts:
+            yield kind, b"".join(parts)
+            parts = []
+        kind = k
+        parts.append(data)
+    if parts:
+        yield kind, b"".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# The worker
+
+
+class Worker:
+    def __init__(self, idle_timeout: float, sock_path: str | None = None) -> None:
+        self.directory = os.path.dirname(sock_path) if sock_path else client.runtime_dir()
+        self.path = sock_path or client.socket_path(self.directory)
+        self.idle_timeout = idle_timeout
+        self.log_stream = sys.stderr
+        self.queue: queue.Queue[tuple[socket.socket, dict[str, Any]] | None] = queue.Queue()
+        self.stopping = threading.Event()
+        self.signalled = False
+        self.served = 0
+        self.numbered = 0
+        self.started = time.time()
+        self.last_active = time.monotonic()
+        self.current: _Request | None = None
+        self.cancel_for: int | None = None
+        self.listener: socket.socket | None = None
+        self.socket_id: tuple[int, int] | None = None
+        self.lock_fd: int | None = None
+        self.accepter: threading.Thread | None = None
+        # what this worker runs, taken before anything is imported (TensorFlow sets variables of its own)
+        self.identity = client.identity()
+        self.environment = client.fixed_environment()
+        self.encodings = client.encodings()
+
+    def log(self, text: str) -> None:
+        try:
+            print(f"attnviz serve: {text}", file=self.log_stream, flush=True)
+        except (OSError, ValueError):
+            pass
+
+    # -- start
+
+    def run(self) -> None:
+        self.prepare()
+        try:
+            self.preload()
+            self.listen()
+            self.log(f"listening on {self.path} (pid {os.getpid()}, idle timeout {duration_text(self.idle_timeout)}); "
+                     "Ctrl-C or attnviz serve --stop stops it")
+            self.serve_forever()
+        finally:
+            self.shutdown()
+
+    def prepare(self) -> None:
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise AttnvizError(f"{self.directory}: cannot create the worker's folder ({exc.strerror}).") from None
+        problem = client.private_dir_problem(self.directory)
+        if problem is not None:
+            raise AttnvizError(f"{self.directory} {problem}: the worker listens only in a folder of yours that "
+                               "others cannot enter (chmod 700 it, or set ATTNVIZ_RUNTIME_DIR to another).")
+        if len(os.fsencode(self.path)) > 90:
+            raise AttnvizError(f"{self.path}: too long for a Unix socket; set ATTNVIZ_RUNTIME_DIR to a shorter folder.")
+        import fcntl
+
+        fd = os.open(client.side_path(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise AttnvizError(f"another worker is running or starting ({self.path}); "
+                               "attnviz serve --status says which.") from None
+        self.lock_fd = fd
+
+    def preload(self) -> None:
+        from attnviz.cli.runner import click_command
+        from attnviz.device import tensorflow
+
+        click_command()
+        tensorflow()
+        import attnviz.inspect  # noqa: F401
+        import attnviz.pipeline  # noqa: F401
+        import attnviz.render.report  # noqa: F401
+        import attnviz.render.table  # noqa: F401
+
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """A small run with tables, statistics, a PNG and JSON: TensorFlow's first operations, the
+        fonts and every lazy import are paid for before the first client waits."""
+        import tempfile
+
+        import numpy as np
+
+        start = time.perf_counter()
+        plain = {"tty": False, "encoding": "utf-8", "errors": "strict"}
+        with tempfile.TemporaryDirectory(prefix="attnviz-warm-up-") as folder:
+            rng = np.random.default_rng(0)
+            for name, shape in (("q", (4, 8)), ("k", (6, 8)), ("v", (6, 8))):
+                np.save(os.path.join(folder, f"{name}.npy"), rng.standard_normal(shape).astype(np.float32))
+            for argv in (["scaled", "q.npy", "k.npy", "v.npy", "--png", "w.png"],
+                         ["scaled", "q.npy", "k.npy", "v.npy", "--causal", "--json"]):
+                req = {"argv": argv, "cwd": folder, "umask": 0o077, "env": client.forwarded_environment(),
+                       "stdin": None, "stdout": plain, "stderr": plain, "terminal": [None, None, None]}
+                code, chunks = run_request(req)
+                if code:
+                    message = b"".join(d for k, d in chunks if k == b"E").decode(errors="replace").strip()
+                    self.log(f"warm-up run {' '.join(argv)} failed (exit {code}): {message[-300:]}")
+        self.log(f"warmed up in {time.perf_counter() - start:.1f} s")
+
+    def listen(self) -> None:
+        tmp = os.path.join(self.directory, f".{os.path.basename(self.path)}.{os.getpid()}")
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o077)
+        try:
+            sock.bind(tmp)
+        finally:
+            os.umask(old)
+        os.chmod(tmp, 0o600)
+        sock.listen(64)
+        os.rename(tmp, self.path)  # atomically: a client never sees a socket that does not listen yet
+        st = os.lstat(self.path)
+        self.socket_id = (st.st_ino, st.st_dev)
+        sock.settimeout(0.25)
+        self.listener = sock
+
+    # -- serve
+
+    def serve_forever(self) -> None:
+        self.last_active = time.monotonic()
+        self.accepter = threading.Thread(target=self.accept_loop, name="attnviz-serve-accept", daemon=True)
+        self.accepter.start()
+        main = threading.current_thread() is threading.main_thread()
+        previous = {}
+        if main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self.on_signal)
+        try:
+            while not self.stopping.is_set():
+                wait = 1.0
+                if self.idle_timeout > 0:
+                    left = self.idle_timeout - (time.monotonic() - self.last_active)
+                    if left <= 0 and self.queue.empty():
+                        self.log(f"no request for {duration_text(self.idle_timeout)}: stopping")
+                        break
+                    wait = min(wait, max(left, 0.01))
+                try:
+                    item = self.queue.get(timeout=wait)
+                except queue.Empty:
+                    continue
+                if item is not None:
+                    self.serve_one(*item)
+        except _Stop:
+            pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        target, self.cancel_for = self.cancel_for, None
+        r = self.current
+        if target is not None and signum == signal.SIGINT:  # sent by a watcher: its client went away
+            if r is not None and r.number == target and r.running:
+                raise KeyboardInterrupt
+            return
+        self.signalled = True
+        self.begin_stop(signal.Signals(signum).name)
+        if r is not None and r.running:
+            raise KeyboardInterrupt  # the command ends as on Ctrl-C; its output is not sent
+        raise _Stop
+
+    def accept_loop(self) -> None:
+        listener = self.listener
+        assert listener is not None
+        while not self.stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.1)
+                    continue
+                return
+            threading.Thread(target=self.greet, args=(conn,), name="attnviz-serve-greet", daemon=True).start()
+
+    def status(self) -> dict[str, Any]:
+        import attnviz
+
+        return {"pid": os.getpid(), "identity": self.identity, "version": attnviz.__version__, "socket": self.path,
+                "started": self.started, "idle_timeout": self.idle_timeout, "served": self.served,
+                "busy": self.current is not None, "client": self.current.client if self.current else None,
+                "queued": self.queue.qsize(), "python": sys.executable}
+
+    def greet(self, conn: socket.socket) -> None:
+        keep = False
+        try:
+            credentials = client.peer(conn)
+            if credentials is not None and credentials[1] != os.getuid():
+                self.log(f"refused a connection from uid {credentials[1]} (pid {credentials[0]})")
+                return
+            conn.settimeout(GREETING_TIMEOUT)
+            client.send_json(conn, b"H", {"protocol": client.PROTOCOL, "identity": self.identity, "pid": os.getpid(),
+                                          "environment": self.environment, "encodings": self.encodings})
+            kind, payload = client.recv_frame(conn, limit=MAX_REQUEST)
+            req = json.loads(payload) if kind == b"Q" else None
+            op = req.get("op") if isinstance(req, dict) else None
+            if op == "status":
+                client.send_json(conn, b"S", self.status())
+            elif op == "stop":
+                client.send_json(conn, b"S", {"stopping": True, "pid": os.getpid()})
+                self.begin_stop("attnviz serve --stop")
+            elif op == "run":
+                problem = _check_request(req)
+                if self.stopping.is_set():
+                    problem = "stopping"
+                if problem is not None:
+                    client.send_json(conn, b"N", {"reason": problem})
+                    return
+                assert isinstance(req, dict)
+                conn.settimeout(None)
+                keep = True
+                req["client"] = credentials[0] if credentials is not None else None
+                self.queue.put((conn, req))
+        except (OSError, EOFError, ValueError):
+            pass
+        finally:
+            if not keep:
+                conn.close()
+
+    def serve_one(self, conn: socket.socket, req: dict[str, Any]) -> None:
+        import socket
+
+        if self.stopping.is_set() or _closed(conn):
+            conn.close()
+            return
+        self.numbered += 1
+        r = _Request(self.numbered, conn, req.get("client"))
+        self.current = r
+        threading.Thread(target=self.watch, args=(r,), name="attnviz-serve-watch", daemon=True).start()
+        start = time.perf_counter()
+        try:
+            try:
+                code, chunks = run_request(req, r)
+            except _Declined as exc:
+                client.send_json(conn, b"N", {"reason": str(exc)})
+                return
+            if r.gone or self.signalled:
+                return
+            for kind, data in _merged(chunks):
+                client.send_frame(conn, kind, data)
+            client.send_json(conn, b"X", {"exit": code})
+            self.served += 1
+            self.log(f"{req['argv'][0] if req['argv'] else '(no command)'}: exit {code} "
+                     f"in {time.perf_counter() - start:.2f} s")
+        except KeyboardInterrupt:
+            if not r.gone:
+                raise
+        except OSError:  # the client went away while the output was sent
+            pass
+        finally:
+            r.done = True
+            self.current = None
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+            self.last_active = time.monotonic()
+
+    def watch(self, r: _Request) -> None:
+        """Read the client's frames while its command runs: standard input for the command; the end of
+        the connection means the client went away (its command is then interrupted)."""
+        try:
+            while True:
+                kind, payload = client.recv_frame(r.conn, limit=client.STDIN_PIECE + 16)
+                if kind not in (b"D", b"F"):
+                    break
+                r.incoming.put((kind, payload))
+        except (OSError, EOFError):
+            pass
+        if r.done:
+            return
+        r.gone = True
+        r.incoming.put((None, b""))
+        if threading.main_thread().is_alive() and signal.getsignal(signal.SIGINT) == self.on_signal:
+            self.cancel_for = r.number
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    # -- stop
+
+    def begin_stop(self, reason: str) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self.log(f"stopping ({reason})")
+        self.remove_socket()  # new clients run their commands themselves from now on
+        self.queue.put(None)
+
+    def remove_socket(self) -> None:
+        try:
+            st = os.lstat(self.path)
+            if (st.st_ino, st.st_dev) == self.socket_id:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+        self.remove_socket()
+        if self.accepter is not None:
+            self.accepter.join(timeout=2)
+        if self.listener is not None:
+            self.listener.close()
+        while True:  # clients still waiting run their commands themselves
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].close()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+def _closed(conn: socket.socket) -> bool:
+    """Whether the client hung up while it waited in the queue."""
+    import socket
+
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+# ----------------------------------------------------------------------------------------------
+# --detach, --status, --stop
+
+
+def stop_worker(path: str) -> tuple[int, bool] | None:
+    """Ask the worker at ``path`` to stop: (its pid, whether it has exited), or None if none listens."""
+    found = client.ask("stop", path)
+    if found is None:
+        return None
+    pid = int(found[1].get("pid") or 0)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline:
+        if client.lock_is_free(path):
+            return pid, True
+        time.sleep(0.05)
+    return pid, False
+
+
+def _err(text: str) -> None:
+    from attnviz.cli.streams import err_console
+
+    err_console().print(f"attnviz serve: {text}", markup=False)
+
+
+def _replace_or_report(path: str, detach: bool) -> bool:
+    """Look for a worker at ``path`` before starting one. True: a worker of this attnviz already listens
+    (--detach has nothing to do). A worker of another attnviz (an upgrade, edited files) is stopped."""
+    found = client.ask("status", path)
+    if found is None:
+        return False
+    said, status = found
+    pid = status.get("pid")
+    if client.matches(said):
+        if detach:
+            _err(f"a worker is already listening on {path} (pid {pid}).")
+            return True
+        raise AttnvizError(f"a worker is already listening on {path} (pid {pid}); attnviz serve --stop stops it.")
+    _err(f"stopping the worker of another attnviz (pid {pid}, {said.get('identity')}).")
+    stopped = stop_worker(path)
+    if stopped is not None and not stopped[1]:
+        raise AttnvizError(f"the worker (pid {pid}) did not stop within {STOP_TIMEOUT:g} s.")
+    return False
+
+
+def start_detached(idle_timeout: float) -> None:
+    import subprocess
+
+    directory = client.runtime_dir()
+    path = client.socket_path(directory)
+    if _replace_or_report(path, detach=True):
+        return
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise AttnvizError(f"{directory}: cannot create the worker's folder ({exc.strerror}).") from None
+    problem = client.private_dir_problem(directory)
+    if problem is not None:
+        raise AttnvizError(f"{directory} {problem}: the worker listens only in a folder of yours that others "
+                           "cannot enter (chmod 700 it, or set ATTNVIZ_RUNTIME_DIR to another).")
+    log = client.side_path(path, ".log")
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "attnviz", "serve", "--idle-timeout", repr(idle_timeout)],
+                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd="/", start_new_session=True,
+                                env={**os.environ, client.RUNTIME_ENV: directory})  # absolute: it runs in /
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        code = proc.poll()
+        if code is not None:
+            found = client.ask("status", path)
+            if found is not None and client.matches(found[0]):  # another --detach was quicker
+                _err(f"a worker is already listening on {path} (pid {found[1].get('pid')}).")
+                return
+            with open(log, errors="replace") as fh:
+                tail = [ln for ln in fh.read().splitlines() if ln.strip()][-3:]
+            raise AttnvizError(f"the worker stopped before it listened (exit {code}); {log} says:\n"
+                               + "\n".join(tail))
+        found = client.ask("status", path)
+        if found is not None and found[1].get("pid") == proc.pid:
+            break
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise AttnvizError(f"the worker did not listen within {START_TIMEOUT:g} s; see {log}.")
+        time.sleep(0.1)
+    proc.returncode = 0  # it runs on without us: nothing to wait for
+    _err(f"listening on {path} (pid {proc.pid}, idle timeout {duration_text(idle_timeout)}); "
+         "attnviz serve --stop stops it.")
+
+
+def show_status() -> None:
+    from attnviz.cli.streams import stdout
+
+    path = client.socket_path()
+    found = client.ask("status", path)
+    out = stdout()
+    if found is None:
+        raise AttnvizError(f"no worker is listening on {path}; attnviz serve --detach starts one.")
+    said, st = found
+    up = max(0.0, time.time() - float(st.get("started") or time.time()))
+    out.write(f"a worker is listening on {path}\n"
+              f"  pid {st.get('pid')}, attnviz {st.get('version')}, up {duration_text(round(up))}, "
+              f"{st.get('served')} requests served, {'busy' if st.get('busy') else 'idle'}, "
+              f"idle timeout {duration_text(float(st.get('idle_timeout') or 0))}\n")
+    if not client.matches(said):
+        out.write(f"  it runs another attnviz ({said.get('identity')}) or another environment: commands run in "
+                  "their own process; attnviz serve --detach replaces it\n")
+
+
+def serve_command(
+    detach: Annotated[bool, typer.Option("--detach", help="start the worker in the background and return once it "
+                                                          "listens")] = False,
+    idle_timeout: Annotated[float, typer.Option("--idle-timeout", parser=Duration(), metavar="DURATION",
+                                                show_default=False,
+                                                help="stop after this long without a request (default 15m; 90s, "
+                                                     "2h; 0: never)")] = DEFAULT_IDLE,
+    status: Annotated[bool, typer.Option("--status", help="say whether a worker listens, and what it runs")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="stop the worker")] = False,
+) -> None:
+    """Keep TensorFlow loaded: a warm worker runs the commands of this user's attnviz invocations.
+
+    Commands go to it whenever it listens (same output, a fraction of the time); ATTNVIZ_NO_SERVER=1 or
+    attnviz --no-server runs a command in its own process.
+    """
+    from attnviz.cli.app import user_errors
+
+    with user_errors():
+        chosen = [name for name, on in (("--detach", detach), ("--status", status), ("--stop", stop)) if on]
+        if len(chosen) > 1:
+            raise UsageError(f"{' and '.join(chosen)}: choose one.")
+        if status:
+            show_status()
+            return
+        if stop:
+            path = client.socket_path()
+            stopped = stop_worker(path)
+            if stopped is None:
+                _err(f"no worker is listening on {path}.")
+            elif stopped[1]:
+                _err(f"stopped the worker (pid {stopped[0]}).")
+            else:
+                _err(f"the worker (pid {stopped[0]}) stops once its current command ends.")
+            return
+        if detach:
+            start_detached(idle_timeout)
+            return
+        worker = Worker(idle_timeout)
+        if _replace_or_report(worker.path, detach=False):
+            return
+        worker.run()

@@ -1,0 +1,443 @@
+"""The warm worker (``attnviz serve``) and the console script's client (``attnviz.cli.client``).
+
+Every worker here runs in a subprocess with ``ATTNVIZ_RUNTIME_DIR`` in pytest's temporary folder (never
+the user's own), from a snapshot of the package taken once per session (so files edited while the suite
+runs do not make the worker "another attnviz"), and is stopped by its fixture, with timeouts throughout.
+Commands run as a user runs them, ``python -m attnviz ...`` in a folder of inputs, and are compared byte
+for byte with the same command run cold (``ATTNVIZ_NO_SERVER=1``); the worker's request counter tells
+whether a command went through it. No test asserts a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnviz.cli import client
+from tests.conftest import ROOT, SAMPLES
+
+TIMEOUT = 180  # seconds for any one command (a cold run imports TensorFlow)
+START = 300  # seconds for a worker to listen
+
+
+@pytest.fixture(scope="session")
+def snapshot(tmp_path_factory):
+    """A copy of the package: what the workers and clients of this module import."""
+    src = tmp_path_factory.mktemp("src")
+    shutil.copytree(ROOT / "attnviz", src / "attnviz", ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+@pytest.fixture(scope="session")
+def folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inputs")
+    for name in ("q.npy", "k.npy", "v.npy", "q.json", "seed_example.npz"):
+        shutil.copy(SAMPLES / name, d / name)
+    bad = np.full((2, 4), 0.3, dtype=np.float32)  # rows summing to 1.2: --check-rows fails (exit 3)
+    np.save(d / "bad_rows.npy", bad)
+    return d
+
+
+def base_env(snapshot: Path, runtime: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ATTNVIZ_") and k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(snapshot), COLUMNS="100")
+    if runtime is not None:
+        env["ATTNVIZ_RUNTIME_DIR"] = str(runtime)
+    return env
+
+
+class Worker:
+    """A worker in a subprocess, in its own runtime folder."""
+
+    def __init__(self, snapshot: Path, runtime: Path, *args: str, prelude: str = "", wait: bool = True) -> None:
+        self.snapshot, self.runtime = snapshot, runtime
+        self.env = base_env(snapshot, runtime)
+        self.log = runtime.parent / f"{runtime.name}.log"
+        code = f"{prelude}\nfrom attnviz.cli.client import main\nmain(['serve', *{list(args)!r}])"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], env=self.env, stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, cwd=runtime.parent)
+        self.path = str(runtime / f"worker-{zlib.crc32(str(snapshot / 'attnviz').encode()):08x}.sock")
+        deadline = time.monotonic() + START
+        while wait and self.status() is None:
+            assert self.proc.poll() is None, f"the worker exited: {self.log.read_text()}"
+            assert time.monotonic() < deadline, f"the worker did not listen: {self.log.read_text()}"
+            time.sleep(0.1)
+
+    def status(self):
+        found = client.ask("status", self.path)
+        return None if found is None else found[1]
+
+    def served(self) -> int:
+        return self.status()["served"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            client.ask("stop", self.path)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def worker(snapshot, tmp_path_factory):
+    w = Worker(snapshot, tmp_path_factory.mktemp("rt") / "run", "--idle-timeout", "10m")
+    yield w
+    w.stop()
+
+
+def attnviz(args, env, cwd, stdin=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "attnviz", *args], env=env, cwd=cwd, input=stdin,
+                          capture_output=True, timeout=TIMEOUT, **kwargs)
+
+
+def cold(args, worker, cwd, stdin=None):
+    return attnviz(args, {**worker.env, "ATTNVIZ_NO_SERVER": "1"}, cwd, stdin)
+
+
+def assert_same(warm, cold_run):
+    assert warm.stdout == cold_run.stdout
+    assert warm.stderr == cold_run.stderr
+    assert warm.returncode == cold_run.returncode
+
+
+CASES = {
+    "success": (["scaled", "q.npy", "k.npy", "v.npy"], 0),
+    "json": (["scaled", "seed_example.npz", "--causal", "--json"], 0),
+    "data error": (["scaled", "q.npy", "q.npy", "v.npy"], 1),  # Lk differs between k and v
+    "usage error": (["scaled", "q.npy", "k.npy", "v.npy", "--bogus"], 2),
+    "missing file": (["scaled", "missing.npy", "k.npy", "v.npy"], 2),
+    "bad option value": (["scaled", "q.npy", "k.npy", "v.npy", "--precision", "many"], 2),
+    "failed check": (["inspect", "bad_rows.npy", "--check-rows"], 3),
+    "unknown command": (["scaledd", "q.npy"], 2),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_output_as_a_cold_run(case, worker, folder):
+    args, code = CASES[case]
+    before = worker.served()
+    warm = attnviz(args, worker.env, folder)
+    assert worker.served() == before + 1, warm.stderr
+    assert warm.returncode == code, warm.stderr
+    assert_same(warm, cold(args, worker, folder))
+    assert b"Traceback" not in warm.stderr
+
+
+def test_files_are_written_relative_to_the_clients_folder(worker, folder, tmp_path):
+    for name in ("q.npy", "k.npy", "v.npy"):
+        shutil.copy(folder / name, tmp_path / name)
+    before = worker.served()
+    warm = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--png", "out/w.png", "--save-weights", "w.npy",
+                    "--quiet"], worker.env, tmp_path)
+    assert warm.returncode == 1 and b"--png out/w.png: the folder out does not exist" in warm.stderr  # as typed
+    (tmp_path / "out").mkdir()
+    old = os.umask(0o027)
+    try:
+        warm = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--png", "out/w.png", "--save-weights", "w.npy",
+                        "--quiet"], worker.env, tmp_path)
+    finally:
+        os.umask(old)
+    assert warm.returncode == 0, warm.stderr
+    assert worker.served() == before + 2
+    assert (tmp_path / "out" / "w.png").stat().st_size > 1000
+    assert np.load(tmp_path / "w.npy").shape == (3, 4)
+    assert stat.S_IMODE((tmp_path / "w.npy").stat().st_mode) == 0o640  # the client's umask, not the worker's
+
+
+def test_terminal_width_and_colour_follow_the_client(worker, folder):
+    args = ["scaled", "q.npy", "k.npy", "v.npy"]
+    for extra in ({"COLUMNS": "60"}, {"COLUMNS": "140", "FORCE_COLOR": "1"}, {"NO_COLOR": "1", "FORCE_COLOR": "1"}):
+        before = worker.served()
+        warm = attnviz(args, {**worker.env, **extra}, folder)
+        assert worker.served() == before + 1
+        assert_same(warm, attnviz(args, {**worker.env, **extra, "ATTNVIZ_NO_SERVER": "1"}, folder))
+    assert b"\x1b[" in warm.stdout or b"\x1b[" in warm.stderr  # FORCE_COLOR: styles, NO_COLOR: no colours
+
+
+def test_stdin_passes_through(worker, folder):
+    data = (folder / "q.json").read_bytes()
+    for args in (["scaled", "-", "k.npy", "v.npy", "--json"], ["inspect", "-"]):
+        stdin = data if args[0] == "scaled" else json.dumps([[0.25, 0.75], [1.0, 0.0]]).encode()
+        before = worker.served()
+        warm = attnviz(args, worker.env, folder, stdin)
+        assert worker.served() == before + 1
+        assert warm.returncode == 0, warm.stderr
+        assert_same(warm, cold(args, worker, folder, stdin))
+    jobs = json.dumps({"command": "scaled", "args": [str(folder / n) for n in ("q.npy", "k.npy", "v.npy")],
+                       "options": {"json": True}}) + "\n"
+    warm = attnviz(["batch", "-", "--json"], worker.env, folder, jobs.encode())
+    assert warm.returncode == 0, warm.stderr
+    assert json.loads(warm.stdout)["jobs"][0]["status"] == "ok"
+    # a command that does not read stdin never reads it: an endless stream is left alone
+    with open("/dev/zero", "rb") as zero:
+        warm = subprocess.run([sys.executable, "-m", "attnviz", "scaled", "q.npy", "k.npy", "v.npy", "--quiet"],
+                              env=worker.env, cwd=folder, stdin=zero, capture_output=True, timeout=TIMEOUT)
+    assert warm.returncode == 0
+
+
+def test_two_clients_at_once(worker, folder):
+    runs = [["scaled", "q.npy", "k.npy", "v.npy", "--json"], ["scaled", "-", "k.npy", "v.npy"]]
+    before = worker.served()
+    with open(folder / "q.json", "rb") as q_json:
+        procs = [subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=worker.env, cwd=folder, stdin=stdin,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for args, stdin in zip(runs, (subprocess.DEVNULL, q_json))]
+        try:
+            outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+    assert worker.served() == before + 2
+    data = (folder / "q.json").read_bytes()
+    for p, (out, err), args in zip(procs, outs, runs):
+        expected = cold(args, worker, folder, data if "-" in args else None)
+        assert_same(subprocess.CompletedProcess(args, p.returncode, out, err), expected)
+
+
+def test_a_client_that_goes_away_does_not_hold_the_worker(worker, folder):
+    """Ctrl-C on a client whose command waits for its stdin: the worker drops it and serves the next."""
+    proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "-"], env=worker.env, cwd=folder,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while worker.status()["client"] != proc.pid:  # its command waits for standard input
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err == b"attnviz: interrupted\n"
+    before = worker.served()
+    warm = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], worker.env, folder)
+    assert warm.returncode == 0 and worker.served() == before + 1
+
+
+def test_bypassed_for_help_version_and_when_asked(worker, folder):
+    before = worker.served()
+    for args, env in ((["--no-server", "scaled", "q.npy", "k.npy", "v.npy", "--quiet"], {}),
+                      (["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], {"ATTNVIZ_NO_SERVER": "1"}),
+                      (["scaled", "--help"], {}), (["--version"], {}), (["serve", "--help"], {})):
+        r = attnviz(args, {**worker.env, **env}, folder)
+        assert r.returncode == 0, r.stderr
+    assert worker.served() == before
+
+
+def test_the_socket_is_private(worker, folder):
+    runtime = Path(worker.path).parent
+    assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
+    st = os.lstat(worker.path)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
+    assert stat.S_IMODE(os.stat(client.side_path(worker.path, ".lock")).st_mode) == 0o600
+    # a folder others may enter is not trusted: the client runs the command itself
+    before = worker.served()
+    runtime.chmod(0o755)
+    try:
+        r = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], worker.env, folder)
+        assert r.returncode == 0, r.stderr
+        assert client.private_dir_problem(str(runtime)).startswith("is open to other users")
+    finally:
+        runtime.chmod(0o700)
+    assert worker.served() == before
+
+
+def test_a_worker_refuses_a_folder_others_can_enter(snapshot, tmp_path):
+    runtime = tmp_path / "open"
+    runtime.mkdir(mode=0o755)
+    runtime.chmod(0o755)
+    r = attnviz(["serve"], base_env(snapshot, runtime), tmp_path)
+    assert r.returncode == 1 and b"open to other users" in r.stderr and b"Traceback" not in r.stderr
+    assert list(runtime.iterdir()) == []
+
+
+def test_the_client_imports_only_the_standard_library(worker, folder):
+    probe = textwrap.dedent("""
+        import sys
+        from attnviz.cli.client import main
+        try:
+            main(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"])
+        except SystemExit as exc:
+            code = exc.code
+        heavy = [m for m in ("numpy", "tensorflow", "typer", "rich", "matplotlib", "pydantic", "click")
+                 if m in sys.modules]
+        print(code, *heavy)
+        """)
+    before = worker.served()
+    r = subprocess.run([sys.executable, "-c", probe], env=worker.env, cwd=folder, capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.stdout.split() == ["0"], r.stderr
+    assert worker.served() == before + 1
+
+
+def test_status_and_stop(snapshot, tmp_path):
+    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "5m")
+    try:
+        status = attnviz(["serve", "--status"], w.env, tmp_path)
+        assert status.returncode == 0
+        assert f"a worker is listening on {w.path}".encode() in status.stdout
+        assert f"pid {w.proc.pid}".encode() in status.stdout and b"idle timeout 5 min" in status.stdout
+        again = attnviz(["serve", "--detach"], w.env, tmp_path)  # one is enough
+        assert again.returncode == 0 and b"already listening" in again.stderr
+        stop = attnviz(["serve", "--stop"], w.env, tmp_path)
+        assert stop.returncode == 0 and f"stopped the worker (pid {w.proc.pid})".encode() in stop.stderr
+        assert w.proc.wait(timeout=30) == 0
+        assert not os.path.exists(w.path)
+        status = attnviz(["serve", "--status"], w.env, tmp_path)
+        assert status.returncode == 1 and status.stdout == b""
+        assert status.stderr == f"attnviz: error: no worker is listening on {w.path}; attnviz serve --detach starts " \
+                                "one.\n".encode()
+        stop = attnviz(["serve", "--stop"], w.env, tmp_path)
+        assert stop.returncode == 0 and b"no worker is listening" in stop.stderr
+    finally:
+        w.stop()
+
+
+def test_idle_timeout(snapshot, tmp_path):
+    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "1s", wait=False)
+    try:
+        assert w.proc.wait(timeout=START) == 0
+        log = w.log.read_text()
+        assert "listening on" in log and "no request for 1 s: stopping" in log
+        assert not os.path.exists(w.path)
+    finally:
+        w.stop()
+
+
+def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    path = runtime / f"worker-{zlib.crc32(str(snapshot / 'attnviz').encode()):08x}.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))  # bound, never listening: what a killed worker leaves
+    dead.close()
+    env = base_env(snapshot, runtime)
+    args = ["scaled", "q.npy", "k.npy", "v.npy"]
+    r = attnviz(args, env, folder)
+    assert_same(r, attnviz(args, {**env, "ATTNVIZ_NO_SERVER": "1"}, folder))
+    assert r.returncode == 0
+    assert not path.exists()
+
+
+def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path):
+    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "5m",
+               prelude="import attnviz; attnviz.__version__ = '0.0.0+another'")
+    try:
+        args = ["scaled", "q.npy", "k.npy", "v.npy"]
+        r = attnviz(args, w.env, folder)
+        assert_same(r, attnviz(args, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, folder))
+        assert w.served() == 0
+        status = attnviz(["serve", "--status"], w.env, tmp_path)
+        assert b"attnviz 0.0.0+another" in status.stdout and b"it runs another attnviz" in status.stdout
+        # --detach replaces it with a worker of this attnviz
+        started = attnviz(["serve", "--detach", "--idle-timeout", "2m"], w.env, tmp_path)
+        assert started.returncode == 0, started.stderr
+        assert b"stopping the worker of another attnviz" in started.stderr and b"listening on" in started.stderr
+        assert w.proc.wait(timeout=30) == 0
+        new = w.status()
+        assert new["version"] != "0.0.0+another" and new["pid"] != w.proc.pid
+        r = attnviz(args, w.env, folder)
+        assert r.returncode == 0 and w.served() == 1
+    finally:
+        w.stop()
+        client.ask("stop", w.path)
+        deadline = time.monotonic() + 30
+        while not client.lock_is_free(w.path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def test_a_worker_that_dies_mid_request(snapshot, folder, tmp_path):
+    """The worker is killed while the command reads stdin: the client runs it itself, replaying the
+    standard input the worker had already read."""
+    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "5m")
+    try:
+        data = (folder / "q.json").read_bytes()
+        args = ["scaled", "-", "k.npy", "v.npy", "--json"]
+        proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=w.env, cwd=folder,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            proc.stdin.write(data[:10])
+            proc.stdin.flush()
+            deadline = time.monotonic() + 60
+            while w.status()["client"] != proc.pid:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            time.sleep(0.3)  # the worker has asked for (and been sent) the first bytes
+            w.proc.kill()
+            w.proc.wait(timeout=30)
+            out, err = proc.communicate(data[10:], timeout=TIMEOUT)
+        finally:
+            proc.kill()
+        assert_same(subprocess.CompletedProcess(args, proc.returncode, out, err), cold(args, w, folder, data))
+        assert proc.returncode == 0
+    finally:
+        w.stop()
+
+
+def test_bypass_reasons():
+    env: dict[str, str] = {}
+    assert client.bypass_reason(["scaled", "q.npy"], env) is None
+    assert client.bypass_reason([], env) and client.bypass_reason(["--version"], env)
+    assert client.bypass_reason(["--no-server", "scaled", "q.npy"], env)
+    assert client.bypass_reason(["serve", "--status"], env)
+    assert client.bypass_reason(["scaled", "--help"], env)
+    assert client.bypass_reason(["scaled", "q.npy"], {"ATTNVIZ_NO_SERVER": "1"})
+    assert client.bypass_reason(["scaled", "q.npy"], {"ATTNVIZ_NO_SERVER": "0"}) is None
+    assert client.bypass_reason(["scaled", "q.npy"], {"ATTNVIZ_DEBUG": "1"})
+    assert client.bypass_reason(["scaled", "q.npy"], {"TF_CPP_MIN_LOG_LEVEL": "1"})
+    assert client.bypass_reason(["scaled", "q.npy"], {"TF_CPP_MIN_LOG_LEVEL": "3"}) is None
+
+
+def test_stdin_typed_at_a_terminal_is_read_here(monkeypatch):
+    """A command reading a terminal waits for a person: through the worker it would hold every client."""
+    monkeypatch.setattr(client, "_isatty", lambda fd: fd == 0)
+    assert client.bypass_reason(["inspect", "-"], {}) == "standard input from a terminal"
+    assert client.bypass_reason(["inspect", "w.npy"], {}) is None
+    monkeypatch.setattr(client, "_isatty", lambda fd: False)
+    assert client.bypass_reason(["inspect", "-"], {}) is None
+
+
+def test_runtime_dir_choice(tmp_path):
+    uid = os.getuid()
+    assert client.runtime_dir({"ATTNVIZ_RUNTIME_DIR": str(tmp_path)}) == str(tmp_path)
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    xdg.chmod(0o700)
+    assert client.runtime_dir({"XDG_RUNTIME_DIR": str(xdg)}) == str(xdg / "attnviz")
+    xdg.chmod(0o755)  # not private: not the user's runtime directory
+    chosen = client.runtime_dir({"XDG_RUNTIME_DIR": str(xdg), "TMPDIR": str(tmp_path)})
+    assert chosen == str(tmp_path / f"attnviz-{uid}")
+    assert client.runtime_dir({}) == f"/tmp/attnviz-{uid}"
+    link = tmp_path / "link"
+    link.symlink_to(xdg)
+    assert client.private_dir_problem(str(link)) == "is a symbolic link"
+
+
+def test_idle_timeout_values():
+    from attnviz.cli.options import OptionValueError
+    from attnviz.cli.serve import Duration, duration_text
+
+    d = Duration()
+    assert [d(v) for v in ("90", "90s", "15m", "1.5h", "0", 30, 900.0)] == [90, 90, 900, 5400, 0, 30, 900]
+    for bad, problem in (("abc", "expected seconds, or a number with s, m or h"), ("-1", "must be at least 0"),
+                         ("5d", "expected seconds"), ("inf", "must be a finite number"), ("nan", "finite"),
+                         ("1e9", "must be at most"), ("800h", "must be at most 30 days")):
+        with pytest.raises(OptionValueError, match=problem):
+            d(bad)
+    assert [duration_text(s) for s in (900, 7200, 90, 0, 1)] == ["15 min", "2 h", "90 s", "never", "1 s"]
