@@ -231,16 +231,17 @@ def broadcast_leading(inputs: Mapping[str, Loaded], names: tuple[str, ...], core
 
 
 def read_units(given: Mapping[str, np.ndarray] | None, key: str, requested: int | None, default: int,
-               also: Mapping[str, int] | None = None) -> int:
+               also: Mapping[str, int] | None = None, option: str = "--units", name: str = "units") -> int:
     """The width of a learned layer: read off the last axis of ``given[key]`` when a parameter file
     has that kernel (``--units`` must then agree), else ``--units``, else ``default``. ``also`` names
     further arrays of the file and the axis that holds the same width (``{"v": 0}``): when they
     disagree with the kernel, the error names both arrays and their shapes. Errors about the file
-    start with ``parameters:``, which the command line replaces by the file's name."""
+    start with ``parameters:``, which the command line replaces by the file's name. ``option`` and
+    ``name`` say which option gives the width and what it is called (``--key-dim``, ``d_k``)."""
     from attnviz.errors import ParamsError, UsageError
 
     if requested is not None and requested < 1:
-        raise UsageError(f"--units {requested}: must be at least 1.")
+        raise UsageError(f"{option} {requested}: must be at least 1.")
     if given is None or key not in given or given[key].ndim != 2:
         return requested or default
     kernel = given[key]
@@ -249,9 +250,9 @@ def read_units(given: Mapping[str, np.ndarray] | None, key: str, requested: int 
         arr = given.get(other)
         if arr is not None and -arr.ndim <= axis < arr.ndim and int(arr.shape[axis]) != found:
             raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} and {other} {shape_str(arr.shape)} "
-                              f"disagree on the width (units): {found} and {int(arr.shape[axis])}.")
+                              f"disagree on the width ({name}): {found} and {int(arr.shape[axis])}.")
     if requested is not None and requested != found:
-        raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} has units = {found}, but --units "
+        raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} has {name} = {found}, but {option} "
                           f"{requested} was given.")
     return found
 

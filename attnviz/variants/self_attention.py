@@ -94,21 +94,10 @@ def _width(given: Mapping[str, np.ndarray] | None, key: str, also: Mapping[str, 
            requested: int | None, d: int) -> int:
     """d_k (or d_v): the last axis of ``given[key]`` [d, d_k] when the file has it, checked against the
     arrays in ``also`` and against the option; else the option, else d."""
-    if given is None or key not in given:
-        return requested or d
-    kernel = given[key]
-    if kernel.ndim != 2:
-        raise ParamsError(f"parameters: key {key!r} has shape {shape_str(kernel.shape)}; expected [d, width].")
-    found = int(kernel.shape[1])
-    for other, axis in also.items():
-        arr = given.get(other)
-        if arr is not None and -arr.ndim <= axis < arr.ndim and int(arr.shape[axis]) != found:
-            raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} and {other} {shape_str(arr.shape)} "
-                              f"disagree on the width: {found} and {int(arr.shape[axis])}.")
-    if requested is not None and requested != found:
-        raise ParamsError(f"parameters: {key} {shape_str(kernel.shape)} has width {found}, but {option} "
-                          f"{requested} was given.")
-    return found
+    if given is not None and key in given and given[key].ndim != 2:
+        raise ParamsError(f"parameters: key {key!r} has shape {shape_str(given[key].shape)}; expected [d, width].")
+    name = "d_k" if option == "--key-dim" else "d_v"
+    return read_units(given, key, requested, d, also, option=option, name=name)
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
