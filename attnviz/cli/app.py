@@ -427,3 +427,8 @@ app.command("batch")(batch_command)
 from attnviz.cli.serve import serve_command  # noqa: E402
 
 app.command("serve")(serve_command)
+
+from attnviz.cli.analysis_commands import repeat_test_command, rollout_command  # noqa: E402
+
+app.command("rollout")(rollout_command)
+app.command("repeat-test")(repeat_test_command)

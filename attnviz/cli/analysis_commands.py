@@ -1,0 +1,244 @@
+"""``attnviz rollout`` (attention rollout across layers) and ``attnviz repeat-test`` (the repeated
+random sequence that probes for induction heads). NumPy only, no TensorFlow: weights a model saved,
+read as ``inspect`` reads them (``attnviz.analysis`` holds the mathematics)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import typer
+
+from attnviz.analysis import HEAD_COMBINE
+from attnviz.cli.inspect_commands import (
+    BatchOpt,
+    Cmap,
+    JsonFile,
+    JsonOpt,
+    KeyPaddingOpt,
+    Layout,
+    MaskConvention,
+    MaskKind,
+    MaskOpt,
+    MaxCols,
+    MaxRows,
+    NoTable,
+    Precision,
+    Quiet,
+    Reduce,
+    Title,
+)
+from attnviz.cli.options import LABELS, OUTPUT, check_png_path, checked_option, staged_outputs
+from attnviz.cli.streams import out_console, stdout
+
+ROLLOUT = "Rollout"
+
+
+def rollout_command(
+    weights: Annotated[str, typer.Argument(metavar="WEIGHTS", show_default=False,
+                                           help="attention weights of every layer, as inspect reads them: "
+                                                "[layers, batch, heads, L, L] (.npy, .npz of one array per "
+                                                "layer, FILE:KEY with a glob over layers, ...)")],
+    layout: Layout = None,
+    labels: Annotated[str | None, typer.Option("--labels", metavar="TOKENS", rich_help_panel=LABELS,
+                                               help="the tokens (both axes): a text file (one a line), JSON list "
+                                                    "or a,b,c")] = None,
+    batch: BatchOpt = None,
+    heads: Annotated[Literal[HEAD_COMBINE], checked_option(  # type: ignore[valid-type]
+        Literal[HEAD_COMBINE], "--heads", rich_help_panel=ROLLOUT,  # type: ignore[valid-type]
+        help="how each layer's heads are combined (the paper: mean)")] = "mean",
+    residual: Annotated[float, checked_option(float, "--residual", min=0, max=1, rich_help_panel=ROLLOUT,
+                                              help="r in A' = (1 - r) A + r I, the residual connection's share "
+                                                   "(the paper: 0.5; 0: attention alone)")] = 0.5,
+    start_layer: Annotated[int, checked_option(int, "--start-layer", min=0, rich_help_panel=ROLLOUT,
+                                               help="begin the product at this layer")] = 0,
+    all_layers: Annotated[bool, typer.Option("--all-layers", rich_help_panel=ROLLOUT,
+                                             help="also give the cumulative map after each layer (JSON "
+                                                  "rollout.cumulative; the PNG shows them all)")] = False,
+    mask: MaskOpt = None,
+    key_padding_mask: KeyPaddingOpt = None,
+    mask_convention: MaskConvention = "keep",
+    mask_kind: MaskKind = "bool",
+    png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
+                                            help="a heatmap of the rollout (.png, .svg or .pdf)")] = None,
+    title: Title = None,
+    cmap: Cmap = None,
+    reduce: Reduce = "mean",
+    precision: Precision = 3,
+    max_rows: MaxRows = 40,
+    max_cols: MaxCols = None,
+    json_out: JsonOpt = False,
+    json_file: JsonFile = None,
+    no_table: NoTable = False,
+    quiet: Quiet = False,
+) -> None:
+    """Attention rollout across layers (Abnar & Zuidema 2020).
+
+    Per layer the heads are combined (--heads), the residual connection is added as
+    A' = (1 - r) A + r I (--residual r), rows are renormalised, and the layers are multiplied from
+    the first (or --start-layer) up: R = A'_last ... A'_first. Row i of R estimates how much of
+    position i's representation after the last layer comes from each input token, if attention alone
+    mixed tokens. It is a model of information flow from the attention weights only (no value
+    vectors, MLPs or layer norms), not a gradient attribution. Padded tokens (--mask,
+    --key-padding-mask) are left out and the rows renormalised among the real ones.
+    """
+    from attnviz.cli.inspect_commands import _run_checked
+
+    _run_checked(run_rollout, locals())
+
+
+def run_rollout(o: dict[str, Any]) -> bool:
+    import numpy as np
+
+    from attnviz import analysis
+    from attnviz import inspect as insp
+    from attnviz.cli.app import _stderr
+    from attnviz.cli.inspect_commands import Selection, _labels, _save_json, read_masks
+    from attnviz.errors import InputError, shape_str
+    from attnviz.io import check_outputs
+    from attnviz.render.heatmap import check_cmap
+
+    check_png_path(o["png"])
+    check_cmap(o["cmap"])
+    err = _stderr()
+    w = insp.load_weights(o["weights"], o["layout"])
+    layers, batches, _, lq, lk = w.shape
+    if lq != lk:
+        raise InputError(f"{w.source}: rollout multiplies self-attention maps [L, L] across layers; these are "
+                         f"[{lq}, {lk}] (read as [layers, batch, heads, Lq, Lk] = {shape_str(w.shape)}).")
+    if o["start_layer"] >= layers:
+        from attnviz.errors import UsageError
+
+        raise UsageError(f"--start-layer {o['start_layer']}: the weights have {layers} layer(s) "
+                         f"(0..{layers - 1}).")
+    paths = list(w.paths)
+    tokens, _ = _labels(None, None, o["labels"], lq, lk, paths)
+    _, bi, _ = Selection(0, o["batch"], 0).index(w.shape)
+    o.update(check_mask=None)
+    masks, _ = read_masks(o, w, paths, check=False)
+    if not insp.all_finite(w.data, rows=masks.real_rows):
+        bad = insp.check_finite(w.data, rows=masks.real_rows).failures
+        raise InputError(f"{w.source}: {bad} non-finite value(s); attnviz inspect --check-finite locates them.")
+    entries = [bi] if o["batch"] is not None else list(range(batches))
+    real_tokens = None if masks.real_keys is None else np.broadcast_to(masks.real_keys, w.shape[:-2] + (lk,))
+    results = {}
+    for b in entries:
+        real = None if real_tokens is None else real_tokens[0, b, 0]
+        results[b] = analysis.rollout(w.data[:, b], heads=o["heads"], residual=o["residual"],
+                                      start_layer=o["start_layer"], real=real, all_layers=o["all_layers"])
+    shown = results[bi]
+    padded = None if real_tokens is None else ~real_tokens[0, bi, 0]
+    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, paths)
+    span = f"layers {shown.layers[0]}-{shown.layers[-1]}" if len(shown.layers) > 1 else f"layer {shown.layers[0]}"
+    how = f"heads {o['heads']}, residual {o['residual']:g}, {span}"
+    with staged_outputs(targets) as staged:
+        files: dict[str, str] = {}
+        if "--png" in staged:
+            from attnviz.render.heatmap import heatmap_figure, save_figure, slices_mosaic
+
+            name = o["title"] or f"attention rollout of {w.source}"
+            if o["all_layers"]:
+                maps = np.stack([results[b].cumulative for b in entries])  # [B, n, L, L]
+                fig = slices_mosaic(maps, title=f"{name} ({how}), cumulative after each layer",
+                                    names=["batch", "after layer"], cmap=o["cmap"], reduce=o["reduce"])
+            else:
+                fig = heatmap_figure(shown.result, title=f"{name}, batch {bi} ({how})", q_labels=tokens,
+                                     k_labels=tokens, cmap=o["cmap"], reduce=o["reduce"], ylabel="token (output)",
+                                     xlabel="input token", colorbar_label="rollout")
+            save_figure(fig, staged["--png"])
+            files["png"] = o["png"]
+        document = None
+        if o["json_out"] or o["json_file"]:
+            from attnviz import __version__
+            from attnviz.render.report import plain, to_json
+
+            if o["json_file"]:
+                files["json"] = o["json_file"]
+            rollout_doc: dict[str, Any] = {
+                "heads": o["heads"], "residual": o["residual"], "start_layer": o["start_layer"],
+                "layers": shown.layers, "batch": entries,
+                "shape": [len(entries), lq, lk], "data": np.stack([results[b].result for b in entries]),
+            }
+            if o["all_layers"]:
+                rollout_doc["cumulative"] = {
+                    "shape": [len(entries), len(shown.layers), lq, lk],
+                    "data": np.stack([results[b].cumulative for b in entries])}
+            document = to_json(plain({
+                "attnviz": __version__, "command": "rollout", "source": w.source,
+                "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": tokens,
+                "mask": masks.described, "rollout": rollout_doc, "files": files}))
+            _save_json(document, staged)
+        staged.commit()
+    if not o["quiet"]:
+        err.print(f"rollout: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, L, L] = "
+                  f"{shape_str(w.shape)}; {how}", markup=False, style="dim")
+        if masks.described:
+            err.print(f"masks: {', '.join(masks.described)}; padded tokens left out", markup=False, style="dim")
+        for what, path in files.items():
+            err.print(f"saved {what} to {path}", markup=False, style="dim")
+    if o["json_out"] and document is not None:
+        stdout().write(document + "\n")
+    elif not (o["json_out"] or o["no_table"] or o["quiet"]):
+        from attnviz.render.table import weights_table
+
+        console = out_console()
+        max_c = o["max_cols"] if o["max_cols"] is not None else max(4, (console.width - 16) // 10)
+        keep = None if padded is None else ~(padded[:, None] | padded[None, :])
+        data = np.nan_to_num(shown.result)
+        console.print(weights_table(data, q_labels=tokens, k_labels=tokens, keep=keep, precision=o["precision"],
+                                    max_rows=o["max_rows"] or None, max_cols=max_c or None, padded=padded,
+                                    axis_names=("output", "input"),
+                                    title=f"attention rollout, batch {bi} [{lq}, {lk}] ({how})"), crop=False)
+    return False
+
+
+def repeat_test_command(
+    length: Annotated[int, typer.Argument(metavar="N", show_default=False,
+                                          help="tokens in the random sequence (repeated once: 2N in all)")],
+    vocab_size: Annotated[int, checked_option(int, "--vocab-size", min=1, metavar="V",
+                                              help="draw token ids from 0..V-1 (the model's vocabulary size)")],
+    seed: Annotated[int | None, checked_option(int | None, "--seed", min=0,
+                                               help="random seed (repeatable probes)")] = None,
+    ids: Annotated[str | None, typer.Option("--ids", metavar="FILE.npy",
+                                            help="save the ids [1, 2N] (int64), ready as a model's input_ids")] = None,
+    labels: Annotated[str | None, typer.Option("--labels", metavar="FILE.txt",
+                                               help="save one label a line (the id) for inspect --labels")] = None,
+    json_out: Annotated[bool, typer.Option("--json",
+                                           help="print a JSON object (ids, n, vocab_size, seed)")] = False,
+) -> None:
+    """Write the standard induction-head probe: N distinct random token ids, then the same N again.
+
+    Run the model on it with output_attentions, save the attentions, then
+    `attnviz inspect attn.npz --labels FILE.txt --sort induction`: in the second half, an induction
+    head attends to the token after the earlier occurrence of the current token.
+    """
+    from attnviz.cli.app import user_errors
+
+    with user_errors():
+        _repeat_test(length, vocab_size, seed, ids, labels, json_out)
+
+
+def _repeat_test(length: int, vocab: int, seed: int | None, ids: str | None, labels: str | None,
+                 json_out: bool) -> None:
+    import json
+
+    from attnviz import analysis
+    from attnviz.errors import UsageError
+    from attnviz.io import check_outputs, save_npy, save_text
+
+    if length < 1:
+        raise UsageError(f"N {length}: the sequence needs at least 1 token.")
+    if length > vocab:
+        raise UsageError(f"N {length}: more distinct tokens than --vocab-size {vocab}.")
+    if ids is not None and not ids.lower().endswith(".npy"):
+        raise UsageError(f"--ids {ids}: the file must end in .npy.")
+    sequence = analysis.repeated_sequence(length, vocab, seed)
+    targets = check_outputs({"--ids": ids, "--labels": labels}, [])
+    with staged_outputs(targets) as staged:
+        if "--ids" in staged:
+            save_npy(staged["--ids"], sequence[None, :])
+        if "--labels" in staged:
+            save_text(staged["--labels"], "".join(f"{i}\n" for i in sequence))
+        staged.commit()
+    values = [int(i) for i in sequence]
+    stdout().write((json.dumps({"ids": values, "n": length, "vocab_size": vocab, "seed": seed}) if json_out
+                    else " ".join(str(i) for i in values)) + "\n")
