@@ -127,18 +127,27 @@ def reduce_blocks(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, r
     return np.where(count > 0, out, np.nan)
 
 
-def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str) -> None:
-    if labels is None and n > MAX_TICKS:  # plain positions: a few round numbers, never overprinted
+def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str, max_ticks: int = MAX_TICKS,
+           ids: bool = False) -> None:
+    """Tick labels of ``n`` positions: every one when they fit (``max_ticks``), else every
+    ``step``-th, each then prefixed with its position (``17:the``) unless the labels are numbers
+    already (``ids``); labels longer than ``TICK_WIDTH`` end in an ellipsis."""
+    if labels is None and n > max_ticks:  # plain positions: a few round numbers, never overprinted
         from matplotlib.ticker import MaxNLocator
 
-        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(nbins=8, integer=True))
+        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(nbins=min(8, max_ticks), integer=True))
         return
-    step = max(1, math.ceil(n / MAX_TICKS))
+    step = max(1, math.ceil(n / max_ticks))
     positions = list(range(0, n, step))
-    names = [inert.label(labels[i], TICK_WIDTH) if labels is not None else str(i) for i in positions]
+    if labels is None:
+        names = [str(i) for i in positions]
+    elif step > 1 and not ids:
+        names = [f"{i}:{inert.label(labels[i], TICK_WIDTH)}" for i in positions]
+    else:
+        names = [inert.label(labels[i], TICK_WIDTH) for i in positions]
     if axis == "x":
         ax.set_xticks(positions)
-        ax.set_xticklabels(names, rotation=90 if labels is not None else 0, fontsize=8, **PLAIN)
+        ax.set_xticklabels(names, rotation=90 if labels is not None and not ids else 0, fontsize=8, **PLAIN)
     else:
         ax.set_yticks(positions)
         ax.set_yticklabels(names, fontsize=8, **PLAIN)
@@ -172,12 +181,192 @@ def quiet_matplotlib() -> None:
     logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
 
+LOG_DECADES = 4  # --norm log without --vmin: the scale starts at most this many decades below its top
+FIG_MAX = 20.0  # inches: a figure of panels is at most this wide and tall; its panels shrink instead
+NORMS = ("linear", "log", "power")
+
+
+@dataclass(frozen=True)
+class ColourScale:
+    """How values become colours. ``vmin``/``vmax`` fix the ends of the scale (None: from the values
+    shown); ``norm`` is ``linear``, ``log`` or ``power`` (matplotlib's PowerNorm, ``gamma``);
+    ``per_panel`` gives each panel its own scale (0, or its lowest value, to its own maximum), and each
+    panel then says its maximum.
+
+    Defaults: linear from ``min(0, lowest)`` to the highest value shown. ``log`` starts at ``vmin``,
+    or else at the smallest positive value shown but never more than ``LOG_DECADES`` decades below the
+    top; values at or below the start (zeros too) take the bottom colour, not the grey of masked
+    cells. Diverging maps (compare's A - B) are symmetric around 0 from ``-V`` to ``V`` (``vmax``, or
+    the largest ``|value|``): ``log`` is then a symmetric log scale, linear within the start of the
+    log scale (as above, of ``|value|``) and logarithmic beyond, and ``power:G`` is
+    ``sign(x) |x|^G``. The command line checks the values (``attnviz.cli.options.check_scale``)."""
+
+    vmin: float | None = None
+    vmax: float | None = None
+    norm: str = "linear"
+    gamma: float = 1.0
+    per_panel: bool = False
+
+    @classmethod
+    def from_options(cls, vmin: float | None = None, vmax: float | None = None, norm: str | None = "linear",
+                     per_panel: bool = False) -> ColourScale:
+        kind, _, gamma = (norm or "linear").partition(":")
+        return cls(vmin, vmax, kind, float(gamma) if gamma else 1.0, per_panel)
+
+    @property
+    def name(self) -> str:
+        """``""``, ``"log"`` or ``"power 0.5"``: how the colour bar's label names the scale."""
+        return {"log": "log", "power": f"power {self.gamma:g}"}.get(self.norm, "")
+
+
+@dataclass
+class ValueRange:
+    """The values a scale is made for: lowest, highest, and the smallest above 0 (of ``|value|``
+    for diverging maps), over every cell shown (NaN, masked, left out)."""
+
+    low: float = math.inf
+    high: float = -math.inf
+    tiny: float = math.inf
+
+    def add(self, cells: np.ndarray, diverging: bool = False) -> None:
+        if not cells.size:
+            return
+        self.low = min(self.low, float(np.nanmin(cells, initial=np.inf)))
+        self.high = max(self.high, float(np.nanmax(cells, initial=-np.inf)))
+        size = np.abs(cells) if diverging else cells
+        self.tiny = min(self.tiny, float(np.nanmin(np.where(size > 0, size, np.inf), initial=np.inf)))
+
+    @property
+    def empty(self) -> bool:
+        return not self.high >= self.low
+
+
+@dataclass
+class Scaling:
+    """A scale made for some values: the matplotlib norm, the range values are clipped to before
+    colouring (so that a log scale shows zeros in its bottom colour), and which ends of the colour
+    bar carry a triangle for values beyond them."""
+
+    norm: Any
+    low: float
+    high: float
+    extend: str
+    note: str = ""
+
+    def clip(self, values: np.ndarray) -> np.ndarray:
+        """``values`` within ``[low, high]`` (NaN stays NaN), as float32."""
+        out = np.array(values, dtype=np.float32)
+        np.clip(out, self.low, self.high, out=out, where=np.isfinite(out))
+        return out
+
+
+def make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False) -> Scaling:
+    """The norm of ``scale`` for ``values`` (see ``ColourScale`` for the defaults)."""
+    from matplotlib import colors
+
+    low, high = (0.0, 0.0) if values.empty else (values.low, values.high)
+    tiny = values.tiny if math.isfinite(values.tiny) else None
+    if diverging:
+        lim = scale.vmax if scale.vmax is not None else max(abs(low), abs(high))
+        lim = lim or 1.0
+        extend = _extend(low < -lim, high > lim)
+        if scale.norm == "log":
+            floor = min(max(tiny or 0.0, lim / 10**LOG_DECADES), lim / 10)
+            norm: Any = colors.SymLogNorm(linthresh=floor, linscale=0.5, vmin=-lim, vmax=lim, base=10)
+            return Scaling(norm, -lim, lim, extend, f"symmetric log scale, linear within ±{floor:.2g}")
+        if scale.norm == "power":
+            g = scale.gamma
+
+            def forward(x: Any) -> Any:
+                return np.sign(x) * np.abs(x) ** g
+
+            def inverse(y: Any) -> Any:
+                return np.sign(y) * np.abs(y) ** (1 / g)
+
+            norm = colors.FuncNorm((forward, inverse), vmin=-lim, vmax=lim)
+            return Scaling(norm, -lim, lim, extend, f"power {g:g} scale, sign(x) |x|^{g:g}")
+        return Scaling(colors.Normalize(-lim, lim), -lim, lim, extend)
+    if scale.norm == "log":
+        hi = scale.vmax if scale.vmax is not None else (high if high > 0 else 1.0)
+        if scale.vmin is not None:
+            lo = scale.vmin
+        else:
+            lo = max(tiny or 0.0, hi / 10**LOG_DECADES)
+            if lo >= hi:  # every value the same (or nothing above 0): one decade below it
+                lo = hi / 10
+        if hi <= lo:  # --vmin above every value: a decade above it
+            hi = lo * 10
+        return Scaling(colors.LogNorm(lo, hi), lo, hi, _extend(low < lo, high > hi),
+                       f"log scale from {lo:.2g}; lower values and zeros in its bottom colour")
+    lo = scale.vmin if scale.vmin is not None else min(0.0, low)
+    hi = scale.vmax if scale.vmax is not None else high
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    extend = _extend(low < lo, high > hi)
+    if scale.norm == "power":
+        return Scaling(colors.PowerNorm(scale.gamma, lo, hi), lo, hi, extend, f"power {scale.gamma:g} scale")
+    return Scaling(colors.Normalize(lo, hi), lo, hi, extend)
+
+
+def _extend(below: bool, above: bool) -> str:
+    return {(False, False): "neither", (True, False): "min", (False, True): "max"}.get((below, above), "both")
+
+
+def own_scale(cells: np.ndarray, scale: ColourScale, diverging: bool = False) -> tuple[np.ndarray, float]:
+    """A panel on its own scale (``--scale-per-panel``): its cells as positions 0..1 of the colour map
+    (NaN stays NaN), and the panel's maximum (of ``|value|`` when diverging) for its label."""
+    values = ValueRange()
+    values.add(cells, diverging)
+    scaling = make_scaling(scale, values, diverging)
+    clipped = scaling.clip(cells)
+    position = np.ma.filled(scaling.norm(np.ma.masked_invalid(clipped)), np.nan)
+    top = max(abs(values.low), abs(values.high)) if diverging else values.high
+    return np.asarray(position, dtype=np.float32), (top if not values.empty else 0.0)
+
+
+def scale_label(label: str, scale: ColourScale, diverging: bool = False) -> str:
+    """The colour bar's label: what the values are, and the kind of scale."""
+    if scale.per_panel:
+        span = "-max to +max of each panel" if diverging else "0 to each panel's max"
+        return f"{label}, per panel: {span}" + (f" ({scale.name})" if scale.name else "")
+    return f"{label} ({scale.name})" if scale.name else label
+
+
+def per_panel_ticks(bar: Any, scale: ColourScale, diverging: bool) -> None:
+    """A per-panel colour bar (positions 0..1) marks its ends as each panel's own."""
+    ticks, names = ([0.0, 0.5, 1.0], ["-max", "0", "+max"]) if diverging else (
+        [0.0, 1.0], ["panel min" if scale.norm == "log" else "0", "panel max"])
+    bar.set_ticks(ticks)
+    bar.set_ticklabels(names)
+
+
+def number(value: float) -> str:
+    """A value as a panel's label shows it: three significant digits."""
+    return f"{value:.3g}"
+
+
+def wrap_text(text: Any, width: float, renderer: Any) -> None:
+    """Wrap a matplotlib text artist to at most ``width`` pixels (a long path breaks too)."""
+    import textwrap
+
+    content = text.get_text()
+    wide = text.get_window_extent(renderer).width
+    if wide <= width or not content:
+        return
+    chars = max(8, int(len(content) * width / wide))
+    while True:
+        text.set_text(textwrap.fill(content, chars, break_long_words=True, break_on_hyphens=False))
+        if text.get_window_extent(renderer).width <= width or chars <= 8:
+            return
+        chars = max(8, int(chars * 0.9))
+
+
 def _new_figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     quiet_matplotlib()
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(min(width, FIG_MAX), min(height, FIG_MAX)), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -197,9 +386,13 @@ def heatmap_figure(
     diverging: bool = False,
     colorbar_label: str = "weight",
     max_side: int = MAX_SIDE,
+    scale: ColourScale | None = None,
 ) -> Any:
     """A ``matplotlib.figure.Figure`` of ``maps [..., Lq, Lk]`` (``keep`` broadcasts to it), or of a
-    list of panels. All panels share one colour scale (symmetric around 0 with ``diverging``)."""
+    list of panels. All panels share one colour scale and one colour bar (symmetric around 0 with
+    ``diverging``), unless ``scale.per_panel``: then each panel's title says its maximum. The figure
+    is at most ``FIG_MAX`` inches a side: many panels are drawn smaller, and their titles wrap."""
+    scale = scale or ColourScale()
     if isinstance(maps, list):
         shape_note, panels = "", maps
     else:
@@ -208,22 +401,21 @@ def heatmap_figure(
     panels = panels[:max_panels]
     reduced = [(np.asarray(p.data, dtype=np.float64), p.blocks) if p.blocks is not None
                else block_reduce(p.data, p.keep, max_side, reduce) for p in panels]
-    shown = np.concatenate([r.ravel() for r, _ in reduced])
-    shown = shown[np.isfinite(shown)]
-    vmax = float(shown.max()) if shown.size else 1.0
-    vmin = min(0.0, float(shown.min())) if shown.size else 0.0
-    if diverging:
-        vmax = max(abs(vmin), abs(vmax)) or 1.0
-        vmin = -vmax
+    values = ValueRange()
+    for data, _ in reduced:
+        values.add(data, diverging)
+    shared = make_scaling(scale, values, diverging)
     colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
 
     lq = max(min((p.full_shape or p.data.shape)[0], max_side) for p in panels)
     lk = max(min((p.full_shape or p.data.shape)[1], max_side) for p in panels)
     ncols = math.ceil(math.sqrt(len(panels)))
     nrows = math.ceil(len(panels) / ncols)
-    panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6))
-    panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2))
-    fig = _new_figure(panel_w * ncols + 1.2, panel_h * nrows + 0.9)
+    # panels shrink so that the figure stays within FIG_MAX inches (a 16-head run drew 41 inches)
+    panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6), (FIG_MAX - 1.4) / ncols)
+    panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2), (FIG_MAX - 1.2) / nrows)
+    fig = _new_figure(panel_w * ncols + 1.4, panel_h * nrows + 1.2)
+    renderer = fig.canvas.get_renderer()
     image = None
     axes = []
     notes = []
@@ -234,43 +426,66 @@ def heatmap_figure(
         rows, cols = panel.full_shape or panel.data.shape
         masked = np.isnan(data)
         any_masked = any_masked or bool(masked.any())
-        image = ax.imshow(np.ma.masked_array(np.nan_to_num(data), masked), cmap=colormap, vmin=vmin, vmax=vmax,
-                          aspect="auto", interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
-        _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else k_labels, "x")
-        _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else q_labels, "y")
+        if scale.per_panel:
+            drawn, top = own_scale(data, scale, diverging)
+            norm: Any = _unit_norm()
+        else:
+            drawn, top, norm = shared.clip(data), 0.0, shared.norm
+        image = ax.imshow(np.ma.masked_invalid(drawn), cmap=colormap, norm=norm, aspect="auto",
+                          interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
+        # at most one tick label per 14 pixels of the panel (8-point labels never overprint)
+        _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else k_labels, "x",
+               max(2, min(MAX_TICKS, int(panel_w * DPI * 0.7) // 14)))
+        _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else q_labels, "y",
+               max(2, min(MAX_TICKS, int(panel_h * DPI * 0.6) // 14)))
         ax.set_xlabel(inert.label(panel.xlabel if panel.xlabel is not None else xlabel, PANEL_TITLE_WIDTH), **PLAIN)
         ax.set_ylabel(inert.label(panel.ylabel if panel.ylabel is not None else ylabel, PANEL_TITLE_WIDTH), **PLAIN)
         blocks = f"blocks of {fr}x{fc}, {reduce}" if (fr, fc) != (1, 1) else ""
         if blocks and blocks not in notes:
             notes.append(blocks)
-        if panel.title:  # the block size is in the figure's title
-            ax.set_title(inert.title(panel.title, PANEL_TITLE_WIDTH), fontsize=9, **PLAIN)
+        own = f"max {number(top)}" if scale.per_panel else ""
+        heading = " ".join(t for t in (inert.title(panel.title, PANEL_TITLE_WIDTH) if panel.title else "",
+                                       f"({own})" if own and panel.title else own) if t)
+        if heading:  # the block size is in the figure's title
+            wrap_text(ax.set_title(heading, fontsize=9, **PLAIN), panel_w * DPI * 0.8, renderer)
         if (fr, fc) == (1, 1) and rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
+            positions = np.ma.filled(norm(np.ma.masked_invalid(drawn)), np.nan)
             for i in range(rows):
                 for j in range(cols):
                     if masked[i, j]:
                         continue
-                    value = data[i, j]
-                    light = (value - vmin) / (vmax - vmin) > 0.6 if vmax > vmin else False
-                    if diverging:
-                        light = abs(value) < 0.6 * vmax
-                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    position = float(positions[i, j])
+                    light = abs(position - 0.5) < 0.3 if diverging else position > 0.6
+                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=7,
                             color="black" if light else "white", **PLAIN)
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.9).set_label(inert.label(colorbar_label, PANEL_TITLE_WIDTH), **PLAIN)
+        bar = fig.colorbar(image, ax=axes, shrink=0.9, extend="neither" if scale.per_panel else shared.extend)
+        bar.set_label(inert.label(scale_label(colorbar_label, scale, diverging), PANEL_TITLE_WIDTH), **PLAIN)
+        if scale.per_panel:
+            per_panel_ticks(bar, scale, diverging)
     if total > len(panels):
         notes.append(f"showing {len(panels)} of {total} panels")
+    if shared.note and not scale.per_panel:
+        notes.append(shared.note)
     if any_masked:
         notes.append("grey: masked")
     note = f" ({'; '.join(notes)})" if notes else ""
-    fig.suptitle(f"{inert.title(title)}{shape_note}{note}", fontsize=11, **PLAIN)
+    heading = fig.suptitle(f"{inert.title(title)}{shape_note}{note}", fontsize=11, **PLAIN)
+    wrap_text(heading, fig.get_figwidth() * DPI - 24, renderer)
     return fig
+
+
+def _unit_norm() -> Any:
+    from matplotlib.colors import Normalize
+
+    return Normalize(0.0, 1.0)
 
 
 @dataclass(frozen=True)
 class MosaicLayout:
     """Where the panels of a ``rows x cols`` mosaic go, in pixels of the picture: each map aggregated
-    in ``blocks`` to ``cells``, each cell drawn as ``scale`` pixels, ``gap`` pixels between panels."""
+    in ``blocks`` to ``cells``, each cell drawn as ``scale`` pixels, ``gap`` pixels between panels,
+    and ``caption`` pixels under each row of panels for a line of text per panel (0: none)."""
 
     rows: int
     cols: int
@@ -278,6 +493,7 @@ class MosaicLayout:
     blocks: tuple[int, int]
     scale: tuple[int, int]
     gap: int
+    caption: int = 0
 
     @property
     def panel(self) -> tuple[int, int]:
@@ -288,28 +504,32 @@ class MosaicLayout:
     def size(self) -> tuple[int, int]:
         """The picture's height and width in pixels."""
         ph, pw = self.panel
-        return self.rows * ph + (self.rows - 1) * self.gap, self.cols * pw + (self.cols - 1) * self.gap
+        return (self.rows * (ph + self.caption) + (self.rows - 1) * self.gap,
+                self.cols * pw + (self.cols - 1) * self.gap)
 
     def origin(self, r: int, c: int) -> tuple[int, int]:
         """The top-left pixel (row, column) of panel ``(r, c)``."""
         ph, pw = self.panel
-        return r * (ph + self.gap), c * (pw + self.gap)
+        return r * (ph + self.caption + self.gap), c * (pw + self.gap)
 
 
-def mosaic_layout(rows: int, cols: int, shape: tuple[int, int], side: int = MOSAIC_SIDE) -> MosaicLayout:
+def mosaic_layout(rows: int, cols: int, shape: tuple[int, int], side: int = MOSAIC_SIDE, caption: int = 0,
+                  panel_min: int = PANEL_MIN) -> MosaicLayout:
     """The layout of ``rows x cols`` maps of ``shape`` in a picture of about ``side`` pixels a side:
-    panels of at most ``PANEL_MAX`` (at least ``PANEL_MIN``) pixels, long maps aggregated in blocks,
-    short ones drawn with cells of several pixels."""
+    panels of at most ``PANEL_MAX`` (at least ``panel_min``) pixels, long maps aggregated in blocks,
+    short ones drawn with cells of several pixels; ``caption`` pixels under each panel for its label."""
     def target(gap: int) -> int:
-        fit = min((side - (cols - 1) * gap) // cols, (side - (rows - 1) * gap) // rows)
-        return max(PANEL_MIN, min(PANEL_MAX, fit))
+        fit = min((side - (cols - 1) * gap) // cols, (side - (rows - 1) * gap) // rows - caption)
+        return max(panel_min, min(max(PANEL_MAX, panel_min), fit))
 
     gap = 2 if target(2) >= 32 else 1
     side_px = target(gap)
     fr, fc = block_factors(shape[0], shape[1], side_px)
     cells = (math.ceil(shape[0] / fr), math.ceil(shape[1] / fc))
     scale = (max(1, side_px // cells[0]), max(1, side_px // cells[1]))
-    return MosaicLayout(rows, cols, cells, (fr, fc), scale, gap)
+    if panel_min > PANEL_MIN:  # wide enough for its caption, whatever the map's length
+        scale = (scale[0], max(scale[1], math.ceil(panel_min / cells[1])))
+    return MosaicLayout(rows, cols, cells, (fr, fc), scale, gap, caption)
 
 
 def _strided_reduce(values: np.ndarray, fr: int, fc: int, reduce: str) -> np.ndarray:
@@ -357,6 +577,9 @@ def lead_axis_names(n: int, names: Sequence[str] = ()) -> list[str]:
 MapGetter = Callable[[int, int], "tuple[np.ndarray, np.ndarray | None] | None"]
 
 
+CAPTION_FONT = 7  # points: the line of text under each panel (its layer and head, or its own maximum)
+
+
 def mosaic_figure(
     get: MapGetter,
     rows: int,
@@ -376,21 +599,32 @@ def mosaic_figure(
     blocks: tuple[int, int] = (1, 1),
     after_row: Callable[[int], None] | None = None,
     side: int = MOSAIC_SIDE,
+    scale: ColourScale | None = None,
+    captions: Sequence[str] | None = None,
 ) -> Any:
     """``rows x cols`` maps of ``shape`` as one picture on one axes (see the module's docstring).
 
     ``get(r, c)`` returns the map of panel ``(r, c)`` and its keep mask (None: nothing masked), or
     None for an empty slot; it is called row by row, and ``after_row(r)`` after each row (to let
     go of a memory-mapped input's pages). Maps that were aggregated before (a blockwise run's) come
-    with ``blocks`` and the maps' ``full_shape``. One colour scale for every panel, from the values
-    shown: ``[min(0, low), high]``, or symmetric around 0 with ``diverging``."""
-    layout = mosaic_layout(rows, cols, shape, side)
+    with ``blocks`` and the maps' ``full_shape``. One colour scale for every panel (``scale``; by
+    default ``[min(0, low), high]`` of the values shown, or symmetric around 0 with ``diverging``),
+    and one colour bar; with ``scale.per_panel`` each panel is drawn on its own scale and its maximum
+    is written under it. ``captions`` (row-major, one per panel) are written under the panels too."""
+    scale = scale or ColourScale()
+    texts = [list(captions[r * cols:(r + 1) * cols]) if captions else [""] * cols for r in range(rows)]
+    longest = max((len(t) for row in texts for t in row), default=0)
+    longest += len(" max -0.00e-00") if scale.per_panel else 0
+    line = CAPTION_FONT * DPI / 72
+    caption = math.ceil(1.5 * line) if longest else 0
+    layout = mosaic_layout(rows, cols, shape, side, caption=caption,
+                           panel_min=max(PANEL_MIN, math.ceil(0.6 * line * longest) + 4) if longest else PANEL_MIN)
     height, width = layout.size
     ph, pw = layout.panel
     sq, sk = layout.scale
     picture = np.full((height, width), np.inf, np.float32)  # separators and empty slots, for now
     masked = False
-    high, low = -np.inf, 0.0
+    values = ValueRange()
     for r in range(rows):
         for c in range(cols):
             got = get(r, c)
@@ -399,41 +633,50 @@ def mosaic_figure(
             data, keep = got
             cells = reduce_panel(data, keep, *layout.blocks, reduce)
             masked = masked or bool(np.isnan(cells).any())
-            top, bottom = np.nanmax(cells, initial=-np.inf), np.nanmin(cells, initial=np.inf)
-            high, low = max(high, float(top)), min(low, float(bottom))
+            if scale.per_panel:  # positions 0..1 on the panel's own scale
+                cells, top = own_scale(cells, scale, diverging)
+                texts[r][c] = " ".join(t for t in (texts[r][c], f"max {number(top)}") if t)
+            else:
+                values.add(cells, diverging)
             if sq > 1 or sk > 1:
                 cells = np.repeat(np.repeat(cells, sq, axis=0), sk, axis=1)
             y, x = layout.origin(r, c)
             picture[y:y + ph, x:x + pw] = cells
         if after_row is not None:
             after_row(r)
-    if not np.isfinite(high):  # nothing shown but masked cells
-        high, low = 1.0, 0.0
-    if diverging:
-        high = max(abs(low), abs(high)) or 1.0
-        low = -high
-    elif high <= low:
-        high = low + 1.0
-    # separators and empty slots get a value above the scale (which ends at the largest value shown):
-    # the colour map's "over" colour; masked cells are NaN: its "bad" grey. (Not infinity: matplotlib
-    # counts that as bad, too.)
-    np.copyto(picture, np.float32(high + (high - low) + 1.0), where=np.isinf(picture))
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
+    if scale.per_panel:
+        from matplotlib.colors import Normalize
 
-    norm = Normalize(vmin=low, vmax=high)
+        scaling = Scaling(Normalize(0.0, 1.0), 0.0, 1.0, "neither")
+    else:
+        scaling = make_scaling(scale, values, diverging)
+        # values beyond the scale take its end colours (a log scale's zeros too), never the colour of
+        # the separators
+        np.clip(picture, scaling.low, scaling.high, out=picture, where=np.isfinite(picture))
+    # separators and empty slots get a value above the scale: the picture's colour map's "over"
+    # colour; masked cells are NaN: its "bad" grey. (Not infinity: matplotlib counts that as bad, too.)
+    span = scaling.high - scaling.low
+    np.copyto(picture, np.float32(scaling.high + span + 1.0), where=np.isinf(picture))
+    from matplotlib.cm import ScalarMappable
+
+    colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
     # white between panels; dark grey where white is a colour of the scale (diverging maps' zero)
-    colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis")).with_extremes(
-        over="#595959" if diverging else "white")
+    picture_map = colormap.with_extremes(over="#595959" if diverging else "white")
 
     total = (blocks[0] * layout.blocks[0], blocks[1] * layout.blocks[1])
     notes = [f"blocks of {total[0]}x{total[1]}, {reduce}"] if total != (1, 1) else []
+    if scale.per_panel:
+        notes.append("each panel on its own scale, its maximum under it")
+    elif scaling.note:
+        notes.append(scaling.note)
     if masked:
         notes.append("grey: masked")
     note = f" ({'; '.join(notes)})" if notes else ""
     heading = f"{inert.title(title)}{note}"
-    return _mosaic_canvas(picture, layout, heading, ScalarMappable(norm=norm, cmap=colormap), colorbar_label,
-                          row_labels, col_labels, row_name, col_name)
+    return _mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
+                          scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
+                          picture_map=picture_map, extend=scaling.extend, captions=texts,
+                          per_panel=(scale, diverging) if scale.per_panel else None)
 
 
 TICK_FONT, AXIS_FONT, TITLE_FONT = 9, 10, 12  # points
@@ -447,10 +690,14 @@ def _thin(n: int, pitch: int, needed: float) -> int:
 
 
 def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappable: Any, colorbar_label: str,
-                   row_labels: Sequence[str], col_labels: Sequence[str], row_name: str, col_name: str) -> Any:
+                   row_labels: Sequence[str], col_labels: Sequence[str], row_name: str, col_name: str, *,
+                   picture_map: Any = None, extend: str = "neither", captions: Sequence[Sequence[str]] = (),
+                   per_panel: tuple[ColourScale, bool] | None = None) -> Any:
     """The figure around a mosaic picture: one axes exactly the picture's size in pixels (at ``DPI``),
-    row labels on the left, column labels on top, a colour bar on the right, the heading above,
-    wrapped to the figure's width; margins measured from the text, so nothing is clipped."""
+    row labels on the left, column labels on top, a colour bar on the right (``mappable``; the picture
+    is drawn with ``picture_map``, whose "over" colour is the separators'), the heading above,
+    wrapped to the figure's width, and each panel's caption under it; margins measured from the text,
+    so nothing is clipped."""
     import textwrap
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -466,8 +713,8 @@ def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mapp
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0, 0, 1, 1))
     # one image, exactly its size in pixels: "nearest" at the same size copies each cell to one pixel
-    ax.imshow(picture, cmap=mappable.cmap, norm=mappable.norm, interpolation="nearest", interpolation_stage="data",
-              aspect="auto")
+    ax.imshow(picture, cmap=picture_map or mappable.cmap, norm=mappable.norm, interpolation="nearest",
+              interpolation_stage="data", aspect="auto")
     ax.set_xlim(-0.5, width - 0.5)
     ax.set_ylim(height - 0.5, -0.5)
     ax.spines[:].set_visible(False)  # a frame would be drawn over the outermost cells
@@ -492,9 +739,21 @@ def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mapp
     ax.set_xlabel(inert.label(col_name, PANEL_TITLE_WIDTH) + (thinned % col_step if col_step > 1 else ""),
                   fontsize=AXIS_FONT, **PLAIN)
     cax = fig.add_axes((0, 0, 0.1, 0.1))
-    bar = fig.colorbar(mappable, cax=cax)
+    bar = fig.colorbar(mappable, cax=cax, extend=extend)
     bar.set_label(inert.label(colorbar_label, PANEL_TITLE_WIDTH), fontsize=AXIS_FONT, **PLAIN)
+    if per_panel is not None:
+        per_panel_ticks(bar, *per_panel)
     cax.tick_params(labelsize=TICK_FONT)
+    renderer = fig.canvas.get_renderer()
+    for r, row in enumerate(captions):  # under each panel, within the picture's own pixels
+        for c, words in enumerate(row):
+            if not words:
+                continue
+            y, x = layout.origin(r, c)
+            text = ax.text(x + (pw - 1) / 2, y + ph + layout.caption / 2 - 0.5, inert.label(words, PANEL_TITLE_WIDTH),
+                           ha="center", va="center", fontsize=CAPTION_FONT, **PLAIN)
+            while text.get_window_extent(renderer).width > pw and text.get_fontsize() > 4:
+                text.set_fontsize(text.get_fontsize() - 0.5)
 
     fig_w, fig_h = width + 2 * spare, height + 2 * spare
 
@@ -504,7 +763,6 @@ def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mapp
     bar_y = (height - bar_h) / 2
     place(ax, spare, spare, width, height)
     place(cax, spare + width + bar_gap, spare + bar_y, bar_w, bar_h)
-    renderer = fig.canvas.get_renderer()
     boxes = [a.get_tightbbox(renderer) for a in (ax, cax)]
     left = spare - min(b.x0 for b in boxes)
     right = max(b.x1 for b in boxes) - spare - width
@@ -537,18 +795,88 @@ def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mapp
     return fig
 
 
+def spans(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2,5``: how a heading names chosen layers or heads."""
+    parts: list[str] = []
+    ids = list(ids)
+    start = 0
+    for n in range(1, len(ids) + 1):
+        if n == len(ids) or ids[n] != ids[n - 1] + 1:
+            parts.append(str(ids[start]) if n - 1 == start else f"{ids[start]}-{ids[n - 1]}")
+            start = n
+    return ",".join(parts)
+
+
+def reduce_heads_map(stack: np.ndarray, keep: np.ndarray | None, how: str, signed: bool = False) -> np.ndarray:
+    """The maps of one layer's heads ``stack [heads, Lq, Lk]`` reduced to one: the ``mean`` or the
+    ``max`` over heads of each cell, masked cells (``keep`` False) left out; NaN where every head's
+    cell is masked. With ``signed`` (differences), ``max`` keeps the value of largest magnitude
+    with its sign."""
+    values = np.array(stack, dtype=np.float32)
+    if keep is not None:
+        values[~np.broadcast_to(keep, values.shape)] = np.nan
+    finite = ~np.isnan(values)
+    count = finite.sum(axis=0)
+    if how == "max" and signed:
+        size = np.where(finite, np.abs(values), -1.0)
+        pick = np.argmax(size, axis=0)
+        out = np.take_along_axis(values, pick[None], axis=0)[0]
+    elif how == "max":
+        out = np.where(finite, values, -np.inf).max(axis=0)
+    else:
+        out = np.where(finite, values, 0.0).sum(axis=0) / np.maximum(count, 1)
+    return np.where(count > 0, out, np.nan).astype(np.float32)
+
+
 def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, reduce: str = "mean",
                       layer_ids: Sequence[int] | None = None, head_ids: Sequence[int] | None = None,
                       keep: np.ndarray | None = None, real_rows: np.ndarray | None = None,
-                      diverging: bool = False, colorbar_label: str = "weight") -> Any:
+                      diverging: bool = False, colorbar_label: str = "weight",
+                      layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                      reduce_heads: str | None = None, scale: ColourScale | None = None) -> Any:
     """The layer x head grid of ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped) as one mosaic
     (like bertviz's model view, as a file), read a layer at a time. ``keep`` broadcasts to ``w``;
-    ``real_rows`` (``[layers, heads, Lq]``, broadcasting) greys padded query rows too."""
+    ``real_rows`` (``[layers, heads, Lq]``, broadcasting) greys padded query rows too. ``layers`` and
+    ``heads`` choose the rows and columns drawn (their numbers label them; ``layer_ids``/``head_ids``
+    rename the positions of ``w``); ``reduce_heads`` (mean or max) draws one panel per layer, the
+    chosen heads reduced to one map, in one row."""
     from attnviz.io import release_pages
 
-    layers, heads = w.shape[:2]
-    layer_ids = list(layer_ids) if layer_ids is not None else list(range(layers))
-    head_ids = list(head_ids) if head_ids is not None else list(range(heads))
+    n_layers, n_heads = w.shape[:2]
+    layers = list(layers) if layers is not None else list(range(n_layers))
+    heads = list(heads) if heads is not None else list(range(n_heads))
+    layer_names = [str(layer_ids[i]) if layer_ids is not None else str(i) for i in layers]
+    head_names = [str(head_ids[i]) if head_ids is not None else str(i) for i in heads]
+    get_map = _grid_getter(w, keep, real_rows)
+    shape = (w.shape[-2], w.shape[-1])
+    chosen = []
+    if len(layers) < n_layers:
+        chosen.append(f"layers {spans(layers)} of {n_layers}")
+    if len(heads) < n_heads and not reduce_heads:
+        chosen.append(f"heads {spans(heads)} of {n_heads}")
+    which = f" ({', '.join(chosen)})" if chosen else ""
+    if reduce_heads:
+        def get_reduced(_: int, c: int) -> tuple[np.ndarray, np.ndarray | None]:
+            return _reduced_layer(get_map, layers[c], heads, shape, reduce_heads or "mean", diverging), None
+
+        of = "all heads" if len(heads) == n_heads else f"heads {spans(heads)} of {n_heads}"
+        heading = (f"{inert.title(title)}: the {reduce_heads} of {of} in each layer{which}, "
+                   f"maps [{shape[0]}, {shape[1]}]")
+        return mosaic_figure(get_reduced, 1, len(layers), shape, title=heading, row_labels=[reduce_heads],
+                             col_labels=layer_names, row_name="heads", col_name="layer", cmap=cmap, reduce=reduce,
+                             diverging=diverging, colorbar_label=colorbar_label,
+                             after_row=lambda _: release_pages(w), scale=scale)
+    heading = f"{inert.title(title)}: layers x heads{which}, maps [{shape[0]}, {shape[1]}]"
+    return mosaic_figure(lambda r, c: get_map(layers[r], heads[c]), len(layers), len(heads), shape, title=heading,
+                         row_labels=layer_names, col_labels=head_names, row_name="layer", col_name="head",
+                         cmap=cmap, reduce=reduce, diverging=diverging, colorbar_label=colorbar_label,
+                         after_row=lambda _: release_pages(w), scale=scale)
+
+
+def _grid_getter(w: np.ndarray, keep: np.ndarray | None,
+                 real_rows: np.ndarray | None) -> Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]:
+    """``get(layer, head)``: that map of ``w [layers, heads, Lq, Lk]`` and its keep mask, padded query
+    rows (``real_rows`` False) masked too."""
     full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
     rows_real = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
 
@@ -559,11 +887,79 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
             one[~rows_real[li, hi]] = False
         return w[li, hi], one
 
-    heading = f"{inert.title(title)}: layers x heads, maps [{w.shape[-2]}, {w.shape[-1]}]"
-    return mosaic_figure(get, layers, heads, (w.shape[-2], w.shape[-1]), title=heading,
-                         row_labels=[str(i) for i in layer_ids], col_labels=[str(i) for i in head_ids],
-                         row_name="layer", col_name="head", cmap=cmap, reduce=reduce, diverging=diverging,
-                         colorbar_label=colorbar_label, after_row=lambda _: release_pages(w))
+    return get
+
+
+def _reduced_layer(get_map: Callable[[int, int], tuple[np.ndarray, np.ndarray | None]], layer: int,
+                   heads: Sequence[int], shape: tuple[int, int], how: str, signed: bool) -> np.ndarray:
+    """The ``heads`` of ``layer`` reduced to one map (``reduce_heads_map``)."""
+    maps = [get_map(layer, h) for h in heads]
+    masks = None if all(k is None for _, k in maps) else np.stack(
+        [np.ones(shape, bool) if k is None else k for _, k in maps])
+    return reduce_heads_map(np.stack([m for m, _ in maps]), masks, how, signed)
+
+
+def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | None], float]], *, title: str,
+                       total: int,
+                       cmap: str | None = None, reduce: str = "mean", keep: np.ndarray | None = None,
+                       real_rows: np.ndarray | None = None, heads: Sequence[int] | None = None,
+                       reduce_heads: str | None = None, diverging: bool = True, colorbar_label: str = "A - B",
+                       measure: str = "max |A - B|", scale: ColourScale | None = None) -> Any:
+    """Chosen panels of ``w [layers, heads, Lq, Lk]`` in the order given (``rank_panels``: largest
+    difference first), each with its score: ``(layer, head)``, or ``(layer, None)`` with
+    ``reduce_heads`` (the ``heads`` reduced to one map). Each panel's caption names its layer and
+    head and its ``measure``; the heading says how many of ``total`` are shown and in what order."""
+    get_map = _grid_getter(w, keep, real_rows)
+    shape = (w.shape[-2], w.shape[-1])
+    heads = list(heads) if heads is not None else list(range(w.shape[1]))
+    panels = [panel for panel, _ in ranked]
+    scores = [score for _, score in ranked]
+
+    def one(n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        layer, head = panels[n]
+        if head is not None:
+            return get_map(layer, head)
+        return _reduced_layer(get_map, layer, heads, shape, reduce_heads or "mean", diverging), None
+
+    count = len(panels)
+    cols = count if count <= 4 else math.ceil(math.sqrt(count))
+    rows = math.ceil(count / cols)
+    captions = [(f"L{layer} H{head}" if head is not None else f"L{layer} {reduce_heads}") + f" {number(score)}"
+                for (layer, head), score in zip(panels, scores)]
+    what = "(layer, head) maps" if not reduce_heads else f"layers ({reduce_heads} of heads {spans(heads)})"
+    shown = f"the {count} of {total} {what}" if count < total else f"all {total} {what}"
+    heading = (f"{inert.title(title)}: {shown}, ordered by largest difference ({measure}; under each: layer, head, "
+               f"{measure}), maps [{shape[0]}, {shape[1]}]")
+
+    def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+        n = r * cols + c
+        return one(n) if n < count else None
+
+    row_labels = [f"#{r * cols + 1}" if min(count, (r + 1) * cols) == r * cols + 1 else
+                  f"#{r * cols + 1}-{min(count, (r + 1) * cols)}" for r in range(rows)]
+    return mosaic_figure(get, rows, cols, shape, title=heading, row_labels=row_labels, col_labels=[""] * cols,
+                         row_name="rank", col_name="", cmap=cmap, reduce=reduce, diverging=diverging,
+                         colorbar_label=colorbar_label, scale=scale, captions=captions)
+
+
+def rank_panels(w: np.ndarray, panels: Sequence[tuple[int, int | None]], *, keep: np.ndarray | None = None,
+                real_rows: np.ndarray | None = None, heads: Sequence[int] | None = None,
+                reduce_heads: str | None = None) -> list[tuple[tuple[int, int | None], float]]:
+    """``panels`` of ``w`` with their largest ``|value|`` (masked cells and padded rows left out), the
+    largest first (ties in the order given)."""
+    get_map = _grid_getter(w, keep, real_rows)
+    heads = list(heads) if heads is not None else list(range(w.shape[1]))
+    scored = []
+    for layer, head in panels:
+        if head is not None:
+            data, one = get_map(layer, head)
+            size = np.abs(np.asarray(data, dtype=np.float64))
+            score = float(np.where(one, size, 0.0).max() if one is not None else size.max()) if size.size else 0.0
+        else:
+            reduced = _reduced_layer(get_map, layer, heads, (w.shape[-2], w.shape[-1]), reduce_heads or "mean", True)
+            score = float(np.nanmax(np.abs(reduced), initial=0.0))
+        scored.append(((layer, head), score))
+    return sorted(scored, key=lambda item: -item[1])
 
 
 def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] = (), keep: np.ndarray | None = None,
@@ -613,23 +1009,34 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
 
 def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None = None,
                 layer_ids: Sequence[int] | None = None, head_ids: Sequence[int] | None = None) -> Any:
-    """A layers x heads heatmap of one head statistic, values written in the cells when few."""
+    """A layers x heads heatmap of one head statistic (one panel, its own colour bar from the lowest
+    to the highest value), values written in the cells when few; ``layer_ids``/``head_ids`` are the
+    real numbers of the rows and columns given."""
+    from matplotlib.colors import Normalize
+
     layers, heads = values.shape
-    fig = _new_figure(min(16.0, 1.0 + 0.6 * heads + 1.5), min(16.0, 1.0 + 0.45 * layers + 0.8))
+    fig = _new_figure(min(16.0, 1.0 + 0.6 * heads + 1.5), min(16.0, 1.0 + 0.45 * layers + 1.2))
     ax = fig.add_subplot(1, 1, 1)
-    image = ax.imshow(values, cmap=_colormap(cmap or "magma"), aspect="auto", interpolation="nearest")
-    _ticks(ax, heads, [str(h) for h in head_ids] if head_ids is not None else None, "x")
-    _ticks(ax, layers, [str(x) for x in layer_ids] if layer_ids is not None else None, "y")
+    shown = values[np.isfinite(values)]
+    low, high = (float(shown.min()), float(shown.max())) if shown.size else (0.0, 1.0)
+    norm = Normalize(low, high if high > low else low + 1.0)
+    image = ax.imshow(values, cmap=_colormap(cmap or "magma"), norm=norm, aspect="auto", interpolation="nearest")
+    width_px, height_px = fig.get_figwidth() * DPI * 0.7, fig.get_figheight() * DPI * 0.6
+    _ticks(ax, heads, [str(h) for h in head_ids] if head_ids is not None else None, "x",
+           max(2, min(MAX_TICKS, int(width_px) // 24)), ids=True)
+    _ticks(ax, layers, [str(x) for x in layer_ids] if layer_ids is not None else None, "y",
+           max(2, min(MAX_TICKS, int(height_px) // 14)), ids=True)
     ax.set_xlabel("head", **PLAIN)
     ax.set_ylabel("layer", **PLAIN)
     if layers * heads <= 400:
-        top = float(np.nanmax(values)) if values.size else 1.0
         for i in range(layers):
             for j in range(heads):
                 ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if top and values[i, j] > 0.6 * top else "white", **PLAIN)
+                        color="black" if float(norm(values[i, j])) > 0.6 else "white", **PLAIN)
     fig.colorbar(image, ax=ax).set_label(inert.label(stat, PANEL_TITLE_WIDTH), **PLAIN)
-    fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per head", fontsize=11, **PLAIN)
+    heading = fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per head", fontsize=11,
+                           **PLAIN)
+    wrap_text(heading, fig.get_figwidth() * DPI - 24, fig.canvas.get_renderer())
     return fig
 
 
