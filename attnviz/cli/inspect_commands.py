@@ -121,10 +121,11 @@ def _labels(q_labels: str | None, k_labels: str | None, labels: str | None, lq: 
     return out[0], out[1]
 
 
-def _report_checks(results: list[CheckResult], err: Console) -> bool:
+def _report_checks(results: list[CheckResult], err: Console, source: str | None = None) -> bool:
     failed = False
-    for r in results:
-        err.print(r.line(), markup=False, style="green" if r.passed else "bold red")
+    for r in results:  # with several files, each line names its file
+        err.print(f"{source}: {r.line()}" if source else r.line(), markup=False,
+                  style="green" if r.passed else "bold red")
         failed = failed or not r.passed
     return failed
 
@@ -137,6 +138,47 @@ def _run_checked(run: Any, options: dict[str, Any]) -> None:
         failed = run(options)
     if failed:
         raise typer.Exit(CHECK_FAILED)
+
+
+#: how bad an exit code is, for a run over several files: usage error, bad data, a check failed, success
+SEVERITY = {0: 0, CHECK_FAILED: 1, 1: 2, 2: 3}
+
+
+def _run_each(run: Any, options: dict[str, Any], files_key: str, outputs: tuple[str, ...]) -> None:
+    """``_run_checked`` for each file of ``options[files_key]`` in turn; output names with several files
+    are templates (attnviz.cli.filemaps). A file that fails does not stop the others; the exit code is
+    the worst: 2 (usage) before 1 (bad data) before 3 (a check failed) before 0."""
+    files = options[files_key]
+    outputs = tuple(o for o in outputs if o in options)  # the options this command has
+    if len(files) == 1:
+        _run_checked(run, {**options, files_key: files[0]})
+        return
+    from attnviz.cli.app import user_errors
+    from attnviz.cli.filemaps import per_file_outputs
+    from attnviz.errors import UsageError
+
+    with user_errors():
+        if "-" in files:
+            raise UsageError(f"{files_key.upper()}: '-' (standard input) cannot be one of several files; "
+                             "give file names.")
+        plans = per_file_outputs({"--" + o.replace("_", "-"): options[o] for o in outputs}, files)
+    worst = 0
+    tables = not (options.get("json_out") or options.get("no_table") or options.get("quiet"))
+    for path, plan in zip(files, plans):
+        one = {**options, files_key: path, "_source": path, **{o: plan["--" + o.replace("_", "-")] for o in outputs}}
+        if tables:
+            out_console().print(f"== {path}", style="bold")
+        try:
+            _run_checked(run, one)
+            code = 0
+        except typer.Exit as exc:
+            code = exc.exit_code
+            if code not in SEVERITY:  # interrupted: stop here
+                raise
+        if SEVERITY[code] > SEVERITY[worst]:
+            worst = code
+    if worst:
+        raise typer.Exit(worst)
 
 
 def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
@@ -178,9 +220,11 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
 
 
 def inspect_command(
-    weights: Annotated[str, typer.Argument(metavar="WEIGHTS", show_default=False,
-                                           help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, -); "
-                                                "an .npz of one array per layer is stacked")],
+    weights: Annotated[list[str], typer.Argument(
+        metavar="WEIGHTS", show_default=False,
+        help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, -); an .npz of one array per layer is "
+             "stacked; several files are inspected in turn, output names then need a placeholder ({stem}, {name}, "
+             "{dir}, {index}, {})")],
     layout: Layout = None,
     labels: Annotated[str | None, typer.Option("--labels", metavar="TOKENS", rich_help_panel=LABELS,
                                                help="labels for both axes (self-attention)")] = None,
@@ -237,7 +281,7 @@ def inspect_command(
     quiet: Quiet = False,
 ) -> None:
     """Inspect attention weights a model saved: head statistics, tables, PNGs and checks."""
-    _run_checked(run_inspect, locals())
+    _run_each(run_inspect, locals(), "weights", ("png", "map_png", "stats_png", "json_file", "html"))
 
 
 def read_masks(o: dict[str, Any], w: Weights, paths: list[Any], stdin: Any = None,
@@ -314,7 +358,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
             if o["check_causal"]:
                 checks.append(insp.check_masked(w.data, causal_keep(lq, lk, o["causal_align"]), o["atol"],
                                                 "check-causal", rows=real))
-        failed = _report_checks(checks, err) if checks else False
+        failed = _report_checks(checks, err, o.get("_source")) if checks else False
         if not finite:
             return True
 
