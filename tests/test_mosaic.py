@@ -196,6 +196,8 @@ def test_compute_command_grids_use_the_mosaic(tmp_path):
 
 
 def test_compare_grid_shows_every_head_on_a_symmetric_scale(tmp_path):
+    from attnviz.render.heatmap import rank_panels, ranked_grid_figure
+
     a = np.full((3, 1, 6, 5, 5), 0.2, np.float32)  # 18 heads: more than the 16 panels compare drew before
     b = a.copy()
     b[2, 0, 5, 0] = [0.7, 0.05, 0.05, 0.1, 0.1]  # only the last head differs: A - B is -0.5 .. +0.15
@@ -203,20 +205,21 @@ def test_compare_grid_shows_every_head_on_a_symmetric_scale(tmp_path):
     np.save(tmp_path / "b.npy", b)
     out = tmp_path / "d.png"
     r = runner.invoke(app, ["compare", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "--png", str(out),
-                            "--title", "d", "--quiet"])
+                            "--title", "d", "--quiet", "--max-panels", "0"])
     assert r.exit_code == 0, r.stderr
     diff = a.astype(np.float64) - b
-    fig = model_grid_figure(diff[:, 0], title="d", diverging=True, colorbar_label="A - B")
+    ranked = rank_panels(diff[:, 0], [(layer, h) for layer in range(3) for h in range(6)])
+    assert ranked[0] == ((2, 5), pytest.approx(0.5)) and len(ranked) == 18  # the differing head first
+    fig = ranked_grid_figure(diff[:, 0], ranked, title="d", total=18)
     img, origin, _ = saved(fig, tmp_path / "api.png")
     np.testing.assert_array_equal(read(out), img)  # the command draws exactly this figure
     low, high = fig.axes[1].get_ylim()
     assert low == -high == pytest.approx(-0.5)  # symmetric, from the largest difference
-    layout = mosaic_layout(3, 6, (5, 5))
-    y, x = layout.origin(2, 5)
+    layout = fig.mosaic_layout
     sq, _ = layout.scale
-    assert pixel(img, origin, y, x) == rgb("RdBu_r", 0.0)  # -0.5: layer 2, head 5
-    assert pixel(img, origin, y + sq, x) == rgb("RdBu_r", 0.5)  # no difference
-    assert len(fig.axes[0].get_xticklabels()) == 6 and len(fig.axes[0].get_yticklabels()) == 3
+    assert pixel(img, origin, 0, 0) == rgb("RdBu_r", 0.0)  # -0.5: layer 2, head 5, ranked first
+    assert pixel(img, origin, sq, 0) == rgb("RdBu_r", 0.5)  # no difference
+    assert "L2 H5" in [t.get_text().split(" 0.5")[0] for t in fig.axes[0].texts]
 
 
 def test_inspect_png_is_the_mosaic_of_every_layer_and_head(tmp_path):

@@ -229,7 +229,7 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
         raise ParamsError(name_params_file(exc.message, param_options.params, params)) from None
     targets = check_outputs(
         {"--png": out.png, "--save-weights": out.save_weights, "--save-output": out.save_output,
-         "--save-params": param_options.save_params, "--json-file": out.json_file},
+         "--save-params": param_options.save_params, "--json-file": out.json_file, "--html": out.html},
         prepared.input_paths,
     )
     index = parse_index(out.index, prepared.weights_shape[:-2])
@@ -304,6 +304,14 @@ def write_files(outcome: Outcome, staged: StagedOutputs, out: OutputOptions) -> 
 
         save_figure(png_figure(outcome, out), staged["--png"])
         written["png"] = out.png or ""
+    if "--html" in staged:
+        from attnviz.io import save_text
+        from attnviz.render.html import compute_report
+
+        index = parse_index(out.index, outcome.prepared.weights_shape[:-2])
+        save_text(staged["--html"], compute_report(outcome, title=out.title, cmap=out.cmap, reduce=out.reduce,
+                                                   index=index, precision=out.precision))
+        written["html"] = out.html or ""
     return written
 
 
@@ -313,10 +321,12 @@ def png_figure(outcome: Outcome, out: OutputOptions) -> Any:
     otherwise one panel per map (and per further map a variant shows)."""
     import numpy as np
 
+    from attnviz.cli.options import figure_scale
     from attnviz.render.heatmap import MOSAIC_PANELS, Panel, heatmap_figure, slice_panels, slices_mosaic
     from attnviz.render.table import slice_label
 
     result, streamed, prep = outcome.result, outcome.streamed, outcome.prepared
+    scale = figure_scale(out.vmin, out.vmax, out.norm, out.scale_per_panel)
     drawn = [v for v in result.views if v.png and streamed is None]
     names = prep.lead_names
     title = out.title or f"{prep.variant.name} attention weights {shape_str(prep.weights_shape)}"
@@ -325,10 +335,11 @@ def png_figure(outcome: Outcome, out: OutputOptions) -> Any:
     if count >= MOSAIC_PANELS and not drawn:
         if streamed is None:
             return slices_mosaic(result.weights, title=title, names=names, keep=prep.mask.keep, cmap=out.cmap,
-                                 reduce=out.reduce)
+                                 reduce=out.reduce, scale=scale)
         if len(streamed.grids) == count:  # a blockwise run aggregated every slice while computing
             return slices_mosaic(None, title=title, names=names, grids=streamed.grids, lead=tuple(lead),
-                                 full_shape=(lq, lk), blocks=streamed.grid_blocks, cmap=out.cmap, reduce=out.reduce)
+                                 full_shape=(lq, lk), blocks=streamed.grid_blocks, cmap=out.cmap, reduce=out.reduce,
+                                 scale=scale)
     if streamed is not None:
         lead, (lq, lk) = streamed.weights_shape[:-2], streamed.weights_shape[-2:]
         slices = list(np.ndindex(*lead)) if lead else [()]
@@ -349,12 +360,12 @@ def png_figure(outcome: Outcome, out: OutputOptions) -> Any:
                     panel.q_labels, panel.ylabel = [""], ""
                 panels.append(panel)
     return heatmap_figure(panels, title=title, q_labels=prep.q_labels, k_labels=prep.k_labels, cmap=out.cmap,
-                          reduce=out.reduce, ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1])
+                          reduce=out.reduce, ylabel=prep.variant.axis_names[0], xlabel=prep.variant.axis_names[1],
+                          scale=scale)
 
 
 def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -> None:
     from attnviz.render.table import (
-        axis_name,
         slice_label,
         slice_summary_table,
         stats_table,
@@ -372,19 +383,15 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
     shown = slice_label(index, names)
     where = f", {shown} of leading dims {list(lead)} (--index picks another)" if lead else ""
     max_rows = out.max_rows or None
-    max_cols = out.max_cols
+    max_cols = out.max_cols  # None: the key columns that fit the console; 0: all; N: at most N (render.table)
     weights = result.weights[index] if streamed is None else streamed.preview[index]
     row_ids = None if streamed is None else streamed.preview_ids
     if streamed is not None and max_rows is None:
         max_rows = len(row_ids or [])
-    if max_cols is None:
-        label_width = max(len(axis_name(i, prep.q_labels)) for i in range(weights.shape[0])) + 3
-        cell = max(out.precision + 2, *(len(lb) for lb in (prep.k_labels or ["0"])))
-        max_cols = max(4, (console.width - label_width) // (min(cell, 12) + 3))
 
     def show_map(data: Any, title: str, ids: list[int] | None = None) -> None:
         console.print(weights_table(data, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
-                                    precision=out.precision, max_rows=max_rows, max_cols=max_cols or None,
+                                    precision=out.precision, max_rows=max_rows, max_cols=max_cols,
                                     title=title, axis_names=prep.variant.axis_names, row_ids=ids,
                                     total_rows=shape[-2]), crop=False)
 
@@ -402,7 +409,7 @@ def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -
                                           title=f"per-query statistics of {view.title}"), crop=False)
         else:
             labels = prep.q_labels if view.axis == "q" else prep.k_labels
-            console.print(vector_table(data, labels=labels, precision=out.precision, max_cols=max_cols or None,
+            console.print(vector_table(data, labels=labels, precision=out.precision, max_cols=max_cols,
                                        title=f"{view.title}{where}"), crop=False)
     console.print(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
                               precision=out.precision, max_rows=max_rows, row_name=prep.variant.axis_names[0],

@@ -15,7 +15,24 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.choices import CAUSAL_ALIGNS, MASK_CONVENTIONS, MASK_KINDS
-from attnviz.cli.options import LABELS, MASKS, OUTPUT, StagedOutputs, check_png_path, checked_option, staged_outputs
+from attnviz.cli.options import (
+    FIGURE,
+    LABELS,
+    MASKS,
+    OUTPUT,
+    NormOpt,
+    NormSpec,
+    Ranges,
+    ScalePerPanelOpt,
+    StagedOutputs,
+    VmaxOpt,
+    VminOpt,
+    check_html_path,
+    check_png_path,
+    check_scale,
+    checked_option,
+    staged_outputs,
+)
 from attnviz.cli.streams import out_console, stdout
 
 if TYPE_CHECKING:
@@ -56,8 +73,21 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT,
                                      help="print no tables and no informational lines")]
 Title = Annotated[str | None, typer.Option("--title", rich_help_panel=OUTPUT, help="the heatmap's title")]
 Cmap = Annotated[str | None, typer.Option("--cmap", rich_help_panel=OUTPUT, help="a matplotlib colour map")]
+HtmlOpt = Annotated[str | None, typer.Option(
+    "--html", metavar="FILE.html", rich_help_panel=OUTPUT,
+    help="write an interactive report: one offline HTML file (every map of the batch entry as thumbnails, hover, "
+         "head view, sortable statistics)")]
 Reduce = Annotated[Literal["mean", "max"], checked_option(Literal["mean", "max"], "--reduce", rich_help_panel=OUTPUT,
                                                           help="how long maps are aggregated in blocks: mean or max")]
+LayersOpt = Annotated[str | None, checked_option(
+    str | None, "--layers", parser=Ranges(), metavar="0,3,5-7", rich_help_panel=FIGURE,
+    help="the layers the grids draw (--png, --stats-png), e.g. 0,3,5-7; default all")]
+HeadsOpt = Annotated[str | None, checked_option(
+    str | None, "--heads", parser=Ranges(), metavar="0,3,5-7", rich_help_panel=FIGURE,
+    help="the heads the grids draw, e.g. 0-3; default all")]
+ReduceHeadsOpt = Annotated[Literal["mean", "max"] | None, checked_option(
+    Literal["mean", "max"] | None, "--reduce-heads", rich_help_panel=FIGURE,
+    help="draw one map per layer, the mean (or max) of its heads (those of --heads), instead of every head")]
 Atol = Annotated[float | None, checked_option(
     float | None, "--atol", min=0, rich_help_panel=CHECKS,
     help="absolute tolerance of the checks (default 1e-5; for weights stored in float16 2e-3, bfloat16 1.6e-2, "
@@ -269,9 +299,17 @@ def inspect_command(
     stat: Annotated[Literal[SORTABLE[2:]], checked_option(  # type: ignore[valid-type]
         Literal[SORTABLE[2:]], "--stat", rich_help_panel=OUTPUT,  # type: ignore[valid-type]
         help="the statistic of --stats-png")] = "entropy",
+    html: HtmlOpt = None,
     title: Title = None,
     cmap: Cmap = None,
     reduce: Reduce = "mean",
+    vmin: VminOpt = None,
+    vmax: VmaxOpt = None,
+    norm: NormOpt = "linear",
+    scale_per_panel: ScalePerPanelOpt = False,
+    layers: LayersOpt = None,
+    heads: HeadsOpt = None,
+    reduce_heads: ReduceHeadsOpt = None,
     precision: Precision = 3,
     max_rows: MaxRows = 40,
     max_cols: MaxCols = None,
@@ -322,7 +360,9 @@ def run_inspect(o: dict[str, Any]) -> bool:
 
     for option in ("png", "map_png", "stats_png"):
         check_png_path(o[option], "--" + option.replace("_", "-"))
+    check_html_path(o["html"])
     check_cmap(o["cmap"])
+    check_scale(o["vmin"], o["vmax"], o["norm"], o["scale_per_panel"])
     err = _stderr()
     w = insp.load_weights(o["weights"], o["layout"])
     lq, lk = w.shape[-2:]
@@ -330,10 +370,11 @@ def run_inspect(o: dict[str, Any]) -> bool:
     q_labels, k_labels = _labels(o["q_labels"], o["k_labels"], o["labels"], lq, lk, paths)
     sel = Selection(o["layer"], o["batch"], o["head"])
     li, bi, hi = sel.index(w.shape)
+    o = {**o, **grid_choice(o, w.shape)}
     masks, checked = read_masks(o, w, paths)
     keep, real = masks.keep, masks.real_rows
     targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"],
-                             "--json-file": o["json_file"]}, paths)
+                             "--json-file": o["json_file"], "--html": o["html"]}, paths)
     # the targets are reserved now, before any statistics are computed; every file is written to
     # its staged path and all are put in place together, or none (attnviz.cli.options.StagedOutputs)
     with staged_outputs(targets) as staged:
@@ -411,9 +452,8 @@ def run_inspect(o: dict[str, Any]) -> bool:
                           crop=False)
             where = f"layer {li}, batch {bi}, head {hi}"
             max_r = o["max_rows"] or None
-            max_c = o["max_cols"] if o["max_cols"] is not None else max(4, (console.width - 16) // 10)
             console.print(weights_table(one, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
-                                        precision=o["precision"], max_rows=max_r, max_cols=max_c or None,
+                                        precision=o["precision"], max_rows=max_r, max_cols=o["max_cols"],
                                         title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
                                         padded=one_padded),
                           crop=False)
@@ -445,6 +485,17 @@ def _grid_masks(masks: InspectMask | None, shape: tuple[int, ...],
     return keep, real
 
 
+def grid_choice(o: dict[str, Any], shape: tuple[int, ...]) -> dict[str, list[int]]:
+    """The layers and heads the grids draw (``--layers``, ``--heads``; all when not given), checked
+    against the weights ``[layers, batch, heads, Lq, Lk]`` (exit 2 naming the size)."""
+    from attnviz.cli.options import select_indices
+
+    layers = select_indices(o["layers"], shape[0], "--layers", "layer")
+    heads = select_indices(o["heads"], shape[2], "--heads", "head")
+    return {"_layers": layers if layers is not None else list(range(shape[0])),
+            "_heads": heads if heads is not None else list(range(shape[2]))}
+
+
 def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarray], index: tuple[int, int, int],
                    q_labels: list[str] | None, k_labels: list[str] | None, o: dict[str, Any],
                    one_keep: np.ndarray | None, masks: InspectMask | None = None) -> dict[str, str]:
@@ -452,29 +503,83 @@ def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarr
     written: dict[str, str] = {}
     if not targets:
         return written
-    from attnviz.render.heatmap import heatmap_figure, model_grid_figure, save_figure, stat_figure
+    from attnviz.cli.options import figure_scale
+    from attnviz.render.heatmap import grid_getter, heatmap_figure, model_grid_figure, save_figure, stat_figure
 
     name = o["title"] or f"attention weights of {w.source}"
-    layers, _, heads = w.shape[:3]
+    scale = figure_scale(o["vmin"], o["vmax"], o["norm"], o["scale_per_panel"])
+    layers, heads = o["_layers"], o["_heads"]
     if "--png" in targets:
-        if layers * heads > 1:  # one mosaic of every map, read a layer at a time; masked cells grey
-            keep, real = _grid_masks(masks, w.shape, bi)
+        keep, real = _grid_masks(masks, w.shape, bi)
+        if o["reduce_heads"] or len(layers) * len(heads) > 1:  # one mosaic, read a layer at a time; masked grey
             fig = model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=o["cmap"], reduce=o["reduce"],
-                                    keep=keep, real_rows=real)
-        else:
-            fig = heatmap_figure(w.data[0, bi, 0], title=name, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
-                                 cmap=o["cmap"], reduce=o["reduce"])
+                                    keep=keep, real_rows=real, layers=layers, heads=heads,
+                                    reduce_heads=o["reduce_heads"], scale=scale)
+        else:  # one map: drawn with its labels
+            data, drawn_keep = grid_getter(w.data[:, bi], keep, real)(layers[0], heads[0])
+            where = f", layer {layers[0]}, batch {bi}, head {heads[0]}" if w.shape[0] * w.shape[2] > 1 else ""
+            fig = heatmap_figure(data, title=name + where, q_labels=q_labels, k_labels=k_labels, keep=drawn_keep,
+                                 cmap=o["cmap"], reduce=o["reduce"], scale=scale)
         save_figure(fig, targets["--png"])
         written["png"] = o["png"]
     if "--map-png" in targets:
         fig = heatmap_figure(w.data[li, bi, hi], title=f"{name}, layer {li}, batch {bi}, head {hi}",
-                             q_labels=q_labels, k_labels=k_labels, keep=one_keep, cmap=o["cmap"], reduce=o["reduce"])
+                             q_labels=q_labels, k_labels=k_labels, keep=one_keep, cmap=o["cmap"], reduce=o["reduce"],
+                             scale=scale)
         save_figure(fig, targets["--map-png"])
         written["map_png"] = o["map_png"]
-    if "--stats-png" in targets:
-        save_figure(stat_figure(stats[o["stat"]], title=name, stat=o["stat"], cmap=o["cmap"]), targets["--stats-png"])
+    if "--stats-png" in targets:  # the chosen layers and heads (--layers/--heads), by their numbers
+        import numpy as np
+
+        values = np.asarray(stats[o["stat"]])[np.ix_(layers, heads)]
+        save_figure(stat_figure(values, title=name, stat=o["stat"], cmap=o["cmap"], layer_ids=layers, head_ids=heads),
+                    targets["--stats-png"])
         written["stats_png"] = o["stats_png"]
+    if "--html" in targets:  # every map of the batch entry, as the --png grid, and the head statistics
+        from attnviz.errors import shape_str
+        from attnviz.io import save_text
+        from attnviz.render.html import head_stats_table as html_stats
+        from attnviz.render.html import model_report
+
+        keep, real = _grid_masks(masks, w.shape, bi)
+        batches = "every batch entry" if o["batch"] is None else f"batch entry {bi}"
+        table = html_stats(stats, COLUMNS, precision=o["precision"],
+                           caption=f"means over query rows of {batches}: entropy H (nats) and H/ln n; dist: mean "
+                                   "|i - j| weighted; diag, prev (j = i - 1), first (j = 0), last: mean weight on "
+                                   "that key; max: mean largest weight")
+        save_text(targets["--html"], model_report(
+            w.data[:, bi], title=f"{name}, batch {bi}", q_labels=q_labels, k_labels=k_labels, keep=keep,
+            real_rows=real, stats=table, selected=(li, hi), cmap=o["cmap"], reduce=o["reduce"],
+            subtitle=f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
+                     f"{shape_str(w.shape)}; batch entry {bi} of {w.shape[1]}"))
+        written["html"] = o["html"]
     return written
+
+
+def compare_figure(o: dict[str, Any], diff: np.ndarray, masks: tuple[np.ndarray | None, np.ndarray | None],
+                   name: str) -> Any:
+    """compare's --png of ``diff [layers, heads, Lq, Lk]`` (A - B of one batch entry): the chosen
+    (layer, head) maps, or layers with --reduce-heads, ranked by their largest |A - B| and drawn largest
+    first, at most --max-panels of them, each captioned with its layer, head and max |A - B|; one map
+    alone is drawn with its axes. One scale symmetric around 0 (``ColourScale``)."""
+    from attnviz.cli.options import figure_scale
+    from attnviz.render.heatmap import grid_getter, heatmap_figure, rank_panels, ranked_grid_figure
+
+    scale = figure_scale(None, o["vmax"], o["norm"], o["scale_per_panel"])
+    keep, real = masks
+    layers, heads = o["_layers"], o["_heads"]
+    panels: list[tuple[int, int | None]] = (
+        [(layer, None) for layer in layers] if o["reduce_heads"] else [(layer, h) for layer in layers for h in heads])
+    if len(panels) == 1 and not o["reduce_heads"]:
+        layer, head = layers[0], heads[0]
+        data, one = grid_getter(diff, keep, real)(layer, head)
+        where = f", layer {layer}, head {head}" if diff.shape[0] * diff.shape[1] > 1 else ""
+        return heatmap_figure(data, title=name + where, keep=one, diverging=True, cmap=o["cmap"], reduce=o["reduce"],
+                              colorbar_label="A - B", scale=scale)
+    ranked = rank_panels(diff, panels, keep=keep, real_rows=real, heads=heads, reduce_heads=o["reduce_heads"])
+    return ranked_grid_figure(diff, ranked[:o["max_panels"] or None], title=name, total=len(panels), cmap=o["cmap"],
+                              reduce=o["reduce"], keep=keep, real_rows=real, heads=heads,
+                              reduce_heads=o["reduce_heads"], scale=scale)
 
 
 def compare_command(
@@ -497,9 +602,24 @@ def compare_command(
     png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
                                             help="heatmap of A - B (diverging colours, one symmetric scale) for "
                                                  "every layer and head of the batch entry; .png, .svg or .pdf")] = None,
+    html: HtmlOpt = None,
     title: Title = None,
     cmap: Cmap = None,
     reduce: Reduce = "mean",
+    vmax: Annotated[float | None, checked_option(
+        float | None, "--vmax", metavar="V", rich_help_panel=FIGURE,
+        help="draw A - B from -V to V (default the largest |A - B|); larger differences take the end colours")] = None,
+    norm: Annotated[str, checked_option(
+        str, "--norm", parser=NormSpec(), metavar="linear|log|power:G", rich_help_panel=FIGURE,
+        help="linear; log: symmetric log scale (linear near 0, within 4 decades of V or the smallest |A - B|); "
+             "power:G: sign(x) |x|^G, e.g. power:0.5")] = "linear",
+    scale_per_panel: ScalePerPanelOpt = False,
+    layers: LayersOpt = None,
+    heads: HeadsOpt = None,
+    reduce_heads: ReduceHeadsOpt = None,
+    max_panels: Annotated[int, checked_option(
+        int, "--max-panels", min=0, metavar="N", rich_help_panel=FIGURE,
+        help="--png draws the N maps with the largest max |A - B|, largest first (0: all)")] = 16,
     precision: Precision = 3,
     json_out: JsonOpt = False,
     json_file: JsonFile = None,
@@ -518,7 +638,9 @@ def run_compare(o: dict[str, Any]) -> bool:
     from attnviz.render.heatmap import check_cmap
 
     check_png_path(o["png"])
+    check_html_path(o["html"])
     check_cmap(o["cmap"])
+    check_scale(None, o["vmax"], o["norm"], o["scale_per_panel"], diverging=True)
     stdin = StdinReader()
     a = insp.load_weights(o["a"], o["layout"], stdin)
     b = insp.load_weights(o["b"], o["layout"], stdin)
@@ -531,7 +653,8 @@ def run_compare(o: dict[str, Any]) -> bool:
         if not insp.all_finite(w.data, rows=masks.real_rows):
             raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
     _, bi, _ = Selection(o["layer"], o["batch"], o["head"]).index(a.shape)
-    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, paths)
+    o = {**o, **grid_choice(o, a.shape)}
+    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"], "--html": o["html"]}, paths)
     err = _stderr()
     files: dict[str, str] = {}
     text = None
@@ -552,19 +675,24 @@ def run_compare(o: dict[str, Any]) -> bool:
             left_out = f"; {result.padded_rows} padded query rows left out" if result.padded_rows else ""
             err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
         if "--png" in staged:
-            from attnviz.render.heatmap import heatmap_figure, model_grid_figure, save_figure
+            from attnviz.render.heatmap import save_figure
 
-            layers, _, heads = a.shape[:3]
             name = o["title"] or f"A - B: {a.source} - {b.source}, batch {bi}"
-            if layers * heads > 1:  # every layer and head, one symmetric scale for all
-                keep, real = _grid_masks(masks, a.shape, bi)
-                fig = model_grid_figure(result.diff[:, bi], title=name, diverging=True, cmap=o["cmap"],
-                                        reduce=o["reduce"], colorbar_label="A - B", keep=keep, real_rows=real)
-            else:
-                fig = heatmap_figure(result.diff[0, bi, 0], title=name, diverging=True, cmap=o["cmap"],
-                                     reduce=o["reduce"], colorbar_label="A - B")
-            save_figure(fig, staged["--png"])
+            save_figure(compare_figure(o, result.diff[:, bi], _grid_masks(masks, a.shape, bi), name), staged["--png"])
             files["png"] = o["png"]
+        if "--html" in staged:  # A - B for every layer and head of the batch entry, and per-head differences
+            from attnviz.io import save_text
+            from attnviz.render.html import compare_stats_table, model_report
+
+            li, _, hi = Selection(o["layer"], o["batch"], o["head"]).index(a.shape)
+            keep, real = _grid_masks(masks, a.shape, bi)
+            save_text(staged["--html"], model_report(
+                result.diff[:, bi], title=o["title"] or f"A - B: {a.source} - {b.source}, batch {bi}",
+                subtitle=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]; "
+                         f"batch entry {bi}", keep=keep, real_rows=real, diverging=True, colorbar_label="A - B",
+                stats=compare_stats_table(result.diff, result.js, o["precision"]), selected=(li, hi),
+                cmap=o["cmap"], reduce=o["reduce"]))
+            files["html"] = o["html"]
         if o["json_out"] or o["json_file"]:
             from attnviz.render.report import compare_report, to_json
 
@@ -573,8 +701,9 @@ def run_compare(o: dict[str, Any]) -> bool:
             text = to_json(compare_report(a, b, result, checks, files, warnings=warnings, mask=masks.described))
             _save_json(text, staged)
         staged.commit()
-    if "png" in files and not o["quiet"]:
-        err.print(f"saved png to {o['png']}", markup=False, style="dim")
+    for what in ("png", "html"):
+        if what in files and not o["quiet"]:
+            err.print(f"saved {what} to {files[what]}", markup=False, style="dim")
     if o["json_out"] and text is not None:
         stdout().write(text + "\n")
     if not (o["json_out"] or o["no_table"] or o["quiet"]):

@@ -35,6 +35,7 @@ LABELS = "Labels"
 RUN = "Device and precision"
 OUTPUT = "Output"
 CAPTURED = "Captured Q/K/V (layouts, grouped heads, RoPE)"
+FIGURE = "Figure"
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 
@@ -188,6 +189,95 @@ class Positions:
         return text
 
 
+@dataclass(frozen=True)
+class NormSpec:
+    """``--norm``: ``linear``, ``log`` or ``power:G`` (G a positive number, matplotlib's PowerNorm
+    gamma); returned as ``power:0.5`` for ``attnviz.render.heatmap.ColourScale``."""
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip().lower()
+        if text in ("linear", "log"):
+            return text
+        kind, sep, gamma = text.partition(":")
+        if kind != "power":
+            raise OptionValueError(value, "expected linear, log or power:G (G a positive number, e.g. power:0.5)")
+        try:
+            number = float(gamma) if sep else math.nan
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise OptionValueError(value, "the G of power:G must be a positive number, e.g. power:0.5")
+        return f"power:{number:g}"
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """``--layers``/``--heads``: numbers and ranges separated by commas (``0,3,5-7``), checked for
+    form here and against the weights by ``select_indices``; returned as given."""
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).replace(" ", "")
+        item = r"-?\d{1,9}(?:--?\d{1,9})?"
+        if not re.fullmatch(rf"{item}(?:,{item})*,?", text, re.ASCII):
+            raise OptionValueError(value, "expected numbers and ranges separated by commas, e.g. 0,3,5-7")
+        return text
+
+
+def select_indices(text: str | None, size: int, option: str, what: str) -> list[int] | None:
+    """The positions ``--layers 0,3,5-7`` chooses among ``size`` (None: all), in the order given,
+    each once. A number below 0 or from ``size`` up, or a range going down, is a usage error that
+    names the size."""
+    if text is None:
+        return None
+    chosen: list[int] = []
+    for part in text.split(","):
+        if not part:
+            continue
+        found = re.fullmatch(r"(-?\d+)(?:-(-?\d+))?", part, re.ASCII)
+        if found is None:
+            raise UsageError(f"{option} {_inert(text)}: expected numbers and ranges separated by commas, e.g. 0,3,5-7.")
+        low = int(found.group(1))
+        high = int(found.group(2)) if found.group(2) is not None else low
+        for value in (low, high):
+            if not 0 <= value < size:
+                raise UsageError(f"{option} {_inert(text)}: {what} {value} is out of range; the weights have {size} "
+                                 f"{what}s (0-{size - 1}).")
+        if high < low:
+            raise UsageError(f"{option} {_inert(text)}: the range {part} goes down; write it {high}-{low}.")
+        chosen.extend(i for i in range(low, high + 1) if i not in chosen)
+    if not chosen:
+        raise UsageError(f"{option} {_inert(text)}: chooses no {what}.")
+    return chosen
+
+
+def check_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool = False,
+                diverging: bool = False) -> None:
+    """Figure options that contradict each other, whatever the data (exit 2, one line)."""
+    kind = (norm or "linear").partition(":")[0]
+    if diverging and vmin is not None:
+        raise UsageError(f"--vmin {vmin:g}: A - B is drawn on a scale symmetric around 0, from -V to V; "
+                         "give its V with --vmax.")
+    if diverging and vmax is not None and vmax <= 0:
+        raise UsageError(f"--vmax {vmax:g}: must be positive (A - B is drawn from -V to V).")
+    if per_panel and vmax is not None:
+        raise UsageError(f"--vmax {vmax:g} and --scale-per-panel: each panel is drawn up to its own maximum; "
+                         "give one of them.")
+    if vmin is not None and vmax is not None and vmin >= vmax:
+        raise UsageError(f"--vmin {vmin:g} --vmax {vmax:g}: --vmin must be below --vmax.")
+    if kind == "log" and vmax is not None and vmax <= 0:
+        raise UsageError(f"--norm log --vmax {vmax:g}: a log scale needs --vmax above 0.")
+    if kind == "log" and vmin is not None and vmin <= 0:
+        raise UsageError(f"--norm log --vmin {vmin:g}: a log scale needs --vmin above 0 (zeros are drawn in its "
+                         "bottom colour).")
+
+
+def figure_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool) -> Any:
+    """The ``ColourScale`` of the figure options (imports the renderer: call when drawing)."""
+    from attnviz.render.heatmap import ColourScale
+
+    return ColourScale.from_options(vmin, vmax, norm, per_panel)
+
+
 def parser_for(annotation: Any, *, min: float | None = None, max: float | None = None,
                above: float | None = None) -> Any:
     """The parser of an option of this type: ``Number`` for int and float, ``OneOf`` for a
@@ -313,6 +403,7 @@ class OutputOptions:
     max_rows: int = 40
     max_cols: int | None = None
     png: str | None = None
+    html: str | None = None
     json: bool = False
     json_file: str | None = None
     save_weights: str | None = None
@@ -322,14 +413,20 @@ class OutputOptions:
     title: str | None = None
     cmap: str | None = None
     reduce: str = "mean"
+    vmin: float | None = None
+    vmax: float | None = None
+    norm: str = "linear"
+    scale_per_panel: bool = False
 
     def check(self) -> None:
         """Option values that are wrong whatever the data (exit 2)."""
         check_png_path(self.png)
+        check_html_path(self.html)
         if self.cmap is not None:
             from attnviz.render.heatmap import check_cmap
 
             check_cmap(self.cmap)
+        check_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel)
         for option, value in (("--save-weights", self.save_weights), ("--save-output", self.save_output)):
             if value is not None and not value.lower().endswith(".npy"):
                 raise UsageError(f"{option} {value}: the file must end in .npy.")
@@ -338,6 +435,11 @@ class OutputOptions:
 def check_png_path(value: str | None, option: str = "--png") -> None:
     if value is not None and not value.lower().endswith((".png", ".svg", ".pdf")):
         raise UsageError(f"{option} {value}: the file must end in .png, .svg or .pdf.")
+
+
+def check_html_path(value: str | None, option: str = "--html") -> None:
+    if value is not None and not value.lower().endswith((".html", ".htm")):
+        raise UsageError(f"{option} {value}: the file must end in .html or .htm.")
 
 
 def check_save_params(value: str | None) -> None:
@@ -361,6 +463,10 @@ OUTPUT_OPTIONS = [
         "--png", metavar="FILE", rich_help_panel=OUTPUT,
         help="save a heatmap (.png, .svg or .pdf); a grid of panels when there are batch/head dimensions")],
         None),
+    _opt("html", Annotated[str | None, typer.Option(
+        "--html", metavar="FILE.html", rich_help_panel=OUTPUT,
+        help="write an interactive report: one offline HTML file (thumbnails, hover, head view, statistics)")],
+        None),
     _opt("json", Annotated[bool, typer.Option(
         "--json", rich_help_panel=OUTPUT, help="print the JSON document on stdout instead of tables")], False),
     _opt("json_file", Annotated[str | None, typer.Option(
@@ -380,15 +486,36 @@ OUTPUT_OPTIONS = [
         False),
 ]
 
+#: the colour scale of heatmaps (compute commands and inspect; compare declares its own --vmax)
+VminOpt = Annotated[float | None, checked_option(
+    float | None, "--vmin", metavar="V", rich_help_panel=FIGURE,
+    help="the bottom of the colour scale (default 0, or the lowest value when below 0; with --norm log the "
+         "smallest positive value shown, at most 4 decades below the top)")]
+VmaxOpt = Annotated[float | None, checked_option(
+    float | None, "--vmax", metavar="V", rich_help_panel=FIGURE,
+    help="the top of the colour scale (default the largest value shown); larger values take its top colour")]
+NormOpt = Annotated[str, checked_option(
+    str, "--norm", parser=NormSpec(), metavar="linear|log|power:G", rich_help_panel=FIGURE,
+    help="how values map to colours: linear, log (small weights visible; zeros in the bottom colour) or "
+         "power:G (matplotlib's PowerNorm, e.g. power:0.5)")]
+ScalePerPanelOpt = Annotated[bool, typer.Option(
+    "--scale-per-panel", rich_help_panel=FIGURE,
+    help="draw each panel on its own scale, 0 to its own maximum (written with the panel), instead of one "
+         "scale shared by all")]
+
 #: heatmap appearance, for every command that draws one
 FIGURE_OPTIONS = [
     _opt("title", Annotated[str | None, typer.Option(
-        "--title", rich_help_panel=OUTPUT, help="the heatmap's title")], None),
+        "--title", rich_help_panel=FIGURE, help="the heatmap's title")], None),
     _opt("cmap", Annotated[str | None, typer.Option(
-        "--cmap", rich_help_panel=OUTPUT, help="a matplotlib colour map for heatmaps (default viridis)")], None),
+        "--cmap", rich_help_panel=FIGURE, help="a matplotlib colour map for heatmaps (default viridis)")], None),
     _opt("reduce", typed(Literal["mean", "max"],
-        "--reduce", rich_help_panel=OUTPUT,
+        "--reduce", rich_help_panel=FIGURE,
         help="how long maps are aggregated in blocks for heatmaps: mean or max"), "mean"),
+    _opt("vmin", VminOpt, None),
+    _opt("vmax", VmaxOpt, None),
+    _opt("norm", NormOpt, "linear"),
+    _opt("scale_per_panel", ScalePerPanelOpt, False),
 ]
 
 

@@ -657,11 +657,15 @@ def mosaic_figure(
     # colour; masked cells are NaN: its "bad" grey. (Not infinity: matplotlib counts that as bad, too.)
     span = scaling.high - scaling.low
     np.copyto(picture, np.float32(scaling.high + span + 1.0), where=np.isinf(picture))
+    if layout.caption:  # the strips under the panels, for their captions: the "under" colour, white
+        for r in range(rows):
+            y = layout.origin(r, 0)[0] + ph
+            picture[y:y + layout.caption] = np.float32(scaling.low - span - 1.0)
     from matplotlib.cm import ScalarMappable
 
     colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
     # white between panels; dark grey where white is a colour of the scale (diverging maps' zero)
-    picture_map = colormap.with_extremes(over="#595959" if diverging else "white")
+    picture_map = colormap.with_extremes(over="#595959" if diverging else "white", under="white")
 
     total = (blocks[0] * layout.blocks[0], blocks[1] * layout.blocks[1])
     notes = [f"blocks of {total[0]}x{total[1]}, {reduce}"] if total != (1, 1) else []
@@ -792,6 +796,7 @@ def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mapp
     place(ax, x0, y0, width, height)
     place(cax, x0 + width + bar_gap, y0 + bar_y, bar_w, bar_h)
     text.set_position((0.5, 1 - PAD / fig_h))
+    fig.mosaic_layout = layout  # where each panel is in the picture (tests read pixels by it)
     return fig
 
 
@@ -847,7 +852,7 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
     heads = list(heads) if heads is not None else list(range(n_heads))
     layer_names = [str(layer_ids[i]) if layer_ids is not None else str(i) for i in layers]
     head_names = [str(head_ids[i]) if head_ids is not None else str(i) for i in heads]
-    get_map = _grid_getter(w, keep, real_rows)
+    get_map = grid_getter(w, keep, real_rows)
     shape = (w.shape[-2], w.shape[-1])
     chosen = []
     if len(layers) < n_layers:
@@ -873,7 +878,7 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
                          after_row=lambda _: release_pages(w), scale=scale)
 
 
-def _grid_getter(w: np.ndarray, keep: np.ndarray | None,
+def grid_getter(w: np.ndarray, keep: np.ndarray | None,
                  real_rows: np.ndarray | None) -> Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]:
     """``get(layer, head)``: that map of ``w [layers, heads, Lq, Lk]`` and its keep mask, padded query
     rows (``real_rows`` False) masked too."""
@@ -909,7 +914,7 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
     difference first), each with its score: ``(layer, head)``, or ``(layer, None)`` with
     ``reduce_heads`` (the ``heads`` reduced to one map). Each panel's caption names its layer and
     head and its ``measure``; the heading says how many of ``total`` are shown and in what order."""
-    get_map = _grid_getter(w, keep, real_rows)
+    get_map = grid_getter(w, keep, real_rows)
     shape = (w.shape[-2], w.shape[-1])
     heads = list(heads) if heads is not None else list(range(w.shape[1]))
     panels = [panel for panel, _ in ranked]
@@ -947,7 +952,7 @@ def rank_panels(w: np.ndarray, panels: Sequence[tuple[int, int | None]], *, keep
                 reduce_heads: str | None = None) -> list[tuple[tuple[int, int | None], float]]:
     """``panels`` of ``w`` with their largest ``|value|`` (masked cells and padded rows left out), the
     largest first (ties in the order given)."""
-    get_map = _grid_getter(w, keep, real_rows)
+    get_map = grid_getter(w, keep, real_rows)
     heads = list(heads) if heads is not None else list(range(w.shape[1]))
     scored = []
     for layer, head in panels:
@@ -965,7 +970,8 @@ def rank_panels(w: np.ndarray, panels: Sequence[tuple[int, int | None]], *, keep
 def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] = (), keep: np.ndarray | None = None,
                   grids: Sequence[np.ndarray] | None = None, lead: tuple[int, ...] | None = None,
                   full_shape: tuple[int, int] | None = None, blocks: tuple[int, int] = (1, 1),
-                  cmap: str | None = None, reduce: str = "mean", colorbar_label: str = "weight") -> Any:
+                  cmap: str | None = None, reduce: str = "mean", colorbar_label: str = "weight",
+                  scale: ColourScale | None = None) -> Any:
     """The slices of ``maps [..., Lq, Lk]`` (``keep`` broadcasts to it) as one mosaic titled ``title``: the last
     leading axis across, the others down (``batch 0``, or ``0, 1`` for several); one leading axis of
     more than 16 wraps into rows. Or already aggregated ``grids`` of the slices of ``lead`` in
@@ -1004,7 +1010,7 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
 
     return mosaic_figure(get, rows, cols, shape, title=title, row_labels=row_labels, col_labels=col_labels,
                          row_name=row_name, col_name=col_name, cmap=cmap, reduce=reduce,
-                         colorbar_label=colorbar_label, full_shape=full_shape, blocks=blocks)
+                         colorbar_label=colorbar_label, full_shape=full_shape, blocks=blocks, scale=scale)
 
 
 def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None = None,
