@@ -1,0 +1,456 @@
+"""The offline HTML report (``--html FILE``): one self-contained page, script, style and data inline.
+
+What the page shows (drawn by ``assets/report.js``, styled by ``assets/report.css``, both inlined here
+so that the file opens from disk, offline, with no server and no network request of any kind):
+
+* the grid of maps (a model's layer x head grid; a compute command's batch x head slices) as
+  thumbnails, all on one colour scale with a colour bar;
+* one map at a time, larger, with token labels on its axes: a click on a thumbnail opens it, a
+  hover over a cell reads its query, key and weight (and their positions);
+* a head view (as bertviz draws it: the tokens in two columns, lines from a chosen query token to
+  the keys it attends to, opacity by weight; a head selector) when the maps have at most
+  ``HEAD_VIEW_MAX`` tokens a side;
+* a statistics table (inspect's head statistics, compare's per-head differences, a compute
+  command's per-slice summary), sorted by a click on a column header.
+
+Long maps are aggregated in blocks with the functions the PNGs use (``heatmap.block_factors`` and
+``heatmap.reduce_panel``): the thumbnails exactly as the ``--png`` grid (``heatmap.mosaic_layout``),
+the opened maps as ``--map-png`` (at most ``heatmap.MAX_SIDE`` cells a side), coarser when the whole
+report would hold more than ``MAX_VALUES`` numbers; the page says so wherever a map is aggregated.
+That bounds the file: about 5.4 bytes a value (float32 in base64) plus the thumbnails (PNG data
+URIs of at most ``heatmap.PANEL_MAX`` pixels a side), so at most about 20 MB; a BERT-base dump
+(12 layers x 12 heads x 512 tokens) gives about 14 MB (README, "HTML report").
+
+The data travels as JSON in a ``<script type="application/json">`` element, with ``<``, ``>`` and
+``&`` written as ``\\u003c`` ... so that no label from a user's file can end the element; the script
+puts every label into the page with ``textContent``, never as markup. A Content-Security-Policy
+forbids every fetch (images only from ``data:``).
+
+NumPy only: no matplotlib (the colour maps are small tables here; ``--cmap`` reads matplotlib's,
+which checking the option has loaded already), no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attnviz import __version__
+from attnviz.render import text as inert
+from attnviz.render.heatmap import DPI, MAX_SIDE, block_factors, mosaic_layout, reduce_panel
+
+if TYPE_CHECKING:
+    from attnviz.pipeline import Outcome
+
+#: the opened maps of a report hold at most this many values in all (4 bytes each, base64: about 16 MB)
+MAX_VALUES = 3_000_000
+#: the head view is drawn for maps of at most this many tokens a side, at full resolution
+HEAD_VIEW_MAX = 256
+LABEL_WIDTH = 64  # characters of a token label kept in the page (the page shortens further for the axes)
+BAD = (0xD9, 0xD9, 0xD9)  # masked cells: light grey, as in the PNGs
+LEVELS = 255  # colours of a scale; a thumbnail's palette holds them and the grey of masked cells
+
+# matplotlib's viridis and RdBu_r at 17 evenly spaced points; the page and the thumbnails interpolate
+_STOPS = {
+    "viridis": "440154 48186a 472d7b 424086 3b528b 33638d 2c728e 26828e 21918c 1fa088 28ae80 3fbc73 5ec962 "
+               "84d44b addc30 d8e219 fde725",
+    "RdBu_r": "053061 175290 2a71b2 3f8ec0 6bacd1 9bc9e0 c2ddec e0ecf3 f7f6f6 fbe5d8 fbccb4 f5aa89 e48066 "
+              "d05548 ba2832 930e26 67001f",
+}
+
+
+def colour_table(cmap: str | None, diverging: bool = False) -> np.ndarray:
+    """``LEVELS`` RGB colours (``uint8 [LEVELS, 3]``) of a colour map: viridis (RdBu_r when ``diverging``)
+    from the tables above; any other name from matplotlib (``check_cmap`` has vetted it)."""
+    name = cmap or ("RdBu_r" if diverging else "viridis")
+    if name in _STOPS:
+        stops = np.array([[int(h[i:i + 2], 16) for i in (0, 2, 4)] for h in _STOPS[name].split()], np.float64)
+        at = np.linspace(0.0, 1.0, len(stops))
+        t = np.linspace(0.0, 1.0, LEVELS)
+        return np.stack([np.interp(t, at, stops[:, ch]) for ch in range(3)], axis=1).round().astype(np.uint8)
+    from matplotlib import colormaps
+
+    rgba = colormaps[name](np.linspace(0.0, 1.0, LEVELS))
+    return (rgba[:, :3] * 255).round().astype(np.uint8)
+
+
+def colour_index(values: np.ndarray, vmin: float, vmax: float) -> np.ndarray:
+    """The colour of each value, an index into the table (0 at ``vmin``, ``LEVELS - 1`` at ``vmax``);
+    ``LEVELS`` for NaN (masked). The page's script computes the same."""
+    span = vmax - vmin if vmax > vmin else 1.0
+    with np.errstate(invalid="ignore"):
+        t = np.clip((np.asarray(values, np.float64) - vmin) / span, 0.0, 1.0)
+    index = np.floor(np.nan_to_num(t, nan=0.0) * (LEVELS - 1) + 0.5).astype(np.uint8)
+    index[np.isnan(values)] = LEVELS
+    return index
+
+
+def indexed_png(index: np.ndarray, palette: np.ndarray) -> bytes:
+    """A PNG of palette indices (``uint8 [h, w]``, colour type 3): one byte a pixel whatever the
+    colours, so a thumbnail of ``h x w`` cells is at most ``h * (w + 1)`` bytes before compression."""
+    import struct
+    import zlib
+
+    height, width = index.shape
+    raw = np.zeros((height, width + 1), np.uint8)  # a leading 0 per row: no filter
+    raw[:, 1:] = index
+
+    def chunk(tag: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+    per_metre = round(DPI / 0.0254)
+    return b"".join((b"\x89PNG\r\n\x1a\n",
+                     chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0)),
+                     chunk(b"PLTE", np.asarray(palette, np.uint8).tobytes()),
+                     chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
+                     chunk(b"IDAT", zlib.compress(raw.tobytes(), 9)),
+                     chunk(b"IEND", b"")))
+
+
+def thumbnail_png(cells: np.ndarray, lut: np.ndarray, vmin: float, vmax: float) -> bytes:
+    """A PNG of aggregated cells coloured by the table, masked (NaN) cells grey."""
+    return indexed_png(colour_index(cells, vmin, vmax), np.vstack([lut, np.array([BAD], np.uint8)]))
+
+
+@dataclass
+class StatsTable:
+    """A sortable table of the page: ``columns`` are (name, kind, description), kind ``int``,
+    ``num`` or ``text``; ``maps[n]`` is the map row ``n`` opens (or None)."""
+
+    title: str
+    columns: list[tuple[str, str, str]]
+    rows: list[list[Any]] = field(default_factory=list)
+    maps: list[int | None] = field(default_factory=list)
+    caption: str = ""
+    precision: int = 3
+
+    def as_json(self) -> dict[str, Any]:
+        def value(v: Any) -> Any:
+            if isinstance(v, (float, np.floating)):
+                return float(v) if math.isfinite(float(v)) else None
+            if isinstance(v, (int, np.integer)):
+                return int(v)
+            return None if v is None else inert.label(str(v), 80)
+
+        return {"title": inert.title(self.title), "caption": inert.title(self.caption, 2000),
+                "precision": self.precision,
+                "columns": [{"name": n, "kind": k, "description": d} for n, k, d in self.columns],
+                "rows": [[value(v) for v in row] for row in self.rows], "maps": self.maps}
+
+
+def detail_blocks(count: int, shape: tuple[int, int], budget: int = MAX_VALUES,
+                  max_side: int = MAX_SIDE) -> tuple[int, int]:
+    """Block sizes of the opened maps: ``--map-png``'s (at most ``max_side`` cells a side), coarser
+    until ``count`` maps of ``shape`` hold at most ``budget`` values in all."""
+    longest = max(shape)
+    f = 1
+    while True:
+        side = min(max_side, math.ceil(longest / f))
+        fr, fc = block_factors(shape[0], shape[1], side)
+        if count * math.ceil(shape[0] / fr) * math.ceil(shape[1] / fc) <= budget or side == 1:
+            return fr, fc
+        f += 1
+
+
+MapGetter = Callable[[int, int], "tuple[np.ndarray, np.ndarray | None] | None"]
+
+
+def grid_report(
+    get: MapGetter,
+    rows: int,
+    cols: int,
+    shape: tuple[int, int],
+    *,
+    title: str,
+    subtitle: str = "",
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    row_name: str,
+    col_name: str,
+    map_names: Sequence[Sequence[str]] | None = None,
+    q_labels: Sequence[str] | None = None,
+    k_labels: Sequence[str] | None = None,
+    q_name: str = "query",
+    k_name: str = "key",
+    cmap: str | None = None,
+    reduce: str = "mean",
+    diverging: bool = False,
+    colorbar_label: str = "weight",
+    stats: StatsTable | None = None,
+    selected: tuple[int, int] = (0, 0),
+    notes: Sequence[str] = (),
+    full_shape: tuple[int, int] | None = None,
+    blocks: tuple[int, int] = (1, 1),
+    after_row: Callable[[int], None] | None = None,
+    budget: int = MAX_VALUES,
+    count: int | None = None,
+) -> str:
+    """The HTML document of ``rows x cols`` maps of ``shape`` (``get(r, c)`` as for
+    ``heatmap.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
+    slot, ``count`` the maps that are not; maps already aggregated come with ``blocks`` and their
+    ``full_shape``). The opened maps hold at most ``budget`` values in all."""
+    full = full_shape or shape
+    thumb_blocks = mosaic_layout(rows, cols, shape).blocks  # the PNG grid's
+    fr, fc = detail_blocks(count or rows * cols, shape, budget)
+    maps: list[dict[str, Any]] = []
+    thumbs: list[np.ndarray] = []
+    details: list[np.ndarray] = []
+    high, low = -math.inf, 0.0
+    masked = False
+    for r in range(rows):
+        for c in range(cols):
+            got = get(r, c)
+            if got is None:
+                continue
+            data, keep = got
+            thumb = reduce_panel(data, keep, *thumb_blocks, reduce)
+            detail = thumb if (fr, fc) == thumb_blocks else reduce_panel(data, keep, fr, fc, reduce)
+            masked = masked or bool(np.isnan(detail).any())
+            for cells in (thumb, detail):
+                if np.isfinite(cells).any():
+                    high = max(high, float(np.nanmax(cells)))
+                    low = min(low, float(np.nanmin(cells)))
+            name = (map_names[r][c] if map_names is not None
+                    else f"{row_name} {row_labels[r]}, {col_name} {col_labels[c]}")
+            maps.append({"row": r, "col": c, "name": inert.title(name)})
+            thumbs.append(thumb)
+            details.append(detail.astype("<f4"))
+        if after_row is not None:
+            after_row(r)
+    if not math.isfinite(high):  # nothing but masked cells
+        high, low = 1.0, 0.0
+    if diverging:
+        high = max(abs(low), abs(high)) or 1.0
+        low = -high
+    elif high <= low:
+        high = low + 1.0
+    lut = colour_table(cmap, diverging)
+    for m, thumb, detail in zip(maps, thumbs, details):
+        m["thumb"] = "data:image/png;base64," + base64.b64encode(thumbnail_png(thumb, lut, low, high)).decode("ascii")
+        m["data"] = base64.b64encode(detail.tobytes()).decode("ascii")
+    total = (blocks[0] * fr, blocks[1] * fc)
+    total_thumb = (blocks[0] * thumb_blocks[0], blocks[1] * thumb_blocks[1])
+    detail_cells = (math.ceil(shape[0] / fr), math.ceil(shape[1] / fc))
+    page_notes = [inert.title(n, 2000) for n in notes]
+    if total != (1, 1):
+        page_notes.append(f"Maps [{full[0]}, {full[1]}] are shown in blocks of {total[0]}x{total[1]} positions "
+                          f"({reduce} of each block){'' if (fr, fc) == (1, 1) else ', to keep this file small'}.")
+    if total_thumb != (1, 1):
+        page_notes.append(f"Thumbnails: blocks of {total_thumb[0]}x{total_thumb[1]} positions ({reduce}).")
+    index = {(m["row"], m["col"]): n for n, m in enumerate(maps)}
+    doc = {
+        "attnviz": __version__,
+        "title": inert.title(title),
+        "subtitle": inert.title(subtitle, 2000),
+        "notes": page_notes,
+        "rowName": inert.label(row_name, 40), "colName": inert.label(col_name, 40),
+        "rowLabels": [inert.label(t, 40) for t in row_labels],
+        "colLabels": [inert.label(t, 40) for t in col_labels],
+        "rows": rows, "cols": cols,
+        "maps": maps,
+        "selected": index.get(selected, 0),
+        "shape": list(full), "cells": list(detail_cells), "blocks": list(total), "thumbCells": list(thumbs[0].shape)
+        if thumbs else [0, 0], "reduce": reduce,
+        "qLabels": None if q_labels is None else [inert.label(t, LABEL_WIDTH) for t in q_labels],
+        "kLabels": None if k_labels is None else [inert.label(t, LABEL_WIDTH) for t in k_labels],
+        "qName": inert.label(q_name, 40), "kName": inert.label(k_name, 40),
+        "scale": {"vmin": low, "vmax": high, "diverging": diverging, "label": inert.label(colorbar_label, 40),
+                  "lut": base64.b64encode(lut.tobytes()).decode("ascii"), "masked": masked},
+        "headView": {"max": HEAD_VIEW_MAX,
+                     "enabled": total == (1, 1) and max(full) <= HEAD_VIEW_MAX and bool(maps)},
+        "stats": stats.as_json() if stats is not None else None,
+    }
+    return document(doc)
+
+
+def _asset(name: str) -> str:
+    return resources.files("attnviz.render").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def embed_json(doc: Any) -> str:
+    """``doc`` as JSON that is safe inside a ``<script>`` element: ``<``, ``>`` and ``&`` escaped
+    (``</script>`` in a label cannot end it); no NaN (not JSON)."""
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+       "base-uri 'none'; form-action 'none'")
+
+
+def document(doc: dict[str, Any]) -> str:
+    """The whole page: the style, the data and the script inline."""
+    css, js = _asset("report.css"), _asset("report.js")
+    for name, text, tag in (("report.css", css, "</style"), ("report.js", js, "</script")):
+        if tag in text.lower() or "<!--" in text:  # our own files; a guard against an edit that breaks the page
+            raise ValueError(f"{name} must not contain {tag!r} or '<!--'")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<meta name=\"generator\" content=\"attnviz {html.escape(__version__)}\">\n"
+        "<link rel=\"icon\" href=\"data:,\">\n"
+        f"<title>{html.escape(doc['title'])}</title>\n"
+        f"<style>\n{css}</style>\n</head>\n<body>\n"
+        "<noscript><p>This attnviz report draws its maps with JavaScript; please allow scripts for this file.</p>"
+        "</noscript>\n<main id=\"app\"></main>\n"
+        f"<script type=\"application/json\" id=\"attnviz-data\">{embed_json(doc)}</script>\n"
+        f"<script>\n{js}</script>\n</body>\n</html>\n"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The three kinds of report
+
+
+def model_report(w: np.ndarray, *, title: str, subtitle: str = "", q_labels: Sequence[str] | None = None,
+                 k_labels: Sequence[str] | None = None, keep: np.ndarray | None = None,
+                 real_rows: np.ndarray | None = None, stats: StatsTable | None = None,
+                 selected: tuple[int, int] = (0, 0), cmap: str | None = None, reduce: str = "mean",
+                 diverging: bool = False, colorbar_label: str = "weight", notes: Sequence[str] = ()) -> str:
+    """The report of a model's ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped), read a layer
+    at a time, as ``heatmap.model_grid_figure``: ``keep`` broadcasts to ``w``, ``real_rows``
+    (``[layers, heads, Lq]``) greys padded query rows."""
+    from attnviz.io import release_pages
+
+    layers, heads = w.shape[:2]
+    full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
+    rows_real = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
+
+    def get(li: int, hi: int) -> tuple[np.ndarray, np.ndarray | None]:
+        one = None if full_keep is None else full_keep[li, hi]
+        if rows_real is not None and not rows_real[li, hi].all():
+            one = np.ones(w.shape[-2:], bool) if one is None else one.copy()
+            one[~rows_real[li, hi]] = False
+        return w[li, hi], one
+
+    return grid_report(get, layers, heads, (w.shape[-2], w.shape[-1]), title=title, subtitle=subtitle,
+                       row_labels=[str(i) for i in range(layers)], col_labels=[str(i) for i in range(heads)],
+                       row_name="layer", col_name="head", q_labels=q_labels, k_labels=k_labels, cmap=cmap,
+                       reduce=reduce, diverging=diverging, colorbar_label=colorbar_label, stats=stats,
+                       selected=selected, notes=notes, after_row=lambda _: release_pages(w))
+
+
+def head_stats_table(stats: dict[str, np.ndarray], columns: dict[str, str], *, caption: str = "",
+                     precision: int = 3) -> StatsTable:
+    """inspect's head statistics (``inspect.head_statistics``), one row per layer and head;
+    ``columns`` maps a statistic to its column name."""
+    layers, heads = stats["entropy"].shape
+    table = StatsTable("head statistics", [("layer", "int", "layer"), ("head", "int", "head")]
+                       + [(name, "num", key) for key, name in columns.items()] + [("pattern", "text", "")],
+                       caption=caption, precision=precision)
+    for li in range(layers):
+        for hi in range(heads):
+            table.rows.append([li, hi, *[float(np.asarray(stats[k])[li, hi]) for k in columns],
+                               str(stats["tag"][li, hi])])
+            table.maps.append(li * heads + hi)
+    return table
+
+
+def compare_stats_table(diff: np.ndarray, js: np.ndarray, precision: int = 3) -> StatsTable:
+    """Per layer and head of ``diff [L, B, H, Lq, Lk]`` (A - B, 0 in padded rows) and ``js
+    [L, B, H, Lq]`` (NaN in padded rows): largest and mean |A - B| and Jensen-Shannon divergence
+    over every batch entry's real rows."""
+    layers, _, heads = diff.shape[:3]
+    real = ~np.isnan(js)
+    table = StatsTable("differences per head (every batch entry, real query rows)",
+                       [("layer", "int", "layer"), ("head", "int", "head"),
+                        ("max |A-B|", "num", "largest |A - B|"), ("mean |A-B|", "num", "mean |A - B|"),
+                        ("mean JS", "num", "mean Jensen-Shannon divergence of the rows (nats)"),
+                        ("max JS", "num", "largest Jensen-Shannon divergence of a row")],
+                       caption="JS: Jensen-Shannon divergence of a query row of A and of B, in nats (at most ln 2)",
+                       precision=precision)
+    for li in range(layers):
+        for hi in range(heads):
+            d = np.abs(np.asarray(diff[li, :, hi], np.float64))
+            n = int(real[li, :, hi].sum())
+            j = js[li, :, hi][real[li, :, hi]]
+            table.rows.append([li, hi, float(d.max()) if d.size else 0.0,
+                               float(d.sum() / (n * d.shape[-1])) if n else None,
+                               float(j.mean()) if n else None, float(j.max()) if n else None])
+            table.maps.append(li * heads + hi)
+    return table
+
+
+def compute_report(outcome: Outcome, *, title: str | None = None, cmap: str | None = None, reduce: str = "mean",
+                   index: tuple[int, ...] = (), precision: int = 3) -> str:
+    """The report of a compute command: its weights' batch x head slices (the last leading axis
+    across, the others down; one leading axis of more than 16 wraps, as ``heatmap.slices_mosaic``),
+    and the per-slice summary. A blockwise run's aggregated maps stand in for the weights."""
+    from attnviz.errors import shape_str
+    from attnviz.render.heatmap import lead_axis_names
+    from attnviz.render.table import slice_label
+
+    prep, result, streamed = outcome.prepared, outcome.result, outcome.streamed
+    names = prep.lead_names
+    lead, (lq, lk) = tuple(prep.weights_shape[:-2]), tuple(prep.weights_shape[-2:])
+    heading = title or f"{prep.variant.name} attention weights {shape_str(prep.weights_shape)}"
+    slices = list(np.ndindex(*lead)) if lead else [()]
+    count = len(slices)
+    notes: list[str] = []
+    if any(v.png for v in result.views):
+        notes.append(f"The report shows the {prep.variant.weights_title}; the PNG also draws "
+                     + ", ".join(v.title for v in result.views if v.png) + ".")
+    if streamed is not None:
+        grids = list(streamed.grids)
+        if len(grids) < count:
+            notes.append(f"A blockwise run keeps the maps of the first {len(grids)} of {count} slices: those are "
+                         "shown.")
+            slices, count = slices[:len(grids)], len(grids)
+        shape: tuple[int, int] = (grids[0].shape[0], grids[0].shape[1])
+        blocks, full = streamed.grid_blocks, (lq, lk)
+    else:
+        shape, blocks, full = (lq, lk), (1, 1), None
+        full_keep = None if prep.mask.keep is None else np.broadcast_to(prep.mask.keep, prep.weights_shape)
+    axis = lead_axis_names(len(lead), names)
+    if len(lead) <= 1:
+        n = count
+        cols = n if n <= 16 else math.ceil(math.sqrt(n))
+        rows = math.ceil(n / cols)
+        col_labels = [str(c) if rows == 1 else f"+{c}" for c in range(cols)]
+        row_labels = [""] if rows == 1 else [f"{r * cols}-{min(n, (r + 1) * cols) - 1}" for r in range(rows)]
+        row_name, col_name = ("", axis[0] if axis else "") if rows == 1 else (f"{axis[0]}s", "+ offset in the row")
+    else:
+        cols, rows = lead[-1], count // lead[-1]
+        col_labels = [str(c) for c in range(cols)]
+        row_labels = [", ".join(str(i) for i in s) for s in np.ndindex(*lead[:-1])]
+        row_name, col_name = ", ".join(axis[:-1]), axis[-1]
+    map_names = [[slice_label(slices[r * cols + c], names) if lead and r * cols + c < count else "map"
+                  for c in range(cols)] for r in range(rows)]
+
+    def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+        n = r * cols + c
+        if n >= count:
+            return None
+        if streamed is not None:
+            return streamed.grids[n], None
+        return result.weights[slices[n]], None if full_keep is None else full_keep[slices[n]]
+
+    stats = StatsTable("per-slice summary (means over the query rows that may attend)",
+                       [("slice", "text", "batch/head slice"), ("H", "num", "mean entropy (nats)"),
+                        ("H/log n", "num", "mean entropy over log of the keys a row may attend"),
+                        ("max", "num", "mean largest weight"), ("masked rows", "int", "fully masked query rows")],
+                       precision=precision)
+    for n, s in enumerate(np.ndindex(*lead) if lead else [()]):
+        one = outcome.stats.select(s)
+        live = ~one.masked
+        means = [float(x[live].mean()) if live.any() else None for x in (one.entropy, one.entropy_norm, one.max)]
+        stats.rows.append([slice_label(s, names) if lead else "weights", *means, int(one.masked.sum())])
+        stats.maps.append(n if n < count else None)
+    flat = int(np.ravel_multi_index(index, lead)) if lead and index else 0
+    selected = divmod(flat, cols) if flat < count else (0, 0)
+    lead_note = f"leading axes {', '.join(axis)}" if lead else "one map"
+    return grid_report(get, rows, cols, shape, title=heading,
+                       subtitle=f"{prep.variant.name}: weights {shape_str(prep.weights_shape)}, {lead_note}",
+                       row_labels=row_labels, col_labels=col_labels, row_name=row_name, col_name=col_name,
+                       map_names=map_names, q_labels=prep.q_labels, k_labels=prep.k_labels,
+                       q_name=prep.variant.axis_names[0], k_name=prep.variant.axis_names[1], cmap=cmap, reduce=reduce,
+                       stats=stats, selected=selected, notes=notes, full_shape=full, blocks=blocks, count=count)
