@@ -58,12 +58,14 @@ LABEL_WIDTH = 64  # characters of a token label kept in the page (the page short
 BAD = (0xD9, 0xD9, 0xD9)  # masked cells: light grey, as in the PNGs
 LEVELS = 255  # colours of a scale; a thumbnail's palette holds them and the grey of masked cells
 
-# matplotlib's viridis and RdBu_r at 17 evenly spaced points; the page and the thumbnails interpolate
+# matplotlib's viridis and RdBu_r at 33 evenly spaced points; the page and the thumbnails interpolate
 _STOPS = {
-    "viridis": "440154 48186a 472d7b 424086 3b528b 33638d 2c728e 26828e 21918c 1fa088 28ae80 3fbc73 5ec962 "
-               "84d44b addc30 d8e219 fde725",
-    "RdBu_r": "053061 175290 2a71b2 3f8ec0 6bacd1 9bc9e0 c2ddec e0ecf3 f7f6f6 fbe5d8 fbccb4 f5aa89 e48066 "
-              "d05548 ba2832 930e26 67001f",
+    "viridis": "440154 470d60 48186a 482374 472d7b 453781 424086 3e4989 3b528b 375b8d 33638d 2f6b8e 2c728e 297a8e "
+               "26828e 23898e 21918c 1f988b 1fa088 22a785 28ae80 32b67a 3fbc73 4ec36b 5ec962 70cf57 84d44b 98d83e "
+               "addc30 c2df23 d8e219 ece51b fde725",
+    "RdBu_r": "053061 0e4179 175290 1f63a8 2a71b2 3480b9 3f8ec0 529dc8 6bacd1 84bcd9 9bc9e0 aed3e6 c2ddec d4e6f1 "
+              "e0ecf3 ecf2f5 f7f6f6 f9eee7 fbe5d8 fddcc9 fbccb4 f8bb9e f5aa89 ee9677 e48066 db6b55 d05548 c53e3d "
+              "ba2832 ab162a 930e26 7c0722 67001f",
 }
 
 
