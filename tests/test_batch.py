@@ -154,3 +154,32 @@ def test_the_readme_batch_example_runs(tmp_path, monkeypatch):
     assert summary["failed"] == 0 and summary["run"] == len(job_lines)
     for produced in ("a.png", "a.json"):
         assert (tmp_path / produced).stat().st_size > 0
+
+
+def test_results_lines_of_a_jobs_file(folder):
+    """--results with a jobs file: the line number, paths as they ran (resolved against the jobs file's
+    folder), the files written, and the summary of a computed variant's document; --resume skips it."""
+    jobs = write_jobs(folder, [
+        {"command": "dot", "args": QKV, "options": {"json": "d.json", "save_weights": "w.npy"}},
+        "# a comment",
+        {"command": "dot", "args": ["missing.npy", "k.npy", "v.npy"]},
+    ])
+    results = folder / "r.jsonl"
+    r = runner.invoke(app, ["batch", jobs, "--results", str(results), "--quiet"])
+    assert r.exit_code == 1
+    ok, bad = (json.loads(line) for line in results.read_text().splitlines())
+    assert (ok["index"], ok["line"], ok["command"], ok["exit_code"]) == (0, 1, "dot", 0)
+    assert ok["args"] == [str(folder / a) for a in QKV] + ["--json-file", str(folder / "d.json"), "--save-weights",
+                                                           str(folder / "w.npy"), "--quiet"]
+    assert ok["outputs"] == [{"option": "--json-file", "path": str(folder / "d.json"),
+                              "bytes": (folder / "d.json").stat().st_size},
+                             {"option": "--save-weights", "path": str(folder / "w.npy"),
+                              "bytes": (folder / "w.npy").stat().st_size}]
+    doc = json.loads((folder / "d.json").read_text())
+    assert ok["summary"] == {"variant": "dot", "device": doc["device"], "dtype": "float32", "weights_shape": [3, 4],
+                             "output_shape": [3, 2], "warnings": 0}
+    assert (bad["index"], bad["line"], bad["exit_code"], bad["outputs"], bad["summary"]) == (1, 3, 2, [], None)
+    assert "missing.npy: no such file" in bad["error"]
+    r = runner.invoke(app, ["batch", jobs, "--results", str(results), "--resume", "--json", "-q"])
+    summary = json.loads(r.stdout)
+    assert (summary["run"], summary["resumed"], summary["failed"]) == (1, 1, 1)  # the failed job runs again

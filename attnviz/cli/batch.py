@@ -579,7 +579,7 @@ def run_batch(spec: list[str], each: str | None, shard: str | None, results_path
                                         record.get("error"), recorded=record))
             else:
                 todo.append(job)
-        for job in todo:  # staged files a killed run left beside the outputs it will write again
+        for job in jobs:  # hidden staged files a killed run left beside this shard's outputs
             for _, path in job.outputs:
                 remove_leftovers(path)
         if not quiet:
