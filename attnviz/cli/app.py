@@ -147,11 +147,11 @@ def variants_command(
                 "inputs": [i.name for i in v.inputs]} for v in REGISTRY.values()]
         stdout().write(json.dumps(doc, indent=2) + "\n")
         return
-    table = Table(title="attention variants", pad_edge=False)
-    table.add_column("command", style="bold")
+    table = Table(title="attention variants", pad_edge=False)  # rich wraps it to the width; long words fold
+    table.add_column("command", style="bold", no_wrap=True)
     table.add_column("inputs")
-    table.add_column("formula")
-    table.add_column("what it is")
+    table.add_column("formula", overflow="fold")
+    table.add_column("what it is", overflow="fold")
     for v in REGISTRY.values():
         table.add_row(v.name, " ".join(i.name.upper() for i in v.inputs), v.formula, v.summary)
     out_console().print(table)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from attnviz.inspect import CheckResult, InspectMask, Weights
+    from attnviz.render.table import Fitted
 
 CHECKS = "Checks (exit 3 when one fails)"
 SELECT = "Selection"
@@ -212,10 +213,14 @@ def _run_each(run: Any, options: dict[str, Any], files_key: str, outputs: tuple[
 
 
 def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
-                     precision: int = 2, padded: int = 0) -> Table:
+                     precision: int = 2, padded: int = 0) -> Fitted:
     """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
-    first); ``reverse`` turns the order round."""
+    first); ``reverse`` turns the order round. Laid out for the width it is printed at: on a terminal
+    too narrow for every column, the columns of ``FIT_DROPS`` are left out in that order (the caption
+    names them), never a number cut short."""
     import numpy as np
+
+    from attnviz.render.table import Fitted
 
     layers, heads = stats["entropy"].shape
     rows = [(li, hi) for li in range(layers) for hi in range(heads)]
@@ -232,21 +237,41 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         caption += f"; {padded} padded query rows left out, first and last are the first and last real keys"
     if len(shown) < len(rows):
         caption += f"; showing {len(shown)} of {len(rows)} heads (--top)"
-    from rich import box
-
-    table = Table(title=f"head statistics (by {sort}{', reversed' if reverse else ''})", caption=caption,
-                  caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
-    table.add_column("layer", justify="right", no_wrap=True)
-    table.add_column("head", justify="right", no_wrap=True)
-    for name in COLUMNS.values():
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("pattern", no_wrap=True)
     p = precision
-    for li, hi in shown:
-        tag = str(stats["tag"][li, hi])
-        table.add_row(str(li), str(hi), *[f"{float(np.asarray(stats[k])[li, hi]):.{p}f}" for k in COLUMNS],
-                      Text(tag, style="bold cyan" if tag else ""))
-    return table
+    cells = {"layer": [str(li) for li, _ in shown], "head": [str(hi) for _, hi in shown]}
+    for key, name in COLUMNS.items():
+        column = np.asarray(stats[key])
+        cells[name] = [f"{float(column[li, hi]):.{p}f}" for li, hi in shown]
+    cells["pattern"] = [str(stats["tag"][li, hi]) for li, hi in shown]
+    widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
+
+    def build(width: int | None) -> Table:
+        from rich import box
+
+        names = list(cells)
+        dropped: list[str] = []
+        for name in FIT_DROPS:  # box SIMPLE_HEAD, no padding: one space between and around columns
+            if width is None or sum(widths[n] for n in names) + len(names) + 1 <= width:
+                break
+            names.remove(name)
+            dropped.append(name)
+        note = f"; left out to fit the terminal: {', '.join(dropped)}" if dropped else ""
+        table = Table(title=f"head statistics (by {sort}{', reversed' if reverse else ''})", caption=caption + note,
+                      caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for name in names:
+            table.add_column(name, justify="left" if name == "pattern" else "right", no_wrap=True,
+                             overflow="ellipsis", width=widths[name])
+        for r in range(len(shown)):
+            tag = cells["pattern"][r]
+            table.add_row(*[cells[n][r] for n in names if n != "pattern"],
+                          *([Text(tag, style="bold cyan" if tag else "")] if "pattern" in names else []))
+        return table
+
+    return Fitted(build)
+
+
+#: head statistics left out, in this order, when the terminal is too narrow for all of them
+FIT_DROPS = ("last", "first", "prev", "diag", "dist", "pattern")
 
 
 def inspect_command(

@@ -7,6 +7,7 @@ threads: the streams are context variables, and each thread runs in its own cont
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,13 +41,42 @@ class MessageConsole(Console):
                       **kwargs)  # type: ignore[arg-type]
 
 
+DEFAULT_WIDTH = 80
+
+
+def output_width(stream: IO[str] | None = None) -> int:
+    """The width tables are laid out for: ``COLUMNS`` when it is a positive number; else the width of the
+    terminal standard output is (in a warm worker, the client's: ``attnviz.cli.serve`` answers
+    ``os.get_terminal_size`` for it); else 80, for a pipe or a file. (rich alone would take the width of
+    whichever of stdin, stdout and stderr is a terminal: ``attnviz ... | less`` would get the terminal's.)"""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    stream = stdout() if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (OSError, ValueError):
+        tty = False
+    if tty:
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):  # a worker's stream stands for the client's stdout
+            fd = 1
+        try:
+            return os.get_terminal_size(fd).columns or DEFAULT_WIDTH
+        except (OSError, ValueError):
+            pass
+    return DEFAULT_WIDTH
+
+
 def out_console() -> Console:
-    """A console for results (tables) on stdout."""
+    """A console for results (tables) on stdout, ``output_width()`` wide (the tables of
+    ``attnviz.render.table`` lay themselves out for it)."""
     stream = stdout()
     # markup and emoji codes off: token labels such as "[CLS]", "[bold]" or ":smile:" and file names are text
     if stream is not sys.stdout:
-        return MessageConsole(file=stream, highlight=False, markup=False, emoji=False)
-    return MessageConsole(highlight=False, markup=False, emoji=False)
+        return MessageConsole(file=stream, highlight=False, markup=False, emoji=False, width=output_width(stream))
+    return MessageConsole(highlight=False, markup=False, emoji=False, width=output_width(stream))
 
 
 def err_console() -> Console:

@@ -1,5 +1,26 @@
 """Rich tables of attention weights and per-query statistics. Builds renderables; never prints.
 
+**Fitting the width.** Every table is laid out for the width it is printed at (``Console.print`` hands
+it the console's width: ``COLUMNS``, the terminal's, or 80 on a pipe; see ``attnviz.cli.streams``). The
+functions here return a ``Fitted``, which builds its rich ``Table`` at render time, with every column
+given its exact width and ``no_wrap``, so that no line is wider than the console:
+
+* **Key columns** (one per key of a map, or per position of a vector) that do not all fit are elided
+  in the middle, the first and last ones kept around a ``…`` column, as rows are around a ``⋮`` row;
+  the caption says which were left out and how to see more. ``max_cols``: None shows what fits, ``N``
+  at most N (of those that fit), 0 every one (the table is then as wide as they need, wider than the
+  terminal if need be: for ``less -S`` or a file).
+* **Headers** are never folded: a key's label longer than ``HEADER_CELLS`` cells (or than its column)
+  ends in an ellipsis; a long fixed header gives way to a short name (``top-3 (key: weight)`` to
+  ``top-3``, ``fully masked rows`` to ``masked``).
+* **Row labels** (a position and its token) are cut with an ellipsis, never wrapped; the column is at
+  most ``ROW_LABEL_CELLS`` cells, a fifth of the width on narrow terminals.
+* **Top-k entries** (``2 sat: 0.034``) are never split across lines. When they do not fit on one line,
+  the argmax column is left out first (it is the first top-k entry; the caption says so), then the
+  entries' labels get shorter (9, then 6 cells), and only then do whole entries go on further lines.
+
+Widths are terminal cells (``rich.cells.cell_len``): a CJK character counts two.
+
 Long maps are elided: the first and last rows (and columns) are shown around a ``⋮`` row (``…``
 column), and the caption says what was left out and how to see more.
 
@@ -9,10 +30,13 @@ emoji codes), shortened and with control characters made visible (``attnviz.rend
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from rich.cells import cell_len, get_character_cell_size
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
@@ -25,6 +49,118 @@ from attnviz.stats import RowStats
 _RAMP = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 MASKED = "·"
 PAD = "pad"  # marks a query row at a padded position (left out of statistics and checks)
+GAP = "…"  # the column standing for the key columns left out
+ROW_LABEL_CELLS = 16  # the row-label column at most: a position and a 12-character label
+HEADER_CELLS = 10  # a key column's header at most
+ENTRY_LABEL_CELLS = (12, 9, 6)  # a top-k entry's label, as space allows
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` terminal cells (a wide character counts two), its end replaced by an
+    ellipsis when it was cut."""
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return inert.ELLIPSIS if width == 1 else ""
+    kept, used = [], 0
+    for ch in text:
+        size = get_character_cell_size(ch)
+        if used + size > width - 1:
+            break
+        kept.append(ch)
+        used += size
+    return "".join(kept) + inert.ELLIPSIS
+
+
+def frame(columns: int) -> int:
+    """Cells a table of ``columns`` columns spends besides its cells: a space either side of each cell
+    and a rule between and around them (rich's default box, padding and edges)."""
+    return 3 * columns + 1
+
+
+def row_label_cells(width: int | None) -> int:
+    """The widest row-label column for a table ``width`` cells wide."""
+    return ROW_LABEL_CELLS if width is None else max(6, min(ROW_LABEL_CELLS, width // 5))
+
+
+def number_width(values: Any, precision: int) -> int:
+    """Cells of the widest of ``values`` as the tables print them (``f"{x:.{precision}f}"``)."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return 1
+    finite = data[np.isfinite(data)]
+    width = 4 if finite.size < data.size else 1  # nan, inf, -inf
+    if finite.size:
+        width = max(width, len(f"{finite.max():.{precision}f}"), len(f"{finite.min():.{precision}f}"))
+    return width
+
+
+def ends(n: int, m: int) -> list[int | None]:
+    """``m`` of ``n`` positions: the first and the last ones around a ``None`` gap (all when ``m >= n``)."""
+    if m >= n:
+        return list(range(n))
+    m = max(m, 1)
+    head = (m + 1) // 2
+    return [*range(head), None, *range(n - (m - head), n)]
+
+
+def key_columns(n: int, width_of: Callable[[int], int], budget: int | None, limit: int | None) -> list[int | None]:
+    """Which of ``n`` key columns to show: at most ``limit`` (None: no limit; 0: every one, whatever the
+    width), and no more than fit in ``budget`` cells (None: any number), a column costing its width and
+    3, the ``…`` column 4. At least one is shown."""
+    if limit == 0:
+        return list(range(n))
+    cap = n if limit is None else min(limit, n)
+    if budget is None:
+        return ends(n, cap)
+    if cap == n:
+        total = 0
+        for j in range(n):
+            total += width_of(j) + 3
+            if total > budget:
+                break
+        else:
+            return list(range(n))
+    shown = ends(n, 1)
+    for m in range(2, cap + 1):
+        candidate = ends(n, m)
+        cost = sum(width_of(j) + 3 for j in candidate if j is not None) + (4 if None in candidate else 0)
+        if cost > budget:
+            break
+        shown = candidate
+    return shown
+
+
+def table_width(table: Table) -> int:
+    """The width of a table whose every column has its width set."""
+    return sum(c.width or 0 for c in table.columns) + frame(len(table.columns))
+
+
+class Fitted:
+    """A table laid out for the width it is printed at: ``Console.print`` renders it at the console's
+    width (``ConsoleOptions.max_width``). ``table(width)`` builds the rich ``Table`` itself (``None``:
+    natural widths, nothing elided for want of space). A table that asked for every column
+    (``max_cols=0``) and needs more than the width is printed at its own width, never squeezed."""
+
+    def __init__(self, build: Callable[[int | None], Table]) -> None:
+        self._build = build
+
+    def table(self, width: int | None = None) -> Table:
+        return self._build(width)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = self._build(options.max_width)
+        need = table_width(table)
+        yield from console.render(table, options.update_width(need) if need > options.max_width else options)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        need = table_width(self._build(options.max_width))
+        return Measurement(need, need)
+
+
+def _cells(text: str) -> int:
+    """Cells of the widest line of ``text``."""
+    return max((cell_len(line) for line in text.split("\n")), default=0)
 
 
 def shade(value: float, vmax: float) -> Style:
@@ -48,8 +184,8 @@ def _elided(indices: list[int | None], n: int, what: str) -> str | None:
     if None not in indices:
         return None
     gap = indices.index(None)
-    first_hidden = indices[gap - 1] + 1  # type: ignore[operator]
-    last_hidden = indices[gap + 1] - 1  # type: ignore[operator]
+    first_hidden = indices[gap - 1] + 1 if gap > 0 else 0  # type: ignore[operator]
+    last_hidden = indices[gap + 1] - 1 if gap + 1 < len(indices) else n - 1  # type: ignore[operator]
     return f"{what} {first_hidden}-{last_hidden} of {n}"
 
 
@@ -79,10 +215,23 @@ def _title(value: str | None) -> Text | None:
     return None if value is None else Text(inert.title(value), style="table.title")
 
 
-def _header(labels: Sequence[str] | None, j: int | None) -> Text:
-    if j is None:
-        return Text("…")
-    return Text(inert.label(labels[j]) if labels is not None else str(j))
+def _key_header(labels: Sequence[str] | None, j: int) -> str:
+    return inert.label(labels[j]) if labels is not None else str(j)
+
+
+def _key_column_width(labels: Sequence[str] | None, j: int, number: int) -> int:
+    """A key column: as wide as its numbers, and its header up to ``HEADER_CELLS``."""
+    return max(number, min(cell_len(_key_header(labels, j)), HEADER_CELLS))
+
+
+def _add_key_columns(table: Table, cols: Iterable[int | None], labels: Sequence[str] | None, number: int) -> None:
+    for j in cols:
+        if j is None:
+            table.add_column(Text(GAP), justify="center", no_wrap=True, width=1)
+            continue
+        w = _key_column_width(labels, j, number)
+        table.add_column(Text(clip(_key_header(labels, j), w)), justify="right", no_wrap=True, overflow="ellipsis",
+                         width=w)
 
 
 def weights_table(
@@ -99,12 +248,13 @@ def weights_table(
     row_ids: Sequence[int] | None = None,
     total_rows: int | None = None,
     padded: np.ndarray | None = None,
-) -> Table:
+) -> Fitted:
     """A table of one 2-D map ``[Lq, Lk]``, each cell shaded by its value. Masked cells show ``·``.
 
     ``row_ids``: ``weights`` holds only these rows of a map of ``total_rows`` (a long map computed in
     blocks keeps its first and last rows); the gap between them is elided like any other.
-    ``padded`` (bool ``[Lq]``): query rows at padded positions, labelled ``pad`` and shown dim, unshaded."""
+    ``padded`` (bool ``[Lq]``): query rows at padded positions, labelled ``pad`` and shown dim, unshaded.
+    ``max_cols``: None, the key columns that fit; N, at most N of them; 0, all (see the module)."""
     grid: Any = weights if row_ids is None else _RowsView(weights, row_ids)
     lq, lk = grid.shape
     if row_ids is not None:
@@ -118,39 +268,55 @@ def weights_table(
             rows.append(rid)
     else:
         rows = pick(lq, max_rows)
-    cols = pick(lk, max_cols)
+    shown = [i for i in rows if i is not None]
     vmax = array_max(weights) if lk else 1.0
-    caption_parts = [p for p in (_elided(rows, lq, "rows"), _elided(cols, lk, "columns")) if p]
-    caption = None
-    if caption_parts:
-        caption = "not shown: " + ", ".join(caption_parts) + " (--max-rows / --max-cols show more)"
-    if keep is not None and not keep.all():
-        caption = (caption + "; " if caption else "") + f"{MASKED} = masked"
-    if padded is not None and padded.any():
-        caption = (caption + "; " if caption else "") + f"{PAD} = a padded query row"
-    table = Table(title=_title(title), caption=_caption(caption), caption_justify="left")
-    label = max((len(axis_name(i, q_labels)) + (len(PAD) + 1 if padded is not None and padded[i] else 0)
-                 for i in rows if i is not None), default=1)
-    corner = Text(f"{inert.label(axis_names[0])} \\ {inert.label(axis_names[1])}")
-    table.add_column(corner, style="bold", overflow="fold", min_width=min(label, 16))
-    for j in cols:
-        table.add_column(_header(k_labels, j), justify="right", overflow="fold", min_width=precision + 3)
-    for i in rows:
-        if i is None:
-            table.add_row("⋮", *["⋮" for _ in cols])
-            continue
-        cells: list[Text | str] = []
-        pad = padded is not None and bool(padded[i])
-        for j in cols:
-            if j is None:
-                cells.append("…")
-            elif keep is not None and not keep[i, j]:
-                cells.append(Text(MASKED, style="dim", justify="center"))
-            else:
-                value = float(grid[i, j])
-                cells.append(Text(f"{value:.{precision}f}", style="dim" if pad else shade(value, vmax)))
-        table.add_row(Text(axis_name(i, q_labels) + (f" {PAD}" if pad else "")), *cells)
-    return table
+    number = number_width(weights if row_ids is not None else weights[shown], precision)
+    labels = {i: axis_name(i, q_labels) + (f" {PAD}" if padded is not None and padded[i] else "") for i in shown}
+    corner = f"{inert.label(axis_names[0])} \\ {inert.label(axis_names[1])}"
+    label_natural = max([*(cell_len(t) for t in labels.values()), min(cell_len(axis_names[0]), 8)])
+
+    def build(width: int | None) -> Table:
+        def width_of(j: int) -> int:
+            return _key_column_width(k_labels, j, number)
+
+        narrow = min(label_natural, row_label_cells(width))
+        wider = max(narrow, min(cell_len(corner), row_label_cells(width)))  # room for "query \\ key"
+        def fitting(label_w: int) -> list[int | None]:
+            return key_columns(lk, width_of, None if width is None else width - 1 - (label_w + 3), max_cols)
+
+        label_w, cols = narrow, fitting(narrow)
+        if wider > narrow and len(fitting(wider)) == len(cols):  # the wider only when it costs no key column
+            label_w, cols = wider, fitting(wider)
+        caption_parts = [p for p in (_elided(rows, lq, "rows"), _elided(cols, lk, "columns")) if p]
+        caption = None
+        if caption_parts:
+            caption = "not shown: " + ", ".join(caption_parts) + " (--max-rows / --max-cols show more)"
+        if keep is not None and not keep.all():
+            caption = (caption + "; " if caption else "") + f"{MASKED} = masked"
+        if padded is not None and padded.any():
+            caption = (caption + "; " if caption else "") + f"{PAD} = a padded query row"
+        table = Table(title=_title(title), caption=_caption(caption), caption_justify="left")
+        head = corner if cell_len(corner) <= label_w else clip(inert.label(axis_names[0]), label_w)
+        table.add_column(Text(head), style="bold", no_wrap=True, overflow="ellipsis", width=label_w)
+        _add_key_columns(table, cols, k_labels, number)
+        for i in rows:
+            if i is None:
+                table.add_row("⋮", *["⋮" for _ in cols])
+                continue
+            cells: list[Text | str] = []
+            pad = padded is not None and bool(padded[i])
+            for j in cols:
+                if j is None:
+                    cells.append(GAP)
+                elif keep is not None and not keep[i, j]:
+                    cells.append(Text(MASKED, style="dim", justify="center"))
+                else:
+                    value = float(grid[i, j])
+                    cells.append(Text(f"{value:.{precision}f}", style="dim" if pad else shade(value, vmax)))
+            table.add_row(Text(labels[i]), *cells)
+        return table
+
+    return Fitted(build)
 
 
 class _RowsView:
@@ -175,63 +341,145 @@ def stats_table(
     title: str | None = None,
     row_name: str = "query",
     padded: np.ndarray | None = None,
-) -> Table:
+) -> Fitted:
     """Per-query statistics of one 2-D map: entropy, normalised entropy, max, argmax, top-k, row sum.
-    ``padded`` (bool ``[Lq]``): rows at padded positions, shown as ``pad`` (left out)."""
+    ``padded`` (bool ``[Lq]``): rows at padded positions, shown as ``pad`` (left out).
+
+    To fit the width, the argmax column (the first top-k entry) is left out first, then the top-k
+    entries' labels are shortened, then whole entries wrap onto further lines; an entry is never split."""
     lq = stats.entropy.shape[0]
     rows = pick(lq, max_rows)
     elided = _elided(rows, lq, "rows")
     k = stats.top_index.shape[-1]
-    table = Table(
-        title=_title(title),
-        caption="H: entropy in nats; H/log n: normalised by the unmasked key count"
-        + (f"; {PAD}: a padded query row, left out" if padded is not None and padded.any() else "")
-        + (f"; not shown: {elided} (--max-rows shows more)" if elided else ""),
-        caption_justify="left",
-    )
     p = precision
-    number = p + 3  # "0.123" or "-0.12": numbers are never cut short
-    label = max((len(axis_name(i, q_labels)) for i in rows if i is not None), default=1)
-    key = max((len(axis_name(int(j), k_labels)) for j in np.unique(stats.top_index)), default=1)
-    # overflow "fold": a cell too narrow wraps its text, it never hides digits behind an ellipsis
-    table.add_column(Text(inert.label(row_name)), overflow="fold", min_width=min(label, 16))
-    table.add_column("H", justify="right", overflow="fold", min_width=number)
-    table.add_column("H/log n", justify="right", overflow="fold", min_width=number)
-    table.add_column("max", justify="right", overflow="fold", min_width=number)
-    table.add_column("argmax", overflow="fold", min_width=min(key, 16))
-    table.add_column(f"top-{k} (key: weight)", overflow="fold", min_width=min(key, 16) + number + 2)
-    table.add_column("sum", justify="right", overflow="fold", min_width=number)
     counted = ~stats.masked if padded is None else ~stats.masked & ~padded
-    sparse = bool(((stats.support < stats.n_keys) & counted).any())
-    if sparse:  # exact zeros among the keys a row may attend to: say how many keys each row uses
-        table.add_column("support", justify="right", overflow="fold")
+    sparse = bool(((stats.support < stats.n_keys) & counted).any())  # exact zeros: say how many keys each row uses
+    numbers = ("H", "H/log n", "max")
+
+    # every cell as text first: (row label, kind, the three numbers, argmax, top-k entries, sum, support)
+    records: list[dict[str, Any]] = []
     for i in rows:
-        support = [f"{int(stats.support[i])}/{int(stats.n_keys[i])}"] if sparse and i is not None else []
         if i is None:
-            table.add_row("⋮", *["⋮"] * (7 if sparse else 6))
+            records.append({"kind": "gap"})
             continue
+        rec: dict[str, Any] = {"label": axis_name(i, q_labels),
+                               "support": f"{int(stats.support[i])}/{int(stats.n_keys[i])}" if sparse else ""}
         if padded is not None and padded[i]:
-            table.add_row(Text(axis_name(i, q_labels)), *[Text(PAD, style="dim")] * (7 if sparse else 6))
-            continue
-        if stats.masked[i]:
-            table.add_row(Text(axis_name(i, q_labels)), *[Text("masked", style="dim")] * 5, f"{stats.row_sum[i]:.{p}f}",
-                          *support)
-            continue
-        top = "  ".join(
-            f"{axis_name(int(j), k_labels)}: {w:.{p}f}"
-            for j, w in zip(stats.top_index[i], stats.top_weight[i])
-        )
-        table.add_row(
-            Text(axis_name(i, q_labels)),
-            f"{stats.entropy[i]:.{p}f}",
-            f"{stats.entropy_norm[i]:.{p}f}",
-            f"{stats.max[i]:.{p}f}",
-            Text(axis_name(int(stats.argmax[i]), k_labels)),
-            Text(top),
-            f"{stats.row_sum[i]:.{p}f}",
-            *support,
-        )
-    return table
+            rec.update(kind="pad", support=PAD if sparse else "")
+        elif stats.masked[i]:
+            rec.update(kind="masked", sum=f"{stats.row_sum[i]:.{p}f}")
+        else:
+            rec.update(kind="row", numbers=[f"{stats.entropy[i]:.{p}f}", f"{stats.entropy_norm[i]:.{p}f}",
+                                            f"{stats.max[i]:.{p}f}"],
+                       argmax=axis_name(int(stats.argmax[i]), k_labels), sum=f"{stats.row_sum[i]:.{p}f}",
+                       top=[(int(j), f"{w:.{p}f}") for j, w in zip(stats.top_index[i], stats.top_weight[i])])
+        records.append(rec)
+
+    def filler(rec: dict[str, Any]) -> str:
+        return "⋮" if rec["kind"] == "gap" else PAD if rec["kind"] == "pad" else "masked"
+
+    def entry(j: int, weight: str, cells: int) -> str:
+        if k_labels is None:
+            return f"{j}: {weight}"
+        return f"{j} {clip(inert.label(k_labels[j], 12), cells)}: {weight}"
+
+    def entries(rec: dict[str, Any], cells: int) -> list[str]:
+        return [entry(j, w, cells) for j, w in rec["top"]] if rec["kind"] == "row" else [filler(rec)]
+
+    def one_line(cells: int) -> int:
+        return max((cell_len("  ".join(entries(rec, cells))) for rec in records), default=1)
+
+    def widest_entry(cells: int) -> int:
+        return max((cell_len(e) for rec in records for e in entries(rec, cells)), default=1)
+
+    def width_of(values: Iterable[str], header: str) -> int:
+        return max([cell_len(header), *(cell_len(v) for v in values)])
+
+    label_natural = max([cell_len(inert.label(row_name)), *(cell_len(r["label"]) for r in records if "label" in r)])
+    number_w = [width_of([r["numbers"][n] if r["kind"] == "row" else filler(r) for r in records], numbers[n])
+                for n in range(3)]
+    argmax_w = width_of([r["argmax"] if r["kind"] == "row" else filler(r) for r in records], "argmax")
+    sum_w = width_of([r.get("sum", filler(r)) if r["kind"] != "gap" else "⋮" for r in records], "sum")
+    support_w = width_of([r.get("support", "⋮") for r in records], "support") if sparse else 0
+    top_full, top_short = f"top-{k} (key: weight)", f"top-{k}"
+
+    def build(width: int | None) -> Table:
+        label_w = min(label_natural, row_label_cells(width))
+        argmax_shown, cells, wrap_at = True, ENTRY_LABEL_CELLS[0], None
+        if width is not None:
+            def room(argmax: bool) -> int:  # cells left for the top-k column
+                columns = 6 + argmax + sparse
+                used = label_w + sum(number_w) + sum_w + support_w + (min(argmax_w, ROW_LABEL_CELLS) if argmax else 0)
+                return width - used - frame(columns)
+
+            tries = [(True, ENTRY_LABEL_CELLS[0])] + [(False, c) for c in ENTRY_LABEL_CELLS]
+            fits = [(a, c) for a, c in tries if max(one_line(c), cell_len(top_short)) <= room(a)]
+            if fits:
+                argmax_shown, cells = fits[0]
+            else:  # whole entries on further lines, each entry's label as long as the column allows
+                argmax_shown = False
+                short_by = widest_entry(3) - room(False)
+                if short_by > 0:  # a narrow terminal: the row labels give way first
+                    label_w = max(min(label_natural, 6), label_w - short_by)
+                wrap_at = max(room(False), cell_len(top_short))
+                cells = next((c for c in (*ENTRY_LABEL_CELLS, 3) if widest_entry(c) <= wrap_at), 3)
+        lines = [entries(rec, cells) for rec in records]
+        if wrap_at is None:
+            top_w = one_line(cells)
+        else:
+            lines = [_pack(shown, wrap_at).split("\n") for shown in lines]
+            top_w = max((cell_len(line) for shown in lines for line in shown), default=1)
+        if width is None or top_w >= cell_len(top_full):
+            top_header = top_full
+        else:
+            top_header = top_short
+        top_w = max(top_w, cell_len(top_header))
+
+        notes = ["H: entropy in nats; H/log n: normalised by the unmasked key count"]
+        if not argmax_shown:
+            notes.append("argmax: the first top-k entry")
+        if padded is not None and padded.any():
+            notes.append(f"{PAD}: a padded query row, left out")
+        if elided:
+            notes.append(f"not shown: {elided} (--max-rows shows more)")
+        table = Table(title=_title(title), caption="; ".join(notes), caption_justify="left")
+        table.add_column(Text(clip(inert.label(row_name), label_w)), no_wrap=True, overflow="ellipsis", width=label_w)
+        for name, w in zip(numbers, number_w):
+            table.add_column(name, justify="right", no_wrap=True, width=w)
+        if argmax_shown:
+            table.add_column("argmax", no_wrap=True, overflow="ellipsis", width=min(argmax_w, ROW_LABEL_CELLS))
+        table.add_column(Text(top_header), no_wrap=True, overflow="ellipsis", width=top_w)
+        table.add_column("sum", justify="right", no_wrap=True, width=sum_w)
+        if sparse:
+            table.add_column("support", justify="right", no_wrap=True, width=support_w)
+        for rec, shown in zip(records, lines):
+            kind = rec["kind"]
+            if kind == "gap":
+                table.add_row("⋮", *["⋮"] * (len(table.columns) - 1))
+                continue
+            dim = Text(filler(rec), style="dim")
+            if kind == "row":
+                cells_: list[Text | str] = [*rec["numbers"], *([Text(rec["argmax"])] if argmax_shown else [])]
+                top: Text | str = Text("\n".join(shown) if wrap_at is not None else "  ".join(shown))
+            else:
+                cells_ = [dim] * (3 + argmax_shown)
+                top = dim
+            tail = [rec["sum"]] if kind != "pad" else [dim]
+            table.add_row(Text(rec["label"]), *cells_, top, *tail, *([rec["support"]] if sparse else []))
+        return table
+
+    return Fitted(build)
+
+
+def _pack(items: Sequence[str], width: int) -> str:
+    """``items`` joined by two spaces, a line break instead where the next would pass ``width`` cells."""
+    lines: list[str] = []
+    for item in items:
+        if lines and cell_len(lines[-1]) + 2 + cell_len(item) <= width:
+            lines[-1] += "  " + item
+        else:
+            lines.append(item)
+    return "\n".join(lines)
 
 
 def vector_table(
@@ -241,49 +489,65 @@ def vector_table(
     precision: int = 3,
     max_cols: int | None = None,
     title: str | None = None,
-) -> Table:
-    """One row of values over an axis (a pooling distribution, the attention a token receives)."""
-    cols = pick(values.shape[0], max_cols)
+) -> Fitted:
+    """One row of values over an axis (a pooling distribution, the attention a token receives); its
+    columns fitted to the width as a map's key columns are."""
+    n = values.shape[0]
     vmax = float(np.max(values)) if values.size else 1.0
-    elided = _elided(cols, values.shape[0], "columns")
-    table = Table(title=_title(title), caption=f"not shown: {elided} (--max-cols shows more)" if elided else None,
-                  caption_justify="left")
-    cells: list[Text | str] = []
-    for j in cols:
-        table.add_column(_header(labels, j), justify="right", overflow="fold", min_width=precision + 3)
-        cells.append("…" if j is None else Text(f"{float(values[j]):.{precision}f}",
-                                                style=shade(float(values[j]), vmax)))
-    table.add_row(*cells)
-    return table
+    number = number_width(values, precision)
+
+    def build(width: int | None) -> Table:
+        budget = None if width is None else width - 1
+        cols = key_columns(n, lambda j: _key_column_width(labels, j, number), budget, max_cols)
+        elided = _elided(cols, n, "columns")
+        table = Table(title=_title(title), caption=_caption(f"not shown: {elided} (--max-cols shows more)")
+                      if elided else None, caption_justify="left")
+        _add_key_columns(table, cols, labels, number)
+        table.add_row(*[GAP if j is None else Text(f"{float(values[j]):.{precision}f}",
+                                                   style=shade(float(values[j]), vmax)) for j in cols])
+        return table
+
+    return Fitted(build)
 
 
 def slice_summary_table(stats: RowStats, *, precision: int = 3, max_rows: int | None = None,
-                        names: Sequence[str] = ()) -> Table:
-    """One row per batch/head slice: means over its unmasked query rows."""
+                        names: Sequence[str] = ()) -> Fitted:
+    """One row per batch/head slice: means over its unmasked query rows. To fit the width, the last
+    header gives way to a short name (``masked``), then the slice names are cut with an ellipsis."""
     lead = stats.entropy.shape[:-1]
     slices = list(np.ndindex(*lead))
     rows = pick(len(slices), max_rows)
     elided = _elided(rows, len(slices), "slices")
-    table = Table(title="per-slice summary (means over query rows)",
-                  caption=f"not shown: {elided} (--max-rows shows more)" if elided else None, caption_justify="left")
-    for name in ("slice", "H", "H/log n", "max", "fully masked rows"):
-        table.add_column(name, justify="left" if name == "slice" else "right", overflow="fold")
     p = precision
+    records: list[list[str]] = []
     for r in rows:
         if r is None:
-            table.add_row(*["⋮"] * 5)
+            records.append(["⋮"] * 5)
             continue
         one = stats.select(slices[r])
         live = ~one.masked
+        name = inert.label(slice_label(slices[r], names), 80)
         if not live.any():
-            table.add_row(Text(inert.label(slice_label(slices[r], names), 80)), *[Text("masked", style="dim")] * 3,
-                          str(int(one.masked.sum())))
+            records.append([name, "masked", "masked", "masked", str(int(one.masked.sum()))])
             continue
-        table.add_row(
-            Text(inert.label(slice_label(slices[r], names), 80)),
-            f"{one.entropy[live].mean():.{p}f}",
-            f"{one.entropy_norm[live].mean():.{p}f}",
-            f"{one.max[live].mean():.{p}f}",
-            str(int(one.masked.sum())),
-        )
-    return table
+        records.append([name, f"{one.entropy[live].mean():.{p}f}", f"{one.entropy_norm[live].mean():.{p}f}",
+                        f"{one.max[live].mean():.{p}f}", str(int(one.masked.sum()))])
+    headers = ["slice", "H", "H/log n", "max", "fully masked rows"]
+    natural = [max([cell_len(h), *(cell_len(rec[c]) for rec in records)]) for c, h in enumerate(headers)]
+
+    def build(width: int | None) -> Table:
+        widths, last = list(natural), headers[-1]
+        if width is not None and sum(widths) + frame(5) > width:
+            last = "masked"
+            widths[4] = max(cell_len(last), *(cell_len(rec[4]) for rec in records))
+            widths[0] = max(8, min(widths[0], width - frame(5) - sum(widths[1:])))
+        table = Table(title="per-slice summary (means over query rows)",
+                      caption=f"not shown: {elided} (--max-rows shows more)" if elided else None,
+                      caption_justify="left")
+        for c, (name, w) in enumerate(zip([*headers[:4], last], widths)):
+            table.add_column(name, justify="left" if c == 0 else "right", no_wrap=True, overflow="ellipsis", width=w)
+        for rec in records:
+            table.add_row(Text(rec[0]), *[Text(v, style="dim") if v == "masked" else v for v in rec[1:]])
+        return table
+
+    return Fitted(build)
