@@ -9,8 +9,6 @@ import base64
 import json
 import math
 import re
-import struct
-import zlib
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -123,7 +121,7 @@ def test_the_report_is_self_contained(tmp_path):
         assert word not in script, word
     assert "url(" not in style and "@import" not in style and "@font-face" not in style
     doc = page_data(text)
-    assert all(m["thumb"].startswith("data:image/png;base64,") for m in doc["maps"])
+    assert all(thumb_indices(doc, n).shape == tuple(doc["thumbCells"]) for n in range(len(doc["maps"])))
     assert text.count(report._asset("report.js")) == 1 and text.count(report._asset("report.css")) == 1
 
 
@@ -288,34 +286,30 @@ def test_the_size_bound():
 # colours
 
 
-def png_pixels(uri: str) -> np.ndarray:
-    """RGB of an indexed PNG data: URL (no filters, as attnviz writes them): a small decoder."""
-    raw = base64.b64decode(uri.split(",", 1)[1])
-    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    while pos < len(raw):
-        length, = struct.unpack(">I", raw[pos:pos + 4])
-        tag = raw[pos + 4:pos + 8]
-        chunks[tag] = chunks.get(tag, b"") + raw[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    width, height, depth, kind = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, kind) == (8, 3)
-    rows = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(height, width + 1)
-    assert not rows[:, 0].any()
-    palette = np.frombuffer(chunks[b"PLTE"], np.uint8).reshape(-1, 3)
-    return palette[rows[:, 1:]]
+def thumb_indices(doc: dict, n: int) -> np.ndarray:
+    """The colour indices of thumbnail ``n``, as the page reads them."""
+    return np.frombuffer(base64.b64decode(doc["maps"][n]["thumb"]), np.uint8).reshape(doc["thumbCells"])
 
 
-def test_thumbnails_one_hot_is_the_top_of_the_scale_masked_grey():
-    cells = np.zeros((4, 5), np.float32)
-    cells[1, 2] = 1.0
-    cells[3, 4] = np.nan
-    lut = report.colour_table(None)
-    pixels = png_pixels("data:image/png;base64," + base64.b64encode(report.thumbnail_png(cells, lut, 0.0, 1.0))
-                        .decode())
-    assert tuple(pixels[1, 2]) == (0xFD, 0xE7, 0x25)  # viridis' top
-    assert tuple(pixels[0, 0]) == (0x44, 0x01, 0x54)  # and bottom
-    assert tuple(pixels[3, 4]) == report.BAD
+def test_thumbnails_share_one_scale_uniform_dark_one_hot_bright_masked_grey():
+    uniform = np.full((5, 5), 0.2, np.float32)
+    one_hot = np.zeros((5, 5), np.float32)
+    one_hot[:, 3] = 1.0
+    keep = np.ones((5, 5), bool)
+    keep[0, 0] = False
+
+    def get(r: int, c: int):
+        return (uniform, keep) if c == 0 else (one_hot, None)
+
+    doc = page_data(report.grid_report(get, 1, 2, (5, 5), title="t", row_labels=[""], col_labels=["0", "1"],
+                                       row_name="", col_name="head"))
+    assert (doc["scale"]["vmin"], doc["scale"]["vmax"]) == (0.0, 1.0)
+    flat, hot = thumb_indices(doc, 0), thumb_indices(doc, 1)
+    assert flat[0, 0] == report.LEVELS  # masked
+    assert set(flat.ravel()[1:]) == {round(0.2 * (report.LEVELS - 1))}  # dark: a fifth of the way up
+    assert set(hot[:, 3]) == {report.LEVELS - 1} and not hot[:, [0, 1, 2, 4]].any()
+    lut = np.frombuffer(base64.b64decode(doc["scale"]["lut"]), np.uint8).reshape(-1, 3)
+    assert tuple(lut[-1]) == (0xFD, 0xE7, 0x25) and tuple(lut[0]) == (0x44, 0x01, 0x54)  # viridis' ends
 
 
 def test_colour_tables_follow_matplotlib():

@@ -14,17 +14,19 @@ so that the file opens from disk, offline, with no server and no network request
   command's per-slice summary), sorted by a click on a column header.
 
 Long maps are aggregated in blocks with the functions the PNGs use (``heatmap.block_factors`` and
-``heatmap.reduce_panel``): the thumbnails exactly as the ``--png`` grid (``heatmap.mosaic_layout``),
+``heatmap.reduce_panel``): the thumbnails as the ``--png`` grid lays out its panels (``heatmap.mosaic_layout``),
 the opened maps as ``--map-png`` (at most ``heatmap.MAX_SIDE`` cells a side), coarser when the whole
 report would hold more than ``MAX_VALUES`` numbers; the page says so wherever a map is aggregated.
-That bounds the file: about 5.4 bytes a value (float32 in base64) plus the thumbnails (PNG data
-URIs of at most ``heatmap.PANEL_MAX`` pixels a side), so at most about 20 MB; a BERT-base dump
-(12 layers x 12 heads x 512 tokens) gives about 14 MB (README, "HTML report").
+That bounds the file: 16 MB for the opened maps (float32, base64) plus the thumbnails, one colour
+index a cell (base64; the grid is at most about ``heatmap.MOSAIC_SIDE`` cells a side up to 123 x 123
+maps, 3.4 MB), under 20 MB in all; a BERT-base dump (12 layers x 12 heads x 512 tokens) gives
+15.8 MB (README, "The HTML report").
 
 The data travels as JSON in a ``<script type="application/json">`` element, with ``<``, ``>`` and
 ``&`` written as ``\\u003c`` ... so that no label from a user's file can end the element; the script
 puts every label into the page with ``textContent``, never as markup. A Content-Security-Policy
-forbids every fetch (images only from ``data:``).
+forbids every fetch (images only from ``data:``, for the empty icon that keeps browsers from asking for
+a favicon): the page loads nothing (the thumbnails are canvases the script paints).
 
 NumPy only: no matplotlib (the colour maps are small tables here; ``--cmap`` reads matplotlib's,
 which checking the option has loaded already), no TensorFlow.
@@ -45,7 +47,7 @@ import numpy as np
 
 from attnviz import __version__
 from attnviz.render import text as inert
-from attnviz.render.heatmap import DPI, MAX_SIDE, block_factors, mosaic_layout, reduce_panel
+from attnviz.render.heatmap import MAX_SIDE, block_factors, mosaic_layout, reduce_panel
 
 if TYPE_CHECKING:
     from attnviz.pipeline import Outcome
@@ -56,7 +58,7 @@ MAX_VALUES = 3_000_000
 HEAD_VIEW_MAX = 256
 LABEL_WIDTH = 64  # characters of a token label kept in the page (the page shortens further for the axes)
 BAD = (0xD9, 0xD9, 0xD9)  # masked cells: light grey, as in the PNGs
-LEVELS = 255  # colours of a scale; a thumbnail's palette holds them and the grey of masked cells
+LEVELS = 255  # colours of a scale: a thumbnail's cells are indices 0..254 into them, 255 for masked
 
 # matplotlib's viridis and RdBu_r at 33 evenly spaced points; the page and the thumbnails interpolate
 _STOPS = {
@@ -93,33 +95,6 @@ def colour_index(values: np.ndarray, vmin: float, vmax: float) -> np.ndarray:
     index = np.floor(np.nan_to_num(t, nan=0.0) * (LEVELS - 1) + 0.5).astype(np.uint8)
     index[np.isnan(values)] = LEVELS
     return index
-
-
-def indexed_png(index: np.ndarray, palette: np.ndarray) -> bytes:
-    """A PNG of palette indices (``uint8 [h, w]``, colour type 3): one byte a pixel whatever the
-    colours, so a thumbnail of ``h x w`` cells is at most ``h * (w + 1)`` bytes before compression."""
-    import struct
-    import zlib
-
-    height, width = index.shape
-    raw = np.zeros((height, width + 1), np.uint8)  # a leading 0 per row: no filter
-    raw[:, 1:] = index
-
-    def chunk(tag: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
-
-    per_metre = round(DPI / 0.0254)
-    return b"".join((b"\x89PNG\r\n\x1a\n",
-                     chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0)),
-                     chunk(b"PLTE", np.asarray(palette, np.uint8).tobytes()),
-                     chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
-                     chunk(b"IDAT", zlib.compress(raw.tobytes(), 9)),
-                     chunk(b"IEND", b"")))
-
-
-def thumbnail_png(cells: np.ndarray, lut: np.ndarray, vmin: float, vmax: float) -> bytes:
-    """A PNG of aggregated cells coloured by the table, masked (NaN) cells grey."""
-    return indexed_png(colour_index(cells, vmin, vmax), np.vstack([lut, np.array([BAD], np.uint8)]))
 
 
 @dataclass
@@ -236,7 +211,7 @@ def grid_report(
         high = low + 1.0
     lut = colour_table(cmap, diverging)
     for m, thumb, detail in zip(maps, thumbs, details):
-        m["thumb"] = "data:image/png;base64," + base64.b64encode(thumbnail_png(thumb, lut, low, high)).decode("ascii")
+        m["thumb"] = base64.b64encode(colour_index(thumb, low, high).tobytes()).decode("ascii")
         m["data"] = base64.b64encode(detail.tobytes()).decode("ascii")
     total = (blocks[0] * fr, blocks[1] * fc)
     total_thumb = (blocks[0] * thumb_blocks[0], blocks[1] * thumb_blocks[1])

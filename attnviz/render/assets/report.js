@@ -6,7 +6,8 @@
  * textContent, attribute values or canvas fillText, never as markup.
  *
  * The data (written by attnviz/render/html.py):
- *   maps[n] = {row, col, name, thumb (a PNG data: URL), data (base64 of little-endian float32,
+ *   maps[n] = {row, col, name, thumb (base64 of thumbCells[0] x thumbCells[1] colour indices, 255 =
+ *             masked), data (base64 of little-endian float32,
  *             cells[0] x cells[1], NaN = masked)}
  *   shape = [Lq, Lk] of the maps; blocks = [fr, fc]: cell (i, j) of a map covers query positions
  *   i*fr .. min((i+1)*fr, Lq)-1 and key positions j*fc .. ; scale = {vmin, vmax, diverging, label,
@@ -142,17 +143,34 @@
         grid.appendChild(el("div", { className: "empty" }));
         continue;
       }
-      const img = el("img", { alt: "", draggable: "false" });
-      img.src = data.maps[n].thumb;
       const button = el("button", {
         type: "button", className: "thumb", "data-map": String(n), title: data.maps[n].name,
         "aria-label": data.maps[n].name, onclick: function () { select(n); },
-      }, [img]);
+      }, [thumbnail(data.maps[n].thumb)]);
       thumbs[n] = button;
       grid.appendChild(button);
     }
   }
   overview.appendChild(el("div", { className: "gridwrap" }, [grid]));
+
+  /** A thumbnail: a canvas of one pixel a cell, coloured from its colour indices. */
+  function thumbnail(b64) {
+    const index = bytes(b64);
+    const h = data.thumbCells[0], w = data.thumbCells[1];
+    const canvas = el("canvas", { width: String(w), height: String(h), "aria-hidden": "true" });
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(w, h);
+    for (let i = 0; i < w * h; i++) {
+      const k = index[i];
+      const col = k >= LEVELS ? BAD : [lut[3 * k], lut[3 * k + 1], lut[3 * k + 2]];
+      img.data[4 * i] = col[0];
+      img.data[4 * i + 1] = col[1];
+      img.data[4 * i + 2] = col[2];
+      img.data[4 * i + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+    return canvas;
+  }
 
   function sizeThumbs() {
     const labels = grid.querySelector(".rowlabel");
