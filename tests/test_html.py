@@ -226,6 +226,24 @@ def test_compare_report_holds_a_minus_b(tmp_path):
     assert row[3] == pytest.approx(float(np.abs(diff[1, 0, 1]).mean()), rel=1e-6)
 
 
+def test_layers_heads_and_vmax_choose_what_the_page_shows(tmp_path):
+    w = model((4, 1, 5, 6, 6), seed=4)
+    out = tmp_path / "r.html"
+    r = invoke("inspect", write_model(tmp_path, w), "--layers", "1,3", "--heads", "0,2-3", "--layer", "3",
+               "--head", "2", "--vmax", "0.5", "--html", out, "--quiet")
+    assert r.exit_code == 0, r.output
+    doc = page_data(out.read_text(encoding="utf-8"))
+    assert (doc["rowLabels"], doc["colLabels"]) == (["1", "3"], ["0", "2", "3"])
+    names = [m["name"] for m in doc["maps"]]
+    assert names == [f"layer {li}, head {hi}" for li in (1, 3) for hi in (0, 2, 3)]
+    for n, (li, hi) in enumerate((li, hi) for li in (1, 3) for hi in (0, 2, 3)):
+        np.testing.assert_array_equal(map_values(doc, n), w[li, 0, hi])
+    assert names[doc["selected"]] == "layer 3, head 2"
+    assert [row[:2] for row in doc["stats"]["rows"]] == [[li, hi] for li in (1, 3) for hi in (0, 2, 3)]
+    assert doc["stats"]["maps"] == list(range(6))
+    assert doc["scale"]["vmax"] == 0.5 and any("--vmax 0.5" in note for note in doc["notes"])
+
+
 def test_masked_cells_are_nan_in_the_page(tmp_path):
     w = model((1, 1, 1, 4, 4))
     keep = np.tril(np.ones((4, 4), bool))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from attnviz.cli.options import (
     typed,
     usage_message,
 )
-from attnviz.cli.streams import err_console, out_console, stderr, stdout
+from attnviz.cli.streams import err_console, out_console, silence, stderr, stdout
 from attnviz.errors import AttnvizError, ParamsError, shape_str
 from attnviz.variants import REGISTRY
 from attnviz.variants._base import Variant
@@ -76,6 +77,9 @@ def usage_errors() -> Iterator[None]:
     except ClickException as exc:
         stderr().write(error_line(usage_message(exc)))
         raise typer.Exit(exc.exit_code) from None
+    except BrokenPipeError:  # help or --version into `| head`: a reader that went away is no error
+        silence(sys.stdout)
+        raise typer.Exit(0) from None
 
 
 app = typer.Typer(
@@ -127,6 +131,9 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort):
         raise
+    except BrokenPipeError:  # a write past attnviz.cli.streams' guards: the output ends, not as an error
+        silence(sys.stdout)
+        raise typer.Exit(0) from None
     except Exception as exc:  # a bug: say so briefly, keep the traceback for those who ask
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
@@ -310,7 +317,8 @@ def write_files(outcome: Outcome, staged: StagedOutputs, out: OutputOptions) -> 
 
         index = parse_index(out.index, outcome.prepared.weights_shape[:-2])
         save_text(staged["--html"], compute_report(outcome, title=out.title, cmap=out.cmap, reduce=out.reduce,
-                                                   index=index, precision=out.precision))
+                                                   index=index, precision=out.precision, vmin=out.vmin,
+                                                   vmax=out.vmax, norm=out.norm))
         written["html"] = out.html or ""
     return written
 

@@ -574,7 +574,8 @@ def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarr
                                    "that key; max: mean largest weight")
         save_text(targets["--html"], model_report(
             w.data[:, bi], title=f"{name}, batch {bi}", q_labels=q_labels, k_labels=k_labels, keep=keep,
-            real_rows=real, stats=table, selected=(li, hi), cmap=o["cmap"], reduce=o["reduce"],
+            real_rows=real, stats=table, selected=(li, hi), cmap=o["cmap"], reduce=o["reduce"], layers=layers,
+            heads=heads, vmin=o["vmin"], vmax=o["vmax"], norm=o["norm"],
             subtitle=f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
                      f"{shape_str(w.shape)}; batch entry {bi} of {w.shape[1]}"))
         written["html"] = o["html"]
@@ -716,7 +717,8 @@ def run_compare(o: dict[str, Any]) -> bool:
                 subtitle=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]; "
                          f"batch entry {bi}", keep=keep, real_rows=real, diverging=True, colorbar_label="A - B",
                 stats=compare_stats_table(result.diff, result.js, o["precision"]), selected=(li, hi),
-                cmap=o["cmap"], reduce=o["reduce"]))
+                cmap=o["cmap"], reduce=o["reduce"], layers=o["_layers"], heads=o["_heads"], vmax=o["vmax"],
+                norm=o["norm"]))
             files["html"] = o["html"]
         if o["json_out"] or o["json_file"]:
             from attnviz.render.report import compare_report, to_json

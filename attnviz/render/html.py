@@ -169,11 +169,16 @@ def grid_report(
     after_row: Callable[[int], None] | None = None,
     budget: int = MAX_VALUES,
     count: int | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    norm: str = "linear",
 ) -> str:
     """The HTML document of ``rows x cols`` maps of ``shape`` (``get(r, c)`` as for
     ``heatmap.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
     slot, ``count`` the maps that are not; maps already aggregated come with ``blocks`` and their
-    ``full_shape``). The opened maps hold at most ``budget`` values in all."""
+    ``full_shape``). The opened maps hold at most ``budget`` values in all. ``vmin``/``vmax`` fix the
+    ends of the colour scale (``--vmin``/``--vmax``; ``vmax`` alone for diverging maps); the page's
+    colours are linear whatever ``norm`` the PNGs use, and the page says so."""
     full = full_shape or shape
     thumb_blocks = mosaic_layout(rows, cols, shape).blocks  # the PNG grid's
     fr, fc = detail_blocks(count or rows * cols, shape, budget)
@@ -204,8 +209,16 @@ def grid_report(
             after_row(r)
     if not math.isfinite(high):  # nothing but masked cells
         high, low = 1.0, 0.0
+    fixed = []
+    if vmin is not None and not diverging:
+        low = vmin
+        fixed.append(f"--vmin {vmin:g}")
+    if vmax is not None:
+        high = vmax
+        fixed.append(f"--vmax {vmax:g}")
     if diverging:
-        high = max(abs(low), abs(high)) or 1.0
+        high = max(abs(low), abs(high)) if vmax is None else abs(vmax)
+        high = high or 1.0
         low = -high
     elif high <= low:
         high = low + 1.0
@@ -217,6 +230,11 @@ def grid_report(
     total_thumb = (blocks[0] * thumb_blocks[0], blocks[1] * thumb_blocks[1])
     detail_cells = (math.ceil(shape[0] / fr), math.ceil(shape[1] / fc))
     page_notes = [inert.title(n, 2000) for n in notes]
+    if fixed:
+        page_notes.append(f"The colour scale is fixed by {' and '.join(fixed)}; values beyond it take its end colours "
+                          "(hover a cell for its value).")
+    if norm != "linear":
+        page_notes.append(f"Colours here are on a linear scale (--norm {inert.label(norm, 20)} applies to the PNGs).")
     if total != (1, 1):
         page_notes.append(f"Maps [{full[0]}, {full[1]}] are shown in blocks of {total[0]}x{total[1]} positions "
                           f"({reduce} of each block){'' if (fr, fc) == (1, 1) else ', to keep this file small'}.")
@@ -292,28 +310,42 @@ def model_report(w: np.ndarray, *, title: str, subtitle: str = "", q_labels: Seq
                  k_labels: Sequence[str] | None = None, keep: np.ndarray | None = None,
                  real_rows: np.ndarray | None = None, stats: StatsTable | None = None,
                  selected: tuple[int, int] = (0, 0), cmap: str | None = None, reduce: str = "mean",
-                 diverging: bool = False, colorbar_label: str = "weight", notes: Sequence[str] = ()) -> str:
+                 diverging: bool = False, colorbar_label: str = "weight", notes: Sequence[str] = (),
+                 layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                 vmin: float | None = None, vmax: float | None = None, norm: str = "linear") -> str:
     """The report of a model's ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped), read a layer
     at a time, as ``heatmap.model_grid_figure``: ``keep`` broadcasts to ``w``, ``real_rows``
-    (``[layers, heads, Lq]``) greys padded query rows."""
+    (``[layers, heads, Lq]``) greys padded query rows; ``layers`` and ``heads`` choose the maps
+    (``--layers``/``--heads``; all by default), ``selected`` is the (layer, head) opened first.
+    ``stats`` has one row per layer and head of ``w``: those of the chosen maps are kept."""
     from attnviz.io import release_pages
 
-    layers, heads = w.shape[:2]
+    layer_ids = list(range(w.shape[0])) if layers is None else list(layers)
+    head_ids = list(range(w.shape[1])) if heads is None else list(heads)
     full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
     rows_real = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
 
-    def get(li: int, hi: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None]:
+        li, hi = layer_ids[r], head_ids[c]
         one = None if full_keep is None else full_keep[li, hi]
         if rows_real is not None and not rows_real[li, hi].all():
             one = np.ones(w.shape[-2:], bool) if one is None else one.copy()
             one[~rows_real[li, hi]] = False
         return w[li, hi], one
 
-    return grid_report(get, layers, heads, (w.shape[-2], w.shape[-1]), title=title, subtitle=subtitle,
-                       row_labels=[str(i) for i in range(layers)], col_labels=[str(i) for i in range(heads)],
+    if stats is not None:  # the rows of the maps shown, opening them by their place in the grid
+        place = {li * w.shape[1] + hi: r * len(head_ids) + c
+                 for r, li in enumerate(layer_ids) for c, hi in enumerate(head_ids)}
+        kept = [n for n, m in enumerate(stats.maps) if m in place]
+        stats.rows = [stats.rows[n] for n in kept]
+        stats.maps = [place[stats.maps[n]] for n in kept]  # type: ignore[index]
+    at = (layer_ids.index(selected[0]) if selected[0] in layer_ids else 0,
+          head_ids.index(selected[1]) if selected[1] in head_ids else 0)
+    return grid_report(get, len(layer_ids), len(head_ids), (w.shape[-2], w.shape[-1]), title=title,
+                       subtitle=subtitle, row_labels=[str(i) for i in layer_ids], col_labels=[str(i) for i in head_ids],
                        row_name="layer", col_name="head", q_labels=q_labels, k_labels=k_labels, cmap=cmap,
                        reduce=reduce, diverging=diverging, colorbar_label=colorbar_label, stats=stats,
-                       selected=selected, notes=notes, after_row=lambda _: release_pages(w))
+                       selected=at, notes=notes, after_row=lambda _: release_pages(w), vmin=vmin, vmax=vmax, norm=norm)
 
 
 def head_stats_table(stats: dict[str, np.ndarray], columns: dict[str, str], *, caption: str = "",
@@ -358,7 +390,8 @@ def compare_stats_table(diff: np.ndarray, js: np.ndarray, precision: int = 3) ->
 
 
 def compute_report(outcome: Outcome, *, title: str | None = None, cmap: str | None = None, reduce: str = "mean",
-                   index: tuple[int, ...] = (), precision: int = 3) -> str:
+                   index: tuple[int, ...] = (), precision: int = 3, vmin: float | None = None,
+                   vmax: float | None = None, norm: str = "linear") -> str:
     """The report of a compute command: its weights' batch x head slices (the last leading axis
     across, the others down; one leading axis of more than 16 wraps, as ``heatmap.slices_mosaic``),
     and the per-slice summary. A blockwise run's aggregated maps stand in for the weights."""
@@ -430,4 +463,5 @@ def compute_report(outcome: Outcome, *, title: str | None = None, cmap: str | No
                        row_labels=row_labels, col_labels=col_labels, row_name=row_name, col_name=col_name,
                        map_names=map_names, q_labels=prep.q_labels, k_labels=prep.k_labels,
                        q_name=prep.variant.axis_names[0], k_name=prep.variant.axis_names[1], cmap=cmap, reduce=reduce,
-                       stats=stats, selected=selected, notes=notes, full_shape=full, blocks=blocks, count=count)
+                       stats=stats, selected=selected, notes=notes, full_shape=full, blocks=blocks, count=count,
+                       vmin=vmin, vmax=vmax, norm=norm)
