@@ -422,18 +422,47 @@ def _write(stream: IO[str], data: bytes, info: dict[str, Any] | None) -> None:
         stream.write(data.decode(info.get("encoding") or "utf-8", info.get("errors") or "strict"))
 
 
+def silence(fd: int) -> None:
+    """The reader of ``fd`` (1 or 2) went away (``attnviz ... | head``): point it at /dev/null, so that
+    what is still written, and Python's flush at exit, go nowhere quietly (as ``attnviz.cli.streams``
+    does in a cold run)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def emit(chunks: list[tuple[bytes, bytes]]) -> None:
-    """Write the worker's output: stdout's and stderr's bytes, in the order the command wrote them."""
+    """Write the worker's output: stdout's and stderr's bytes, in the order the command wrote them. A
+    stream whose reader went away is silenced and skipped; the other one is still written."""
     out, err = sys.stdout, sys.stderr
+    closed: set[int] = set()
     last = None
+
+    def flushed(stream: IO[str], fd: int) -> None:
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            silence(fd)
+            closed.add(fd)
+
     for kind, data in chunks:
-        stream = out if kind == b"O" else err
+        fd = 1 if kind == b"O" else 2
+        stream = out if fd == 1 else err
+        if fd in closed:
+            continue
         if last is not None and last is not stream:
-            last.flush()
-        _write(stream, data, _stream_info(stream, 1 if kind == b"O" else 2))
+            flushed(last, 2 if fd == 1 else 1)
+        try:
+            _write(stream, data, _stream_info(stream, fd))
+        except BrokenPipeError:
+            silence(fd)
+            closed.add(fd)
         last = stream
-    for stream in (out, err):
-        stream.flush()
+    for stream, fd in ((out, 1), (err, 2)):
+        if fd not in closed:
+            flushed(stream, fd)
 
 
 class _Replayed(io.RawIOBase):
@@ -481,11 +510,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             served = None
         if served is not None:
             code, chunks = served
-            try:
-                emit(chunks)
-            except BrokenPipeError:  # as rich does: quiet, exit 1
-                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-                raise SystemExit(1) from None
+            emit(chunks)  # a reader that went away (`| head`) is no error: the command's own status stands
             raise SystemExit(code)
         if forwarded:
             sys.stdin = replayed_stdin(bytes(forwarded))

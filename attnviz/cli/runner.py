@@ -96,5 +96,25 @@ def _direct_coercion(command: Any) -> None:
 def run(argv: list[str]) -> NoReturn:
     """Run the command line in this process, as ``attnviz ARGV`` (exits, like Typer's ``app()``)."""
     name = argv[0] if argv and not argv[0].startswith("-") else None
-    click_command(name).main(args=argv, prog_name="attnviz")
+    try:
+        click_command(name).main(args=argv, prog_name="attnviz")
+    finally:
+        flush_quietly()
     raise SystemExit(0)  # main() exits in standalone mode; for the type checker
+
+
+def flush_quietly() -> None:
+    """Flush stdout and stderr now; a reader that went away (`| head`) silences its stream instead of
+    Python's "Exception ignored ... BrokenPipeError" at exit (see ``attnviz.cli.streams``)."""
+    import sys
+
+    from attnviz.cli.streams import silence
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BrokenPipeError:
+            silence(stream)
+        except (OSError, ValueError):
+            pass

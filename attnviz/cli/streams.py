@@ -3,6 +3,16 @@
 Commands write through ``stdout()`` and ``stderr()`` rather than ``sys.stdout``/``sys.stderr``, so
 that ``attnviz batch`` can give each job its own buffers (``redirected``), also when jobs run in
 threads: the streams are context variables, and each thread runs in its own context.
+
+**A reader that goes away** (``attnviz ... | head``) is not an error. Python ignores SIGPIPE, so a
+write to a closed pipe raises ``BrokenPipeError``; here that ends the output, not the run: the
+stream's descriptor is pointed at ``/dev/null`` (``silence``), so whatever the command still writes,
+and Python's own flush at exit, go nowhere without a traceback or an "Exception ignored" line, and
+consoles printing to it stop rendering. The command finishes (its files are written) and exits with
+its own status: 0 when it succeeded. ``stdout()`` and ``stderr()`` hand out the process's streams
+so guarded, consoles (``MessageConsole.on_broken_pipe``) likewise; ``attnviz.cli.runner`` catches what
+else reaches the top (help, ``--version``) and ``attnviz.cli.client`` does the same for the output
+of a warm worker.
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import IO
+from typing import IO, Any, cast
 
 from rich.console import Console
 
@@ -22,23 +32,79 @@ _OUT: ContextVar[IO[str] | None] = ContextVar("attnviz_stdout", default=None)
 _ERR: ContextVar[IO[str] | None] = ContextVar("attnviz_stderr", default=None)
 
 
+_SILENCED: set[int] = set()  # descriptors whose reader went away, now pointing at /dev/null
+
+
+def silence(stream: Any) -> None:
+    """The reader of ``stream`` (the process's stdout or stderr) went away: point its descriptor at
+    ``/dev/null``, so that what is still written, and Python's flush at exit, go nowhere quietly."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    _SILENCED.add(fd)
+
+
+def silenced(stream: Any) -> bool:
+    """Whether ``stream``'s reader went away (see ``silence``)."""
+    try:
+        return stream.fileno() in _SILENCED
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class _Guarded:
+    """The process's stdout or stderr as commands write to them: a closed pipe silences it."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            silence(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            silence(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def stdout() -> IO[str]:
-    return _OUT.get() or sys.stdout
+    return _OUT.get() or cast(IO[str], _Guarded(sys.stdout))
 
 
 def stderr() -> IO[str]:
-    return _ERR.get() or sys.stderr
+    return _ERR.get() or cast(IO[str], _Guarded(sys.stderr))
 
 
 class MessageConsole(Console):
     """A console whose plain-string messages are inert: control characters in file names and labels
-    are shown escaped (``\x1b``), never sent, and rich markup and emoji codes are never read."""
+    are shown escaped (``\x1b``), never sent, and rich markup and emoji codes are never read. A
+    closed pipe silences its stream and the console (rich's own answer is to exit with status 1)."""
 
     def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
+        if self.quiet:  # its reader went away: nothing to render
+            return
         kwargs.setdefault("markup", False)
         kwargs.setdefault("emoji", False)
         super().print(*(visible(o) if isinstance(o, str) else o for o in objects),
                       **kwargs)  # type: ignore[arg-type]
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        silence(self.file)
 
 
 DEFAULT_WIDTH = 80
@@ -72,16 +138,19 @@ def output_width(stream: IO[str] | None = None) -> int:
 def out_console() -> Console:
     """A console for results (tables) on stdout, ``output_width()`` wide (the tables of
     ``attnviz.render.table`` lay themselves out for it)."""
-    stream = stdout()
+    stream = _OUT.get()
     # markup and emoji codes off: token labels such as "[CLS]", "[bold]" or ":smile:" and file names are text
-    if stream is not sys.stdout:
+    if stream is not None:
         return MessageConsole(file=stream, highlight=False, markup=False, emoji=False, width=output_width(stream))
-    return MessageConsole(highlight=False, markup=False, emoji=False, width=output_width(stream))
+    return MessageConsole(highlight=False, markup=False, emoji=False, width=output_width(sys.stdout),
+                          quiet=silenced(sys.stdout))
 
 
 def err_console() -> Console:
     """A console for messages on stderr."""
-    return MessageConsole(file=stderr(), highlight=False, soft_wrap=True, markup=False, emoji=False)
+    stream = _ERR.get()
+    return MessageConsole(file=stream, stderr=stream is None, highlight=False, soft_wrap=True, markup=False,
+                          emoji=False, quiet=stream is None and silenced(sys.stderr))
 
 
 @contextmanager
