@@ -252,11 +252,23 @@ class Scaling:
     high: float
     extend: str
     note: str = ""
+    log: bool = False
+
+    def bounds32(self) -> tuple[np.float32, np.float32]:
+        """``low`` and ``high`` as float32, a hair inside ``[low, high]`` (a millionth of the scale, far
+        below one step of a colour map): a value clipped to them never falls outside the scale by
+        the rounding of the image pipeline (it would take the colour of the separators)."""
+        if self.log:
+            low, high = self.low * (1 + 1e-5), self.high * (1 - 1e-5)
+        else:
+            margin = 1e-6 * (self.high - self.low)
+            low, high = self.low + margin, self.high - margin
+        return np.float32(low), np.float32(high)
 
     def clip(self, values: np.ndarray) -> np.ndarray:
         """``values`` within ``[low, high]`` (NaN stays NaN), as float32."""
         out = np.array(values, dtype=np.float32)
-        np.clip(out, self.low, self.high, out=out, where=np.isfinite(out))
+        np.clip(out, *self.bounds32(), out=out, where=np.isfinite(out))
         return out
 
 
@@ -297,7 +309,7 @@ def make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False
         if hi <= lo:  # --vmin above every value: a decade above it
             hi = lo * 10
         return Scaling(colors.LogNorm(lo, hi), lo, hi, _extend(low < lo, high > hi),
-                       f"log scale from {lo:.2g}; lower values and zeros in its bottom colour")
+                       f"log scale from {lo:.2g}; lower values and zeros in its bottom colour", log=True)
     lo = scale.vmin if scale.vmin is not None else min(0.0, low)
     hi = scale.vmax if scale.vmax is not None else high
     if hi <= lo:
@@ -652,7 +664,7 @@ def mosaic_figure(
         scaling = make_scaling(scale, values, diverging)
         # values beyond the scale take its end colours (a log scale's zeros too), never the colour of
         # the separators
-        np.clip(picture, scaling.low, scaling.high, out=picture, where=np.isfinite(picture))
+        np.clip(picture, *scaling.bounds32(), out=picture, where=np.isfinite(picture))
     # separators and empty slots get a value above the scale: the picture's colour map's "over"
     # colour; masked cells are NaN: its "bad" grey. (Not infinity: matplotlib counts that as bad, too.)
     span = scaling.high - scaling.low
@@ -676,7 +688,7 @@ def mosaic_figure(
     if masked:
         notes.append("grey: masked")
     note = f" ({'; '.join(notes)})" if notes else ""
-    heading = f"{inert.title(title)}{note}"
+    heading = f"{inert.title(title, 600)}{note}"  # the callers shorten the user's part of it (to 200)
     return _mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
                           scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
                           picture_map=picture_map, extend=scaling.extend, captions=texts,
