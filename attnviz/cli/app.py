@@ -14,7 +14,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
 
 import typer
 from rich.console import Console
@@ -22,6 +22,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from attnviz import __version__
+from attnviz.cli.completion import SHELL_CHOICES
 from attnviz.cli.options import (
     CAPTURE_OPTIONS,
     FIGURE_OPTIONS,
@@ -31,6 +32,7 @@ from attnviz.cli.options import (
     OutputOptions,
     StagedOutputs,
     check_save_params,
+    checked_option,
     error_line,
     parse_index,
     staged_outputs,
@@ -59,11 +61,39 @@ class AttnvizGroup(TyperGroup):
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         with usage_errors():
-            return super().make_context(info_name, args, parent, **extra)
+            return super().make_context(info_name, shell_optional(args), parent, **extra)
 
     def invoke(self, ctx: Any) -> Any:
         with usage_errors():
             return super().invoke(ctx)
+
+    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: str | None = None) -> None:
+        from attnviz.cli.completion import handle_request  # see there: files, both spellings, in process
+
+        handle_request(self, ctx_args, prog_name, complete_var)
+
+
+def shell_optional(args: list[str]) -> list[str]:
+    """``--show-completion`` and ``--install-completion`` (before the command) without a shell's name
+    take ``auto``: the shell is found out (``attnviz.cli.completion``)."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            break
+        if arg in ("--show-completion", "--install-completion") and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            args.insert(i + 1, "auto")
+            break
+    return args
+
+
+class AttnvizTyper(typer.Typer):
+    """The app: every command's class is ``AttnvizCommand`` unless it says otherwise (help in sections,
+    the usage line as typed: ``attnviz.cli.help``)."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        from attnviz.cli.help import AttnvizCommand
+
+        return super().command(*args, cls=cls or AttnvizCommand, **kwargs)
 
 
 @contextmanager
@@ -82,13 +112,13 @@ def usage_errors() -> Iterator[None]:
         raise typer.Exit(0) from None
 
 
-app = typer.Typer(
+app = AttnvizTyper(
     name="attnviz",
     cls=AttnvizGroup,
     help="Compute, inspect and visualise attention from the command line: tables, statistics, "
     "heatmap PNGs and JSON.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=False,  # attnviz's own --install-completion/--show-completion [SHELL] (attnviz.cli.completion)
     rich_markup_mode=None,  # plain help: fast (no rich.markdown import) and brackets print as written
     pretty_exceptions_enable=False,
 )
@@ -96,6 +126,12 @@ app = typer.Typer(
 
 def _stderr() -> Console:
     return err_console()
+
+
+def _completion(what: str, value: str | None) -> None:
+    from attnviz.cli import completion
+
+    (completion.install_callback if what == "install" else completion.show_callback)(value)
 
 
 def _version(value: bool) -> None:
@@ -110,6 +146,15 @@ def main(
                                           help="print the version and exit")] = False,
     no_server: Annotated[bool, typer.Option("--no-server", help="run in this process, not on a warm worker "
                                                                 "(attnviz serve; also ATTNVIZ_NO_SERVER=1)")] = False,
+    install_completion: Annotated[str | None, checked_option(
+        Literal[SHELL_CHOICES], "--install-completion", metavar="[SHELL]", is_eager=True,  # type: ignore[misc]
+        expose_value=False, callback=lambda value: _completion("install", value),
+        help="install shell completion (commands, options, choices, files) for SHELL, or for the shell this "
+             "runs in; it takes effect in a new shell")] = None,
+    show_completion: Annotated[str | None, checked_option(
+        Literal[SHELL_CHOICES], "--show-completion", metavar="[SHELL]", is_eager=True,  # type: ignore[misc]
+        expose_value=False, callback=lambda value: _completion("show", value),
+        help="print the completion script of SHELL (bash, zsh, fish, powershell), to install it by hand")] = None,
 ) -> None:
     """Compute, inspect and visualise attention from the command line.
 

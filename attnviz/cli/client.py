@@ -14,7 +14,8 @@ process at the other end must run as the same user (``SO_PEERCRED``). Anything e
 does not talk to it. No TCP, ever.
 
 **When not.** The command runs in this process, as it always did, with ``ATTNVIZ_NO_SERVER=1`` or the
-global ``--no-server`` flag; for help, ``--version``, ``attnviz`` alone and ``attnviz serve`` itself;
+global ``--no-server`` flag; for help, ``--version``, ``attnviz`` alone and ``attnviz serve`` itself; for
+a shell's completion request (``_ATTNVIZ_COMPLETE``, ``attnviz.cli.completion``);
 with ``ATTNVIZ_DEBUG`` or a ``TF_CPP_MIN_LOG_LEVEL`` of 0 to 2 (TensorFlow's own messages come from a
 fresh import only); when no worker listens; when the one listening is another attnviz (version,
 installation or source files changed since it started) or runs with another environment for
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # socket, json and struct are imported when a worker's socket
 PROTOCOL = 1
 RUNTIME_ENV = "ATTNVIZ_RUNTIME_DIR"
 NO_SERVER_ENV = "ATTNVIZ_NO_SERVER"
+COMPLETE_ENV = "_ATTNVIZ_COMPLETE"  # set by the shell completion scripts
 #: the client's variables a command may read, set in the worker for each request (any ATTNVIZ_* too)
 FORWARDED = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "COLORTERM", "TTY_COMPATIBLE",
              "TTY_INTERACTIVE", "CLICOLOR", "CLICOLOR_FORCE", "JUPYTER_COLUMNS", "JUPYTER_LINES")
@@ -324,6 +326,8 @@ def bypass_reason(args: list[str], environ: Any = None) -> str | None:
     environ = os.environ if environ is None else environ
     if environ.get(NO_SERVER_ENV, "") not in ("", "0"):
         return NO_SERVER_ENV
+    if environ.get(COMPLETE_ENV):  # a shell asking for completions (attnviz.cli.completion): answered here
+        return "shell completion"
     if not args or args[0].startswith("-"):  # help, --version, --no-server, or a usage error
         return "global options"
     if args[0] == "serve":
