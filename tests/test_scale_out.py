@@ -174,7 +174,7 @@ def test_each_reads_paths_from_stdin(tmp_path, monkeypatch):
     (["--each", "acts/*.npy"], "give the command to run after --"),
     (["--each", "acts/*.npy", "--resume", "--", "inspect", "{}"], "--resume: needs --results"),
     (["a.jsonl", "b.jsonl"], "one jobs file, not 2 arguments"),
-    ([], "give a jobs file"),
+    ([], "missing argument JOBS"),
 ])
 def test_each_usage_errors(tmp_path, monkeypatch, argv, message):
     make_files(tmp_path / "acts", ["a", "b"])

@@ -480,7 +480,8 @@ def plan_jobs(spec: list[str], each: str | None) -> tuple[list[Job], str | None]
 
     if each is None:
         if not spec:
-            raise UsageError("batch: give a jobs file (JOBS, or - for standard input), or --each GLOB -- COMMAND ...")
+            raise UsageError("missing argument JOBS (a jobs file, or - for standard input), or --each GLOB -- COMMAND "
+                             "ARGS...")
         if len(spec) > 1:
             raise UsageError(f"batch: one jobs file, not {len(spec)} arguments; to run a command over files, "
                              "--each GLOB -- COMMAND ARGS...")
