@@ -135,14 +135,17 @@ def token_scores(w: np.ndarray, tokens: Sequence[str], real_rows: np.ndarray | N
     sums = {name: np.zeros((layers, heads)) for name in ("induction", "duplicate")}
     counts = np.zeros((layers, heads))
     repeated = np.zeros(batches, dtype=np.int64)
+    # the few (query, key) pairs of each pattern: only those weights are read
+    pairs = {"induction": np.nonzero(induction), "duplicate": np.nonzero(duplicate)}
     for li in range(layers):
         for bi in range(batches):
-            block = np.asarray(w[li, bi], dtype=np.float64)  # [H, Lq, Lk]
+            block = w[li, bi]  # [H, Lq, Lk], perhaps memory-mapped
             live = np.broadcast_to(qualifies, (heads, lq)) if rows is None else rows[li, bi] & qualifies
             if li == 0:
                 repeated[bi] = int(live[0].sum())
-            for name, pattern in (("induction", induction), ("duplicate", duplicate)):
-                mass = np.where(pattern, block, 0.0).sum(axis=-1)  # [H, Lq]
+            for name, (pi, pj) in pairs.items():
+                values = np.asarray(block[:, pi, pj], dtype=np.float64)  # [H, pairs]
+                mass = np.stack([np.bincount(pi, weights=values[h], minlength=lq) for h in range(heads)])
                 sums[name][li] += np.where(live, mass, 0.0).sum(axis=-1)
             counts[li] += live.sum(axis=-1)
             release_pages(w)

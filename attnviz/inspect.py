@@ -494,6 +494,7 @@ def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarr
     stats["off_rows"] = sums["off_rows"]
     stats["negative"] = sums["negative"]
     stats.update(extremes)
+    stats["causal"] = np.array(not above)  # nothing above the diagonal in the rows counted
     stats["tag"] = head_tags(stats)
     if not distributions(stats, tol).ok:
         stats["tag"][...] = ""

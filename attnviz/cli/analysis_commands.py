@@ -137,7 +137,7 @@ def run_rollout(o: dict[str, Any]) -> bool:
 
             name = o["title"] or f"attention rollout of {w.source}"
             if o["all_layers"]:
-                maps = np.stack([results[b].cumulative for b in entries])  # [B, n, L, L]
+                maps = np.stack([_cumulative(results[b]) for b in entries])  # [B, n, L, L]
                 fig = slices_mosaic(maps, title=f"{name} ({how}), cumulative after each layer",
                                     names=["batch", "after layer"], cmap=o["cmap"], reduce=o["reduce"])
             else:
@@ -161,7 +161,7 @@ def run_rollout(o: dict[str, Any]) -> bool:
             if o["all_layers"]:
                 rollout_doc["cumulative"] = {
                     "shape": [len(entries), len(shown.layers), lq, lk],
-                    "data": np.stack([results[b].cumulative for b in entries])}
+                    "data": np.stack([_cumulative(results[b]) for b in entries])}
             document = to_json(plain({
                 "attnviz": __version__, "command": "rollout", "source": w.source,
                 "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": tokens,
@@ -189,6 +189,11 @@ def run_rollout(o: dict[str, Any]) -> bool:
                                     axis_names=("output", "input"),
                                     title=f"attention rollout, batch {bi} [{lq}, {lk}] ({how})"), crop=False)
     return False
+
+
+def _cumulative(result: Any) -> Any:
+    assert result.cumulative is not None  # asked for with --all-layers
+    return result.cumulative
 
 
 def repeat_test_command(
@@ -242,3 +247,102 @@ def _repeat_test(length: int, vocab: int, seed: int | None, ids: str | None, lab
     values = [int(i) for i in sequence]
     stdout().write((json.dumps({"ids": values, "n": length, "vocab_size": vocab, "seed": seed}) if json_out
                     else " ".join(str(i) for i in values)) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# What inspect adds from attnviz.analysis: token-aware head scores and received attention
+
+TOKEN_NOTE = "induction and duplicate-token scores need the tokens: --labels (self-attention, Lq = Lk)"
+TOP_RECEIVERS = 8  # tokens listed in the received-attention table and JSON
+
+
+def add_token_scores(stats: dict[str, Any], data: Any, tokens: list[str] | None, real_rows: Any,
+                     tags: bool) -> str | None:
+    """Put the ``induction`` and ``duplicate`` scores of ``data [L, B, H, L, L]`` into the head
+    statistics and their tags into ``stats["tag"]`` (with ``tags``: the rows are distributions);
+    returns a note when they cannot be computed (no tokens)."""
+    from attnviz import analysis
+
+    if tokens is None:
+        return TOKEN_NOTE
+    scores = analysis.token_scores(data, tokens, real_rows)
+    stats["induction"], stats["duplicate"] = scores["induction"], scores["duplicate"]
+    if not tags:
+        return None
+    for idx, extra in zip(*_nonempty(analysis.token_tags(scores))):
+        have = str(stats["tag"][idx])
+        stats["tag"][idx] = extra if have in ("", "broad") else f"{have}, {extra}"
+    if not int(scores["repeated"].max(initial=0)):
+        return "no token occurs twice in --labels: induction and duplicate-token scores are undefined"
+    return None
+
+
+def _nonempty(tags: Any) -> tuple[list[tuple[int, ...]], list[str]]:
+    import numpy as np
+
+    where = [idx for idx in np.ndindex(*tags.shape) if tags[idx]]
+    return where, [str(tags[idx]) for idx in where]
+
+
+def received_summary(data: Any, keep: Any, real_rows: Any, tokens: list[str] | None, causal: bool,
+                     layer_ids: list[int]) -> dict[str, Any]:
+    """The attention each key token receives (``attnviz.analysis.received``) of ``data [L, B, H, Lq, Lk]``,
+    averaged over batch entries: ``per_head [L, H, Lk]``, ``per_layer [L, Lk]`` (mean over heads),
+    ``mean [Lk]`` (over layers and heads), and the ``top`` receivers by ``mean``."""
+    import warnings
+
+    import numpy as np
+
+    from attnviz import analysis
+
+    values = analysis.received(data, keep, real_rows, causal)
+    with warnings.catch_warnings():  # a token no query may see is NaN everywhere: the mean stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_head = np.nanmean(values, axis=1)
+        per_layer = np.nanmean(per_head, axis=1)
+        mean = np.nanmean(per_layer, axis=0)
+    order = [int(j) for j in np.argsort(-np.nan_to_num(mean, nan=-np.inf), kind="stable")[:TOP_RECEIVERS]
+             if not np.isnan(mean[j])]
+    top = []
+    for j in order:
+        column = np.nan_to_num(per_head[:, :, j], nan=-np.inf)
+        li, hi = np.unravel_index(int(np.argmax(column)), column.shape)
+        top.append({"position": j, "token": tokens[j] if tokens is not None else None, "mean": float(mean[j]),
+                    "max": float(per_head[li, hi, j]), "layer": int(li), "head": int(hi)})
+    return {"causal": causal, "layers": layer_ids, "mean": mean, "per_layer": per_layer, "per_head": per_head,
+            "top": top}
+
+
+def received_table(summary: dict[str, Any], precision: int) -> Any:
+    """The top receivers as a small table (fits any terminal: four short columns)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from attnviz.render.text import label as visible_label
+
+    seen = "the queries that may attend to it" + (" (j <= i: causal weights)" if summary["causal"] else "")
+    table = Table(title="tokens that receive the most attention", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  caption=f"received: mean weight from {seen}, averaged over heads and layers; "
+                          "max: the largest over heads, at layer:head", caption_justify="left", min_width=72)
+    table.add_column("key", no_wrap=True, overflow="ellipsis", max_width=24)
+    table.add_column("received", justify="right", no_wrap=True)
+    table.add_column("max", justify="right", no_wrap=True)
+    table.add_column("at", justify="right", no_wrap=True)
+    for entry in summary["top"]:
+        token = entry["token"]
+        label = str(entry["position"]) if token is None else f"{entry['position']} {visible_label(token, 16)}"
+        table.add_row(Text(label), f"{entry['mean']:.{precision}f}", f"{entry['max']:.{precision}f}",
+                      f"{summary['layers'][entry['layer']]}:{entry['head']}")
+    return table
+
+
+def received_figure(summary: dict[str, Any], tokens: list[str] | None, *, title: str, cmap: str | None,
+                    reduce: str, scale: Any) -> Any:
+    """A strip heatmap: one row per layer, one column per key token, the attention it receives
+    (mean over heads)."""
+    from attnviz.render.heatmap import heatmap_figure
+
+    return heatmap_figure(summary["per_layer"], title=title, q_labels=[str(li) for li in summary["layers"]],
+                          k_labels=tokens, cmap=cmap or "magma", reduce=reduce, ylabel="layer", xlabel="key token",
+                          colorbar_label="received (mean over heads)", scale=scale)

@@ -45,9 +45,13 @@ CHECKS = "Checks (exit 3 when one fails)"
 SELECT = "Selection"
 CHECK_FAILED = 3
 
-SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max")
+SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
+            "induction", "duplicate")
+#: the head statistics' columns; ``induction`` and ``duplicate`` only when the tokens are known (--labels)
 COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "distance": "dist", "diagonal": "diag",
-           "previous": "prev", "first": "first", "last": "last", "max": "max"}
+           "previous": "prev", "first": "first", "last": "last", "max": "max", "induction": "ind",
+           "duplicate": "dup"}
+TOKEN_STATS = ("induction", "duplicate")
 
 Layout = Annotated[str | None, typer.Option("--layout", metavar="AXES", rich_help_panel=SELECT,
                                             help="name the axes when the rank does not say, e.g. batch,q,k "
@@ -227,12 +231,22 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     if sort == "head":
         rows.sort(key=lambda r: (r[1], r[0]))
     elif sort != "layer":
-        rows.sort(key=lambda r: -float(stats[sort][r]))  # stable: ties keep layer/head order
+        def largest_first(r: tuple[int, int]) -> tuple[bool, float]:  # undefined (NaN) last
+            value = float(stats[sort][r])
+            return value != value, -value if value == value else 0.0
+
+        rows.sort(key=largest_first)  # stable: ties keep layer/head order
     if reverse:
         rows.reverse()
     shown = rows[:top] if top else rows
     caption = ("means over query rows (and batch entries): entropy H (nats) and H/ln n; dist: mean |i - j| weighted; "
                "diag, prev (j = i - 1), first (j = 0), last: mean weight on that key; max: mean largest weight")
+    if "induction" in stats:
+        caption += ("; ind, dup: mean weight on the token after an earlier occurrence of the query's token "
+                    "(induction) and on the earlier occurrences (duplicate-token), over queries whose token "
+                    "occurred before")
+    else:
+        caption += "; induction and duplicate-token scores need the tokens (--labels)"
     if padded:
         caption += f"; {padded} padded query rows left out, first and last are the first and last real keys"
     if len(shown) < len(rows):
@@ -240,6 +254,8 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     p = precision
     cells = {"layer": [str(li) for li, _ in shown], "head": [str(hi) for _, hi in shown]}
     for key, name in COLUMNS.items():
+        if key not in stats:
+            continue
         column = np.asarray(stats[key])
         cells[name] = [f"{float(column[li, hi]):.{p}f}" for li, hi in shown]
     cells["pattern"] = [str(stats["tag"][li, hi]) for li, hi in shown]
@@ -251,6 +267,8 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         names = list(cells)
         dropped: list[str] = []
         for name in FIT_DROPS:  # box SIMPLE_HEAD, no padding: one space between and around columns
+            if name not in names:
+                continue
             if width is None or sum(widths[n] for n in names) + len(names) + 1 <= width:
                 break
             names.remove(name)
@@ -271,7 +289,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
 
 
 #: head statistics left out, in this order, when the terminal is too narrow for all of them
-FIT_DROPS = ("last", "first", "prev", "diag", "dist", "pattern")
+FIT_DROPS = ("last", "first", "prev", "diag", "dist", "dup", "ind", "pattern")
 
 
 def inspect_command(
@@ -324,6 +342,9 @@ def inspect_command(
     stat: Annotated[Literal[SORTABLE[2:]], checked_option(  # type: ignore[valid-type]
         Literal[SORTABLE[2:]], "--stat", rich_help_panel=OUTPUT,  # type: ignore[valid-type]
         help="the statistic of --stats-png")] = "entropy",
+    received_png: Annotated[str | None, typer.Option(
+        "--received-png", metavar="FILE", rich_help_panel=OUTPUT,
+        help="a strip per layer of the attention each key token receives (mean over heads)")] = None,
     html: HtmlOpt = None,
     title: Title = None,
     cmap: Cmap = None,
@@ -344,7 +365,7 @@ def inspect_command(
     quiet: Quiet = False,
 ) -> None:
     """Inspect attention weights a model saved: head statistics, tables, PNGs and checks."""
-    _run_each(run_inspect, locals(), "weights", ("png", "map_png", "stats_png", "json_file", "html"))
+    _run_each(run_inspect, locals(), "weights", ("png", "map_png", "stats_png", "received_png", "json_file", "html"))
 
 
 def read_masks(o: dict[str, Any], w: Weights, paths: list[Any], stdin: Any = None,
@@ -383,7 +404,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
     from attnviz.masks import causal_keep
     from attnviz.render.heatmap import check_cmap
 
-    for option in ("png", "map_png", "stats_png"):
+    for option in ("png", "map_png", "stats_png", "received_png"):
         check_png_path(o[option], "--" + option.replace("_", "-"))
     check_html_path(o["html"])
     check_cmap(o["cmap"])
@@ -393,13 +414,21 @@ def run_inspect(o: dict[str, Any]) -> bool:
     lq, lk = w.shape[-2:]
     paths = list(w.paths)
     q_labels, k_labels = _labels(o["q_labels"], o["k_labels"], o["labels"], lq, lk, paths)
+    tokens = q_labels if q_labels is not None and q_labels == k_labels else None  # token-aware heads need them
+    for option, value in (("--sort", o["sort"]), ("--stat", o["stat"] if o["stats_png"] else None)):
+        if value in TOKEN_STATS and tokens is None:
+            from attnviz.cli.analysis_commands import TOKEN_NOTE
+            from attnviz.errors import UsageError
+
+            raise UsageError(f"{option} {value}: {TOKEN_NOTE}.")
     sel = Selection(o["layer"], o["batch"], o["head"])
     li, bi, hi = sel.index(w.shape)
     o = {**o, **grid_choice(o, w.shape)}
     masks, checked = read_masks(o, w, paths)
     keep, real = masks.keep, masks.real_rows
     targets = check_outputs({"--png": o["png"], "--map-png": o["map_png"], "--stats-png": o["stats_png"],
-                             "--json-file": o["json_file"], "--html": o["html"]}, paths)
+                             "--received-png": o["received_png"], "--json-file": o["json_file"], "--html": o["html"]},
+                            paths)
     # the targets are reserved now, before any statistics are computed; every file is written to
     # its staged path and all are put in place together, or none (attnviz.cli.options.StagedOutputs)
     with staged_outputs(targets) as staged:
@@ -433,6 +462,14 @@ def run_inspect(o: dict[str, Any]) -> bool:
         stats = insp.head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
                                      stored=w.stored_dtype)
         distributions = insp.distributions(stats, insp.row_sum_tolerance(w.stored_dtype))
+        from attnviz.cli.analysis_commands import add_token_scores, received_summary
+
+        notes = [text for text in (add_token_scores(stats, data, tokens, chosen.real_rows, distributions.ok),)
+                 if text]
+        received = None
+        if o["json_out"] or o["json_file"] or o["received_png"] or not (o["no_table"] or o["quiet"]):
+            received = received_summary(data, chosen.keep, chosen.real_rows, k_labels,
+                                        lq == lk and bool(stats["causal"]), list(range(w.shape[0])))
         warnings = [text for text in (distributions.warning(w.source),) if text]
         for text in warnings:
             err.print(f"warning: {text}", markup=False, style="yellow")
@@ -448,7 +485,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
             drawn_keep = np.ones(one.shape, bool) if one_keep is None else one_keep.copy()
             drawn_keep[one_padded] = False
         document = None
-        files = _inspect_files(w, staged, stats, (li, bi, hi), q_labels, k_labels, o, drawn_keep, masks)
+        files = _inspect_files(w, staged, stats, (li, bi, hi), q_labels, k_labels, o, drawn_keep, masks, received)
         if (o["json_out"] or o["json_file"]) and rows is not None:
             from attnviz.render.report import inspect_report, to_json
 
@@ -456,7 +493,8 @@ def run_inspect(o: dict[str, Any]) -> bool:
                 files["json"] = o["json_file"]
             document = to_json(inspect_report(w, stats, rows, (li, bi, hi), checks, files, q_labels, k_labels,
                                               warnings=warnings, mask=masks.described, padded=one_padded,
-                                              padded_rows=padded))
+                                              padded_rows=padded, notes=notes,
+                                              received=received))
             _save_json(document, staged)
         staged.commit()
         if not o["quiet"]:
@@ -475,6 +513,10 @@ def run_inspect(o: dict[str, Any]) -> bool:
             console = out_console()
             console.print(head_stats_table(stats, sort=o["sort"], reverse=o["reverse"], top=o["top"], padded=padded),
                           crop=False)
+            if received is not None and received["top"]:
+                from attnviz.cli.analysis_commands import received_table
+
+                console.print(received_table(received, o["precision"]), crop=False)
             where = f"layer {li}, batch {bi}, head {hi}"
             max_r = o["max_rows"] or None
             console.print(weights_table(one, q_labels=q_labels, k_labels=k_labels, keep=one_keep,
@@ -523,7 +565,8 @@ def grid_choice(o: dict[str, Any], shape: tuple[int, ...]) -> dict[str, list[int
 
 def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarray], index: tuple[int, int, int],
                    q_labels: list[str] | None, k_labels: list[str] | None, o: dict[str, Any],
-                   one_keep: np.ndarray | None, masks: InspectMask | None = None) -> dict[str, str]:
+                   one_keep: np.ndarray | None, masks: InspectMask | None = None,
+                   received: dict[str, Any] | None = None) -> dict[str, str]:
     li, bi, hi = index
     written: dict[str, str] = {}
     if not targets:
@@ -560,6 +603,13 @@ def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarr
         save_figure(stat_figure(values, title=name, stat=o["stat"], cmap=o["cmap"], layer_ids=layers, head_ids=heads),
                     targets["--stats-png"])
         written["stats_png"] = o["stats_png"]
+    if "--received-png" in targets and received is not None:
+        from attnviz.cli.analysis_commands import received_figure
+
+        chosen = {**received, "per_layer": received["per_layer"][layers], "layers": layers}
+        save_figure(received_figure(chosen, k_labels, title=f"attention received per token: {name}", cmap=o["cmap"],
+                                    reduce=o["reduce"], scale=scale), targets["--received-png"])
+        written["received_png"] = o["received_png"]
     if "--html" in targets:  # every map of the batch entry, as the --png grid, and the head statistics
         from attnviz.errors import shape_str
         from attnviz.io import save_text
@@ -568,7 +618,7 @@ def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarr
 
         keep, real = _grid_masks(masks, w.shape, bi)
         batches = "every batch entry" if o["batch"] is None else f"batch entry {bi}"
-        table = html_stats(stats, COLUMNS, precision=o["precision"],
+        table = html_stats(stats, {k: v for k, v in COLUMNS.items() if k in stats}, precision=o["precision"],
                            caption=f"means over query rows of {batches}: entropy H (nats) and H/ln n; dist: mean "
                                    "|i - j| weighted; diag, prev (j = i - 1), first (j = 0), last: mean weight on "
                                    "that key; max: mean largest weight")

@@ -98,12 +98,14 @@ def _checks(checks: list[CheckResult]) -> list[dict[str, Any]]:
 def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, index: tuple[int, int, int],
                    checks: list[CheckResult], files: dict[str, str], q_labels: list[str] | None,
                    k_labels: list[str] | None, *, warnings: list[str] | None = None, mask: list[str] | None = None,
-                   padded: np.ndarray | None = None, padded_rows: int = 0) -> dict[str, Any]:
+                   padded: np.ndarray | None = None, padded_rows: int = 0, notes: list[str] | None = None,
+                   received: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document of ``attnviz inspect``: per-head statistics, the selected map's per-query
     statistics and the checks (the weights themselves are the input, so they are not repeated).
     ``padded``: the selected map's padded query rows; their statistics (but ``top_k``) are ``null``."""
     layers, heads = stats["entropy"].shape
-    head_rows = [{"layer": li, "head": hi, **{k: float(stats[k][li, hi]) for k in HEAD_STATS},
+    token_stats = [k for k in ("induction", "duplicate") if k in stats]  # only when the tokens were given
+    head_rows = [{"layer": li, "head": hi, **{k: float(stats[k][li, hi]) for k in (*HEAD_STATS, *token_stats)},
                   "rows": int(stats["rows"][li, hi]) if "rows" in stats else None,
                   "tag": str(stats["tag"][li, hi]) or None} for li in range(layers) for hi in range(heads)]
     per_query = stats_document(rows)
@@ -125,6 +127,8 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "mask": mask or [],
         "padded_rows": padded_rows,
         "head_stats": head_rows,
+        "received": received,
+        "notes": notes or [],
         "stats": per_query,
         "checks": _checks(checks),
         "warnings": warnings or [],
