@@ -12,7 +12,8 @@ the default of ``app.command``). Its help is Click's plain-text help (the app ke
   (``Usage: attnviz scaled [OPTIONS] Q [K] [V]``), not Typer's ``{Q}``; an argument that names a file
   is described as ``Q FILE``. An option's value reads ``--precision INTEGER``, ``--rope-theta FLOAT``,
   ``--title TEXT``, ``--device [auto|cpu|gpu]`` (Click's words) unless the option declares its own
-  metavar (``--mask FILE``, ``--max-memory SIZE``), instead of Typer's ``<int range>`` and ``<str>``.
+  metavar (``--mask FILE``, ``--max-memory SIZE``), instead of Typer's ``<int range>`` and ``<str>``; a
+  long list of choices goes into the help text instead (``--sort SORT ...; one of: layer, head, ...``).
 
 Click's formatter wraps at 78 columns at most, so the help fits an 80-column terminal.
 """
@@ -35,11 +36,26 @@ def argument_name(param: Any) -> str:
     return f"{name} FILE" if simple and is_file_param(param) else name
 
 
+CHOICES_CELLS = 32  # longer lists of choices go into the help text, the option showing its name
+
+
+def long_choices(param: Any) -> list[str] | None:
+    """An option's choices when they are too many to show after its name."""
+    desc = param.type_descriptor
+    if param.metavar or not desc.is_choice:
+        return None
+    choices = [str(c) for c in desc.choices or ()]
+    return choices if len("|".join(choices)) + 2 > CHOICES_CELLS else None
+
+
 def option_value(param: Any) -> str:
-    """What follows an option's name in the help: its metavar, its choices or the word for its type."""
+    """What follows an option's name in the help: its metavar, its choices (or, when they are many, its
+    name in capitals) or the word for its type."""
     if param.metavar:
         return str(param.metavar)
     desc = param.type_descriptor
+    if long_choices(param):
+        return str(param.name).upper()
     if desc.is_choice:
         return "[" + "|".join(str(c) for c in desc.choices or ()) + "]"
     return TYPE_WORDS.get(desc.annotation, param.display_type_rich(None) or "VALUE")
@@ -79,7 +95,12 @@ class AttnvizCommand(TyperCommand):
                 sections["Inputs"].append((argument_name(param), record[1]))
             else:
                 panel = getattr(param, "rich_help_panel", None) or "Options"
-                sections.setdefault(panel, []).append((option_name(param), record[1]))
+                text = record[1]
+                many = long_choices(param)
+                if many:  # before the [default: ...] Typer adds
+                    words, bracket, extra = text.rpartition("  [") if "  [" in text else (text, "", "")
+                    text = f"{words}; one of: {', '.join(many)}{bracket}{extra}".lstrip("; ")
+                sections.setdefault(panel, []).append((option_name(param), text))
         options = sections.pop("Options", [])
         for name, rows in [*sections.items(), ("Options", options)]:
             if rows:
