@@ -68,7 +68,8 @@ Precision = Annotated[int, checked_option(int, "--precision", min=0, max=12, ric
 MaxRows = Annotated[int, checked_option(int, "--max-rows", min=0, rich_help_panel=OUTPUT,
                                         help="show at most this many rows, eliding the middle (0: all)")]
 MaxCols = Annotated[int | None, checked_option(int | None, "--max-cols", min=0, rich_help_panel=OUTPUT,
-                                               help="show at most this many key columns (default: what fits)")]
+                                               help="show at most this many key columns (default: what fits "
+                                                    "the terminal; 0: all)")]
 JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT,
                                        help="print the JSON document on stdout instead of tables")]
 JsonFile = Annotated[str | None, typer.Option("--json-file", metavar="FILE.json", rich_help_panel=OUTPUT,
