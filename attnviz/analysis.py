@@ -33,9 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnviz.choices import HEAD_COMBINE
 from attnviz.io import release_pages
 
-HEAD_COMBINE = ("mean", "max", "min")
+__all__ = ["HEAD_COMBINE", "Rollout", "combine_heads", "received", "repeated_sequence", "rollout", "token_patterns",
+           "token_scores", "token_tags", "with_residual"]
 #: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average
 TOKEN_TAG_THRESHOLD = 0.5
 TOKEN_TAGS = {"induction": "induction", "duplicate": "duplicate-token"}

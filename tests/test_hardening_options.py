@@ -295,7 +295,8 @@ BASE = {"scaled": QKV, "dot": QKV, "general": QKV, "additive": QKV, "multihead":
         "self": ["q.npy"], "pooling": ["q.npy"], "coattention": ["q.npy", "k.npy"], "local": [*QKV, "--window", "1"],
         "hard": QKV, "sparse": QKV, "structured": ["q.npy", "--adjacency", "adj.npy"], "hierarchical": ["doc.npy"],
         "bidirectional": ["q.npy", "k.npy"], "inspect": ["weights.npy"], "compare": ["weights.npy", "w2.npy"],
-        "batch": ["jobs.jsonl"], "variants": [], "serve": ["--status"]}
+        "batch": ["jobs.jsonl"], "variants": [], "serve": ["--status"], "rollout": ["weights.npy"],
+        "repeat-test": ["5", "--vocab-size", "10"]}
 NUMERIC = _options(int) + _options(float)
 
 
@@ -311,7 +312,7 @@ def test_every_number_and_choice_is_parsed_by_attnviz():
     for name, command in COMMANDS.items():
         for param in command.params:
             desc = param.type_descriptor
-            if desc.annotation in (str, bool, str | None):
+            if desc.annotation in (str, bool, str | None, list[str], list[str] | None):  # text: no number to parse
                 continue
             parser = desc.parameter_info.parser
             if not isinstance(parser, (Number, OneOf, Size, Positions)):
@@ -446,6 +447,7 @@ def test_success_puts_every_output_in_place_and_leaves_nothing_else(folder):
 # Item 9, the option half: a fuzz over random values of random options of random commands
 
 PATH_OPTIONS = {"--png", "--map-png", "--stats-png", "--json-file", "--save-weights", "--save-output", "--save-params",
+                "--received-png", "--save-ids", "--save-labels",
                 "--params", "--mask", "--key-padding-mask", "--check-mask", "--positions", "--adjacency", "--unary",
                 "--from-keras", "--labels", "--q-labels", "--k-labels"}
 PATHS = ["out.png", "out.svg", "o.json", "w.npy", "p.npz", "q.npy", "weights.npy", "mh_ok.npz", "tokens.txt",
@@ -504,7 +506,8 @@ def fuzz_folder(tmp_path_factory) -> tuple[Path, Path]:
     return folder, pristine
 
 
-OUTPUTS = {"--png", "--map-png", "--stats-png", "--json-file", "--save-weights", "--save-output", "--save-params"}
+OUTPUTS = {"--png", "--map-png", "--stats-png", "--json-file", "--save-weights", "--save-output", "--save-params",
+           "--received-png", "--save-ids", "--save-labels"}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

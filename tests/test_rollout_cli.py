@@ -117,8 +117,8 @@ def test_errors(dump, tmp_path):
 
 
 def test_repeat_test_writes_the_probe(tmp_path):
-    result = invoke("repeat-test", "6", "--vocab-size", "50", "--seed", "4", "--ids", tmp_path / "ids.npy",
-                    "--labels", tmp_path / "probe.txt", "--json")
+    result = invoke("repeat-test", "6", "--vocab-size", "50", "--seed", "4", "--save-ids", tmp_path / "ids.npy",
+                    "--save-labels", tmp_path / "probe.txt", "--json")
     assert result.exit_code == 0, result.stderr
     ids = np.load(tmp_path / "ids.npy")
     assert ids.shape == (1, 12) and ids.dtype == np.int64

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from attnviz.analysis import HEAD_COMBINE
+from attnviz.choices import HEAD_COMBINE
 from attnviz.cli.inspect_commands import (
     BatchOpt,
     Cmap,
@@ -27,7 +27,7 @@ from attnviz.cli.inspect_commands import (
     Reduce,
     Title,
 )
-from attnviz.cli.options import LABELS, OUTPUT, check_png_path, checked_option, staged_outputs
+from attnviz.cli.options import LABELS, OUTPUT, check_png_path, checked_option, parser_for, staged_outputs
 from attnviz.cli.streams import out_console, stdout
 
 ROLLOUT = "Rollout"
@@ -197,23 +197,23 @@ def _cumulative(result: Any) -> Any:
 
 
 def repeat_test_command(
-    length: Annotated[int, typer.Argument(metavar="N", show_default=False,
+    length: Annotated[int, typer.Argument(metavar="N", show_default=False, parser=parser_for(int, min=1),
                                           help="tokens in the random sequence (repeated once: 2N in all)")],
     vocab_size: Annotated[int, checked_option(int, "--vocab-size", min=1, metavar="V",
                                               help="draw token ids from 0..V-1 (the model's vocabulary size)")],
     seed: Annotated[int | None, checked_option(int | None, "--seed", min=0,
                                                help="random seed (repeatable probes)")] = None,
-    ids: Annotated[str | None, typer.Option("--ids", metavar="FILE.npy",
+    ids: Annotated[str | None, typer.Option("--save-ids", metavar="FILE.npy",
                                             help="save the ids [1, 2N] (int64), ready as a model's input_ids")] = None,
-    labels: Annotated[str | None, typer.Option("--labels", metavar="FILE.txt",
-                                               help="save one label a line (the id) for inspect --labels")] = None,
+    labels: Annotated[str | None, typer.Option("--save-labels", metavar="FILE.txt",
+                                               help="save one label a line (the id), for inspect --labels")] = None,
     json_out: Annotated[bool, typer.Option("--json",
                                            help="print a JSON object (ids, n, vocab_size, seed)")] = False,
 ) -> None:
     """Write the standard induction-head probe: N distinct random token ids, then the same N again.
 
     Run the model on it with output_attentions, save the attentions, then
-    `attnviz inspect attn.npz --labels FILE.txt --sort induction`: in the second half, an induction
+    `attnviz inspect attn.npz --labels probe.txt --sort induction`: in the second half, an induction
     head attends to the token after the earlier occurrence of the current token.
     """
     from attnviz.cli.app import user_errors
@@ -235,14 +235,14 @@ def _repeat_test(length: int, vocab: int, seed: int | None, ids: str | None, lab
     if length > vocab:
         raise UsageError(f"N {length}: more distinct tokens than --vocab-size {vocab}.")
     if ids is not None and not ids.lower().endswith(".npy"):
-        raise UsageError(f"--ids {ids}: the file must end in .npy.")
+        raise UsageError(f"--save-ids {ids}: the file must end in .npy.")
     sequence = analysis.repeated_sequence(length, vocab, seed)
-    targets = check_outputs({"--ids": ids, "--labels": labels}, [])
+    targets = check_outputs({"--save-ids": ids, "--save-labels": labels}, [])
     with staged_outputs(targets) as staged:
-        if "--ids" in staged:
-            save_npy(staged["--ids"], sequence[None, :])
-        if "--labels" in staged:
-            save_text(staged["--labels"], "".join(f"{i}\n" for i in sequence))
+        if "--save-ids" in staged:
+            save_npy(staged["--save-ids"], sequence[None, :])
+        if "--save-labels" in staged:
+            save_text(staged["--save-labels"], "".join(f"{i}\n" for i in sequence))
         staged.commit()
     values = [int(i) for i in sequence]
     stdout().write((json.dumps({"ids": values, "n": length, "vocab_size": vocab, "seed": seed}) if json_out
