@@ -255,15 +255,19 @@ class Scaling:
     log: bool = False
 
     def bounds32(self) -> tuple[np.float32, np.float32]:
-        """``low`` and ``high`` as float32, a hair inside ``[low, high]`` (a millionth of the scale, far
-        below one step of a colour map): a value clipped to them never falls outside the scale by
-        the rounding of the image pipeline (it would take the colour of the separators)."""
+        """``low`` and ``high`` as float32, a hair inside ``[low, high]`` (far below one step of a colour
+        map: two float32 steps, or a 1e-5 factor on a log scale): a value clipped to them never falls
+        outside the scale by the rounding of the image pipeline (it would take the colour of the
+        separators, or a log scale's zeros the white of the caption strips)."""
         if self.log:
-            low, high = self.low * (1 + 1e-5), self.high * (1 - 1e-5)
-        else:
-            margin = 1e-6 * (self.high - self.low)
-            low, high = self.low + margin, self.high - margin
-        return np.float32(low), np.float32(high)
+            return np.float32(self.low * (1 + 1e-5)), np.float32(self.high * (1 - 1e-5))
+        up, down = np.float32(np.inf), np.float32(-np.inf)
+        low, high = np.float32(self.low), np.float32(self.high)
+        if low <= self.low:
+            low = np.nextafter(low, up)
+        if high >= self.high:
+            high = np.nextafter(high, down)
+        return np.nextafter(low, up), np.nextafter(high, down)  # and one step more
 
     def clip(self, values: np.ndarray) -> np.ndarray:
         """``values`` within ``[low, high]`` (NaN stays NaN), as float32."""
