@@ -10,8 +10,9 @@ given its exact width and ``no_wrap``, so that no line is wider than the console
   the caption says which were left out and how to see more. ``max_cols``: None shows what fits, ``N``
   at most N (of those that fit), 0 every one (the table is then as wide as they need, wider than the
   terminal if need be: for ``less -S`` or a file).
-* **Headers** are never folded: a key's label longer than ``HEADER_CELLS`` cells (or than its column)
-  ends in an ellipsis; a long fixed header gives way to a short name (``top-3 (key: weight)`` to
+* **Headers** are never folded: a key's label longer than its column ends in an ellipsis (a column is
+  as wide as its numbers, and its header up to 24, 16 or 10 cells: the longest that costs no key
+  column); a long fixed header gives way to a short name (``top-3 (key: weight)`` to
   ``top-3``, ``fully masked rows`` to ``masked``).
 * **Row labels** (a position and its token) are cut with an ellipsis, never wrapped; the column is at
   most ``ROW_LABEL_CELLS`` cells, a fifth of the width on narrow terminals.
@@ -219,17 +220,38 @@ def _key_header(labels: Sequence[str] | None, j: int) -> str:
     return inert.label(labels[j]) if labels is not None else str(j)
 
 
-def _key_column_width(labels: Sequence[str] | None, j: int, number: int) -> int:
-    """A key column: as wide as its numbers, and its header up to ``HEADER_CELLS``."""
-    return max(number, min(cell_len(_key_header(labels, j)), HEADER_CELLS))
+def _key_column_width(labels: Sequence[str] | None, j: int, number: int, cap: int = HEADER_CELLS) -> int:
+    """A key column: as wide as its numbers, and its header up to ``cap`` cells."""
+    return max(number, min(cell_len(_key_header(labels, j)), cap))
 
 
-def _add_key_columns(table: Table, cols: Iterable[int | None], labels: Sequence[str] | None, number: int) -> None:
+#: a key column's header at most, longest first: the longest that costs no key column is used
+HEADER_CAPS = (inert.LABEL_WIDTH, 16, HEADER_CELLS)
+
+
+def _fit_keys(n: int, labels: Sequence[str] | None, number: int, budgets: Sequence[int | None],
+              limit: int | None) -> tuple[int, int, list[int | None]]:
+    """The key columns shown, the header cap and which of ``budgets`` (cells for the key columns, best
+    first): the most columns, then the longest headers, then the earliest budget."""
+    def fit(budget: int | None, cap: int) -> list[int | None]:
+        return key_columns(n, lambda j: _key_column_width(labels, j, number, cap), budget, limit)
+
+    most = len(fit(budgets[-1], HEADER_CAPS[-1]))
+    for cap in HEADER_CAPS:
+        for b, budget in enumerate(budgets):
+            cols = fit(budget, cap)
+            if len(cols) >= most:
+                return b, cap, cols
+    return len(budgets) - 1, HEADER_CAPS[-1], fit(budgets[-1], HEADER_CAPS[-1])
+
+
+def _add_key_columns(table: Table, cols: Iterable[int | None], labels: Sequence[str] | None, number: int,
+                     cap: int = HEADER_CELLS) -> None:
     for j in cols:
         if j is None:
             table.add_column(Text(GAP), justify="center", no_wrap=True, width=1)
             continue
-        w = _key_column_width(labels, j, number)
+        w = _key_column_width(labels, j, number, cap)
         table.add_column(Text(clip(_key_header(labels, j), w)), justify="right", no_wrap=True, overflow="ellipsis",
                          width=w)
 
@@ -276,17 +298,12 @@ def weights_table(
     label_natural = max([*(cell_len(t) for t in labels.values()), min(cell_len(axis_names[0]), 8)])
 
     def build(width: int | None) -> Table:
-        def width_of(j: int) -> int:
-            return _key_column_width(k_labels, j, number)
-
         narrow = min(label_natural, row_label_cells(width))
         wider = max(narrow, min(cell_len(corner), row_label_cells(width)))  # room for "query \\ key"
-        def fitting(label_w: int) -> list[int | None]:
-            return key_columns(lk, width_of, None if width is None else width - 1 - (label_w + 3), max_cols)
-
-        label_w, cols = narrow, fitting(narrow)
-        if wider > narrow and len(fitting(wider)) == len(cols):  # the wider only when it costs no key column
-            label_w, cols = wider, fitting(wider)
+        label_widths = [wider, narrow]  # the wider only when it costs no key column
+        budgets = [None if width is None else width - 1 - (w + 3) for w in label_widths]
+        which, cap, cols = _fit_keys(lk, k_labels, number, budgets, max_cols)
+        label_w = label_widths[which]
         caption_parts = [p for p in (_elided(rows, lq, "rows"), _elided(cols, lk, "columns")) if p]
         caption = None
         if caption_parts:
@@ -298,7 +315,7 @@ def weights_table(
         table = Table(title=_title(title), caption=_caption(caption), caption_justify="left")
         head = corner if cell_len(corner) <= label_w else clip(inert.label(axis_names[0]), label_w)
         table.add_column(Text(head), style="bold", no_wrap=True, overflow="ellipsis", width=label_w)
-        _add_key_columns(table, cols, k_labels, number)
+        _add_key_columns(table, cols, k_labels, number, cap)
         for i in rows:
             if i is None:
                 table.add_row("⋮", *["⋮" for _ in cols])
@@ -497,12 +514,11 @@ def vector_table(
     number = number_width(values, precision)
 
     def build(width: int | None) -> Table:
-        budget = None if width is None else width - 1
-        cols = key_columns(n, lambda j: _key_column_width(labels, j, number), budget, max_cols)
+        _, cap, cols = _fit_keys(n, labels, number, [None if width is None else width - 1], max_cols)
         elided = _elided(cols, n, "columns")
         table = Table(title=_title(title), caption=_caption(f"not shown: {elided} (--max-cols shows more)")
                       if elided else None, caption_justify="left")
-        _add_key_columns(table, cols, labels, number)
+        _add_key_columns(table, cols, labels, number, cap)
         table.add_row(*[GAP if j is None else Text(f"{float(values[j]):.{precision}f}",
                                                    style=shade(float(values[j]), vmax)) for j in cols])
         return table
