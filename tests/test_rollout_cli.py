@@ -100,9 +100,14 @@ def test_png_and_table(dump, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "attention rollout" in result.stdout and "g" in result.stdout
     assert (tmp / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    result = invoke("rollout", tmp / "attn.npz", "--all-layers", "--png", tmp / "all.png", "-q")
+    result = invoke("rollout", tmp / "attn.npz", "--all-layers", "--png", tmp / "all.png", "-q",
+                    "--html", tmp / "all.html")
     assert result.exit_code == 0, result.stderr
     assert (tmp / "all.png").stat().st_size > 1000
+    page = (tmp / "all.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "attention rollout" in page and "http://" not in page
+    refused = invoke("rollout", tmp / "attn.npz", "--html", tmp / "r.txt")
+    assert refused.exit_code == 2 and not (tmp / "r.txt").exists()
 
 
 def test_errors(dump, tmp_path):

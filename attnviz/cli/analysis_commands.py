@@ -27,7 +27,15 @@ from attnviz.cli.inspect_commands import (
     Reduce,
     Title,
 )
-from attnviz.cli.options import LABELS, OUTPUT, check_png_path, checked_option, parser_for, staged_outputs
+from attnviz.cli.options import (
+    LABELS,
+    OUTPUT,
+    check_html_path,
+    check_png_path,
+    checked_option,
+    parser_for,
+    staged_outputs,
+)
 from attnviz.cli.streams import out_console, stdout
 
 ROLLOUT = "Rollout"
@@ -60,6 +68,9 @@ def rollout_command(
     mask_kind: MaskKind = "bool",
     png: Annotated[str | None, typer.Option("--png", metavar="FILE", rich_help_panel=OUTPUT,
                                             help="a heatmap of the rollout (.png, .svg or .pdf)")] = None,
+    html: Annotated[str | None, typer.Option("--html", metavar="FILE.html", rich_help_panel=OUTPUT,
+                                             help="an offline HTML page of the rollout of every batch entry (and "
+                                                  "each layer's with --all-layers): hover a cell to read it")] = None,
     title: Title = None,
     cmap: Cmap = None,
     reduce: Reduce = "mean",
@@ -98,6 +109,7 @@ def run_rollout(o: dict[str, Any]) -> bool:
     from attnviz.render.heatmap import check_cmap
 
     check_png_path(o["png"])
+    check_html_path(o["html"])
     check_cmap(o["cmap"])
     err = _stderr()
     w = insp.load_weights(o["weights"], o["layout"])
@@ -127,7 +139,7 @@ def run_rollout(o: dict[str, Any]) -> bool:
                                       start_layer=o["start_layer"], real=real, all_layers=o["all_layers"])
     shown = results[bi]
     padded = None if real_tokens is None else ~real_tokens[0, bi, 0]
-    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"]}, paths)
+    targets = check_outputs({"--png": o["png"], "--json-file": o["json_file"], "--html": o["html"]}, paths)
     span = f"layers {shown.layers[0]}-{shown.layers[-1]}" if len(shown.layers) > 1 else f"layer {shown.layers[0]}"
     how = f"heads {o['heads']}, residual {o['residual']:g}, {span}"
     with staged_outputs(targets) as staged:
@@ -146,6 +158,13 @@ def run_rollout(o: dict[str, Any]) -> bool:
                                      xlabel="input token", colorbar_label="rollout")
             save_figure(fig, staged["--png"])
             files["png"] = o["png"]
+        if "--html" in staged:
+            from attnviz.io import save_text
+
+            save_text(staged["--html"], _rollout_html(results, entries, tokens, o, how, f"{w.source} "
+                                                      f"{shape_str(w.file_shape)} read as [layers, batch, heads, L, L] "
+                                                      f"= {shape_str(w.shape)}"))
+            files["html"] = o["html"]
         document = None
         if o["json_out"] or o["json_file"]:
             from attnviz import __version__
@@ -181,14 +200,37 @@ def run_rollout(o: dict[str, Any]) -> bool:
         from attnviz.render.table import weights_table
 
         console = out_console()
-        max_c = o["max_cols"] if o["max_cols"] is not None else max(4, (console.width - 16) // 10)
         keep = None if padded is None else ~(padded[:, None] | padded[None, :])
         data = np.nan_to_num(shown.result)
         console.print(weights_table(data, q_labels=tokens, k_labels=tokens, keep=keep, precision=o["precision"],
-                                    max_rows=o["max_rows"] or None, max_cols=max_c or None, padded=padded,
+                                    max_rows=o["max_rows"] or None, max_cols=o["max_cols"], padded=padded,
                                     axis_names=("output", "input"),
                                     title=f"attention rollout, batch {bi} [{lq}, {lk}] ({how})"), crop=False)
     return False
+
+
+def _rollout_html(results: dict[int, Any], entries: list[int], tokens: list[str] | None, o: dict[str, Any], how: str,
+                  subtitle: str) -> str:
+    """The HTML report of a rollout: one row per batch entry; one column (the result), or one per layer
+    (the cumulative maps) with --all-layers."""
+    import numpy as np
+
+    from attnviz.render.html import grid_report
+
+    first = results[entries[0]]
+    columns = first.layers if o["all_layers"] else [first.layers[-1]]
+
+    def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None]:
+        one = results[entries[r]]
+        data = _cumulative(one)[c] if o["all_layers"] else one.result
+        real = ~np.isnan(data)
+        return np.nan_to_num(data), None if real.all() else real
+
+    name = o["title"] or "attention rollout"
+    return grid_report(get, len(entries), len(columns), first.result.shape, title=f"{name} ({how})", subtitle=subtitle,
+                       row_labels=[str(b) for b in entries], col_labels=[str(li) for li in columns], row_name="batch",
+                       col_name="after layer", q_labels=tokens, k_labels=tokens, q_name="output",
+                       k_name="input", cmap=o["cmap"], reduce=o["reduce"], colorbar_label="rollout")
 
 
 def _cumulative(result: Any) -> Any:
