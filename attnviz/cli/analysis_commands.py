@@ -30,9 +30,14 @@ from attnviz.cli.inspect_commands import (
 from attnviz.cli.options import (
     LABELS,
     OUTPUT,
+    NormOpt,
+    VmaxOpt,
+    VminOpt,
     check_html_path,
     check_png_path,
+    check_scale,
     checked_option,
+    figure_scale,
     parser_for,
     staged_outputs,
 )
@@ -74,6 +79,9 @@ def rollout_command(
     title: Title = None,
     cmap: Cmap = None,
     reduce: Reduce = "mean",
+    vmin: VminOpt = None,
+    vmax: VmaxOpt = None,
+    norm: NormOpt = "linear",
     precision: Precision = 3,
     max_rows: MaxRows = 40,
     max_cols: MaxCols = None,
@@ -111,6 +119,7 @@ def run_rollout(o: dict[str, Any]) -> bool:
     check_png_path(o["png"])
     check_html_path(o["html"])
     check_cmap(o["cmap"])
+    check_scale(o["vmin"], o["vmax"], o["norm"])
     err = _stderr()
     w = insp.load_weights(o["weights"], o["layout"])
     layers, batches, _, lq, lk = w.shape
@@ -148,14 +157,15 @@ def run_rollout(o: dict[str, Any]) -> bool:
             from attnviz.render.heatmap import heatmap_figure, save_figure, slices_mosaic
 
             name = o["title"] or f"attention rollout of {w.source}"
+            scale = figure_scale(o["vmin"], o["vmax"], o["norm"], False)
             if o["all_layers"]:
                 maps = np.stack([_cumulative(results[b]) for b in entries])  # [B, n, L, L]
                 fig = slices_mosaic(maps, title=f"{name} ({how}), cumulative after each layer",
-                                    names=["batch", "after layer"], cmap=o["cmap"], reduce=o["reduce"])
+                                    names=["batch", "after layer"], cmap=o["cmap"], reduce=o["reduce"], scale=scale)
             else:
                 fig = heatmap_figure(shown.result, title=f"{name}, batch {bi} ({how})", q_labels=tokens,
                                      k_labels=tokens, cmap=o["cmap"], reduce=o["reduce"], ylabel="token (output)",
-                                     xlabel="input token", colorbar_label="rollout")
+                                     xlabel="input token", colorbar_label="rollout", scale=scale)
             save_figure(fig, staged["--png"])
             files["png"] = o["png"]
         if "--html" in staged:
@@ -230,7 +240,8 @@ def _rollout_html(results: dict[int, Any], entries: list[int], tokens: list[str]
     return grid_report(get, len(entries), len(columns), first.result.shape, title=f"{name} ({how})", subtitle=subtitle,
                        row_labels=[str(b) for b in entries], col_labels=[str(li) for li in columns], row_name="batch",
                        col_name="after layer", q_labels=tokens, k_labels=tokens, q_name="output",
-                       k_name="input", cmap=o["cmap"], reduce=o["reduce"], colorbar_label="rollout")
+                       k_name="input", cmap=o["cmap"], reduce=o["reduce"], colorbar_label="rollout", vmin=o["vmin"],
+                       vmax=o["vmax"], norm=o["norm"])
 
 
 def _cumulative(result: Any) -> Any:
