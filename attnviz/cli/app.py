@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # the pipeline loads NumPy: imported when a command runs, not
 class AttnvizGroup(TyperGroup):
     """The command group: usage errors (unknown option or command, a bad or missing value, a
     missing argument) of any command end in attnviz's one line on stderr and exit 2, instead of
-    Click's usage block. ``attnviz`` alone still prints the help."""
+    Click's usage block. ``attnviz`` alone is one of them: a line naming ``attnviz --help``."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         with usage_errors():
@@ -117,7 +117,7 @@ app = AttnvizTyper(
     cls=AttnvizGroup,
     help="Compute, inspect and visualise attention from the command line: tables, statistics, "
     "heatmap PNGs and JSON.",
-    no_args_is_help=True,
+    no_args_is_help=False,  # `attnviz` alone: one usage line naming --help (exit 2), not 40 lines of help
     add_completion=False,  # attnviz's own --install-completion/--show-completion [SHELL] (attnviz.cli.completion)
     rich_markup_mode=None,  # plain help: fast (no rich.markdown import) and brackets print as written
     pretty_exceptions_enable=False,

@@ -628,6 +628,9 @@ def usage_message(exc: Exception) -> str:
     if unknown:
         hint = f"; did you mean {unknown.group(2)}?" if unknown.group(2) else f" (`{command} --help` lists them)."
         return f"{_inert(unknown.group(1), 60)}: no such command{hint}"
+    if message == "Missing command.":
+        return (f"missing command: `{command} COMMAND ...`, e.g. `{command} scaled q.npy k.npy v.npy` or "
+                f"`{command} inspect attn.npz` (`{command} --help` lists the commands).")
     text = _sentence(message.removeprefix("Got "))
     usage = _usage(ctx) if ctx is not None and ctx.parent is not None else ""
     return f"{text.rstrip('.')}; usage: {usage}." if usage else text
