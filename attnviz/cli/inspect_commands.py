@@ -77,13 +77,13 @@ JsonFile = Annotated[str | None, typer.Option("--json-file", metavar="FILE.json"
 NoTable = Annotated[bool, typer.Option("--no-table", rich_help_panel=OUTPUT, help="print no tables")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUTPUT,
                                      help="print no tables and no informational lines")]
-Title = Annotated[str | None, typer.Option("--title", rich_help_panel=OUTPUT, help="the heatmap's title")]
-Cmap = Annotated[str | None, typer.Option("--cmap", rich_help_panel=OUTPUT, help="a matplotlib colour map")]
+Title = Annotated[str | None, typer.Option("--title", rich_help_panel=FIGURE, help="the heatmap's title")]
+Cmap = Annotated[str | None, typer.Option("--cmap", rich_help_panel=FIGURE, help="a matplotlib colour map")]
 HtmlOpt = Annotated[str | None, typer.Option(
     "--html", metavar="FILE.html", rich_help_panel=OUTPUT,
     help="write an interactive report: one offline HTML file (every map of the batch entry as thumbnails, hover, "
          "head view, sortable statistics)")]
-Reduce = Annotated[Literal["mean", "max"], checked_option(Literal["mean", "max"], "--reduce", rich_help_panel=OUTPUT,
+Reduce = Annotated[Literal["mean", "max"], checked_option(Literal["mean", "max"], "--reduce", rich_help_panel=FIGURE,
                                                           help="how long maps are aggregated in blocks: mean or max")]
 LayersOpt = Annotated[str | None, checked_option(
     str | None, "--layers", parser=Ranges(), metavar="0,3,5-7", rich_help_panel=FIGURE,
