@@ -21,6 +21,7 @@ from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from attnviz.cli import app, client
+from attnviz.cli.completion import SHELL_CHOICES
 from attnviz.variants import REGISTRY
 from tests.conftest import ROOT, SAMPLES
 
@@ -351,6 +352,21 @@ def test_install_completion_for_bash(tmp_path):
     assert f"source '{script}'" in (tmp_path / ".bashrc").read_text()
     runner.invoke(app, ["--install-completion", "bash"], env=env)
     assert (tmp_path / ".bashrc").read_text().count("source") == 1  # once
+
+
+def test_tab_after_an_eager_option_runs_nothing(tmp_path):
+    # a completion request only parses: TAB after --install-completion must not install (write ~/.bashrc),
+    # --show-completion and --version must not print into the answers; the shells are offered instead
+    for words in ("attnviz --install-completion ", "attnviz --install-completion b", "attnviz --show-completion ",
+                  "attnviz --version --n"):
+        r = complete({"_ATTNVIZ_COMPLETE": "complete_bash", "COMP_WORDS": words,
+                      "COMP_CWORD": str(len(words.split(" ")) - 1), "HOME": str(tmp_path), "SHELL": "/bin/bash"})
+        assert r.returncode == 0 and r.stderr == "", (words, r.stderr)
+        assert "_attnviz_completion" not in r.stdout and "attnviz " not in r.stdout, (words, r.stdout)
+        assert list(tmp_path.iterdir()) == [], words
+    assert bash_request("attnviz --show-completion ") == list(SHELL_CHOICES)
+    assert bash_request("attnviz --install-completion b") == ["bash"]
+    assert bash_request("attnviz --version --n") == ["--no-server"]
 
 
 def test_completion_of_commands_choices_and_options():

@@ -60,8 +60,10 @@ class AttnvizGroup(TyperGroup):
     Click's usage block. ``attnviz`` alone is one of them: a line naming ``attnviz --help``."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        if not extra.get("resilient_parsing"):  # a completion request completes the shell's name instead
+            args = shell_optional(args)
         with usage_errors():
-            return super().make_context(info_name, shell_optional(args), parent, **extra)
+            return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: Any) -> Any:
         with usage_errors():
@@ -134,8 +136,14 @@ def _completion(what: str, value: str | None) -> None:
     (completion.install_callback if what == "install" else completion.show_callback)(value)
 
 
+def _shells(incomplete: str) -> list[str]:  # TAB after --show-completion / --install-completion
+    return [name for name in SHELL_CHOICES if name.startswith(incomplete)]
+
+
 def _version(value: bool) -> None:
-    if value:
+    from attnviz.cli.completion import completing
+
+    if value and not completing():  # TAB after --version: complete, print no version into the answers
         typer.echo(f"attnviz {__version__}")
         raise typer.Exit()
 
@@ -148,12 +156,12 @@ def main(
                                                                 "(attnviz serve; also ATTNVIZ_NO_SERVER=1)")] = False,
     install_completion: Annotated[str | None, checked_option(
         Literal[SHELL_CHOICES], "--install-completion", metavar="[SHELL]", is_eager=True,  # type: ignore[misc]
-        expose_value=False, callback=lambda value: _completion("install", value),
+        expose_value=False, callback=lambda value: _completion("install", value), autocompletion=_shells,
         help="install shell completion (commands, options, choices, files) for SHELL, or for the shell this "
              "runs in; it takes effect in a new shell")] = None,
     show_completion: Annotated[str | None, checked_option(
         Literal[SHELL_CHOICES], "--show-completion", metavar="[SHELL]", is_eager=True,  # type: ignore[misc]
-        expose_value=False, callback=lambda value: _completion("show", value),
+        expose_value=False, callback=lambda value: _completion("show", value), autocompletion=_shells,
         help="print the completion script of SHELL (bash, zsh, fish, powershell), to install it by hand")] = None,
 ) -> None:
     """Compute, inspect and visualise attention from the command line.

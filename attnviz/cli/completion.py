@@ -200,9 +200,18 @@ def install(shell: str, prog_name: str = "attnviz") -> str:
     return str(path)
 
 
+def completing() -> bool:
+    """Whether this is a completion request parsing the command line (Click's resilient parsing): an
+    eager option's callback must then do nothing (TAB after ``--install-completion`` installs nothing)."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    return bool(ctx is not None and ctx.resilient_parsing)
+
+
 def show_callback(value: str | None) -> None:
     """``--show-completion [SHELL]``: print the script and exit."""
-    if value is None:
+    if value is None or completing():
         return
     import typer
 
@@ -216,7 +225,7 @@ def show_callback(value: str | None) -> None:
 
 def install_callback(value: str | None) -> None:
     """``--install-completion [SHELL]``: install the script, say where, and exit."""
-    if value is None:
+    if value is None or completing():
         return
     import typer
 
