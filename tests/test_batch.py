@@ -183,3 +183,23 @@ def test_results_lines_of_a_jobs_file(folder):
     r = runner.invoke(app, ["batch", jobs, "--results", str(results), "--resume", "--json", "-q"])
     summary = json.loads(r.stdout)
     assert (summary["run"], summary["resumed"], summary["failed"]) == (1, 1, 1)  # the failed job runs again
+
+
+def test_received_png_and_repeat_test_files_resolve_against_the_jobs_folder(tmp_path, monkeypatch):
+    """Every file a job writes is named relative to the jobs file's folder: --received-png and
+    repeat-test's --save-ids/--save-labels too (they once went to the current folder)."""
+    jobs_dir = tmp_path / "jobs"
+    (jobs_dir / "out").mkdir(parents=True)
+    w = np.full((1, 1, 2, 3, 3), 1 / 3)
+    np.save(jobs_dir / "w.npy", w)
+    path = write_jobs(jobs_dir, [
+        {"command": "inspect", "args": ["w.npy"], "options": {"received_png": "out/r.png"}},
+        {"command": "repeat-test", "args": ["4"], "options": {"vocab_size": 10, "seed": 1,
+                                                              "save_ids": "out/ids.npy", "save_labels": "out/p.txt"}}])
+    monkeypatch.chdir(tmp_path)  # somewhere else, with no out/ folder
+    r = runner.invoke(app, ["batch", path, "--quiet"])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert (jobs_dir / "out" / "r.png").read_bytes().startswith(b"\x89PNG")
+    ids = np.load(jobs_dir / "out" / "ids.npy")
+    assert ids.shape == (1, 8) and (ids[0, :4] == ids[0, 4:]).all()
+    assert (jobs_dir / "out" / "p.txt").read_text().split() == [str(i) for i in ids[0]]

@@ -673,3 +673,42 @@ def test_readme_file_maps_run(tmp_path):
     for name in run1:  # run2 holds the same arrays (the same seeds): compare finds no difference
         doc = json.loads((tmp_path / "diffs" / f"{name}.json").read_text())
         assert (doc["a"], doc["b"]) == (f"run1/{name}.npy", f"run2/{name}.npy") and doc["max_abs_diff"] == 0.0
+
+
+def test_every_output_option_is_an_output_to_batch():
+    """Each option by which a command writes a file (--png, --*-png, --html, --json-file, --save-*) is
+    one batch knows: it checks the jobs' names for collisions, records the file in --results and makes
+    --resume look for it (--received-png once was none of these)."""
+    import typer.main
+
+    from attnviz.cli.batch import OUTPUT_FLAGS
+
+    writers = set()
+    for command in typer.main.get_command(app).commands.values():
+        for param in command.params:
+            for opt in getattr(param, "opts", []):
+                if opt.endswith("-png") or opt.startswith("--save-") or opt in ("--png", "--html", "--json-file"):
+                    writers.add(opt)
+    assert {"--received-png", "--save-ids", "--save-labels"} <= writers
+    assert writers <= OUTPUT_FLAGS, sorted(writers - OUTPUT_FLAGS)
+
+
+def test_received_png_is_recorded_checked_and_resumed(tmp_path, monkeypatch):
+    """--each ... -- inspect {} --received-png out/{stem}.png: the PNG is listed in the results line, a
+    deleted one is redone by --resume, and one name for every job is refused before anything runs."""
+    make_files(tmp_path / "acts", ["a", "b"])
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    argv = ["batch", "--quiet", "--results", "r.jsonl", "--each", "acts/*.npy", "--", "inspect", "{}",
+            "--received-png", "out/{stem}.png"]
+    assert runner.invoke(app, argv).exit_code == 0
+    recs = records(tmp_path / "r.jsonl")
+    assert [[o["path"] for o in r["outputs"]] for r in recs] == [["out/a.png"], ["out/b.png"]]
+    (tmp_path / "out" / "a.png").unlink()
+    r = runner.invoke(app, [*argv[:1], "--resume", "--json", *argv[1:]])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert [j["path"] for j in json.loads(r.stdout)["jobs"] if not j.get("resumed")] == ["acts/a.npy"]
+    assert valid_png(tmp_path / "out" / "a.png")
+    r = runner.invoke(app, [*argv[:-1], "out/one.png"])
+    assert r.exit_code == 2 and "--received-png out/one.png is written by the jobs" in r.stderr
+    assert not (tmp_path / "out" / "one.png").exists()

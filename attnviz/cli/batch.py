@@ -43,8 +43,8 @@ from attnviz.errors import InputError, UsageError
 
 #: options whose values are file names, resolved against the jobs file's folder
 PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save_params", "params", "mask",
-                "key_padding_mask", "map_png", "stats_png", "check_mask", "adjacency", "unary", "from_keras",
-                "positions", "html"}
+                "key_padding_mask", "map_png", "stats_png", "received_png", "check_mask", "adjacency", "unary",
+                "from_keras", "positions", "html", "save_ids", "save_labels"}
 LABEL_OPTIONS = {"labels", "q_labels", "k_labels"}  # a file name, or the labels themselves
 #: what an option name in a jobs file looks like (it becomes --name)
 OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -132,9 +132,11 @@ def _options_problem(options: dict[str, Any]) -> str | None:
     return None
 
 
+#: commands whose arguments are not file names (repeat-test N): taken as written, not resolved
+TEXT_ARGS = {"repeat-test"}
 #: options whose values are files a job writes: never the jobs file itself
 OUTPUT_PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save_params", "map_png",
-                       "stats_png", "html"}
+                       "stats_png", "received_png", "html", "save_ids", "save_labels"}
 
 
 def job_from_line(number: int, line: str, base: Path, commands: set[str], jobs_file: Path | None = None) -> Job:
@@ -172,7 +174,7 @@ def job_from_line(number: int, line: str, base: Path, commands: set[str], jobs_f
             job.error = f"line {number}: {problem}."
     if job.error:
         return job
-    argv = [job.command, *(_resolve(a, base) for a in args)]
+    argv = [job.command, *(a if job.command in TEXT_ARGS else _resolve(a, base) for a in args)]
     written: list[tuple[str, str]] = []  # (option, file) of the outputs the job names
     for name, value in options.items():
         key = name.replace("-", "_")
@@ -208,7 +210,7 @@ def job_from_line(number: int, line: str, base: Path, commands: set[str], jobs_f
                 job.error = (f"line {number}: {_quoted(name.lstrip('-'))} {target} is the jobs file itself; "
                              "refusing to overwrite it.")
                 return job
-    if "quiet" not in options:
+    if "quiet" not in options and takes_quiet(job.command):
         argv.append("--quiet")
     job.argv = argv
     job.outputs = written
@@ -230,6 +232,17 @@ def named_outputs(argv: list[str]) -> list[tuple[str, str]]:
             elif i + 1 < len(argv):
                 found.append((flag, argv[i + 1]))
     return found
+
+
+def takes_quiet(command: str) -> bool:
+    """Whether a command has --quiet, which batch adds to its jobs (repeat-test has none: it prints
+    nothing but its result)."""
+    import inspect
+
+    from attnviz.cli.app import app
+
+    found = next((c for c in app.registered_commands if c.name == command), None)
+    return found is None or found.callback is None or "quiet" in inspect.signature(found.callback).parameters
 
 
 def batch_commands() -> set[str]:
@@ -269,7 +282,7 @@ def jobs_from_template(template: list[str], paths: list[str]) -> list[Job]:
     writers: dict[str, tuple[str, int]] = {}
     for index, path in enumerate(paths):
         argv = [template[0], *(expand(arg, path, index) for arg in template[1:])]
-        if not {"--quiet", "-q"} & set(argv):
+        if not {"--quiet", "-q"} & set(argv) and takes_quiet(template[0]):
             argv.append("--quiet")
         job = Job(index + 1, template[0], argv, index=index, path=path, wants_document="--json" in argv,
                   outputs=named_outputs(argv))
