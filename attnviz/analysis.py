@@ -56,7 +56,8 @@ def combine_heads(maps: np.ndarray, how: str = "mean") -> np.ndarray:
 
 
 def with_residual(a: np.ndarray, residual: float) -> np.ndarray:
-    """``(1 - r) A + r I`` with each row renormalised to sum to 1 (a row of zeros stays zeros)."""
+    """``(1 - r) A + r I`` with each row renormalised to sum to 1 (a row of zeros becomes the identity
+    row when r > 0, and stays zeros when r = 0)."""
     out = (1.0 - residual) * a
     out[np.diag_indices_from(out)] += residual
     sums = out.sum(axis=-1, keepdims=True)
