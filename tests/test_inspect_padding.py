@@ -222,7 +222,8 @@ def test_tables_mark_padded_rows_and_masked_cells(files):
     text = r.stdout
     assert "0 pad" in text and "2 pad" in text and "3 pad" not in text and "·" in text
     assert "pad = a padded query row" in " ".join(text.split())
-    assert f"{LAYERS * HEADS * PAD} padded query rows left out" in r.stderr
+    assert f"{PAD} padded position(s) of the batch ({LAYERS * HEADS * PAD} padded query rows over layers and heads)" \
+        in r.stderr
     stats_part = text[text.index("per-query statistics"):]
     assert stats_part.count("pad") >= PAD * 5
 

@@ -502,7 +502,12 @@ def run_inspect(o: dict[str, Any]) -> bool:
             err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
                       f"{shape_str(w.shape)}", markup=False, style="dim")
             if masks.described:
-                left_out = f"; {padded} padded query rows left out" if padded else ""
+                left_out = ""
+                if padded:  # positions of the batch entries counted, and the rows they make over layers and heads
+                    rows_real = np.broadcast_to(chosen.real_rows, data.shape[:-1])
+                    positions = int((~rows_real).any(axis=(0, 2)).sum())
+                    left_out = (f"; {positions} padded position(s) of the batch ({padded} padded query rows over "
+                                "layers and heads) left out")
                 err.print(f"masks: {', '.join(masks.described)}{left_out}", markup=False, style="dim")
             for what, path in files.items():
                 err.print(f"saved {what} to {path}", markup=False, style="dim")
