@@ -127,6 +127,20 @@ def test_vmax_clips_and_vmin_sets_the_bottom(tmp_path):
     assert r.exit_code == 0, r.stderr
 
 
+@pytest.mark.parametrize("vmax", [0.0, -1.0])
+def test_a_vmax_at_or_below_the_default_bottom_is_kept(tmp_path, vmax):
+    # weights are >= 0, so the default bottom is 0: --vmax 0 or -1 must stay the top of the scale (every
+    # weight beyond it, in the top colour, the bar's arrow says so), not be replaced by 1 without a word
+    data = np.array([[0.0, 0.25, 0.5, 1.0]] * 4, np.float32)
+    fig = slices_mosaic(np.stack([data] * 5), title="v", scale=ColourScale(vmax=vmax))
+    img, _, _ = saved(fig, tmp_path / "v.png")
+    assert fig.axes[1].get_ylim()[1] == pytest.approx(vmax)
+    for x in (1, 2, 3):
+        assert panel_pixel(img, fig, 0, 0, 0, x) == rgb("viridis", 1.0)
+    few = heatmap_figure(data[None], title="t", scale=ColourScale(vmax=vmax))
+    assert few.axes[0].get_images()[0].norm.vmax == pytest.approx(vmax)
+
+
 def test_log_norm_makes_small_weights_visible_and_zeros_are_not_grey(tmp_path):
     data = np.array([[1.0, 1e-2, 1e-3, 0.0]] * 4)
     maps = np.stack([data] * 5)

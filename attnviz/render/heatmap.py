@@ -316,7 +316,9 @@ def make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False
                        f"log scale from {lo:.2g}; lower values and zeros in its bottom colour", log=True)
     lo = scale.vmin if scale.vmin is not None else min(0.0, low)
     hi = scale.vmax if scale.vmax is not None else high
-    if hi <= lo:
+    if hi <= lo and scale.vmax is not None and scale.vmin is None:  # --vmax at or below the default bottom:
+        lo = hi - (abs(hi) or 1.0)  # keep the user's top (values above it take the top colour)
+    elif hi <= lo:  # every value equal, or --vmin above every value: the given bottom is kept
         hi = lo + (abs(lo) or 1.0)
     extend = _extend(low < lo, high > hi)
     if scale.norm == "power":
