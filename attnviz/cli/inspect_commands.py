@@ -87,7 +87,7 @@ Reduce = Annotated[Literal["mean", "max"], checked_option(Literal["mean", "max"]
                                                           help="how long maps are aggregated in blocks: mean or max")]
 LayersOpt = Annotated[str | None, checked_option(
     str | None, "--layers", parser=Ranges(), metavar="0,3,5-7", rich_help_panel=FIGURE,
-    help="the layers the grids draw (--png, --stats-png), e.g. 0,3,5-7; default all")]
+    help="the layers the grids draw (--png, --html; inspect's --stats-png too), e.g. 0,3,5-7; default all")]
 HeadsOpt = Annotated[str | None, checked_option(
     str | None, "--heads", parser=Ranges(), metavar="0,3,5-7", rich_help_panel=FIGURE,
     help="the heads the grids draw, e.g. 0-3; default all")]

@@ -500,8 +500,8 @@ NormOpt = Annotated[str, checked_option(
          "power:G (matplotlib's PowerNorm, e.g. power:0.5)")]
 ScalePerPanelOpt = Annotated[bool, typer.Option(
     "--scale-per-panel", rich_help_panel=FIGURE,
-    help="draw each panel on its own scale, 0 to its own maximum (written with the panel), instead of one "
-         "scale shared by all")]
+    help="draw each panel on its own scale, 0 to its own maximum (compare: symmetric around 0, up to its own "
+         "largest difference), written with the panel, instead of one scale shared by all")]
 
 #: heatmap appearance, for every command that draws one
 FIGURE_OPTIONS = [
