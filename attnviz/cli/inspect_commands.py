@@ -503,7 +503,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
                       f"{shape_str(w.shape)}", markup=False, style="dim")
             if masks.described:
                 left_out = ""
-                if padded:  # positions of the batch entries counted, and the rows they make over layers and heads
+                if padded and chosen.real_rows is not None:  # positions of the batch, and their rows in every map
                     rows_real = np.broadcast_to(chosen.real_rows, data.shape[:-1])
                     positions = int((~rows_real).any(axis=(0, 2)).sum())
                     left_out = (f"; {positions} padded position(s) of the batch ({padded} padded query rows over "
