@@ -68,7 +68,7 @@ def test_seed_example_table_prints_exact_weights():
         ["1", "0.000", "1.000", "0.000", "0.000"],
         ["2", "0.500", "0.500", "0.000", "0.000"],
     ]
-    assert rows[3][:5] == ["0", "0.693", "0.500", "0.500", "2"]  # statistics: H, H/log n, max, argmax
+    assert rows[3][:5] == ["0", "0.693", "0.500", "0.500", "2"]  # statistics: H, H/ln n, max, argmax
     assert "per-query statistics" in r.stdout
     assert "CPU:0" in r.stderr and "CPU:0" not in r.stdout
 

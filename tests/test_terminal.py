@@ -281,7 +281,7 @@ def test_titles_and_notes_wrap_at_words(inputs):
     assert " ".join(out[title:top]).split() == expected.split()  # whole words on each line
     bottom = max(i for i, line in enumerate(out) if line.lstrip().startswith("└"))
     assert bottom < len(out) - 2  # the note under the statistics takes several lines
-    note = ("H: entropy in nats; H/log n: normalised by the unmasked key count; argmax: the first top-k entry; "
+    note = ("H: entropy in nats; H/ln n: normalised by the unmasked key count; argmax: the first top-k entry; "
             "not shown: rows 20-43 of 64 (--max-rows shows more)")
     assert " ".join(out[bottom + 1:]).split() == note.split()
     assert all(cell_len(line) <= 80 for line in out)

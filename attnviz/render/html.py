@@ -446,7 +446,7 @@ def compute_report(outcome: Outcome, *, title: str | None = None, cmap: str | No
 
     stats = StatsTable("per-slice summary (means over the query rows that may attend)",
                        [("slice", "text", "batch/head slice"), ("H", "num", "mean entropy (nats)"),
-                        ("H/log n", "num", "mean entropy over log of the keys a row may attend"),
+                        ("H/ln n", "num", "mean entropy over log of the keys a row may attend"),
                         ("max", "num", "mean largest weight"), ("masked rows", "int", "fully masked query rows")],
                        precision=precision)
     for n, s in enumerate(np.ndindex(*lead) if lead else [()]):

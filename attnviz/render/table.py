@@ -371,7 +371,7 @@ def stats_table(
     p = precision
     counted = ~stats.masked if padded is None else ~stats.masked & ~padded
     sparse = bool(((stats.support < stats.n_keys) & counted).any())  # exact zeros: say how many keys each row uses
-    numbers = ("H", "H/log n", "max")
+    numbers = ("H", "H/ln n", "max")
 
     # every cell as text first: (row label, kind, the three numbers, argmax, top-k entries, sum, support)
     records: list[dict[str, Any]] = []
@@ -452,7 +452,7 @@ def stats_table(
             top_header = top_short
         top_w = max(top_w, cell_len(top_header))
 
-        notes = ["H: entropy in nats; H/log n: normalised by the unmasked key count"]
+        notes = ["H: entropy in nats; H/ln n: normalised by the unmasked key count"]
         if not argmax_shown:
             notes.append("argmax: the first top-k entry")
         if padded is not None and padded.any():
@@ -548,7 +548,7 @@ def slice_summary_table(stats: RowStats, *, precision: int = 3, max_rows: int | 
             continue
         records.append([name, f"{one.entropy[live].mean():.{p}f}", f"{one.entropy_norm[live].mean():.{p}f}",
                         f"{one.max[live].mean():.{p}f}", str(int(one.masked.sum()))])
-    headers = ["slice", "H", "H/log n", "max", "fully masked rows"]
+    headers = ["slice", "H", "H/ln n", "max", "fully masked rows"]
     natural = [max([cell_len(h), *(cell_len(rec[c]) for rec in records)]) for c, h in enumerate(headers)]
 
     def build(width: int | None) -> Table:
