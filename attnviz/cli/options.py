@@ -494,8 +494,14 @@ VminOpt = Annotated[float | None, checked_option(
 VmaxOpt = Annotated[float | None, checked_option(
     float | None, "--vmax", metavar="V", rich_help_panel=FIGURE,
     help="the top of the colour scale (default the largest value shown); larger values take its top colour")]
+def _norm_completions(incomplete: str) -> list[str]:
+    """What TAB offers for --norm: its forms (a power needs its exponent after the colon)."""
+    return [form for form in ("linear", "log", "power:0.5", "power:2") if form.startswith(incomplete)]
+
+
 NormOpt = Annotated[str, checked_option(
     str, "--norm", parser=NormSpec(), metavar="linear|log|power:G", rich_help_panel=FIGURE,
+    autocompletion=_norm_completions,
     help="how values map to colours: linear, log (small weights visible; zeros in the bottom colour) or "
          "power:G (matplotlib's PowerNorm, e.g. power:0.5)")]
 ScalePerPanelOpt = Annotated[bool, typer.Option(
