@@ -28,7 +28,7 @@ query only, is not penalised for it. A sink gets about 1 from every query.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +38,8 @@ from attnviz.io import release_pages
 
 __all__ = ["HEAD_COMBINE", "Rollout", "combine_heads", "received", "repeated_sequence", "rollout", "token_patterns",
            "token_scores", "token_tags", "with_residual"]
+CHUNK = 2**22  # values (or pattern pairs) handled at a time on long inputs
+
 #: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average
 TOKEN_TAG_THRESHOLD = 0.5
 TOKEN_TAGS = {"induction": "induction", "duplicate": "duplicate-token"}
@@ -114,11 +116,16 @@ def _scatter(values: np.ndarray, keep: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+def token_ids(tokens: Sequence[str]) -> np.ndarray:
+    """One integer per token, equal where the tokens are equal (``[L]``)."""
+    return np.unique(np.asarray(list(tokens), dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
+
+
 def token_patterns(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Boolean ``[L, L]`` patterns of a token sequence: ``duplicate[i, j]`` when ``j < i`` holds the
     same token as ``i``; ``induction[i, j]`` when ``j - 1`` does (the token after an earlier
-    occurrence)."""
-    ids = np.unique(np.asarray(list(tokens), dtype=object).astype(str), return_inverse=True)[1]
+    occurrence). The definition, as a picture; ``token_scores`` walks the same pairs without it."""
+    ids = token_ids(tokens)
     same = ids[:, None] == ids[None, :]
     duplicate = np.tril(same, k=-1)
     induction = np.zeros_like(duplicate)
@@ -126,30 +133,56 @@ def token_patterns(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return duplicate, induction
 
 
+def earlier_occurrences(ids: np.ndarray, limit: int = CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The pairs ``(i, j)``, ``j < i``, where position ``j`` holds the token of ``i`` (the duplicate
+    pattern; ``j + 1`` is the induction target), in pieces of about ``limit`` pairs, never an
+    ``[L, L]`` array: a long sequence with frequent tokens has many pairs."""
+    order = np.argsort(ids, kind="stable")  # positions grouped by token, ascending within a group
+    bounds = np.flatnonzero(np.diff(ids[order])) + 1
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    held = 0
+    for group in np.split(order, bounds):
+        for b in range(1, len(group)):
+            rows.append(np.full(b, group[b]))
+            cols.append(group[:b])
+            held += b
+            if held >= limit:
+                yield np.concatenate(rows), np.concatenate(cols)
+                rows, cols, held = [], [], 0
+    if held:
+        yield np.concatenate(rows), np.concatenate(cols)
+
+
 def token_scores(w: np.ndarray, tokens: Sequence[str], real_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per (layer, head) of ``w [L, B, H, Lq, Lk]`` (``Lq == Lk == len(tokens)``): the ``induction``
     and ``duplicate`` scores (module docstring), averaged over the real query rows whose token
     occurred before and over batch entries; ``repeated`` is how many such rows there are per batch
-    entry (``[B]``). NaN where no query qualifies. ``real_rows`` broadcasts to ``[L, B, H, Lq]``."""
+    entry (``[B]``). NaN where no query qualifies. ``real_rows`` broadcasts to ``[L, B, H, Lq]``.
+    Only the weights of the patterns' pairs are read."""
     layers, batches, heads, lq, lk = w.shape
-    duplicate, induction = token_patterns(tokens)
-    qualifies = duplicate.any(axis=1)  # [Lq]
+    ids = token_ids(tokens)
+    qualifies = np.zeros(lq, bool)  # [Lq]: the token occurred before
+    for pi, _ in earlier_occurrences(ids):
+        qualifies[pi] = True
     rows = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
     sums = {name: np.zeros((layers, heads)) for name in ("induction", "duplicate")}
     counts = np.zeros((layers, heads))
     repeated = np.zeros(batches, dtype=np.int64)
-    # the few (query, key) pairs of each pattern: only those weights are read
-    pairs = {"induction": np.nonzero(induction), "duplicate": np.nonzero(duplicate)}
     for li in range(layers):
         for bi in range(batches):
             block = w[li, bi]  # [H, Lq, Lk], perhaps memory-mapped
             live = np.broadcast_to(qualifies, (heads, lq)) if rows is None else rows[li, bi] & qualifies
             if li == 0:
                 repeated[bi] = int(live[0].sum())
-            for name, (pi, pj) in pairs.items():
-                values = np.asarray(block[:, pi, pj], dtype=np.float64)  # [H, pairs]
-                mass = np.stack([np.bincount(pi, weights=values[h], minlength=lq) for h in range(heads)])
-                sums[name][li] += np.where(live, mass, 0.0).sum(axis=-1)
+            mass = {name: np.zeros((heads, lq)) for name in sums}
+            for pi, pj in earlier_occurrences(ids):
+                for name, cols in (("duplicate", pj), ("induction", pj + 1)):
+                    values = np.asarray(block[:, pi, cols], dtype=np.float64)  # [H, pairs]
+                    for h in range(heads):
+                        mass[name][h] += np.bincount(pi, weights=values[h], minlength=lq)
+            for name in sums:
+                sums[name][li] += np.where(live, mass[name], 0.0).sum(axis=-1)
             counts[li] += live.sum(axis=-1)
             release_pages(w)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -178,23 +211,26 @@ def received(w: np.ndarray, keep: np.ndarray | None = None, real_rows: np.ndarra
     layers, batches, heads, lq, lk = w.shape
     full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
     rows = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
-    lower = np.tril(np.ones((lq, lk), bool)) if causal else None
+    step = max(1, CHUNK // max(lk, 1))  # query rows at a time: a long map is never held whole
     out = np.empty((layers, batches, heads, lk))
-    for li in range(layers):
-        for bi in range(batches):
-            block = np.asarray(w[li, bi], dtype=np.float64)  # [H, Lq, Lk]
-            allowed = np.ones((heads, lq, lk), bool)
+    for li, bi, hi in np.ndindex(layers, batches, heads):
+        total = np.zeros(lk)
+        count = np.zeros(lk, dtype=np.int64)
+        for start in range(0, lq, step):
+            stop = min(start + step, lq)
+            block = np.asarray(w[li, bi, hi, start:stop], dtype=np.float64)  # [rows, Lk]
+            allowed = np.ones(block.shape, bool)
             if full_keep is not None:
-                allowed &= full_keep[li, bi]
+                allowed &= full_keep[li, bi, hi, start:stop]
             if rows is not None:
-                allowed &= rows[li, bi][:, :, None]
-            if lower is not None:
-                allowed &= lower
-            count = allowed.sum(axis=1)
-            total = np.where(allowed, block, 0.0).sum(axis=1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out[li, bi] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-            release_pages(w)
+                allowed &= rows[li, bi, hi, start:stop, None]
+            if causal:
+                allowed &= np.arange(lk)[None, :] <= np.arange(start, stop)[:, None]
+            count += allowed.sum(axis=0)
+            total += np.where(allowed, block, 0.0).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[li, bi, hi] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+        release_pages(w)
     return out
 
 

@@ -219,3 +219,44 @@ def test_received_counts_only_queries_allowed_to_see_the_key() -> None:
     allowed = causal & keep & real[:, None]
     assert np.isnan(masked[..., 0]).all()
     np.testing.assert_allclose(masked[0, 1, 2], received_oracle(w[0, 1, 2], allowed), atol=1e-12)
+
+
+def test_token_scores_equal_the_dense_patterns_with_many_repeats():
+    rng = np.random.default_rng(4)
+    tokens = [f"t{i}" for i in rng.integers(0, 5, size=40)]  # a small vocabulary: many earlier occurrences
+    w = rows_softmax(rng.normal(size=(2, 2, 3, 40, 40)))
+    real = np.ones((1, 2, 1, 40), bool)
+    real[0, 1, 0, :4] = False  # entry 1 left-padded
+    duplicate, induction = analysis.token_patterns(tokens)
+    got = analysis.token_scores(w, tokens, real)
+    live = duplicate.any(axis=1)[None, None, None, :] & real  # [1, B, 1, Lq]
+    for name, pattern in (("duplicate", duplicate), ("induction", induction)):
+        mass = np.where(pattern, w, 0.0).sum(axis=-1)  # [L, B, H, Lq]
+        expected = np.where(live, mass, 0.0).sum(axis=(1, 3)) / np.broadcast_to(live, mass.shape).sum(axis=(1, 3))
+        np.testing.assert_allclose(got[name], expected, atol=1e-12)
+
+
+def test_earlier_occurrences_come_in_pieces_and_cover_the_pattern():
+    tokens = list("abacabadabacaba")
+    duplicate, _ = analysis.token_patterns(tokens)
+    pieces = list(analysis.earlier_occurrences(analysis.token_ids(tokens), limit=5))
+    assert len(pieces) > 3
+    pairs = [(int(i), int(j)) for pi, pj in pieces for i, j in zip(pi, pj)]
+    assert len(pairs) == len(set(pairs)) and set(pairs) == set(zip(*map(lambda a: a.tolist(), np.nonzero(duplicate))))
+
+
+@pytest.mark.parametrize("chunk", [6, 12, 2**22])  # one query row, two, the whole map at a time
+def test_received_a_few_rows_at_a_time(monkeypatch, chunk):
+    monkeypatch.setattr(analysis, "CHUNK", chunk)
+    rng = np.random.default_rng(3)
+    length = 6
+    causal = np.tril(np.ones((length, length), bool))
+    w = rows_softmax(np.where(causal, rng.normal(size=(2, 1, 2, length, length)), -np.inf))
+    keep = np.ones((length, length), bool)
+    keep[:, 1] = False
+    real = np.array([True, True, False, True, True, True])
+    got = analysis.received(w, keep=keep, real_rows=real, causal=True)
+    allowed = causal & keep & real[:, None]
+    for li in range(2):
+        for h in range(2):
+            np.testing.assert_allclose(got[li, 0, h], received_oracle(w[li, 0, h], allowed), atol=1e-12)
