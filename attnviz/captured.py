@@ -25,7 +25,7 @@ variant whose inputs are Q, K and V gets it without knowing. NumPy only.
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +34,12 @@ import numpy as np
 from attnviz.choices import ROPE_STYLES
 from attnviz.errors import ShapeError, UsageError, shape_str
 from attnviz.io import Loaded, StdinReader, load_array
+from attnviz.run_options import CaptureOptions
 
 AXES = ("batch", "head", "seq", "d")
 ALIASES = {"b": "batch", "batches": "batch", "h": "head", "heads": "head", "n": "head", "l": "seq", "s": "seq",
            "t": "seq", "len": "seq", "length": "seq", "sequence": "seq", "token": "seq", "tokens": "seq",
            "dim": "d", "head_dim": "d", "e": "d", "features": "d"}
-
-
-@dataclass
-class CaptureOptions:
-    """The options of commands whose inputs are Q, K and V (see the module docstring)."""
-
-    layout: str | None = None
-    layout_kv: str | None = None
-    rope: bool = False
-    rope_theta: float = 10000.0
-    rope_style: str = "half"
-    rope_dim: int | None = None
-    positions: str | None = None
 
 
 def parse_layout(text: str, option: str) -> tuple[str, ...]:

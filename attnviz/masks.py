@@ -29,14 +29,28 @@ from attnviz.io import Loaded, shape_str
 
 @dataclass
 class Mask:
-    """The combined mask of a run. ``keep`` and ``bias`` broadcast to the weights' shape."""
+    """The combined mask of a run, compute or inspection: one form for the whole package.
 
-    keep: np.ndarray | None = None  # bool
-    bias: np.ndarray | None = None  # float, finite (its -inf entries have moved into keep)
+    * ``keep`` (bool) and ``bias`` (float, finite: its -inf entries have moved into ``keep``) broadcast
+      to the weights' shape; None when nothing is masked or biased;
+    * ``causal``: a causal mask not built yet, ``(Lq, Lk, align)``: for long inputs, where [Lq, Lk]
+      booleans would take gigabytes, it is made a block of query rows at a time (``rows``), or whole
+      (``materialized``);
+    * for weights a model saved (``attnviz.inspection``, standard layout ``[layers, batch, heads, Lq, Lk]``):
+      ``real_keys`` (bool, broadcasts to ``[layers, batch, heads, Lk]``), the keys some query row may
+      attend; a key no query may attend is padding (the zeros of a ``[B, S]`` attention_mask or a
+      key-padding mask; the padded columns of a causal ``[B, 1, T, S]`` mask); and ``real_rows``, the
+      same positions as query rows ``[layers, batch, heads, Lq]`` when ``Lq == Lk`` (self-attention): a
+      query at a padded position is padding too. ``with_padding`` works them out from ``keep`` once
+      every mask is in. None: nothing is padding.
+    """
+
+    keep: np.ndarray | None = None
+    bias: np.ndarray | None = None
     described: list[str] = field(default_factory=list)  # what went into it, for reports
-    #: a causal mask not built yet, (Lq, Lk, align): for long inputs, where [Lq, Lk] booleans would
-    #: take gigabytes, it is made a block of query rows at a time (``rows``), or whole (``materialized``)
     causal: tuple[int, int, str] | None = None
+    real_keys: np.ndarray | None = None
+    real_rows: np.ndarray | None = None
 
     def is_empty(self) -> bool:
         return self.keep is None and self.bias is None and self.causal is None
@@ -61,6 +75,37 @@ class Mask:
             causal = causal_keep(lq, self.causal[1], self.causal[2], start, stop)
             keep = causal if keep is None else np.logical_and(keep, causal)
         return Mask(keep, bias, self.described)
+
+    def __and__(self, other: Mask) -> Mask:
+        """Both masks: a position is kept when both keep it; biases add."""
+        keep = other.keep if self.keep is None else self.keep if other.keep is None else \
+            np.logical_and(self.keep, other.keep)
+        bias = other.bias if self.bias is None else self.bias if other.bias is None else self.bias + other.bias
+        return Mask(keep, bias, self.described + other.described)
+
+    def with_padding(self, shape: tuple[int, ...]) -> Mask:
+        """Padding from ``keep`` (``real_keys``, ``real_rows``), for weights of ``shape [L, B, H, Lq, Lk]``."""
+        if self.keep is None:
+            return self
+        real = np.any(self.keep, axis=-2)
+        if real.all():
+            return Mask(self.keep, self.bias, self.described, self.causal)
+        return Mask(self.keep, self.bias, self.described, self.causal, real_keys=real,
+                    real_rows=real if shape[-2] == shape[-1] else None)
+
+    def batch(self, bi: int) -> Mask:
+        """The mask of batch entry ``bi`` alone of weights ``[L, B, H, Lq, Lk]`` (the batch axis kept, size 1)."""
+        def entry(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None or a.shape[1] == 1 else a[:, bi:bi + 1]
+
+        return Mask(entry(self.keep), entry(self.bias), self.described, self.causal, real_keys=entry(self.real_keys),
+                    real_rows=entry(self.real_rows))
+
+    def padded_rows(self, shape: tuple[int, ...]) -> int:
+        """How many query rows of weights ``shape [L, B, H, Lq, Lk]`` are padding."""
+        if self.real_rows is None:
+            return 0
+        return int(np.prod(shape[:-1])) - int(np.broadcast_to(self.real_rows, shape[:-1]).sum())
 
 
 def _row_slice(arr: np.ndarray | None, lq: int, start: int, stop: int) -> np.ndarray | None:

@@ -36,6 +36,7 @@ from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import AttnvizError, InputError, ParamsError, ShapeError, UsageError
 from attnviz.io import Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
 from attnviz.masks import Mask, build_mask, describe_rows, fully_masked_rows
+from attnviz.run_options import ParamOptions, RunOptions
 from attnviz.stats import RowStats, fused_row_stats
 from attnviz.variants._base import Context, NumericError, Result, Variant, overflow_advice
 
@@ -43,33 +44,6 @@ from attnviz.variants._base import Context, NumericError, Result, Variant, overf
 MAX_LEAD = 2
 #: integers a dtype holds exactly (2**mantissa bits): larger ones are rounded when cast
 EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
-
-
-@dataclass
-class RunOptions:
-    """The options every compute command shares."""
-
-    mask: str | None = None
-    mask_convention: str = "keep"
-    mask_kind: str = "bool"
-    key_padding_mask: str | None = None
-    causal: bool = False
-    causal_align: str = "top-left"
-    labels: str | None = None
-    q_labels: str | None = None
-    k_labels: str | None = None
-    device: str = "auto"
-    dtype: str = "float32"
-    max_memory: str | None = None  # for the weights while computing; past it, blocks of query rows
-
-
-@dataclass
-class ParamOptions:
-    """Where a variant's learned parameters come from (variants with ``learned=True`` only)."""
-
-    params: str | None = None  # a .npz file
-    seed: int | None = None  # draw them; 0 when neither is given
-    save_params: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,24 @@
-"""attnviz.analysis against independent transcriptions: rollout (Abnar & Zuidema's own code, in
-NumPy), hand-checkable 2 x 2 cases, constructed induction / duplicate-token / previous-token heads
-on a repeated random sequence, and received attention on a sink head."""
+"""attnviz.inspection's rollout, tokens and received against independent transcriptions: rollout
+(Abnar & Zuidema's own code, in NumPy), hand-checkable 2 x 2 cases, constructed induction /
+duplicate-token / previous-token heads on a repeated random sequence, and received attention on a
+sink head."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attnviz import analysis
+import attnviz.inspection.received as received_module
+from attnviz.inspection.received import received
+from attnviz.inspection.rollout import rollout
+from attnviz.inspection.tokens import (
+    earlier_occurrences,
+    repeated_sequence,
+    token_ids,
+    token_patterns,
+    token_scores,
+    token_tags,
+)
 
 
 def rows_softmax(x: np.ndarray) -> np.ndarray:
@@ -52,7 +63,7 @@ def random_weights() -> np.ndarray:
 
 
 def test_rollout_equals_the_papers_code(random_weights: np.ndarray) -> None:
-    got = analysis.rollout(random_weights, all_layers=True)
+    got = rollout(random_weights, all_layers=True)
     joint = compute_joint_attention(random_weights.mean(axis=1))
     np.testing.assert_allclose(got.result, joint[-1], atol=1e-12)
     np.testing.assert_allclose(got.cumulative, joint, atol=1e-12)
@@ -64,12 +75,12 @@ def test_rollout_equals_the_papers_code(random_weights: np.ndarray) -> None:
 @pytest.mark.parametrize("residual", [0.0, 0.5, 0.9])
 @pytest.mark.parametrize("start", [0, 2])
 def test_rollout_equals_the_definition(random_weights: np.ndarray, heads: str, residual: float, start: int) -> None:
-    got = analysis.rollout(random_weights, heads=heads, residual=residual, start_layer=start)
+    got = rollout(random_weights, heads=heads, residual=residual, start_layer=start)
     np.testing.assert_allclose(got.result, general_oracle(random_weights, heads, residual, start), atol=1e-12)
 
 
 def test_residual_zero_is_the_plain_product(random_weights: np.ndarray) -> None:
-    got = analysis.rollout(random_weights, residual=0.0)
+    got = rollout(random_weights, residual=0.0)
     joint = compute_joint_attention(random_weights.mean(axis=1), add_residual=False)
     np.testing.assert_allclose(got.result, joint[-1], atol=1e-12)
 
@@ -79,14 +90,14 @@ def test_rollout_by_hand_two_by_two() -> None:
     # layer 1: A = [[0, 1], [1, 0]]   -> A' = [[.5, .5], [.5, .5]]
     # R = A'_1 A'_0 = [[.625, .375], [.625, .375]]
     w = np.array([[[[1.0, 0.0], [0.5, 0.5]]], [[[0.0, 1.0], [1.0, 0.0]]]])
-    got = analysis.rollout(w, all_layers=True)
+    got = rollout(w, all_layers=True)
     np.testing.assert_allclose(got.cumulative[0], [[1.0, 0.0], [0.25, 0.75]])
     np.testing.assert_allclose(got.result, [[0.625, 0.375], [0.625, 0.375]])
     # two heads combined by max: layer 0 heads [[1,0],[0,1]] and [[0,1],[1,0]] -> max all ones;
     # with r = 0.5: [[1, .5], [.5, 1]] / 1.5 each row
     two = np.array([[[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]]])
-    np.testing.assert_allclose(analysis.rollout(two, heads="max").result, [[2 / 3, 1 / 3], [1 / 3, 2 / 3]])
-    np.testing.assert_allclose(analysis.rollout(two, heads="min", residual=0.0).result, [[0, 0], [0, 0]])
+    np.testing.assert_allclose(rollout(two, heads="max").result, [[2 / 3, 1 / 3], [1 / 3, 2 / 3]])
+    np.testing.assert_allclose(rollout(two, heads="min", residual=0.0).result, [[0, 0], [0, 0]])
 
 
 def test_rollout_over_real_tokens_only(random_weights: np.ndarray) -> None:
@@ -94,21 +105,21 @@ def test_rollout_over_real_tokens_only(random_weights: np.ndarray) -> None:
     real[:3] = False  # left padding
     sub = random_weights[:, :, 3:, 3:]
     sub = sub / sub.sum(axis=-1, keepdims=True)
-    got = analysis.rollout(random_weights, real=real)
+    got = rollout(random_weights, real=real)
     assert np.isnan(got.result[:3]).all() and np.isnan(got.result[:, :3]).all()
     np.testing.assert_allclose(got.result[3:, 3:], general_oracle(sub, "mean", 0.5, 0), atol=1e-12)
 
 
 def test_rollout_refuses_rectangles() -> None:
     with pytest.raises(ValueError, match="square"):
-        analysis.rollout(np.ones((2, 1, 3, 4)) / 4)
+        rollout(np.ones((2, 1, 3, 4)) / 4)
 
 
 # --- token-aware heads on a repeated random sequence ---------------------------------------------
 
 
 def repeated_tokens(n: int = 8, seed: int = 3) -> list[str]:
-    ids = analysis.repeated_sequence(n, 1000, seed)
+    ids = repeated_sequence(n, 1000, seed)
     return [f"t{i}" for i in ids]
 
 
@@ -129,19 +140,19 @@ def constructed_heads(tokens: list[str]) -> np.ndarray:
 def test_constructed_heads_get_exact_scores_and_tags() -> None:
     tokens = repeated_tokens()
     w = constructed_heads(tokens)
-    scores = analysis.token_scores(w, tokens)
+    scores = token_scores(w, tokens)
     np.testing.assert_allclose(scores["induction"][0], [1.0, 0.0, 0.0, 0.0])
     # the sink head: the first repeated token's earlier occurrence is position 0, 1 query of 8
     np.testing.assert_allclose(scores["duplicate"][0], [0.0, 1.0, 0.0, 1 / 8])
     assert list(scores["repeated"]) == [8]  # the second half
-    assert list(analysis.token_tags(scores)[0]) == ["induction", "duplicate-token", "", ""]
+    assert list(token_tags(scores)[0]) == ["induction", "duplicate-token", "", ""]
 
 
 def test_scores_average_over_repeated_queries_only() -> None:
     tokens = ["a", "b", "a", "c", "b"]
     w = np.zeros((1, 1, 1, 5, 5))
     w[..., :, :] = 0.2  # uniform
-    scores = analysis.token_scores(w, tokens)
+    scores = token_scores(w, tokens)
     # query 2 ("a"): earlier a at 0 -> duplicate 0.2, induction (pos 1) 0.2
     # query 4 ("b"): earlier b at 1 -> duplicate 0.2, induction (pos 2) 0.2
     np.testing.assert_allclose(scores["duplicate"], [[0.2]])
@@ -149,7 +160,7 @@ def test_scores_average_over_repeated_queries_only() -> None:
     w2 = np.zeros((1, 1, 1, 5, 5))
     w2[0, 0, 0, 2, 1] = 1.0  # query 2 attends the token after its earlier occurrence
     w2[0, 0, 0, 4, 1] = 1.0  # query 4 attends its earlier occurrence
-    scores = analysis.token_scores(w2, tokens)
+    scores = token_scores(w2, tokens)
     np.testing.assert_allclose(scores["induction"], [[0.5]])
     np.testing.assert_allclose(scores["duplicate"], [[0.5]])
 
@@ -160,23 +171,23 @@ def test_padded_queries_are_left_out_of_token_scores() -> None:
     w[0, 0, 0, 2, 0] = 1.0  # duplicate
     w[0, 0, 0, 3, 3] = 1.0  # neither
     real = np.array([True, True, True, False])
-    np.testing.assert_allclose(analysis.token_scores(w, tokens, real)["duplicate"], [[1.0]])
-    np.testing.assert_allclose(analysis.token_scores(w, tokens)["duplicate"], [[0.5]])
+    np.testing.assert_allclose(token_scores(w, tokens, real)["duplicate"], [[1.0]])
+    np.testing.assert_allclose(token_scores(w, tokens)["duplicate"], [[0.5]])
 
 
 def test_no_repeats_give_nan_and_no_tag() -> None:
     tokens = ["a", "b", "c"]
-    scores = analysis.token_scores(np.full((1, 1, 2, 3, 3), 1 / 3), tokens)
+    scores = token_scores(np.full((1, 1, 2, 3, 3), 1 / 3), tokens)
     assert np.isnan(scores["induction"]).all() and np.isnan(scores["duplicate"]).all()
-    assert (analysis.token_tags(scores) == "").all()
+    assert (token_tags(scores) == "").all()
 
 
 def test_repeated_sequence_is_two_copies_of_distinct_ids() -> None:
-    ids = analysis.repeated_sequence(20, 50, seed=1)
+    ids = repeated_sequence(20, 50, seed=1)
     assert ids.shape == (40,) and (ids[:20] == ids[20:]).all() and len(set(ids[:20])) == 20
-    assert (analysis.repeated_sequence(20, 50, seed=1) == ids).all()
+    assert (repeated_sequence(20, 50, seed=1) == ids).all()
     with pytest.raises(ValueError):
-        analysis.repeated_sequence(20, 10)
+        repeated_sequence(20, 10)
 
 
 # --- received attention --------------------------------------------------------------------------
@@ -193,7 +204,7 @@ def received_oracle(w: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 
 def test_sink_head_receives_everything_on_the_first_token() -> None:
     w = constructed_heads(repeated_tokens())[:, :, 3:4]  # the sink head
-    got = analysis.received(w, causal=True)
+    got = received(w, causal=True)
     assert got[0, 0, 0, 0] == 1.0
     np.testing.assert_allclose(got[0, 0, 0, 1:], 0.0)
 
@@ -204,7 +215,7 @@ def test_received_counts_only_queries_allowed_to_see_the_key() -> None:
     scores = rng.normal(size=(2, 3, length, length))
     causal = np.tril(np.ones((length, length), bool))
     w = rows_softmax(np.where(causal, scores, -np.inf))[None]  # [1, 2, 3, L, L]
-    got = analysis.received(w, causal=True)
+    got = received(w, causal=True)
     for b in range(2):
         for h in range(3):
             np.testing.assert_allclose(got[0, b, h], received_oracle(w[0, b, h], causal), atol=1e-12)
@@ -215,7 +226,7 @@ def test_received_counts_only_queries_allowed_to_see_the_key() -> None:
     keep[:, 0] = False
     real = np.ones(length, bool)
     real[0] = False
-    masked = analysis.received(w, keep=keep, real_rows=real, causal=True)
+    masked = received(w, keep=keep, real_rows=real, causal=True)
     allowed = causal & keep & real[:, None]
     assert np.isnan(masked[..., 0]).all()
     np.testing.assert_allclose(masked[0, 1, 2], received_oracle(w[0, 1, 2], allowed), atol=1e-12)
@@ -227,8 +238,8 @@ def test_token_scores_equal_the_dense_patterns_with_many_repeats():
     w = rows_softmax(rng.normal(size=(2, 2, 3, 40, 40)))
     real = np.ones((1, 2, 1, 40), bool)
     real[0, 1, 0, :4] = False  # entry 1 left-padded
-    duplicate, induction = analysis.token_patterns(tokens)
-    got = analysis.token_scores(w, tokens, real)
+    duplicate, induction = token_patterns(tokens)
+    got = token_scores(w, tokens, real)
     live = duplicate.any(axis=1)[None, None, None, :] & real  # [1, B, 1, Lq]
     for name, pattern in (("duplicate", duplicate), ("induction", induction)):
         mass = np.where(pattern, w, 0.0).sum(axis=-1)  # [L, B, H, Lq]
@@ -238,8 +249,8 @@ def test_token_scores_equal_the_dense_patterns_with_many_repeats():
 
 def test_earlier_occurrences_come_in_pieces_and_cover_the_pattern():
     tokens = list("abacabadabacaba")
-    duplicate, _ = analysis.token_patterns(tokens)
-    pieces = list(analysis.earlier_occurrences(analysis.token_ids(tokens), limit=5))
+    duplicate, _ = token_patterns(tokens)
+    pieces = list(earlier_occurrences(token_ids(tokens), limit=5))
     assert len(pieces) > 3
     pairs = [(int(i), int(j)) for pi, pj in pieces for i, j in zip(pi, pj)]
     assert len(pairs) == len(set(pairs)) and set(pairs) == set(zip(*map(lambda a: a.tolist(), np.nonzero(duplicate))))
@@ -247,7 +258,7 @@ def test_earlier_occurrences_come_in_pieces_and_cover_the_pattern():
 
 @pytest.mark.parametrize("chunk", [6, 12, 2**22])  # one query row, two, the whole map at a time
 def test_received_a_few_rows_at_a_time(monkeypatch, chunk):
-    monkeypatch.setattr(analysis, "CHUNK", chunk)
+    monkeypatch.setattr(received_module, "CHUNK", chunk)
     rng = np.random.default_rng(3)
     length = 6
     causal = np.tril(np.ones((length, length), bool))
@@ -255,7 +266,7 @@ def test_received_a_few_rows_at_a_time(monkeypatch, chunk):
     keep = np.ones((length, length), bool)
     keep[:, 1] = False
     real = np.array([True, True, False, True, True, True])
-    got = analysis.received(w, keep=keep, real_rows=real, causal=True)
+    got = received(w, keep=keep, real_rows=real, causal=True)
     allowed = causal & keep & real[:, None]
     for li in range(2):
         for h in range(2):

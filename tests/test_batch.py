@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from attnviz.batch.jobs import job_from_line
 from attnviz.cli import app
-from attnviz.cli.batch import job_from_line
 from tests.conftest import SAMPLES
 
 runner = CliRunner()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from attnviz.cli import app
 from attnviz.errors import InputError, ParamsError, UsageError
 from attnviz.formats import CONTAINER_SUFFIXES, listing, natural_key
-from attnviz.inspect import load_weights
+from attnviz.inspection.weights import load_weights
 from attnviz.io import load_array, open_spec, split_spec
 from attnviz.params import read as read_params
 from tests.conftest import ROOT

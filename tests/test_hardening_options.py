@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from attnviz.cli import app
-from attnviz.cli.options import Number, OneOf, Positions, Size
+from attnviz.cli.parsers import Number, OneOf, Positions, Size
 from attnviz.errors import OutputError
 from tests.conftest import ROOT, SAMPLES
 

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from attnviz import text as inert
 from attnviz.cli import app
-from attnviz.render import text as inert
 from attnviz.variants import REGISTRY
 
 runner = CliRunner()

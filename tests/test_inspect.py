@@ -12,7 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
-from attnviz.inspect import head_statistics, js_divergence, load_weights
+from attnviz.inspection.compare import js_divergence
+from attnviz.inspection.heads import head_statistics
+from attnviz.inspection.weights import load_weights
 from tests.conftest import ROOT
 
 runner = CliRunner()
@@ -205,7 +207,8 @@ def test_inspect_imports_no_tensorflow(tmp_path):
 
 
 def test_blocked_head_statistics_and_checks_equal_the_whole_array_ones():
-    from attnviz.inspect import check_finite, check_masked, check_rows, head_statistics_blocked, is_causal
+    from attnviz.inspection.checks import check_finite, check_masked, check_rows
+    from attnviz.inspection.heads import head_statistics_blocked, is_causal
     from attnviz.stats import row_stats
 
     rng = np.random.default_rng(3)

@@ -12,7 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
-from attnviz.inspect import HEAD_STATS, head_statistics, load_weights, read_mask
+from attnviz.inspection.heads import HEAD_STATS, head_statistics
+from attnviz.inspection.masks import read_mask
+from attnviz.inspection.weights import load_weights
 from attnviz.io import load_array
 
 runner = CliRunner()
@@ -106,7 +108,7 @@ def test_the_whole_batch_is_the_mean_over_real_rows(files):
 
 def test_blocked_statistics_agree_with_padding(files):
     w = load_weights(str(files / "w.npy"))
-    m = read_mask(w, load_array(str(files / "am.npy"))).finish(w.shape)
+    m = read_mask(w, load_array(str(files / "am.npy"))).with_padding(w.shape)
     whole = head_statistics(w.data, m.keep, chunk=10**9, real_rows=m.real_rows, real_keys=m.real_keys)
     for chunk in (S * S * 2, S * 2):  # two heads at a time; two rows at a time
         blocked = head_statistics(w.data, m.keep, chunk=chunk, real_rows=m.real_rows, real_keys=m.real_keys)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from attnviz.analysis import repeated_sequence
 from attnviz.cli import app
+from attnviz.inspection.tokens import repeated_sequence
 
 runner = CliRunner()
 N = 10  # distinct tokens, then the same 10 again

@@ -243,7 +243,7 @@ MEMORY_CHILD = textwrap.dedent("""
     import resource, sys
     from pathlib import Path
     import matplotlib.figure, matplotlib.backends.backend_agg  # imported before the baseline
-    from attnviz.inspect import load_weights
+    from attnviz.inspection.weights import load_weights
     from attnviz.render.heatmap import model_grid_figure, save_figure
     w = load_weights(sys.argv[1])  # memory-mapped, [24, 1, 16, 1024, 1024] float32
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

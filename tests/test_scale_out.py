@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from attnviz.batch.filemaps import check_template, expand, per_file_outputs, sorted_paths, stdin_paths
+from attnviz.batch.results import TIMING_FIELDS, ResultsFile, read_results
+from attnviz.batch.shards import parse_shard, shard_positions
 from attnviz.cli import app
-from attnviz.cli.filemaps import check_template, expand, per_file_outputs, sorted_paths, stdin_paths
-from attnviz.cli.shards import TIMING_FIELDS, ResultsFile, parse_shard, read_results, shard_positions
 from attnviz.errors import InputError, UsageError
 from tests.conftest import ROOT
 
@@ -375,7 +376,7 @@ def test_results_lines_never_interleave(tmp_path):
     path = tmp_path / "shared.jsonl"
     script = (
         "import sys, threading\n"
-        "from attnviz.cli.shards import ResultsFile\n"
+        "from attnviz.batch.results import ResultsFile\n"
         "f = ResultsFile(sys.argv[1])\n"
         "def go(t):\n"
         "    for i in range(100):\n"
@@ -681,7 +682,7 @@ def test_every_output_option_is_an_output_to_batch():
     --resume look for it (--received-png once was none of these)."""
     import typer.main
 
-    from attnviz.cli.batch import OUTPUT_FLAGS
+    from attnviz.batch.jobs import OUTPUT_FLAGS
 
     writers = set()
     for command in typer.main.get_command(app).commands.values():

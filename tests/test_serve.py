@@ -1,4 +1,4 @@
-"""The warm worker (``attnviz serve``) and the console script's client (``attnviz.cli.client``).
+"""The warm worker (``attnviz serve``) and the console script's client (``attnviz.worker.client``).
 
 Every worker here runs in a subprocess with ``ATTNVIZ_RUNTIME_DIR`` in pytest's temporary folder (never
 the user's own), from a snapshot of the package taken once per session (so files edited while the suite
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz.cli import client
+from attnviz.worker import client, protocol
 from tests.conftest import ROOT, SAMPLES
 
 TIMEOUT = 180  # seconds for any one command (a cold run imports TensorFlow)
@@ -67,7 +67,7 @@ class Worker:
         self.snapshot, self.runtime = snapshot, runtime
         self.env = base_env(snapshot, runtime)
         self.log = runtime.parent / f"{runtime.name}.log"
-        code = f"{prelude}\nfrom attnviz.cli.client import main\nmain(['serve', *{list(args)!r}])"
+        code = f"{prelude}\nfrom attnviz.cli import main\nmain(['serve', *{list(args)!r}])"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-c", code], env=self.env, stdout=log, stderr=log,
                                          stdin=subprocess.DEVNULL, cwd=runtime.parent)
@@ -79,7 +79,7 @@ class Worker:
             time.sleep(0.1)
 
     def status(self):
-        found = client.ask("status", self.path)
+        found = protocol.ask("status", self.path)
         return None if found is None else found[1]
 
     def served(self) -> int:
@@ -87,7 +87,7 @@ class Worker:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            client.ask("stop", self.path)
+            protocol.ask("stop", self.path)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -245,14 +245,14 @@ def test_the_socket_is_private(worker, folder):
     assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
     st = os.lstat(worker.path)
     assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
-    assert stat.S_IMODE(os.stat(client.side_path(worker.path, ".lock")).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(protocol.side_path(worker.path, ".lock")).st_mode) == 0o600
     # a folder others may enter is not trusted: the client runs the command itself
     before = worker.served()
     runtime.chmod(0o755)
     try:
         r = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], worker.env, folder)
         assert r.returncode == 0, r.stderr
-        assert client.private_dir_problem(str(runtime)).startswith("is open to other users")
+        assert protocol.private_dir_problem(str(runtime)).startswith("is open to other users")
     finally:
         runtime.chmod(0o700)
     assert worker.served() == before
@@ -270,7 +270,7 @@ def test_a_worker_refuses_a_folder_others_can_enter(snapshot, tmp_path):
 def test_the_client_imports_only_the_standard_library(worker, folder):
     probe = textwrap.dedent("""
         import sys
-        from attnviz.cli.client import main
+        from attnviz.cli import main
         try:
             main(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"])
         except SystemExit as exc:
@@ -356,9 +356,9 @@ def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path)
         assert r.returncode == 0 and w.served() == 1
     finally:
         w.stop()
-        client.ask("stop", w.path)
+        protocol.ask("stop", w.path)
         deadline = time.monotonic() + 30
-        while not client.lock_is_free(w.path) and time.monotonic() < deadline:
+        while not protocol.lock_is_free(w.path) and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
@@ -415,23 +415,24 @@ def test_stdin_typed_at_a_terminal_is_read_here(monkeypatch):
 
 def test_runtime_dir_choice(tmp_path):
     uid = os.getuid()
-    assert client.runtime_dir({"ATTNVIZ_RUNTIME_DIR": str(tmp_path)}) == str(tmp_path)
+    assert protocol.runtime_dir({"ATTNVIZ_RUNTIME_DIR": str(tmp_path)}) == str(tmp_path)
     xdg = tmp_path / "xdg"
     xdg.mkdir(mode=0o700)
     xdg.chmod(0o700)
-    assert client.runtime_dir({"XDG_RUNTIME_DIR": str(xdg)}) == str(xdg / "attnviz")
+    assert protocol.runtime_dir({"XDG_RUNTIME_DIR": str(xdg)}) == str(xdg / "attnviz")
     xdg.chmod(0o755)  # not private: not the user's runtime directory
-    chosen = client.runtime_dir({"XDG_RUNTIME_DIR": str(xdg), "TMPDIR": str(tmp_path)})
+    chosen = protocol.runtime_dir({"XDG_RUNTIME_DIR": str(xdg), "TMPDIR": str(tmp_path)})
     assert chosen == str(tmp_path / f"attnviz-{uid}")
-    assert client.runtime_dir({}) == f"/tmp/attnviz-{uid}"
+    assert protocol.runtime_dir({}) == f"/tmp/attnviz-{uid}"
     link = tmp_path / "link"
     link.symlink_to(xdg)
-    assert client.private_dir_problem(str(link)) == "is a symbolic link"
+    assert protocol.private_dir_problem(str(link)) == "is a symbolic link"
 
 
 def test_idle_timeout_values():
-    from attnviz.cli.options import OptionValueError
-    from attnviz.cli.serve import Duration, duration_text
+    from attnviz.cli.commands.serve import Duration
+    from attnviz.cli.parsers import OptionValueError
+    from attnviz.worker.control import duration_text
 
     d = Duration()
     assert [d(v) for v in ("90", "90s", "15m", "1.5h", "0", 30, 900.0)] == [90, 90, 900, 5400, 0, 30, 900]

@@ -1,6 +1,6 @@
 """Start-up stays light: help, version and input errors never import TensorFlow or matplotlib
 (checked in fresh interpreters, since the test process itself has imported both), and a cold run of
-the console script (``attnviz.cli.runner``) never imports pydantic: its coercion of option values is
+the console script (``attnviz.cli.console``) never imports pydantic: its coercion of option values is
 Typer's, without the TypeAdapters, and gives the same values and messages."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_input_errors_fail_before_tensorflow(args, expected):
 
 RUNNER_PROBE = """
 import contextlib, io, sys
-from attnviz.cli.runner import run
+from attnviz.cli.console import run
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     try:
         run({args!r})
@@ -93,14 +93,14 @@ COERCION_CASES = [
 
 @pytest.mark.parametrize("args", COERCION_CASES, ids=" ".join)
 def test_direct_coercion_is_typers(args):
-    """Values and messages through attnviz.cli.runner's command (also as built for one command) are those
+    """Values and messages through attnviz.cli.console's command (also as built for one command) are those
     of Typer's own command."""
     import contextlib
     import io
 
     import typer.main
 
-    from attnviz.cli.runner import click_command
+    from attnviz.cli.console import click_command
 
     def invoke(command):
         out, err = io.StringIO(), io.StringIO()

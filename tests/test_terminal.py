@@ -20,9 +20,10 @@ import pytest
 from rich.cells import cell_len
 from typer.testing import CliRunner
 
-from attnviz.cli import app, client
+from attnviz.cli import app
 from attnviz.cli.completion import SHELL_CHOICES
 from attnviz.variants import REGISTRY
+from attnviz.worker import client
 from tests.conftest import ROOT, SAMPLES
 
 runner = CliRunner()
@@ -144,7 +145,7 @@ def test_variants_table_fits(width):
 
 
 def test_the_width_is_80_on_a_pipe_and_columns_when_set():
-    from attnviz.cli.streams import output_width
+    from attnviz.streams import output_width
 
     class Pipe:
         def isatty(self):
@@ -416,7 +417,7 @@ def test_the_bash_script_completes_in_bash(tmp_path):
 
 def test_completion_runs_here_and_imports_neither_tensorflow_nor_matplotlib():
     assert client.bypass_reason(["scaled", "q.npy"], {"_ATTNVIZ_COMPLETE": "bash_complete"}) == "shell completion"
-    code = ("import sys\nfrom attnviz.cli.runner import run\ntry:\n    run([])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom attnviz.cli.console import run\ntry:\n    run([])\nexcept SystemExit:\n    pass\n"
             "sys.stderr.write(' '.join(m for m in ('tensorflow', 'matplotlib', 'keras') if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNVIZ_")}
     env.update(_ATTNVIZ_COMPLETE="complete_bash", COMP_WORDS="attnviz scaled --dev", COMP_CWORD="2")

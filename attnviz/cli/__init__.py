@@ -1,8 +1,9 @@
 """The command line (the only package that imports typer).
 
 ``attnviz.cli.app`` (the Typer application) is imported on first use of ``attnviz.cli.app``, not with
-this package: the console script, ``main``, starts in ``attnviz.cli.client``, which imports the
-standard library only and hands the command to a warm worker (``attnviz serve``) when one listens.
+this package: the console script, ``main``, starts in ``attnviz.worker.client``, which imports the
+standard library only and hands the command to a warm worker (``attnviz serve``) when one listens;
+otherwise the command runs in this process (``attnviz.cli.console.run``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,18 @@ from typing import Any, NoReturn
 __all__ = ["app", "main"]
 
 
-def main() -> NoReturn:
-    """The ``attnviz`` console script (and ``python -m attnviz``)."""
-    from attnviz.cli.client import main as client_main
+def main(argv: list[str] | None = None) -> NoReturn:
+    """The ``attnviz`` console script (and ``python -m attnviz``): through a warm worker when one
+    answers, else in this process."""
+    from attnviz.worker.client import run_on_worker
 
-    client_main()
+    args = list(sys.argv[1:] if argv is None else argv)
+    code = run_on_worker(args)
+    if code is not None:
+        raise SystemExit(code)
+    from attnviz.cli.console import run
+
+    run(args)
 
 
 class _Package(types.ModuleType):

@@ -215,7 +215,7 @@ def show_callback(value: str | None) -> None:
         return
     import typer
 
-    from attnviz.cli.app import user_errors
+    from attnviz.cli.errors import user_errors
 
     with user_errors():
         text = script(_shell(value, "--show-completion"))
@@ -229,7 +229,7 @@ def install_callback(value: str | None) -> None:
         return
     import typer
 
-    from attnviz.cli.app import user_errors
+    from attnviz.cli.errors import user_errors
 
     with user_errors():
         shell = _shell(value, "--install-completion")

@@ -1,114 +1,83 @@
-"""The in-process command runner: the Click command the command line, ``attnviz serve`` and a cold run
-share, built once.
-
-``click_command()`` is ``typer.main.get_command(app)`` with one change that makes a cold run start
-faster: Typer coerces every parameter value through a pydantic ``TypeAdapter``, which imports pydantic
-(and reads the installed packages' metadata for its plugins) on every run, about 60 ms. Every
-parameter of attnviz is a ``str``, a ``bool`` flag or a value with attnviz's own parser
-(``attnviz.cli.options``), for which that coercion is the identity or a call of the parser; those
-parameters get ``_Direct``, which does exactly that and hands anything else (a value that is not
-already a ``str``, a parser raising ``ValueError``) to Typer's own coercion, so values and messages
-are Typer's. If Typer's internals change shape, the command is left as Typer built it.
-
-``run(argv)`` is a cold run in this process (the console script's fallback when no worker answers); it
-builds only the command it runs (see ``click_command``).
+"""The one runner: ``Runner.execute(argv)`` runs ``attnviz ARGV`` in this process, with the streams of
+``attnviz.streams`` (a batch job's buffers, a worker's client), and returns its exit status. The
+console script (``attnviz.cli.console.run``), ``attnviz batch`` and the warm worker (``attnviz serve``)
+all execute a command through it: a run passes its runner to the commands as the Click context's
+``obj`` (``Runner.of(ctx)``), so ``batch`` and ``serve`` are handed the runner and never import the
+app, and ``attnviz.batch`` and ``attnviz.worker`` are handed its methods.
 """
 
 from __future__ import annotations
 
-from functools import cache
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any
 
 
-@cache
-def click_command(name: str | None = None) -> Any:
-    """The command line as a Click command. With ``name``, a command of the app: the same group holding
-    that command only, which is all a run of ``attnviz NAME ...`` looks at (Typer builds every command's
-    parameters from its signature, 30 ms for all of them, 2 ms for one)."""
-    import copy
+class Runner:
+    """Runs attnviz commands in this process; ``get_command(name)`` is the Click command that runs
+    ``attnviz NAME ...`` (the whole group, or one holding that command only)."""
 
-    import typer.main
+    def __init__(self, get_command: Callable[[str | None], Any]) -> None:
+        self.get_command = get_command
 
-    from attnviz.cli.app import app
+    @classmethod
+    def of(cls, ctx: Any) -> Runner:
+        """The runner that runs this command (``ctx``'s root object), or one over the command group
+        ``ctx`` belongs to (a run that did not go through a runner, e.g. Typer's test runner)."""
+        root = ctx.find_root()
+        if isinstance(root.obj, Runner):
+            return root.obj
+        return cls(lambda name: root.command)
 
-    source = app
-    chosen = [c for c in app.registered_commands if name is not None and c.name == name]
-    if chosen:
-        source = copy.copy(app)
-        source.registered_commands = chosen
-    command = typer.main.get_command(source)
-    try:
-        _direct_coercion(command)
-    except (ImportError, AttributeError, TypeError):  # another Typer: keep its own coercion
-        pass
-    return command
+    def execute(self, argv: list[str]) -> int:
+        """Run ``attnviz ARGV`` and return its exit status (usage errors, errors meant for users and
+        interruptions are worded by the commands themselves; see ``attnviz.cli.errors``)."""
+        name = argv[0] if argv and not argv[0].startswith("-") else None
+        try:
+            self.get_command(name).main(args=list(argv), prog_name="attnviz", obj=self)
+        except SystemExit as exc:
+            return exit_status(exc.code)
+        return 0
 
+    def commands(self) -> set[str]:
+        """The commands a batch job may run (every command but batch, variants and serve)."""
+        return {name for name in self.get_command(None).commands if name not in ("batch", "variants", "serve")}
 
-def _direct_coercion(command: Any) -> None:
-    from dataclasses import dataclass
+    def takes_quiet(self, command: str) -> bool:
+        """Whether a command has --quiet, which batch adds to its jobs (repeat-test has none: it prints
+        nothing but its result)."""
+        found = self.get_command(None).commands.get(command)
+        return found is None or any("--quiet" in getattr(p, "opts", ()) for p in found.params)
 
-    from typer._coercion import RuntimeParam, build_runtime_param
-    from typer.core import _TyperParameter
+    def preload(self) -> None:
+        """Import what a command needs before the first one runs (a warm worker's start)."""
+        import attnviz.inspection.inspecting  # noqa: F401
+        import attnviz.pipeline  # noqa: F401
+        import attnviz.render.report  # noqa: F401
+        import attnviz.render.table  # noqa: F401
+        from attnviz.device import tensorflow
 
-    @dataclass(frozen=True)
-    class _Direct(RuntimeParam):
-        """Typer's coercion without pydantic for str, bool and parser-checked values (see the module)."""
-
-        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-            parser = self.parameter_info.parser
-            if parser is not None:
-                try:
-                    return parser(value)
-                except (ValueError, AssertionError):  # Typer words these itself
-                    pass
-            elif type(value) is self.annotation:
-                return value
-            return build_runtime_param(param.type_descriptor)._coerce_value(value, param=param, ctx=ctx)
-
-    def direct(param: Any) -> None:
-        if not isinstance(param, _TyperParameter) or param._runtime_param is not None:
-            return
-        desc = param.type_descriptor
-        info = desc.parameter_info
-        if param.multiple or param.nargs != 1 or desc.is_file:
-            return
-        if info.parser is not None or desc.annotation in (str, bool):
-            param._runtime_param = _Direct(parameter_info=info, annotation=desc.annotation)
-
-    def with_direct_help(get_help_option: Any) -> Any:
-        def wrapped(ctx: Any) -> Any:  # --help is made (once) per command when a context is
-            option = get_help_option(ctx)
-            if option is not None:
-                direct(option)
-            return option
-
-        return wrapped
-
-    commands = [command]
-    while commands:
-        cmd = commands.pop()
-        commands.extend(getattr(cmd, "commands", {}).values())
-        for param in cmd.params:
-            direct(param)
-        cmd.get_help_option = with_direct_help(cmd.get_help_option)
+        self.get_command(None)
+        tensorflow()
 
 
-def run(argv: list[str]) -> NoReturn:
-    """Run the command line in this process, as ``attnviz ARGV`` (exits, like Typer's ``app()``)."""
-    name = argv[0] if argv and not argv[0].startswith("-") else None
-    try:
-        click_command(name).main(args=argv, prog_name="attnviz")
-    finally:
-        flush_quietly()
-    raise SystemExit(0)  # main() exits in standalone mode; for the type checker
+def exit_status(code: Any) -> int:
+    """The exit status of a process ending with ``SystemExit(code)``."""
+    import sys
+
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write(f"{code}\n")
+    return 1
 
 
 def flush_quietly() -> None:
     """Flush stdout and stderr now; a reader that went away (`| head`) silences its stream instead of
-    Python's "Exception ignored ... BrokenPipeError" at exit (see ``attnviz.cli.streams``)."""
+    Python's "Exception ignored ... BrokenPipeError" at exit (see ``attnviz.streams``)."""
     import sys
 
-    from attnviz.cli.streams import silence
+    from attnviz.streams import silence
 
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -19,7 +19,7 @@ heads heatmap of one statistic. ``save_figure`` writes PNG, SVG or PDF by the fi
 atomically.
 
 Text from users' files (labels, titles with file names) is drawn as written: shortened and with
-control characters made visible first (``attnviz.render.text``), never through mathtext or TeX
+control characters made visible first (``attnviz.text``), never through mathtext or TeX
 (``$x^2$`` shows as typed). matplotlib's own warnings (a glyph missing from the font, a layout it
 could not fit) are not for users: they never reach stderr.
 """
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from attnviz import text as inert
 from attnviz.io import shape_str, write_atomic
-from attnviz.render import text as inert
 from attnviz.render.table import slice_label
 
 FORMATS = (".png", ".svg", ".pdf")

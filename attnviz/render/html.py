@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnviz import __version__
-from attnviz.render import text as inert
+from attnviz import text as inert
 from attnviz.render.heatmap import MAX_SIDE, block_factors, mosaic_layout, reduce_panel
 
 if TYPE_CHECKING:
@@ -465,3 +465,45 @@ def compute_report(outcome: Outcome, *, title: str | None = None, cmap: str | No
                        q_name=prep.variant.axis_names[0], k_name=prep.variant.axis_names[1], cmap=cmap, reduce=reduce,
                        stats=stats, selected=selected, notes=notes, full_shape=full, blocks=blocks, count=count,
                        vmin=vmin, vmax=vmax, norm=norm)
+
+
+def inspect_html(result: Any, fig: Any, precision: int) -> str:
+    """inspect's --html: every map of the batch entry (as the --png grid) and the head statistics, from
+    an ``attnviz.inspection.inspecting.InspectResult`` and ``FigureOptions``."""
+    from attnviz.errors import shape_str
+    from attnviz.inspection.masks import grid_masks
+    from attnviz.render.summaries import COLUMNS
+
+    opened = result.opened
+    w, (li, bi, hi), grid = opened.weights, opened.index, opened.grid
+    name = fig.title or f"attention weights of {w.source}"
+    keep, real = grid_masks(opened.masks, w.shape, bi)
+    batches = "every batch entry" if opened.options.selection.batch is None else f"batch entry {bi}"
+    table = head_stats_table(result.stats, {k: v for k, v in COLUMNS.items() if k in result.stats},
+                             precision=precision,
+                             caption=f"means over query rows of {batches}: entropy H (nats) and H/ln n; dist: mean "
+                                     "|i - j| weighted; diag, prev (j = i - 1), first (j = 0), last: mean weight on "
+                                     "that key; max: mean largest weight")
+    return model_report(
+        w.data[:, bi], title=f"{name}, batch {bi}", q_labels=opened.q_labels, k_labels=opened.k_labels, keep=keep,
+        real_rows=real, stats=table, selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce, layers=grid.layers,
+        heads=grid.heads, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm,
+        subtitle=f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
+                 f"{shape_str(w.shape)}; batch entry {bi} of {w.shape[1]}")
+
+
+def compare_html(result: Any, fig: Any, precision: int) -> str:
+    """compare's --html: A - B for every layer and head of the batch entry, and per-head differences,
+    from an ``attnviz.inspection.compare.CompareResult``."""
+    from attnviz.errors import shape_str
+    from attnviz.inspection.masks import grid_masks
+
+    run, c = result.run, result.comparison
+    a, b, (li, bi, hi) = run.a, run.b, run.index
+    keep, real = grid_masks(run.masks, a.shape, bi)
+    return model_report(
+        c.diff[:, bi], title=fig.title or f"A - B: {a.source} - {b.source}, batch {bi}",
+        subtitle=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]; "
+                 f"batch entry {bi}", keep=keep, real_rows=real, diverging=True, colorbar_label="A - B",
+        stats=compare_stats_table(c.diff, c.js, precision), selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce,
+        layers=run.grid.layers, heads=run.grid.heads, vmax=fig.vmax, norm=fig.norm)

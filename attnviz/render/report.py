@@ -13,7 +13,10 @@ from typing import Any
 import numpy as np
 
 from attnviz import __version__
-from attnviz.inspect import HEAD_STATS, CheckResult, Comparison, Weights
+from attnviz.inspection.checks import CheckResult
+from attnviz.inspection.compare import Comparison
+from attnviz.inspection.heads import HEAD_STATS
+from attnviz.inspection.weights import Weights
 from attnviz.pipeline import Outcome
 from attnviz.stats import RowStats
 

@@ -1,7 +1,7 @@
 """Rich tables of attention weights and per-query statistics. Builds renderables; never prints.
 
 **Fitting the width.** Every table is laid out for the width it is printed at (``Console.print`` hands
-it the console's width: ``COLUMNS``, the terminal's, or 80 on a pipe; see ``attnviz.cli.streams``). The
+it the console's width: ``COLUMNS``, the terminal's, or 80 on a pipe; see ``attnviz.streams``). The
 functions here return a ``Fitted``, which builds its rich ``Table`` at render time, with every column
 given its exact width and ``no_wrap``, so that no line is wider than the console:
 
@@ -26,7 +26,7 @@ Long maps are elided: the first and last rows (and columns) are shown around a `
 column), and the caption says what was left out and how to see more.
 
 Labels and titles come from users' files: they reach rich as ``Text`` (never parsed for markup or
-emoji codes), shortened and with control characters made visible (``attnviz.render.text``).
+emoji codes), shortened and with control characters made visible (``attnviz.text``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from attnviz import text as inert
 from attnviz.io import array_max
-from attnviz.render import text as inert
 from attnviz.stats import RowStats
 
 # viridis, sampled at 9 points: dark blue (low) to yellow (high); readable on dark and light terminals

@@ -1,14 +1,15 @@
-"""``attnviz serve``: a warm worker. One process keeps TensorFlow, NumPy, matplotlib, rich and the
+"""The warm worker (``attnviz serve``): one process keeps TensorFlow, NumPy, matplotlib, rich and the
 command line imported (and warmed up by a small ``scaled`` run with a PNG before it listens), and runs
-the commands ordinary ``attnviz`` invocations send it (``attnviz.cli.client``: where it listens, who may
-talk to it, when a client does not, and the conversation).
+the commands ordinary ``attnviz`` invocations send it (``attnviz.worker.client``; where it listens, who
+may talk to it and the conversation are ``attnviz.worker.protocol``).
 
-**One code path.** A request runs through the same Click command as a cold run
-(``attnviz.cli.runner.click_command``, ``main(args, prog_name="attnviz")`` in standalone mode, so usage
-errors, exit codes and ``--help`` are Click's and attnviz's own), with the command's streams set by
-``attnviz.cli.streams.redirected`` as ``batch`` sets a job's. Its output is kept as bytes, encoded as the
-client's own streams encode, and sent once the command ends: stdout and stderr in the order they were
-written, then the exit code. The client writes them to its own streams.
+**One code path.** The worker is handed the command line's runner (``Worker(execute=..., preload=...)``):
+a request runs through ``execute(argv)``, exactly as a cold run does (the same Click command in
+standalone mode, so usage errors, exit codes and ``--help`` are Click's and attnviz's own), with the
+command's streams set by ``attnviz.streams.redirected`` as ``batch`` sets a job's. Its output is kept
+as bytes, encoded as the client's own streams encode, and sent once the command ends: stdout and
+stderr in the order they were written, then the exit code. The client writes them to its own streams.
+``preload`` imports what commands need before the worker listens.
 
 **One request at a time.** A cold run owns its process: the working directory, the environment, the
 umask, ``sys.stdin``/``stdout``/``stderr`` and the terminal. So does a request here: on the main thread,
@@ -24,14 +25,14 @@ runs its jobs in threads inside a request.
 so ``attnviz scaled -`` with JSON on a pipe, an interactive terminal, or an endless stream behave as in a
 cold run.
 
-**Stopping.** After ``--idle-timeout`` without a request (default 15 minutes; 0: never), on
-``attnviz serve --stop``, on SIGTERM or Ctrl-C. A request cut short (a signal mid-command) sends no
-output: its client runs the command itself. A client that goes away mid-request (Ctrl-C) has its command
+**Stopping.** After the idle timeout without a request (default 15 minutes; 0: never), on ``attnviz
+serve --stop``, on SIGTERM or Ctrl-C. A request cut short (a signal mid-command) sends no output: its
+client runs the command itself. A client that goes away mid-request (Ctrl-C) has its command
 interrupted as Ctrl-C interrupts a cold run, and nothing is sent.
 
-**Security.** The socket is created inside the private directory (``attnviz.cli.client.runtime_dir``:
-owned by the user, mode 0700, checked, never a symbolic link; refused otherwise), bound under umask 077 to
-a temporary name, made 0600 and renamed into place once listening. Every connection's peer must run as
+**Security.** The socket is created inside the private directory (``protocol.runtime_dir``: owned by
+the user, mode 0700, checked, never a symbolic link; refused otherwise), bound under umask 077 to a
+temporary name, made 0600 and renamed into place once listening. Every connection's peer must run as
 the same user (``SO_PEERCRED``); others are closed unanswered. A lock file beside the socket is held for
 the worker's life, so two workers never share a socket and a socket left by a dead worker is known to be
 stale. Requests are bounded in size and checked before anything runs. There is no TCP.
@@ -45,71 +46,28 @@ import io
 import json
 import os
 import queue
-import re
 import signal
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+from attnviz.errors import AttnvizError
+from attnviz.worker import protocol
+from attnviz.worker.control import duration_text
 
-from attnviz.cli import client
-from attnviz.cli.options import Number, OptionValueError
-from attnviz.errors import AttnvizError, UsageError
-
-if TYPE_CHECKING:  # imported where used: registering the command must not cost a socket module
+if TYPE_CHECKING:  # imported where used: importing the worker must not cost a socket module
     import socket
 
-DEFAULT_IDLE = 15 * 60.0
-MAX_IDLE = 30 * 24 * 3600.0
 MAX_REQUEST = 4 << 20  # argv, environment and the rest of a request, as JSON
-START_TIMEOUT = 300.0  # importing TensorFlow takes seconds; on a loaded machine, more
-STOP_TIMEOUT = 30.0
 GREETING_TIMEOUT = 30.0  # a client sends its request at once after the hello
 
-
-# ----------------------------------------------------------------------------------------------
-# --idle-timeout
-
-
-@dataclass(frozen=True)
-class Duration(Number):
-    """A number of seconds, also with a unit (``90s``, ``15m``, ``1.5h``), checked as every number option is
-    (finite, within bounds); 0 is never."""
-
-    kind: type = float
-    min: float | None = 0.0
-    max: float | None = MAX_IDLE
-
-    UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-    def __call__(self, value: Any) -> Any:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhSMH])\s*", str(value))
-        if match is not None and not isinstance(value, (int, float)):
-            seconds = float(match[1]) * self.UNITS[match[2].lower()]
-            if seconds > MAX_IDLE:
-                raise OptionValueError(value, "must be at most 30 days")
-            return seconds
-        try:
-            return super().__call__(value)
-        except OptionValueError as exc:
-            if exc.problem == "expected a number":
-                raise OptionValueError(value, "expected seconds, or a number with s, m or h (90s, 15m, 2h)") from None
-            raise
-
-
-def duration_text(seconds: float) -> str:
-    if seconds <= 0:
-        return "never"
-    for unit, size in (("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g} {unit}"
-    return f"{seconds:g} s"
+#: ``execute(argv)``: run ``attnviz ARGV`` in this process and return its exit status
+Execute = Callable[[list[str]], int]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -197,7 +155,7 @@ class _RemoteInput(io.RawIOBase):
         r = self._request
         if r is None or r.gone:
             return 0
-        client.send_frame(r.conn, b"I", min(len(b), client.STDIN_PIECE).to_bytes(4, "big"))
+        protocol.send_frame(r.conn, b"I", min(len(b), protocol.STDIN_PIECE).to_bytes(4, "big"))
         kind, data = r.incoming.get()
         if kind == b"F":
             code = int.from_bytes(data[:4], "big") or errno.EIO
@@ -210,7 +168,7 @@ class _RemoteInput(io.RawIOBase):
 
     def readall(self) -> bytes:
         parts: list[bytes] = []
-        piece = bytearray(client.STDIN_PIECE)
+        piece = bytearray(protocol.STDIN_PIECE)
         while True:
             n = self.readinto(piece)
             if not n:
@@ -283,8 +241,8 @@ def _client_process(req: dict[str, Any], stdin: Any, out: _Output, err: _Output)
             raise _Declined(f"cannot enter {req['cwd']} ({exc.strerror})") from None
         stack.callback(os.fchdir, home)
 
-        wanted = {k: v for k, v in req["env"].items() if k in client.FORWARDED or k.startswith(client.FORWARDED_PREFIX)}
-        names = set(wanted) | {k for k in os.environ if k in client.FORWARDED or k.startswith(client.FORWARDED_PREFIX)}
+        wanted = protocol.forwarded_environment(req["env"])
+        names = set(wanted) | set(protocol.forwarded_environment(os.environ))
         saved_env = {k: os.environ.get(k) for k in names}
 
         def restore_env() -> None:
@@ -326,27 +284,17 @@ def _client_process(req: dict[str, Any], stdin: Any, out: _Output, err: _Output)
         stack.callback(restore_streams)
         stack.enter_context(warnings.catch_warnings())  # fresh registries: a warning shows once per run
 
-        from attnviz.cli.streams import redirected
+        from attnviz.streams import redirected
 
         stack.enter_context(redirected(out, err))  # type: ignore[arg-type]  # text streams, not IO[str] subclasses
         yield
 
 
-def _exit_status(code: Any) -> int:
-    """The exit status of a process ending with ``SystemExit(code)``."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    sys.stderr.write(f"{code}\n")
-    return 1
-
-
-def run_request(req: dict[str, Any], request: _Request | None = None) -> tuple[int, list[tuple[bytes, bytes]]]:
-    """Run one request as a cold run of its client would: (exit status, output chunks in order)."""
+def run_request(req: dict[str, Any], execute: Execute,
+                request: _Request | None = None) -> tuple[int, list[tuple[bytes, bytes]]]:
+    """Run one request through ``execute`` as a cold run of its client would: (exit status, output
+    chunks in order)."""
     import traceback
-
-    from attnviz.cli.runner import click_command
 
     chunks: list[tuple[bytes, bytes]] = []
     out, err = _Output(b"O", chunks, req["stdout"]), _Output(b"E", chunks, req["stderr"])
@@ -360,10 +308,7 @@ def run_request(req: dict[str, Any], request: _Request | None = None) -> tuple[i
         if request is not None:
             request.running = True
         try:
-            click_command().main(args=list(req["argv"]), prog_name="attnviz")
-            code = 0
-        except SystemExit as exc:
-            code = _exit_status(exc.code)
+            code = execute(list(req["argv"]))
         except (KeyboardInterrupt, _Stop):
             raise
         except BaseException:  # as Python ends a process on an uncaught exception
@@ -394,9 +339,16 @@ def _merged(chunks: list[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
 
 
 class Worker:
-    def __init__(self, idle_timeout: float, sock_path: str | None = None) -> None:
-        self.directory = os.path.dirname(sock_path) if sock_path else client.runtime_dir()
-        self.path = sock_path or client.socket_path(self.directory)
+    """The worker: listens on ``sock_path`` (by default this user's, ``protocol.socket_path``) until
+    ``idle_timeout`` seconds pass without a request (0: never), and runs each request through
+    ``execute`` (the command line's runner); ``preload`` imports what commands need before it listens."""
+
+    def __init__(self, idle_timeout: float, sock_path: str | None = None, *, execute: Execute,
+                 preload: Callable[[], None]) -> None:
+        self.execute = execute
+        self._preload = preload
+        self.directory = os.path.dirname(sock_path) if sock_path else protocol.runtime_dir()
+        self.path = sock_path or protocol.socket_path(self.directory)
         self.idle_timeout = idle_timeout
         self.log_stream = sys.stderr
         self.queue: queue.Queue[tuple[socket.socket, dict[str, Any]] | None] = queue.Queue()
@@ -413,9 +365,9 @@ class Worker:
         self.lock_fd: int | None = None
         self.accepter: threading.Thread | None = None
         # what this worker runs, taken before anything is imported (TensorFlow sets variables of its own)
-        self.identity = client.identity()
-        self.environment = client.fixed_environment()
-        self.encodings = client.encodings()
+        self.identity = protocol.identity()
+        self.environment = protocol.fixed_environment()
+        self.encodings = protocol.encodings()
 
     def log(self, text: str) -> None:
         try:
@@ -441,7 +393,7 @@ class Worker:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise AttnvizError(f"{self.directory}: cannot create the worker's folder ({exc.strerror}).") from None
-        problem = client.private_dir_problem(self.directory)
+        problem = protocol.private_dir_problem(self.directory)
         if problem is not None:
             raise AttnvizError(f"{self.directory} {problem}: the worker listens only in a folder of yours that "
                                "others cannot enter (chmod 700 it, or set ATTNVIZ_RUNTIME_DIR to another).")
@@ -449,7 +401,8 @@ class Worker:
             raise AttnvizError(f"{self.path}: too long for a Unix socket; set ATTNVIZ_RUNTIME_DIR to a shorter folder.")
         import fcntl
 
-        fd = os.open(client.side_path(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(protocol.side_path(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -459,16 +412,8 @@ class Worker:
         self.lock_fd = fd
 
     def preload(self) -> None:
-        from attnviz.cli.runner import click_command
-        from attnviz.device import tensorflow
-
-        click_command()
-        tensorflow()
-        import attnviz.inspect  # noqa: F401
-        import attnviz.pipeline  # noqa: F401
-        import attnviz.render.report  # noqa: F401
-        import attnviz.render.table  # noqa: F401
-
+        """Import what commands need (the handed ``preload``), then run a few (``warm_up``)."""
+        self._preload()
         self.warm_up()
 
     def warm_up(self) -> None:
@@ -486,9 +431,9 @@ class Worker:
                 np.save(os.path.join(folder, f"{name}.npy"), rng.standard_normal(shape).astype(np.float32))
             for argv in (["scaled", "q.npy", "k.npy", "v.npy", "--png", "w.png"],
                          ["scaled", "q.npy", "k.npy", "v.npy", "--causal", "--json"]):
-                req = {"argv": argv, "cwd": folder, "umask": 0o077, "env": client.forwarded_environment(),
+                req = {"argv": argv, "cwd": folder, "umask": 0o077, "env": protocol.forwarded_environment(),
                        "stdin": None, "stdout": plain, "stderr": plain, "terminal": [None, None, None]}
-                code, chunks = run_request(req)
+                code, chunks = run_request(req, self.execute)
                 if code:
                     message = b"".join(d for k, d in chunks if k == b"E").decode(errors="replace").strip()
                     self.log(f"warm-up run {' '.join(argv)} failed (exit {code}): {message[-300:]}")
@@ -587,27 +532,28 @@ class Worker:
     def greet(self, conn: socket.socket) -> None:
         keep = False
         try:
-            credentials = client.peer(conn)
+            credentials = protocol.peer(conn)
             if credentials is not None and credentials[1] != os.getuid():
                 self.log(f"refused a connection from uid {credentials[1]} (pid {credentials[0]})")
                 return
             conn.settimeout(GREETING_TIMEOUT)
-            client.send_json(conn, b"H", {"protocol": client.PROTOCOL, "identity": self.identity, "pid": os.getpid(),
-                                          "environment": self.environment, "encodings": self.encodings})
-            kind, payload = client.recv_frame(conn, limit=MAX_REQUEST)
+            protocol.send_json(conn, b"H", {"protocol": protocol.PROTOCOL, "identity": self.identity,
+                                            "pid": os.getpid(), "environment": self.environment,
+                                            "encodings": self.encodings})
+            kind, payload = protocol.recv_frame(conn, limit=MAX_REQUEST)
             req = json.loads(payload) if kind == b"Q" else None
             op = req.get("op") if isinstance(req, dict) else None
             if op == "status":
-                client.send_json(conn, b"S", self.status())
+                protocol.send_json(conn, b"S", self.status())
             elif op == "stop":
-                client.send_json(conn, b"S", {"stopping": True, "pid": os.getpid()})
+                protocol.send_json(conn, b"S", {"stopping": True, "pid": os.getpid()})
                 self.begin_stop("attnviz serve --stop")
             elif op == "run":
                 problem = _check_request(req)
                 if self.stopping.is_set():
                     problem = "stopping"
                 if problem is not None:
-                    client.send_json(conn, b"N", {"reason": problem})
+                    protocol.send_json(conn, b"N", {"reason": problem})
                     return
                 assert isinstance(req, dict)
                 conn.settimeout(None)
@@ -633,15 +579,15 @@ class Worker:
         start = time.perf_counter()
         try:
             try:
-                code, chunks = run_request(req, r)
+                code, chunks = run_request(req, self.execute, r)
             except _Declined as exc:
-                client.send_json(conn, b"N", {"reason": str(exc)})
+                protocol.send_json(conn, b"N", {"reason": str(exc)})
                 return
             if r.gone or self.signalled:
                 return
             for kind, data in _merged(chunks):
-                client.send_frame(conn, kind, data)
-            client.send_json(conn, b"X", {"exit": code})
+                protocol.send_frame(conn, kind, data)
+            protocol.send_json(conn, b"X", {"exit": code})
             self.served += 1
             self.log(f"{req['argv'][0] if req['argv'] else '(no command)'}: exit {code} "
                      f"in {time.perf_counter() - start:.2f} s")
@@ -665,7 +611,7 @@ class Worker:
         the connection means the client went away (its command is then interrupted)."""
         try:
             while True:
-                kind, payload = client.recv_frame(r.conn, limit=client.STDIN_PIECE + 16)
+                kind, payload = protocol.recv_frame(r.conn, limit=protocol.STDIN_PIECE + 16)
                 if kind not in (b"D", b"F"):
                     break
                 r.incoming.put((kind, payload))
@@ -726,156 +672,3 @@ def _closed(conn: socket.socket) -> bool:
         return False
     except OSError:
         return True
-
-
-# ----------------------------------------------------------------------------------------------
-# --detach, --status, --stop
-
-
-def stop_worker(path: str) -> tuple[int, bool] | None:
-    """Ask the worker at ``path`` to stop: (its pid, whether it has exited), or None if none listens."""
-    found = client.ask("stop", path)
-    if found is None:
-        return None
-    pid = int(found[1].get("pid") or 0)
-    deadline = time.monotonic() + STOP_TIMEOUT
-    while time.monotonic() < deadline:
-        if client.lock_is_free(path):
-            return pid, True
-        time.sleep(0.05)
-    return pid, False
-
-
-def _err(text: str) -> None:
-    from attnviz.cli.streams import err_console
-
-    err_console().print(f"attnviz serve: {text}", markup=False)
-
-
-def _replace_or_report(path: str, detach: bool) -> bool:
-    """Look for a worker at ``path`` before starting one. True: a worker of this attnviz already listens
-    (--detach has nothing to do). A worker of another attnviz (an upgrade, edited files) is stopped."""
-    found = client.ask("status", path)
-    if found is None:
-        return False
-    said, status = found
-    pid = status.get("pid")
-    if client.matches(said):
-        if detach:
-            _err(f"a worker is already listening on {path} (pid {pid}).")
-            return True
-        raise AttnvizError(f"a worker is already listening on {path} (pid {pid}); attnviz serve --stop stops it.")
-    _err(f"stopping the worker of another attnviz (pid {pid}, {said.get('identity')}).")
-    stopped = stop_worker(path)
-    if stopped is not None and not stopped[1]:
-        raise AttnvizError(f"the worker (pid {pid}) did not stop within {STOP_TIMEOUT:g} s.")
-    return False
-
-
-def start_detached(idle_timeout: float) -> None:
-    import subprocess
-
-    directory = client.runtime_dir()
-    path = client.socket_path(directory)
-    if _replace_or_report(path, detach=True):
-        return
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise AttnvizError(f"{directory}: cannot create the worker's folder ({exc.strerror}).") from None
-    problem = client.private_dir_problem(directory)
-    if problem is not None:
-        raise AttnvizError(f"{directory} {problem}: the worker listens only in a folder of yours that others "
-                           "cannot enter (chmod 700 it, or set ATTNVIZ_RUNTIME_DIR to another).")
-    log = client.side_path(path, ".log")
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "attnviz", "serve", "--idle-timeout", repr(idle_timeout)],
-                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd="/", start_new_session=True,
-                                env={**os.environ, client.RUNTIME_ENV: directory})  # absolute: it runs in /
-    finally:
-        os.close(fd)
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        code = proc.poll()
-        if code is not None:
-            found = client.ask("status", path)
-            if found is not None and client.matches(found[0]):  # another --detach was quicker
-                _err(f"a worker is already listening on {path} (pid {found[1].get('pid')}).")
-                return
-            with open(log, errors="replace") as fh:
-                tail = [ln for ln in fh.read().splitlines() if ln.strip()][-3:]
-            raise AttnvizError(f"the worker stopped before it listened (exit {code}); {log} says:\n"
-                               + "\n".join(tail))
-        found = client.ask("status", path)
-        if found is not None and found[1].get("pid") == proc.pid:
-            break
-        if time.monotonic() > deadline:
-            proc.terminate()
-            raise AttnvizError(f"the worker did not listen within {START_TIMEOUT:g} s; see {log}.")
-        time.sleep(0.1)
-    proc.returncode = 0  # it runs on without us: nothing to wait for
-    _err(f"listening on {path} (pid {proc.pid}, idle timeout {duration_text(idle_timeout)}); "
-         "attnviz serve --stop stops it.")
-
-
-def show_status() -> None:
-    from attnviz.cli.streams import stdout
-
-    path = client.socket_path()
-    found = client.ask("status", path)
-    out = stdout()
-    if found is None:
-        raise AttnvizError(f"no worker is listening on {path}; attnviz serve --detach starts one.")
-    said, st = found
-    up = max(0.0, time.time() - float(st.get("started") or time.time()))
-    out.write(f"a worker is listening on {path}\n"
-              f"  pid {st.get('pid')}, attnviz {st.get('version')}, up {duration_text(round(up))}, "
-              f"{st.get('served')} requests served, {'busy' if st.get('busy') else 'idle'}, "
-              f"idle timeout {duration_text(float(st.get('idle_timeout') or 0))}\n")
-    if not client.matches(said):
-        out.write(f"  it runs another attnviz ({said.get('identity')}) or another environment: commands run in "
-                  "their own process; attnviz serve --detach replaces it\n")
-
-
-def serve_command(
-    detach: Annotated[bool, typer.Option("--detach", help="start the worker in the background and return once it "
-                                                          "listens")] = False,
-    idle_timeout: Annotated[float, typer.Option("--idle-timeout", parser=Duration(), metavar="DURATION",
-                                                show_default=False,
-                                                help="stop after this long without a request (default 15m; 90s, "
-                                                     "2h; 0: never)")] = DEFAULT_IDLE,
-    status: Annotated[bool, typer.Option("--status", help="say whether a worker listens, and what it runs")] = False,
-    stop: Annotated[bool, typer.Option("--stop", help="stop the worker")] = False,
-) -> None:
-    """Keep TensorFlow loaded: a warm worker runs the commands of this user's attnviz invocations.
-
-    Commands go to it whenever it listens (same output, a fraction of the time); ATTNVIZ_NO_SERVER=1 or
-    attnviz --no-server runs a command in its own process.
-    """
-    from attnviz.cli.app import user_errors
-
-    with user_errors():
-        chosen = [name for name, on in (("--detach", detach), ("--status", status), ("--stop", stop)) if on]
-        if len(chosen) > 1:
-            raise UsageError(f"{' and '.join(chosen)}: choose one.")
-        if status:
-            show_status()
-            return
-        if stop:
-            path = client.socket_path()
-            stopped = stop_worker(path)
-            if stopped is None:
-                _err(f"no worker is listening on {path}.")
-            elif stopped[1]:
-                _err(f"stopped the worker (pid {stopped[0]}).")
-            else:
-                _err(f"the worker (pid {stopped[0]}) stops once its current command ends.")
-            return
-        if detach:
-            start_detached(idle_timeout)
-            return
-        worker = Worker(idle_timeout)
-        if _replace_or_report(worker.path, detach=False):
-            return
-        worker.run()

@@ -26,7 +26,7 @@ from typing import IO, Any, cast
 
 from rich.console import Console
 
-from attnviz.render.text import visible
+from attnviz.text import visible
 
 _OUT: ContextVar[IO[str] | None] = ContextVar("attnviz_stdout", default=None)
 _ERR: ContextVar[IO[str] | None] = ContextVar("attnviz_stderr", default=None)

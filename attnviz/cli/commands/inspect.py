@@ -1,0 +1,198 @@
+"""``attnviz inspect``: weights a model already produced. The command parses its options into typed
+dataclasses, runs ``attnviz.inspection.inspecting`` (prepare, reserve the output files, analyse), and
+prints and saves what it gets back. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
+
+import typer
+
+from attnviz.cli.checked import report_checks, run_each
+from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
+from attnviz.fields import option
+from attnviz.inspection.options import InspectOptions
+from attnviz.render.options import FigureOptions
+from attnviz.streams import err_console, out_console, stdout
+
+SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
+            "induction", "duplicate")
+FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "json_file", "html")
+
+
+@dataclass
+class InspectOutputs(TableOptions):
+    """What inspect prints and saves."""
+
+    sort: Literal[SORTABLE] = option(  # type: ignore[valid-type]
+        "layer", "order the head statistics by this column (statistics: largest first)", panel=OUTPUT)
+    reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
+    top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
+    png: str | None = option(None, "a layer x head grid of every map (the map itself when there is one); .png, .svg "
+                             "or .pdf", panel=OUTPUT, metavar="FILE")
+    map_png: str | None = option(None, "the selected map alone, with labels", panel=OUTPUT, metavar="FILE")
+    stats_png: str | None = option(None, "a layers x heads heatmap of --stat", panel=OUTPUT, metavar="FILE")
+    stat: Literal[SORTABLE[2:]] = option(  # type: ignore[valid-type]
+        "entropy", "the statistic of --stats-png", panel=OUTPUT)
+    received_png: str | None = option(None, "a strip per layer of the attention each key token receives (mean over "
+                                      "heads)", panel=OUTPUT, metavar="FILE")
+    html: str | None = option(None, "write an interactive report: one offline HTML file (every map of the batch "
+                              "entry as thumbnails, hover, head view, sortable statistics)", panel=OUTPUT,
+                              metavar="FILE.html")
+
+
+ORDER = ("layout", "labels", "q_labels", "k_labels", "layer", "head", "batch", "sort", "reverse", "top", "check_rows",
+         "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
+         "check_finite", "atol", "png", "map_png", "stats_png", "stat", "received_png", "html", "title", "cmap",
+         "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "precision",
+         "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
+
+
+def inspect_command(**values: Any) -> None:
+    """Inspect attention weights a model saved: head statistics, tables, PNGs and checks."""
+    files = values.pop("weights")
+    options: InspectOptions = build(InspectOptions, values)
+    fig: FigureOptions = build(FigureOptions, values)
+    out: InspectOutputs = build(InspectOutputs, values)
+
+    def one(path: str, names: dict[str, Any], source: str | None) -> bool:
+        return inspect_file(replace(options, weights=path), fig, replace(out, **names), source)
+
+    run_each(files, {"--" + o.replace("_", "-"): getattr(out, o) for o in FILE_OUTPUTS}, lambda path, plan, source:
+             one(path, {o: plan["--" + o.replace("_", "-")] for o in FILE_OUTPUTS}, source), "WEIGHTS", out.tables)
+
+
+inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
+        list[str], typer.Argument(metavar="WEIGHTS", show_default=False,
+        help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, -); an .npz of one array per layer is "
+             "stacked; several files are inspected in turn, output names then need a placeholder ({stem}, {name}, "
+             "{dir}, {index}, {})")]),
+    *parameters(InspectOptions, FigureOptions, InspectOutputs, order=ORDER)])
+
+
+def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None) -> bool:
+    """One file of weights: returns whether a check failed."""
+    from attnviz.errors import shape_str
+    from attnviz.inspection import inspecting
+    from attnviz.io import check_outputs
+    from attnviz.staging import staged_outputs
+
+    for name in ("png", "map_png", "stats_png", "received_png"):
+        check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
+    check_html_path(out.html)
+    fig.check()
+    err = err_console()
+    options = replace(options, received=out.document or out.received_png is not None or out.tables,
+                      row_stats=out.document or out.tables)
+    opened = inspecting.prepare(options, (("--sort", out.sort), ("--stat", out.stat if out.stats_png else None)))
+    w = opened.weights
+    targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--stats-png": out.stats_png,
+                             "--received-png": out.received_png, "--json-file": out.json_file, "--html": out.html},
+                            opened.paths)
+    # the targets are reserved now, before any statistics are computed; every file is written to
+    # its staged path and all are put in place together, or none (attnviz.staging.StagedOutputs)
+    with staged_outputs(targets) as staged:
+        if options.checks.atol is None and options.checks.check_rows and not out.quiet:
+            from attnviz.inspection.heads import default_atol
+
+            atol = default_atol(w.stored_dtype)
+            if atol > 1e-5:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
+                err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
+                          "(--atol to choose)", markup=False, style="dim")
+        result = inspecting.analyse(opened)
+        failed = report_checks(result.checks, err, source) if result.checks else False
+        if not result.finite:
+            return True
+        for text in result.warnings:
+            err.print(f"warning: {text}", markup=False, style="yellow")
+        files = _save_files(result, staged, fig, out)
+        document = None
+        if out.document and result.rows is not None:
+            from attnviz.render.report import inspect_report, to_json
+
+            if out.json_file:
+                files["json"] = out.json_file
+            li, bi, hi = opened.index
+            document = to_json(inspect_report(w, result.stats, result.rows, opened.index, result.checks, files,
+                                              opened.q_labels, opened.k_labels, warnings=result.warnings,
+                                              mask=opened.masks.described, padded=result.one_padded,
+                                              padded_rows=result.padded, notes=result.notes,
+                                              received=result.received))
+            save_json(document, staged)
+        staged.commit()
+        if not out.quiet:
+            err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
+                      f"{shape_str(w.shape)}", markup=False, style="dim")
+            if opened.masks.described:
+                left_out = ""
+                if result.padded and result.chosen.real_rows is not None:
+                    left_out = (f"; {result.padded_positions()} padded position(s) of the batch ({result.padded} "
+                                "padded query rows over layers and heads) left out")
+                err.print(f"masks: {', '.join(opened.masks.described)}{left_out}", markup=False, style="dim")
+            for what, path in files.items():
+                err.print(f"saved {what} to {path}", markup=False, style="dim")
+        if out.json and document is not None:
+            stdout().write(document + "\n")
+        if not out.json and result.rows is not None and out.tables:
+            _print_tables(result, out)
+        return failed
+
+
+def save_json(text: str, staged: Any) -> None:
+    """The JSON document in its file (--json-file)."""
+    if "--json-file" in staged:
+        from attnviz.io import save_text
+
+        save_text(staged["--json-file"], text + "\n")
+
+
+def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs) -> dict[str, str]:
+    """Every figure and the HTML report asked for, written to their staged paths."""
+    from attnviz.render import figures
+
+    written: dict[str, str] = {}
+    if not staged.staged:
+        return written
+    from attnviz.render.heatmap import save_figure
+
+    for flag, name, make in (("--png", "png", figures.inspect_grid_figure),
+                               ("--map-png", "map_png", figures.inspect_map_figure),
+                               ("--stats-png", "stats_png", lambda r, f: figures.inspect_stat_figure(r, f, out.stat)),
+                               ("--received-png", "received_png", figures.inspect_received_figure)):
+        if flag in staged and (name != "received_png" or result.received is not None):
+            save_figure(make(result, fig), staged[flag])
+            written[name] = getattr(out, name)
+    if "--html" in staged:
+        from attnviz.io import save_text
+        from attnviz.render.html import inspect_html
+
+        save_text(staged["--html"], inspect_html(result, fig, out.precision))
+        written["html"] = out.html or ""
+    return written
+
+
+def _print_tables(result: Any, out: InspectOutputs) -> None:
+    from attnviz.render.summaries import head_stats_table, received_table
+    from attnviz.render.table import stats_table, weights_table
+
+    opened = result.opened
+    li, bi, hi = opened.index
+    lq, lk = opened.weights.shape[-2:]
+    console = out_console()
+    console.print(head_stats_table(result.stats, sort=out.sort, reverse=out.reverse, top=out.top,
+                                   padded=result.padded), crop=False)
+    if result.received is not None and result.received["top"]:
+        console.print(received_table(result.received, out.precision), crop=False)
+    where = f"layer {li}, batch {bi}, head {hi}"
+    max_r = out.max_rows or None
+    console.print(weights_table(result.one, q_labels=opened.q_labels, k_labels=opened.k_labels, keep=result.one_keep,
+                                precision=out.precision, max_rows=max_r, max_cols=out.max_cols,
+                                title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
+                                padded=result.one_padded), crop=False)
+    console.print(stats_table(result.rows, q_labels=opened.q_labels, k_labels=opened.k_labels, precision=out.precision,
+                              max_rows=max_r, title=f"per-query statistics, {where}", padded=result.one_padded),
+                  crop=False)

@@ -1,0 +1,135 @@
+"""``attnviz rollout``: attention rollout across layers (``attnviz.inspection.rollout``), printed and
+saved. NumPy only, no TensorFlow: weights a model saved, read as ``inspect`` reads them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+
+from attnviz.cli.checked import run_checked
+from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
+from attnviz.fields import option
+from attnviz.inspection.options import RolloutOptions
+from attnviz.render.options import FigureOptions
+from attnviz.streams import err_console, out_console, stdout
+
+
+@dataclass
+class RolloutOutputs(TableOptions):
+    """What rollout prints and saves."""
+
+    png: str | None = option(None, "a heatmap of the rollout (.png, .svg or .pdf)", panel=OUTPUT, metavar="FILE")
+    html: str | None = option(None, "an offline HTML page of the rollout of every batch entry (and each layer's with "
+                              "--all-layers): hover a cell to read it", panel=OUTPUT, metavar="FILE.html")
+
+
+ORDER = ("layout", "labels", "batch", "heads", "residual", "start_layer", "all_layers", "mask", "key_padding_mask",
+         "mask_convention", "mask_kind", "png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
+         "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
+
+
+def rollout_command(**values: Any) -> None:
+    """Attention rollout across layers (Abnar & Zuidema 2020).
+
+    Per layer the heads are combined (--heads), the residual connection is added as
+    A' = (1 - r) A + r I (--residual r), rows are renormalised, and the layers are multiplied from
+    the first (or --start-layer) up: R = A'_last ... A'_first. Row i of R estimates how much of
+    position i's representation after the last layer comes from each input token, if attention alone
+    mixed tokens. It is a model of information flow from the attention weights only (no value
+    vectors, MLPs or layer norms), not a gradient attribution. Padded tokens (--mask,
+    --key-padding-mask) are left out and the rows renormalised among the real ones.
+    """
+    options: RolloutOptions = build(RolloutOptions, values, weights=values["weights"])
+    fig: FigureOptions = build(FigureOptions, values)
+    out: RolloutOutputs = build(RolloutOutputs, values)
+    run_checked(lambda: rollout_file(options, fig, out))
+
+
+rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
+        metavar="WEIGHTS", show_default=False,
+        help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] (.npy, .npz of "
+             "one array per layer, FILE:KEY with a glob over layers, ...)")]),
+    *parameters(RolloutOptions, FigureOptions, RolloutOutputs, order=ORDER,
+                exclude=("check_mask", "scale_per_panel"))])
+
+
+def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutputs) -> bool:
+    """Roll out, save and print; no check can fail (returns False)."""
+    import numpy as np
+
+    from attnviz.cli.commands.inspect import save_json
+    from attnviz.errors import shape_str
+    from attnviz.inspection.rollout import cumulative, run_rollout
+    from attnviz.io import check_outputs
+    from attnviz.staging import staged_outputs
+
+    check_png_path(out.png)
+    check_html_path(out.html)
+    fig.check()
+    run = run_rollout(options)
+    w, shown = run.weights, run.results[run.shown]
+    lq, lk = w.shape[-2:]
+    targets = check_outputs({"--png": out.png, "--json-file": out.json_file, "--html": out.html}, run.paths)
+    with staged_outputs(targets) as staged:
+        files: dict[str, str] = {}
+        if "--png" in staged:
+            from attnviz.render.figures import rollout_figure
+            from attnviz.render.heatmap import save_figure
+
+            save_figure(rollout_figure(run, fig), staged["--png"])
+            files["png"] = out.png or ""
+        if "--html" in staged:
+            from attnviz.io import save_text
+            from attnviz.render.figures import rollout_html
+
+            save_text(staged["--html"], rollout_html(run, fig))
+            files["html"] = out.html or ""
+        document = None
+        if out.document:
+            from attnviz import __version__
+            from attnviz.render.report import plain, to_json
+
+            if out.json_file:
+                files["json"] = out.json_file
+            entries = run.entries
+            rollout_doc: dict[str, Any] = {
+                "heads": options.heads, "residual": options.residual, "start_layer": options.start_layer,
+                "layers": shown.layers, "batch": entries,
+                "shape": [len(entries), lq, lk], "data": np.stack([run.results[b].result for b in entries]),
+            }
+            if options.all_layers:
+                rollout_doc["cumulative"] = {
+                    "shape": [len(entries), len(shown.layers), lq, lk],
+                    "data": np.stack([cumulative(run.results[b]) for b in entries])}
+            document = to_json(plain({
+                "attnviz": __version__, "command": "rollout", "source": w.source,
+                "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
+                "mask": run.masks.described, "rollout": rollout_doc, "files": files}))
+            save_json(document, staged)
+        staged.commit()
+    if not out.quiet:
+        err = err_console()
+        err.print(f"rollout: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, L, L] = "
+                  f"{shape_str(w.shape)}; {run.how}", markup=False, style="dim")
+        if run.masks.described:
+            err.print(f"masks: {', '.join(run.masks.described)}; padded tokens left out", markup=False, style="dim")
+        for what, path in files.items():
+            err.print(f"saved {what} to {path}", markup=False, style="dim")
+    if out.json and document is not None:
+        stdout().write(document + "\n")
+    elif out.tables:
+        from attnviz.render.table import weights_table
+
+        padded = run.padded
+        keep = None if padded is None else ~(padded[:, None] | padded[None, :])
+        out_console().print(weights_table(np.nan_to_num(shown.result), q_labels=run.tokens, k_labels=run.tokens,
+                                          keep=keep, precision=out.precision, max_rows=out.max_rows or None,
+                                          max_cols=out.max_cols, padded=padded, axis_names=("output", "input"),
+                                          title=f"attention rollout, batch {run.shown} [{lq}, {lk}] ({run.how})"),
+                            crop=False)
+    return False

@@ -1,0 +1,162 @@
+"""Comparing two sets of weights of one shape: differences, Jensen-Shannon divergence, argmax
+agreement, the most different rows, and the tolerance check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.errors import InputError, ShapeError, shape_str
+from attnviz.inspection.checks import CheckResult, all_finite, locate
+from attnviz.inspection.heads import Distributions, row_distributions, row_sum_tolerance
+from attnviz.inspection.masks import read_masks
+from attnviz.inspection.options import CompareOptions
+from attnviz.inspection.selection import GridChoice, grid_choice
+from attnviz.inspection.weights import Weights, load_weights
+from attnviz.masks import Mask
+
+# Comparing two sets of weights
+
+
+def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Jensen-Shannon divergence of each row in nats (0 to log 2), rows taken as given."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    m = (p + q) / 2
+
+    def kl(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0) / np.where(b > 0, b, 1.0)), 0.0).sum(axis=-1)
+
+    return np.clip((kl(p, m) + kl(q, m)) / 2, 0.0, None)
+
+
+@dataclass
+class Comparison:
+    diff: np.ndarray  # a - b (0 in padded rows)
+    max_abs: float
+    mean_abs: float
+    js: np.ndarray  # per row [L, B, H, Lq]; NaN in padded rows
+    argmax_agree: float  # fraction of rows whose argmax is the same
+    worst_rows: list[dict[str, object]]
+    js_mean: float = 0.0
+    js_max: float = 0.0
+    rows: int = 0  # the rows compared (padded rows are left out)
+    padded_rows: int = 0
+    distributions: tuple[Distributions, Distributions] | None = None  # of A and of B
+
+
+def compare(a: np.ndarray, b: np.ndarray, worst: int = 5, rows: np.ndarray | None = None,
+            keep: np.ndarray | None = None, stored: tuple[str, str] | None = None) -> Comparison:
+    """Differences of ``a`` and ``b`` over the real query rows (``rows``, bool broadcasting to
+    ``[L, B, H, Lq]``; every row when None). ``keep`` only tells which rows are fully masked (they
+    are not asked to be distributions)."""
+    a64 = np.asarray(a, dtype=np.float64)
+    b64 = np.asarray(b, dtype=np.float64)
+    real = np.ones(a64.shape[:-1], bool) if rows is None else np.broadcast_to(rows, a64.shape[:-1])
+    diff = a64 - b64 if rows is None else np.where(real[..., None], a64 - b64, 0.0)
+    absd = np.abs(diff)
+    n = int(real.sum())
+    js = np.where(real, js_divergence(a64, b64), np.nan)
+    agree = (np.argmax(a64, axis=-1) == np.argmax(b64, axis=-1)) & real
+    row_max = absd.max(axis=-1)
+    order = np.argsort(np.where(real, -js, np.inf), axis=None, kind="stable")[:min(worst, n)]
+    worst_rows = []
+    for flat in order:
+        idx = np.unravel_index(int(flat), js.shape)
+        worst_rows.append({"index": [int(i) for i in idx], "where": locate(idx), "js": float(js[idx]),
+                           "max_abs": float(row_max[idx]), "argmax_a": int(np.argmax(a64[idx])),
+                           "argmax_b": int(np.argmax(b64[idx]))})
+    live = real if keep is None else real & np.broadcast_to(np.any(keep, axis=-1), real.shape)
+    tol = (row_sum_tolerance(stored[0] if stored else np.asarray(a).dtype),
+           row_sum_tolerance(stored[1] if stored else np.asarray(b).dtype))
+    return Comparison(diff, float(absd.max()) if n else 0.0,
+                      float(absd.sum() / (n * a64.shape[-1])) if n else 0.0, js,
+                      float(agree.sum() / n) if n else 1.0, worst_rows,
+                      float(np.nanmean(js)) if n else 0.0, float(np.nanmax(js)) if n else 0.0, n,
+                      real.size - n, (row_distributions(a64, live, tol[0]), row_distributions(b64, live, tol[1])))
+
+
+def tolerance_check(a: np.ndarray, b: np.ndarray, atol: float, rtol: float,
+                    rows: np.ndarray | None = None) -> CheckResult:
+    """``|a - b| <= atol + rtol |b|`` everywhere (numpy.allclose's rule), padded rows aside."""
+    a64 = np.asarray(a, dtype=np.float64)
+    b64 = np.asarray(b, dtype=np.float64)
+    excess = np.abs(a64 - b64) - (atol + rtol * np.abs(b64))
+    if rows is not None:
+        excess = np.where(np.broadcast_to(rows, a64.shape[:-1])[..., None], excess, -np.inf)
+    bad = excess > 0
+    if not bad.any():
+        return CheckResult("tolerance", True, detail={"atol": atol, "rtol": rtol})
+    worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    return CheckResult("tolerance", False, int(bad.sum()),
+                       f"{locate(worst)}: {a64[worst]:.6g} vs {b64[worst]:.6g} (atol {atol:g}, rtol {rtol:g})",
+                       {"unit": "entries", "index": [int(i) for i in worst], "a": float(a64[worst]),
+                        "b": float(b64[worst]), "atol": atol, "rtol": rtol})
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run of ``attnviz compare``: typed options in, a typed result out (it prints nothing)
+
+
+@dataclass
+class CompareRun:
+    """Both sets of weights, read and checked against each other (``prepare_compare``)."""
+
+    options: CompareOptions
+    a: Weights
+    b: Weights
+    masks: Mask
+    index: tuple[int, int, int]
+    grid: GridChoice
+    paths: list[Path]
+
+
+@dataclass
+class CompareResult:
+    run: CompareRun
+    comparison: Comparison
+    checks: list[CheckResult]
+    warnings: list[str]
+
+    @property
+    def failed(self) -> bool:
+        return any(not c.passed for c in self.checks)
+
+
+def prepare_compare(options: CompareOptions) -> CompareRun:
+    """Read A and B (same shape) and their masks; every usage and data error is raised here."""
+    from attnviz.io import StdinReader
+
+    stdin = StdinReader()
+    a = load_weights(options.a, options.layout, stdin)
+    b = load_weights(options.b, options.layout, stdin)
+    if a.shape != b.shape:
+        raise ShapeError(f"A ({a.source}) is {shape_str(a.file_shape)} and B ({b.source}) {shape_str(b.file_shape)}; "
+                         "compare needs the same shape.")
+    paths = [*a.paths, *b.paths]
+    masks, _ = read_masks(options.masks, a, paths, stdin, check=False)
+    for w in (a, b):
+        if not all_finite(w.data, rows=masks.real_rows):
+            raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
+    index = options.selection.index(a.shape)
+    grid = grid_choice(options.grid.layers, options.grid.heads, a.shape, options.grid.reduce_heads)
+    return CompareRun(options, a, b, masks, index, grid, paths)
+
+
+def run_compare(run: CompareRun) -> CompareResult:
+    """The comparison of the run, its tolerance check (when asked) and warnings about rows that are not
+    distributions."""
+    o, a, b, masks = run.options, run.a, run.b, run.masks
+    result = compare(a.data, b.data, o.worst, masks.real_rows, masks.keep, (a.stored_dtype, b.stored_dtype))
+    checks = []
+    if o.atol is not None or o.rtol is not None:
+        checks.append(tolerance_check(a.data, b.data, o.atol or 0.0, o.rtol or 0.0, masks.real_rows))
+    warnings = []
+    for w, found in zip((a, b), result.distributions or ()):
+        text = found.warning(f"{'A' if w is a else 'B'} ({w.source})", tags=False)
+        if text:
+            warnings.append(text)
+    return CompareResult(run, result, checks, warnings)

@@ -1,0 +1,354 @@
+"""What each head does: per-head statistics over the query rows (entropy, distance, diagonal,
+previous, first, last, max), the pattern tags they earn, whether the rows are distributions, and
+the per-query statistics of one map. Read a block of rows at a time (memory-mapped files)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnviz.inspection.weights import ROUNDOFF
+from attnviz.io import release_pages
+
+# What the heads do
+
+def _first_last(real: np.ndarray | None, lead: tuple[int, ...], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first and last real position of each (layer, batch, head), ``[L, B, H]`` (0 and n - 1 when
+    nothing is known, or nothing is real)."""
+    if real is None:
+        return np.zeros(lead, dtype=np.int64), np.full(lead, n - 1, dtype=np.int64)
+    full = np.broadcast_to(real, (*lead, n))
+    anything = full.any(axis=-1)
+    first = np.where(anything, np.argmax(full, axis=-1), 0)
+    last = np.where(anything, n - 1 - np.argmax(full[..., ::-1], axis=-1), n - 1)
+    return first.astype(np.int64), last.astype(np.int64)
+
+
+HEAD_STATS = ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max")
+TAG_THRESHOLD = 0.5  # a pattern "dominates" when it takes at least half the mass on average
+BROAD_THRESHOLD = 0.9  # normalised entropy at or above this: the head spreads its attention
+#: how far from 1 (or 0, a fully masked row) a row of attention weights may sum (float16 files: 1e-2)
+ROW_SUM_TOL = 1e-3
+
+
+CHUNK = 2**22  # values handled at a time on large inputs (32 MiB in float64)
+
+
+def row_blocks(w: np.ndarray, chunk: int = CHUNK) -> Iterator[tuple[tuple[int, ...], int, int, np.ndarray]]:
+    """((layer, batch, head), first row, end row, float64 block) over ``w [L, B, H, Lq, Lk]`` in pieces
+    of about ``chunk`` values: a memory-mapped file is read a block at a time."""
+    lq, lk = w.shape[-2:]
+    rows = max(1, chunk // max(lk, 1))
+    for idx in np.ndindex(*w.shape[:-2]):
+        for start in range(0, lq, rows):
+            stop = min(start + rows, lq)
+            yield idx, start, stop, np.asarray(w[idx][start:stop], dtype=np.float64)
+            release_pages(w)
+
+
+def _real_rows(rows: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
+    return None if rows is None else np.broadcast_to(rows, shape[:-1])
+
+
+def is_causal(w: np.ndarray, chunk: int = CHUNK) -> bool:
+    """Nothing above the diagonal (top-left aligned), anywhere."""
+    lk = w.shape[-1]
+    for _, start, stop, block in row_blocks(w, chunk):
+        above = np.arange(lk)[None, :] > np.arange(start, stop)[:, None]
+        if np.any(block[above]):
+            return False
+    return True
+
+
+def row_sum_tolerance(stored: str | np.dtype[Any]) -> float:
+    """How far a row of weights stored as ``stored`` may sum from 1 and still be a distribution:
+    1e-3 for float32/64, about 2.5 times the worst rounding for half precision (float16 and bfloat16:
+    1e-2; 8-bit floats 0.15)."""
+    name = np.dtype(stored).name if isinstance(stored, np.dtype) else str(stored)
+    if name in ("float16", "bfloat16"):
+        return 1e-2
+    return max(ROW_SUM_TOL, 2.5 * ROUNDOFF.get(name, 0.0))
+
+
+def default_atol(stored: str) -> float:
+    """``--check-rows``' default tolerance: 1e-5 for float32 and float64 files; for weights stored in
+    half precision, the rounding of the storage itself (2 ulps at 1: float16 2e-3, bfloat16 1.6e-2)."""
+    return max(1e-5, 2.0 * 2.0 * ROUNDOFF.get(stored, 0.0))
+
+
+#: the sums ``_head_sums`` returns per (layer, head)
+_SUMS = ("rows", "later", "entropy", "distance", "max", "last", "diagonal", "previous", "first", "first_all",
+         "norm_full", "count_full", "norm_causal", "count_causal", "off_rows", "negative")
+
+
+def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.ndarray | None,
+               first_key: np.ndarray, last_key: np.ndarray, first_row: np.ndarray,
+               tol: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool]:
+    """Sums over batch entries and query rows of one block ``[l, b, h, r, Lk]`` (rows ``start`` on):
+    ``[l, h]`` arrays, the least and largest row sums and values ``[l, h]``, and whether a weight
+    lies above the diagonal. ``keep`` (bool, the block's shape), ``real`` (bool,
+    ``[l, b, h, r]``) and the ``[l, b, h]`` positions are the block's share of the masks. Masked keys
+    and padded rows count as weight 0; only rows that are real and may attend somewhere are counted."""
+    lk = block.shape[-1]
+    i = np.arange(start, start + block.shape[-2])
+    j = np.arange(lk)
+    live = np.ones(block.shape[:-1], dtype=bool) if real is None else np.broadcast_to(real, block.shape[:-1])
+    if keep is not None:
+        live = live & keep.any(axis=-1)
+    # are these distributions? Judged on the rows as the file holds them (masked keys included)
+    row_sum = block.sum(axis=-1)
+    near = (np.abs(row_sum - 1.0) <= tol) | (np.abs(row_sum) <= tol)
+    negative = np.where(live, (block < 0).sum(axis=-1), 0)
+    extremes = {"sum_min": np.where(live, row_sum, np.inf).min(axis=(1, 3)),
+                "sum_max": np.where(live, row_sum, -np.inf).max(axis=(1, 3)),
+                "value_min": np.where(live, block.min(axis=-1), np.inf).min(axis=(1, 3))}
+    if keep is not None or real is not None:
+        x = np.where(live[..., None] if keep is None else keep & live[..., None], block, 0.0)
+    else:
+        x = block
+    above = bool(np.any((x != 0) & (j[None, :] > i[:, None])))
+    logs = np.log(x, out=np.zeros_like(x), where=x > 0)
+    h = 0.0 - np.einsum("...k,...k->...", x, logs)
+    n_full = np.broadcast_to(lk if keep is None else keep.sum(axis=-1), live.shape)
+    n_causal = np.broadcast_to(np.minimum(i + 1, lk) if keep is None else
+                               (keep & (j[None, :] <= i[:, None])).sum(axis=-1), live.shape)
+    top = x.max(axis=-1) if keep is None else np.where(keep, x, -np.inf).max(axis=-1)
+    later = live & (i > first_row[..., None])
+    first = np.take_along_axis(x, np.broadcast_to(first_key[..., None, None], (*x.shape[:-1], 1)), axis=-1)[..., 0]
+    last = np.take_along_axis(x, np.broadcast_to(last_key[..., None, None], (*x.shape[:-1], 1)), axis=-1)[..., 0]
+    diagonal = np.zeros(live.shape)
+    on = i < lk
+    diagonal[..., on] = x[..., np.flatnonzero(on), i[on]]
+    previous = np.zeros(live.shape)
+    after = (i >= 1) & (i - 1 < lk)
+    previous[..., after] = x[..., np.flatnonzero(after), i[after] - 1]
+
+    def total(values: np.ndarray, where: np.ndarray = live) -> np.ndarray:
+        return np.where(where, values, 0.0).sum(axis=(1, 3))
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        normed = {name: np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0)
+                  for name, n in (("full", n_full), ("causal", n_causal))}
+    sums = {
+        "rows": live.sum(axis=(1, 3)).astype(np.float64),
+        "later": later.sum(axis=(1, 3)).astype(np.float64),
+        "entropy": total(h),
+        "distance": total(np.einsum("...k,...k->...", x, np.abs(i[:, None] - j[None, :]).astype(np.float64))),
+        "max": total(top),
+        "last": total(last),
+        "diagonal": total(diagonal),
+        "previous": total(previous, later),
+        "first": total(first, later),
+        "first_all": total(first),
+        "norm_full": total(normed["full"]),
+        "count_full": (live & (n_full > 1)).sum(axis=(1, 3)).astype(np.float64),
+        "norm_causal": total(normed["causal"]),
+        "count_causal": (live & (n_causal > 1)).sum(axis=(1, 3)).astype(np.float64),
+        "off_rows": (live & ~near).sum(axis=(1, 3)).astype(np.float64),
+        "negative": negative.sum(axis=(1, 3)).astype(np.float64),
+    }
+    return sums, extremes, above
+
+
+def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slice], int, np.ndarray]]:
+    """((layer, batch, head) slices, first row, float64 block ``[1, 1, h, r, Lk]``) over ``w`` in
+    pieces of about ``chunk`` values: several heads at a time when their maps are small, else a
+    block of rows of one head."""
+    layers, batches, heads, lq, lk = w.shape
+    per_map = max(1, lq * lk)
+    if per_map <= chunk:
+        group = max(1, chunk // per_map)
+        for li, bi in np.ndindex(layers, batches):
+            for h0 in range(0, heads, group):
+                h1 = min(h0 + group, heads)
+                yield ((slice(li, li + 1), slice(bi, bi + 1), slice(h0, h1)), 0,
+                       np.asarray(w[li:li + 1, bi:bi + 1, h0:h1], dtype=np.float64))
+                release_pages(w)
+        return
+    for (li, bi, hi), start, _, block in row_blocks(w, chunk):
+        yield (slice(li, li + 1), slice(bi, bi + 1), slice(hi, hi + 1)), start, block[None, None, None]
+
+
+def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
+                    real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
+                    stored: str | None = None) -> dict[str, np.ndarray]:
+    """Per (layer, head) means over batch entries and query rows of ``w [L, B, H, Lq, Lk]``:
+
+    * ``entropy`` (nats) and ``entropy_norm`` (divided by log n, n the keys a row may attend to:
+      those ``keep`` keeps, and only j <= i when the weights are causal, i.e. hold nothing above the
+      diagonal in the rows counted; rows with a single key to attend are left out of this mean);
+    * ``distance``: mean attention distance, sum_j w_ij |i - j|;
+    * ``diagonal``, ``previous`` (j = i - 1), ``first`` (the first real key, j = 0 without padding;
+      the attention sink), ``last`` (the last real key, j = Lk - 1 without padding): mean weight on
+      those keys, ``previous`` and ``first`` over the rows after the first real one;
+      ``max``: mean of each row's largest weight.
+
+    Masks, all broadcasting in the standard layout: ``keep`` ``[L, B, H, Lq, Lk]`` (masked keys count
+    as weight 0), ``real_rows`` ``[L, B, H, Lq]`` (padded query rows are left out) and ``real_keys``
+    ``[L, B, H, Lk]`` (where the first and last real keys are). Rows that are padding or fully masked
+    are left out of every mean, so a padded batch entry has the statistics of its unpadded slice.
+
+    Also per (layer, head): ``rows`` (rows counted), ``off_rows`` (of those, rows summing neither to 1
+    nor to 0 within ``row_sum_tolerance(stored)``, ``stored`` the file's dtype), ``negative``
+    (negative values in them), ``sum_min``,
+    ``sum_max`` and ``value_min``; ``distributions(stats)`` sums them up. Returns arrays ``[L, H]``
+    plus ``tag`` (an object array of short descriptions; all empty when the rows are not
+    distributions). Inputs larger than ``chunk`` values are summarised a block at a time
+    (``head_statistics_blocked``), with the same result.
+    """
+    if w.size > chunk:
+        return head_statistics_blocked(w, keep, chunk, real_rows=real_rows, real_keys=real_keys, stored=stored)
+    return _head_statistics(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, np.float64))],
+                            stored or w.dtype.name)
+
+
+def head_statistics_blocked(w: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK, *,
+                            real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
+                            stored: str | None = None) -> dict[str, np.ndarray]:
+    """``head_statistics`` a block at a time: the same sums, in bounded memory."""
+    return _head_statistics(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name)
+
+
+def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | None,
+                     real_keys: np.ndarray | None,
+                     blocks: Any, stored: str) -> dict[str, np.ndarray]:
+    layers, batches, heads, lq, lk = w.shape
+    lead = (layers, batches, heads)
+    first_key, last_key = _first_last(real_keys, lead, lk)
+    first_row, _ = _first_last(real_rows, lead, lq)
+    full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
+    full_real = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
+    tol = row_sum_tolerance(stored)
+    sums = {n: np.zeros((layers, heads)) for n in _SUMS}
+    extremes = {"sum_min": np.full((layers, heads), np.inf), "sum_max": np.full((layers, heads), -np.inf),
+                "value_min": np.full((layers, heads), np.inf)}
+    above = False
+    for sl, start, block in blocks:
+        span = slice(start, start + block.shape[-2])
+        got, ext, up = _head_sums(block, start, None if full_keep is None else full_keep[sl + (span,)],
+                                  None if full_real is None else full_real[sl + (span,)],
+                                  first_key[sl], last_key[sl], first_row[sl], tol)
+        where = (sl[0], sl[2])
+        for name in _SUMS:
+            sums[name][where] += got[name]
+        extremes["sum_min"][where] = np.minimum(extremes["sum_min"][where], ext["sum_min"])
+        extremes["sum_max"][where] = np.maximum(extremes["sum_max"][where], ext["sum_max"])
+        extremes["value_min"][where] = np.minimum(extremes["value_min"][where], ext["value_min"])
+        above = above or up
+    rows = sums["rows"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = {name: np.where(rows > 0, sums[name] / rows, np.nan)
+                 for name in ("entropy", "distance", "max", "last", "diagonal")}
+        later = sums["later"]
+        stats["previous"] = np.where(later > 0, sums["previous"] / later, np.where(rows > 0, 0.0, np.nan))
+        first_all = np.where(rows > 0, sums["first_all"] / rows, np.nan)
+        stats["first"] = np.where(later > 0, sums["first"] / later, first_all)
+        kind = "full" if above else "causal"
+        norm, count = sums[f"norm_{kind}"], sums[f"count_{kind}"]
+        stats["entropy_norm"] = np.where(count > 0, norm / np.maximum(count, 1), np.where(rows > 0, 0.0, np.nan))
+    stats["rows"] = rows
+    stats["off_rows"] = sums["off_rows"]
+    stats["negative"] = sums["negative"]
+    stats.update(extremes)
+    stats["causal"] = np.array(not above)  # nothing above the diagonal in the rows counted
+    stats["tag"] = head_tags(stats)
+    if not distributions(stats, tol).ok:
+        stats["tag"][...] = ""
+    return stats
+
+
+@dataclass
+class Distributions:
+    """Whether the rows examined are distributions (non-negative, each summing to 1, or 0 when fully
+    masked), for the warning that the input may be raw scores or activations."""
+
+    rows: int
+    off_rows: int  # rows summing neither to 1 nor to 0 within tol
+    negative: int  # negative values
+    sum_min: float
+    sum_max: float
+    value_min: float
+    tol: float
+
+    @property
+    def ok(self) -> bool:
+        return self.off_rows == 0 and self.negative == 0
+
+    def warning(self, source: str, tags: bool = True) -> str | None:
+        """One line for stderr and the JSON document's ``warnings``, or None when all is well."""
+        if self.ok:
+            return None
+        found = []
+        if self.off_rows:
+            found.append(f"{self.off_rows} of {self.rows} rows sum neither to 1 nor to 0 (within {self.tol:g})")
+        if self.negative:
+            found.append(f"{self.negative} value(s) are negative (the least {self.value_min:.4g})")
+        return (f"{source} does not hold attention weights as distributions: {' and '.join(found)}; row sums "
+                f"range from {self.sum_min:.4g} to {self.sum_max:.4g}. Raw scores or activations rather than "
+                "attention weights?" + (" Pattern tags are left out." if tags else ""))
+
+
+def distributions(stats: dict[str, np.ndarray], tol: float = ROW_SUM_TOL) -> Distributions:
+    """The summary of ``head_statistics``' row checks over every head."""
+    rows = int(np.sum(stats["rows"]))
+    return Distributions(rows, int(np.sum(stats["off_rows"])), int(np.sum(stats["negative"])),
+                         float(np.min(stats["sum_min"])) if rows else 0.0,
+                         float(np.max(stats["sum_max"])) if rows else 0.0,
+                         float(np.min(stats["value_min"])) if rows else 0.0, tol)
+
+
+def row_distributions(w: np.ndarray, live: np.ndarray | None = None, tol: float = ROW_SUM_TOL) -> Distributions:
+    """The same summary for an array held whole (``compare``), over the rows ``live`` marks."""
+    sums = w.sum(axis=-1)
+    live = np.ones(sums.shape, bool) if live is None else np.broadcast_to(live, sums.shape)
+    near = (np.abs(sums - 1.0) <= tol) | (np.abs(sums) <= tol)
+    counted = sums[live]
+    return Distributions(int(live.sum()), int((live & ~near).sum()), int(((w < 0) & live[..., None]).sum()),
+                         float(counted.min(initial=np.inf)) if counted.size else 0.0,
+                         float(counted.max(initial=-np.inf)) if counted.size else 0.0,
+                         float(np.where(live[..., None], w, np.inf).min(initial=np.inf)), tol)
+
+
+def head_tags(stats: dict[str, np.ndarray]) -> np.ndarray:
+    """A short description where one pattern dominates: previous-token, first-token sink, diagonal,
+    last-token; broad for near-uniform heads; empty otherwise."""
+    names = {"previous": "previous-token", "first": "first-token sink", "diagonal": "diagonal",
+             "last": "last-token"}
+    shape = stats["entropy"].shape
+    tags = np.empty(shape, dtype=object)
+    for idx in np.ndindex(*shape):
+        best = max(names, key=lambda k: stats[k][idx])
+        if stats[best][idx] >= TAG_THRESHOLD:
+            tags[idx] = names[best]
+        elif stats["entropy_norm"][idx] >= BROAD_THRESHOLD:
+            tags[idx] = "broad"
+        else:
+            tags[idx] = ""
+    return tags
+
+
+def map_row_stats(one: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK) -> Any:
+    """Per-query statistics (``attnviz.stats.RowStats``) of one map ``[Lq, Lk]``, masked keys counted
+    as weight 0, a block of rows at a time."""
+    from attnviz.stats import RowStats, row_stats
+
+    if keep is None:
+        return row_stats(one)
+    lq, lk = one.shape
+    step = max(1, chunk // max(lk, 1))
+    full_keep = np.broadcast_to(keep, one.shape)
+    parts = []
+    for start in range(0, lq, step):
+        rows = full_keep[start:start + step]
+        block = np.where(rows, np.asarray(one[start:start + step], dtype=np.float64), 0.0)
+        parts.append(row_stats(block, rows, chunk=max(block.size, 1)))
+        release_pages(one)
+    if len(parts) == 1:
+        return parts[0]
+    return RowStats(**{name: np.concatenate([getattr(p, name) for p in parts], axis=0)
+                       for name in RowStats.__dataclass_fields__})
+
+

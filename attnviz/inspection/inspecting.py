@@ -1,0 +1,159 @@
+"""The run of ``attnviz inspect`` as a library function: typed options in, a typed result out; it
+prints nothing and writes no file (the command line, or the Python API, presents the result).
+
+Two steps, so that a caller can reserve its output files between them (``attnviz.staging``): ``prepare``
+reads the weights, labels and masks and checks every choice against them (fast, and every usage or
+data error is raised here); ``analyse`` runs the checks and computes the head statistics, token
+scores, received attention and the shown map's per-query statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.inspection.checks import CheckResult, all_finite, check_finite, check_masked, check_rows
+from attnviz.inspection.heads import (
+    Distributions,
+    default_atol,
+    distributions,
+    head_statistics,
+    map_row_stats,
+    row_sum_tolerance,
+)
+from attnviz.inspection.masks import read_masks
+from attnviz.inspection.options import InspectOptions
+from attnviz.inspection.received import received_summary
+from attnviz.inspection.selection import GridChoice, grid_choice, read_labels
+from attnviz.inspection.tokens import TOKEN_NOTE, TOKEN_STATS, add_token_scores
+from attnviz.inspection.weights import Weights, load_weights
+from attnviz.masks import Mask
+
+__all__ = ["InspectOptions", "InspectResult", "Opened", "analyse", "prepare"]
+
+
+@dataclass
+class Opened:
+    """The weights of a run and everything read with them, checked against each other."""
+
+    options: InspectOptions
+    weights: Weights
+    q_labels: list[str] | None
+    k_labels: list[str] | None
+    tokens: list[str] | None  # the labels when both axes carry the same: token-aware scores need them
+    index: tuple[int, int, int]  # (layer, batch, head) of the shown map
+    grid: GridChoice
+    masks: Mask  # --mask and --key-padding-mask (and --check-mask), with their padding
+    checked: Mask | None  # --check-mask alone
+    paths: list[Path]  # every file read: outputs may not replace them
+
+
+@dataclass
+class InspectResult:
+    opened: Opened
+    atol: float
+    checks: list[CheckResult]
+    finite: bool
+    stats: dict[str, np.ndarray] = field(default_factory=dict)  # head statistics [L, H] (and "tag", "causal")
+    distributions: Distributions | None = None
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    received: dict[str, Any] | None = None
+    padded: int = 0  # padded query rows over the maps the statistics read
+    data_shape: tuple[int, ...] = ()  # the weights the statistics read: every batch entry, or --batch's
+    chosen: Mask = field(default_factory=Mask)  # their masks
+    one: np.ndarray | None = None  # the shown map [Lq, Lk]
+    one_keep: np.ndarray | None = None
+    one_padded: np.ndarray | None = None  # its padded query rows
+    drawn_keep: np.ndarray | None = None  # what its picture greys: masked keys and padded rows
+    rows: Any = None  # its per-query statistics (RowStats)
+
+    @property
+    def failed(self) -> bool:
+        return not self.finite or any(not c.passed for c in self.checks)
+
+    def padded_positions(self) -> int:
+        """Padded positions of the batch (a position padded in any layer or head)."""
+        if not self.padded or self.chosen.real_rows is None:
+            return 0
+        rows_real = np.broadcast_to(self.chosen.real_rows, self.data_shape[:-1])
+        return int((~rows_real).any(axis=(0, 2)).sum())
+
+
+def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None], ...] = ()) -> Opened:
+    """Read the weights, labels and masks of ``options``; ``token_options`` (``("--sort", "induction")``)
+    are choices that need the tokens, refused without them."""
+    from attnviz.errors import UsageError
+
+    w = load_weights(options.weights, options.layout)
+    lq, lk = w.shape[-2:]
+    paths = list(w.paths)
+    q_labels, k_labels = read_labels(options.labels, lq, lk, paths)
+    tokens = q_labels if q_labels is not None and q_labels == k_labels else None
+    for option, value in token_options:
+        if value in TOKEN_STATS and tokens is None:
+            raise UsageError(f"{option} {value}: {TOKEN_NOTE}.")
+    index = options.selection.index(w.shape)
+    grid = grid_choice(options.grid.layers, options.grid.heads, w.shape, options.grid.reduce_heads)
+    masks, checked = read_masks(options.masks, w, paths)
+    return Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths)
+
+
+def analyse(opened: Opened) -> InspectResult:
+    """Checks, head statistics, token scores, received attention, and the shown map. Weights with
+    NaN or infinity are an error unless ``--check-finite`` asked for them (then the result holds the
+    failed check and nothing else)."""
+    from attnviz.errors import InputError
+    from attnviz.masks import causal_keep
+
+    o, w, masks = opened.options, opened.weights, opened.masks
+    keep, real = masks.keep, masks.real_rows
+    lq, lk = w.shape[-2:]
+    atol = o.checks.atol if o.checks.atol is not None else default_atol(w.stored_dtype)
+    finite = all_finite(w.data, rows=real)
+    checks: list[CheckResult] = []
+    if o.checks.check_finite:
+        checks.append(check_finite(w.data, rows=real))
+    if not finite and not o.checks.check_finite:
+        bad = check_finite(w.data, rows=real).failures
+        raise InputError(f"{w.source}: {bad} non-finite value(s); run with --check-finite to locate them.")
+    result = InspectResult(opened, atol, checks, finite)
+    if not finite:
+        return result
+    if o.checks.check_rows:
+        checks.append(check_rows(w.data, atol, keep, real))
+    if opened.checked is not None and opened.checked.keep is not None:
+        checks.append(check_masked(w.data, opened.checked.keep, atol, "check-mask", rows=real))
+    if o.checks.check_causal:
+        checks.append(check_masked(w.data, causal_keep(lq, lk, o.checks.causal_align), atol, "check-causal",
+                                   rows=real))
+
+    li, bi, hi = opened.index
+    batch = o.selection.batch
+    chosen = masks if batch is None else masks.batch(bi)
+    data = w.data if batch is None else w.data[:, bi:bi + 1]
+    stats = head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
+                            stored=w.stored_dtype)
+    found = distributions(stats, row_sum_tolerance(w.stored_dtype))
+    note = add_token_scores(stats, data, opened.tokens, chosen.real_rows, found.ok)
+    if o.received:
+        result.received = received_summary(data, chosen.keep, chosen.real_rows, opened.k_labels,
+                                           lq == lk and bool(stats["causal"]), list(range(w.shape[0])))
+    result.stats, result.distributions, result.chosen, result.data_shape = stats, found, chosen, data.shape
+    result.notes = [note] if note else []
+    result.warnings = [text for text in (found.warning(w.source),) if text]
+    result.padded = chosen.padded_rows(data.shape)
+    one = w.data[li, bi, hi]
+    one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]
+    one_padded = None if real is None else ~np.broadcast_to(real, w.shape[:-1])[li, bi, hi]
+    drawn_keep = one_keep  # the picture greys padded query rows as well as masked keys
+    if one_padded is not None and one_padded.any():
+        drawn_keep = np.ones(one.shape, bool) if one_keep is None else one_keep.copy()
+        drawn_keep[one_padded] = False
+    result.one, result.one_keep, result.one_padded, result.drawn_keep = one, one_keep, one_padded, drawn_keep
+    if o.row_stats:
+        result.rows = map_row_stats(one, one_keep)
+    return result

@@ -1,0 +1,139 @@
+"""The options of the runs over saved weights (``inspect``, ``compare``, ``rollout``), declared once
+(``attnviz.fields.option``): what to read, which map to show, masks, checks, the grids' layers and
+heads. The standard library only: the command line builds its options from these without NumPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from attnviz.choices import CAUSAL_ALIGNS, HEAD_COMBINE, MASK_CONVENTIONS, MASK_KINDS
+from attnviz.errors import UsageError
+from attnviz.fields import CHECKS, FIGURE, LABELS, MASKS, OUTPUT, ROLLOUT, SELECT, option
+
+LAYOUT_HELP = "name the axes when the rank does not say, e.g. batch,q,k (from layer, batch, head, q, k)"
+BATCH_HELP = "the batch entry shown; head statistics average over all entries unless this is given"
+
+
+@dataclass(frozen=True)
+class LabelOptions:
+    """Token labels: ``--labels`` (both axes, self-attention) or ``--q-labels``/``--k-labels``."""
+
+    labels: str | None = option(None, "labels for both axes (self-attention): a text file (one a line), JSON list, "
+                                "or a,b,c", panel=LABELS, metavar="TOKENS")
+    q_labels: str | None = option(None, "labels of the queries (rows)", panel=LABELS, metavar="TOKENS")
+    k_labels: str | None = option(None, "labels of the keys (columns)", panel=LABELS, metavar="TOKENS")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The map the tables show: ``--layer``, ``--batch`` (None: every entry counts in the head
+    statistics, the first is shown), ``--head``; negative numbers count from the end."""
+
+    layer: int = option(0, "the layer the tables show", panel=SELECT)
+    head: int = option(0, "the head the tables show", panel=SELECT)
+    batch: int | None = option(None, BATCH_HELP, panel=SELECT)
+
+    def index(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
+        """(layer, batch, head) in weights of ``shape [layers, batch, heads, ...]`` (exit 2 when out of range)."""
+        layers, batches, heads = shape[:3]
+        for option_name, value, size in (("--layer", self.layer, layers), ("--batch", self.batch or 0, batches),
+                                         ("--head", self.head, heads)):
+            if not -size <= value < size:
+                raise UsageError(f"{option_name} {value}: the weights have {size} ({option_name[2:]} 0..{size - 1}).")
+        return self.layer % layers, (self.batch or 0) % batches, self.head % heads
+
+
+@dataclass(frozen=True)
+class MaskOptions:
+    """The masks a run over saved weights was given."""
+
+    mask: str | None = option(None, "what the model was allowed to attend: [B, S] (a Hugging Face attention_mask), "
+                              "4-D [B, 1|N, 1|T, S], or broadcasting to the maps [..., Lq, Lk]; masked keys and padded "
+                              "query rows are left out of statistics and checks", panel=MASKS, metavar="FILE")
+    key_padding_mask: str | None = option(None, "[B, S] or [S]: 1 = real token, 0 = padding (with --mask-convention "
+                                          "keep); padded keys, and the query rows at padded positions when Lq = Lk, "
+                                          "are left out", panel=MASKS, metavar="FILE")
+    mask_convention: Literal[MASK_CONVENTIONS] = option(  # type: ignore[valid-type]
+        "keep", "keep: 1 = may attend; block: 1 = masked", panel=MASKS)
+    mask_kind: Literal[MASK_KINDS] = option(  # type: ignore[valid-type]
+        "bool", "of --mask: bool (0/1) or additive (a float bias: 0 keeps; -inf or <= -1e4, as Hugging Face's dtype "
+        "minimum, masks)", panel=MASKS)
+    check_mask: str | None = option(None, "no weight where this 0/1 mask forbids it (shapes as --mask); it masks the "
+                                    "statistics too", panel=CHECKS, metavar="FILE")
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """The checks of inspect (each fails the run with exit 3 on the command line)."""
+
+    check_rows: bool = option(False, "every row that may attend sums to 1 within --atol", panel=CHECKS)
+    check_causal: bool = option(False, "nothing above the diagonal", panel=CHECKS)
+    causal_align: Literal[CAUSAL_ALIGNS] = option(  # type: ignore[valid-type]
+        "top-left", "the diagonal when Lq != Lk", panel=CHECKS)
+    check_finite: bool = option(False, "no NaN or infinity", panel=CHECKS)
+    atol: float | None = option(None, "absolute tolerance of the checks (default 1e-5; for weights stored in float16 "
+                                "2e-3, bfloat16 1.6e-2, their rounding)", panel=CHECKS, min=0)
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """The layers and heads the grids draw (None: all), and one map per layer instead of every head."""
+
+    layers: str | None = option(None, "the layers the grids draw (--png, --html; inspect's --stats-png too), e.g. "
+                                "0,3,5-7; default all", panel=FIGURE, metavar="0,3,5-7", parse="ranges")
+    heads: str | None = option(None, "the heads the grids draw, e.g. 0-3; default all", panel=FIGURE,
+                               metavar="0,3,5-7", parse="ranges")
+    reduce_heads: Literal["mean", "max"] | None = option(
+        None, "draw one map per layer, the mean (or max) of its heads (those of --heads), instead of every head",
+        panel=FIGURE)
+
+
+@dataclass(frozen=True)
+class InspectOptions:
+    """What ``inspect`` reads and computes for one file of weights."""
+
+    weights: str = option("", cli=False)
+    layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
+    labels: LabelOptions = field(default_factory=LabelOptions)
+    selection: Selection = field(default_factory=Selection)
+    masks: MaskOptions = field(default_factory=MaskOptions)
+    checks: CheckOptions = field(default_factory=CheckOptions)
+    grid: GridOptions = field(default_factory=GridOptions)
+    received: bool = option(True, cli=False)  # compute the attention each token receives
+    row_stats: bool = option(True, cli=False)  # compute the shown map's per-query statistics
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What ``compare`` reads and computes."""
+
+    a: str = option("", cli=False)
+    b: str = option("", cli=False)
+    layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
+    atol: float | None = option(None, "fail (exit 3) where |A - B| > atol + rtol |B|", panel=CHECKS, min=0)
+    rtol: float | None = option(None, "relative tolerance of the check (default 0)", panel=CHECKS, min=0)
+    worst: int = option(5, "list this many of the most different rows", panel=OUTPUT, min=1)
+    selection: Selection = field(default_factory=Selection)
+    masks: MaskOptions = field(default_factory=MaskOptions)
+    grid: GridOptions = field(default_factory=GridOptions)
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """What ``rollout`` reads and computes."""
+
+    weights: str = option("", cli=False)
+    layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
+    labels: str | None = option(None, "the tokens (both axes): a text file (one a line), JSON list or a,b,c",
+                                panel=LABELS, metavar="TOKENS")
+    batch: int | None = option(None, BATCH_HELP, panel=SELECT)
+    heads: Literal[HEAD_COMBINE] = option(  # type: ignore[valid-type]
+        "mean", "how each layer's heads are combined (the paper: mean)", panel=ROLLOUT)
+    residual: float = option(0.5, "r in A' = (1 - r) A + r I, the residual connection's share (the paper: 0.5; 0: "
+                             "attention alone)", panel=ROLLOUT, min=0, max=1)
+    start_layer: int = option(0, "begin the product at this layer", panel=ROLLOUT, min=0)
+    all_layers: bool = option(False, "also give the cumulative map after each layer (JSON rollout.cumulative; the PNG "
+                              "shows them all)", panel=ROLLOUT)
+    masks: MaskOptions = field(default_factory=MaskOptions)

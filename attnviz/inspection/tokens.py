@@ -1,0 +1,148 @@
+"""Token-aware head detectors (Elhage et al. 2021, Olsson et al. 2022; TransformerLens' head detector
+patterns): for each real query ``i`` whose token occurred earlier in the sequence, the *duplicate-token*
+score is the weight on the earlier occurrences of that token, the *induction* score the weight on the
+tokens right after the earlier occurrences (``j + 1`` for each ``j < i`` with the same token); each is
+averaged over those queries (and over batch entries). Also the repeated random sequence that probes
+for induction heads (``attnviz repeat-test``). NumPy only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from attnviz.io import release_pages
+
+CHUNK = 2**22  # values (or pattern pairs) handled at a time on long inputs
+
+#: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average
+TOKEN_TAG_THRESHOLD = 0.5
+TOKEN_TAGS = {"induction": "induction", "duplicate": "duplicate-token"}
+
+
+
+def token_ids(tokens: Sequence[str]) -> np.ndarray:
+    """One integer per token, equal where the tokens are equal (``[L]``)."""
+    return np.unique(np.asarray(list(tokens), dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
+
+
+def token_patterns(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean ``[L, L]`` patterns of a token sequence: ``duplicate[i, j]`` when ``j < i`` holds the
+    same token as ``i``; ``induction[i, j]`` when ``j - 1`` does (the token after an earlier
+    occurrence). The definition, as a picture; ``token_scores`` walks the same pairs without it."""
+    ids = token_ids(tokens)
+    same = ids[:, None] == ids[None, :]
+    duplicate = np.tril(same, k=-1)
+    induction = np.zeros_like(duplicate)
+    induction[:, 1:] = duplicate[:, :-1]
+    return duplicate, induction
+
+
+def earlier_occurrences(ids: np.ndarray, limit: int = CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The pairs ``(i, j)``, ``j < i``, where position ``j`` holds the token of ``i`` (the duplicate
+    pattern; ``j + 1`` is the induction target), in pieces of about ``limit`` pairs, never an
+    ``[L, L]`` array: a long sequence with frequent tokens has many pairs."""
+    order = np.argsort(ids, kind="stable")  # positions grouped by token, ascending within a group
+    bounds = np.flatnonzero(np.diff(ids[order])) + 1
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    held = 0
+    for group in np.split(order, bounds):
+        for b in range(1, len(group)):
+            rows.append(np.full(b, group[b]))
+            cols.append(group[:b])
+            held += b
+            if held >= limit:
+                yield np.concatenate(rows), np.concatenate(cols)
+                rows, cols, held = [], [], 0
+    if held:
+        yield np.concatenate(rows), np.concatenate(cols)
+
+
+def token_scores(w: np.ndarray, tokens: Sequence[str], real_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per (layer, head) of ``w [L, B, H, Lq, Lk]`` (``Lq == Lk == len(tokens)``): the ``induction``
+    and ``duplicate`` scores (module docstring), averaged over the real query rows whose token
+    occurred before and over batch entries; ``repeated`` is how many such rows there are per batch
+    entry (``[B]``). NaN where no query qualifies. ``real_rows`` broadcasts to ``[L, B, H, Lq]``.
+    Only the weights of the patterns' pairs are read."""
+    layers, batches, heads, lq, lk = w.shape
+    ids = token_ids(tokens)
+    qualifies = np.zeros(lq, bool)  # [Lq]: the token occurred before
+    for pi, _ in earlier_occurrences(ids):
+        qualifies[pi] = True
+    rows = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
+    sums = {name: np.zeros((layers, heads)) for name in ("induction", "duplicate")}
+    counts = np.zeros((layers, heads))
+    repeated = np.zeros(batches, dtype=np.int64)
+    for li in range(layers):
+        for bi in range(batches):
+            block = w[li, bi]  # [H, Lq, Lk], perhaps memory-mapped
+            live = np.broadcast_to(qualifies, (heads, lq)) if rows is None else rows[li, bi] & qualifies
+            if li == 0:
+                repeated[bi] = int(live[0].sum())
+            mass = {name: np.zeros((heads, lq)) for name in sums}
+            for pi, pj in earlier_occurrences(ids):
+                for name, cols in (("duplicate", pj), ("induction", pj + 1)):
+                    values = np.asarray(block[:, pi, cols], dtype=np.float64)  # [H, pairs]
+                    for h in range(heads):
+                        mass[name][h] += np.bincount(pi, weights=values[h], minlength=lq)
+            for name in sums:
+                sums[name][li] += np.where(live, mass[name], 0.0).sum(axis=-1)
+            counts[li] += live.sum(axis=-1)
+            release_pages(w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = {name: np.where(counts > 0, total / np.maximum(counts, 1), np.nan) for name, total in sums.items()}
+    out["repeated"] = repeated
+    return out
+
+
+def token_tags(scores: dict[str, np.ndarray]) -> np.ndarray:
+    """``induction`` or ``duplicate-token`` where that score is at least ``TOKEN_TAG_THRESHOLD`` (the
+    larger, when both are), else empty; ``[L, H]`` object array."""
+    shape = scores["induction"].shape
+    tags = np.full(shape, "", dtype=object)
+    for idx in np.ndindex(*shape):
+        best = max(TOKEN_TAGS, key=lambda k: np.nan_to_num(scores[k][idx], nan=-1.0))
+        if scores[best][idx] >= TOKEN_TAG_THRESHOLD:
+            tags[idx] = TOKEN_TAGS[best]
+    return tags
+
+
+
+
+def repeated_sequence(n: int, vocab: int, seed: int | None = None) -> np.ndarray:
+    """The standard induction probe: ``n`` distinct random token ids from ``[0, vocab)``, then the same
+    ``n`` again (``[2n]`` int64). Distinct, so that only the second half repeats."""
+    if n < 1 or vocab < n:
+        raise ValueError(f"need 1 <= n <= vocab, got n={n}, vocab={vocab}")
+    first = np.random.default_rng(seed).choice(vocab, size=n, replace=False).astype(np.int64)
+    return np.concatenate([first, first])
+
+
+#: the head statistics that need the tokens
+TOKEN_STATS = ("induction", "duplicate")
+TOKEN_NOTE = "induction and duplicate-token scores need the tokens: --labels (self-attention, Lq = Lk)"
+
+
+def add_token_scores(stats: dict[str, Any], data: np.ndarray, tokens: Sequence[str] | None, real_rows: Any,
+                     tags: bool) -> str | None:
+    """Put the ``induction`` and ``duplicate`` scores of ``data [L, B, H, L, L]`` into the head
+    statistics and their tags into ``stats["tag"]`` (with ``tags``: the rows are distributions);
+    returns a note when they cannot be computed (no tokens)."""
+    if tokens is None:
+        return TOKEN_NOTE
+    scores = token_scores(data, tokens, real_rows)
+    stats["induction"], stats["duplicate"] = scores["induction"], scores["duplicate"]
+    if not tags:
+        return None
+    found = token_tags(scores)
+    for idx in np.ndindex(*found.shape):
+        extra = str(found[idx])
+        if not extra:
+            continue
+        have = str(stats["tag"][idx])
+        stats["tag"][idx] = extra if have in ("", "broad") else f"{have}, {extra}"
+    if not int(scores["repeated"].max(initial=0)):
+        return "no token occurs twice in --labels: induction and duplicate-token scores are undefined"
+    return None

@@ -1,0 +1,133 @@
+"""Weights a model saved, read into one layout: ``[layers, batch, heads, Lq, Lk]``.
+
+By rank a file is read as ``[Lq, Lk]``, ``[heads, Lq, Lk]``, ``[batch, heads, Lq, Lk]`` or
+``[layers, batch, heads, Lq, Lk]``; ``--layout`` names the axes otherwise (e.g. ``batch,q,k``). An
+``.npz`` with one array per layer (as ``numpy.savez(f, *attentions)`` writes a Hugging Face
+``output_attentions`` tuple: ``arr_0``, ``arr_1``, ...; or named keys, ordered naturally so that
+``layer10`` follows ``layer9``) is stacked along the layer axis. NumPy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.errors import InputError, ShapeError, UsageError, shape_str
+from attnviz.formats import listing
+from attnviz.formats._base import memory_limit, size_str
+from attnviz.io import StdinReader, open_spec, validate_array
+
+AXES = ("layer", "batch", "head", "q", "k")
+ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": "head", "lq": "q", "query": "q",
+           "t": "q", "lk": "k", "key": "k", "s": "k"}
+DEFAULT_LAYOUTS = {2: ("q", "k"), 3: ("head", "q", "k"), 4: ("batch", "head", "q", "k"),
+                   5: ("layer", "batch", "head", "q", "k")}
+
+
+@dataclass
+class Weights:
+    """Attention weights in the layout ``[layers, batch, heads, Lq, Lk]``."""
+
+    data: np.ndarray
+    source: str
+    layout: tuple[str, ...]  # the axes the file had, in its order
+    file_shape: tuple[int, ...]
+    paths: list[Path] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # the .npz keys stacked as layers, if any
+    #: the dtype the file stored the weights in (bfloat16 and float16 files are read as float32):
+    #: how closely rows can sum to 1 depends on it
+    stored_dtype: str = "float32"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+
+def parse_layout(text: str | None, rank: int, source: str) -> tuple[str, ...]:
+    if text is None:
+        if rank not in DEFAULT_LAYOUTS:
+            raise ShapeError(f"{source}: {rank} dimensions; attention weights have 2 to 5 ([layers, batch, heads, "
+                             "Lq, Lk]); name them with --layout.")
+        return DEFAULT_LAYOUTS[rank]
+    names = tuple(ALIASES.get(t.strip().lower(), t.strip().lower()) for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in AXES]
+    if unknown or len(set(names)) != len(names) or names[-2:] != ("q", "k"):
+        raise UsageError(f"--layout {text!r}: name each axis once from layer, batch, head, q, k, ending with q,k.")
+    if len(names) != rank:
+        raise UsageError(f"--layout {text!r} names {len(names)} axes, but {source} has {rank}.")
+    return names
+
+
+def to_standard(arr: np.ndarray, layout: tuple[str, ...]) -> np.ndarray:
+    """Reorder and pad ``arr`` (axes named by ``layout``) to ``[layer, batch, head, q, k]``."""
+    order = [layout.index(a) for a in AXES if a in layout]
+    arr = np.transpose(arr, order)
+    present = [a for a in AXES if a in layout]
+    shape = [arr.shape[present.index(a)] if a in present else 1 for a in AXES]
+    return arr.reshape(shape)
+
+
+def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None = None) -> Weights:
+    """Read attention weights from a file (any rank), a file of one array per layer (.npz, .safetensors,
+    HDF5, torch.save; named keys in natural order), or the matches of a key glob (``FILE:blocks.*.attn``),
+    stacked as layers."""
+    opened = open_spec(spec, stdin)
+    keys = opened.layer_keys()
+    source = opened.source
+    if keys:
+        if opened.key is not None:
+            source = f"{opened.source}:{opened.key}"
+        arrays = [opened.raw.get(k) for k in keys]
+        shapes = {tuple(a.shape) for a in arrays}
+        if len(shapes) != 1:
+            listed = listing([f"{k} {shape_str(a.shape)}" for k, a in zip(keys, arrays)])
+            raise ShapeError(f"{source}: the layers have different shapes ({listed}); inspect one with "
+                             f"{opened.source}:KEY.")
+        for k, a in zip(keys, arrays):
+            validate_array(a, f"{opened.source}:{k}", allow_nonfinite=True)
+        stacked = sum(a.size for a in arrays) * np.result_type(*arrays).itemsize
+        if stacked > memory_limit():  # the layers are stacked in memory, even when each is memory-mapped
+            raise InputError(f"{source}: the {len(keys)} layers stacked would take {size_str(stacked)} in memory, "
+                             f"more than the {size_str(memory_limit())} attnviz allows (half the memory "
+                             f"available); inspect fewer with {opened.source}:KEY or a narrower pattern, or save "
+                             "them as one [layers, ...] .npy, which stays on disk.")
+        arr = np.stack(arrays)
+        stored = coarsest([opened.raw.stored.get(k, a.dtype.name) for k, a in zip(keys, arrays)])
+        per_layer = parse_layout(layout, arr.ndim - 1, source)
+        names: tuple[str, ...] = ("layer", *per_layer)
+        if "layer" in per_layer:
+            raise UsageError(f"--layout: the layers of {source} are its arrays; name the axes of one array.")
+    else:
+        loaded = opened.array(allow_nonfinite=True)
+        arr = loaded.data
+        stored = loaded.stored_dtype or arr.dtype.name
+        names = parse_layout(layout, arr.ndim, source)
+    if arr.shape[-1] == 0 or arr.shape[-2] == 0:
+        raise InputError(f"{source}: empty attention maps (shape {shape_str(arr.shape)}).")
+    data = to_standard(arr.astype(np.float32, copy=False) if arr.dtype.kind != "f" else arr, names)
+    return Weights(data, source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys, stored)
+
+
+def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:
+    """A keep mask given in the file's layout (broadcasting against one map, one layer's arrays, or
+    the whole file) in the standard layout ``[layers, batch, heads, Lq, Lk]``, kept as small as it
+    came (its size-1 axes stay size 1; ``numpy.broadcast_to`` widens it where needed)."""
+    from attnviz.masks import check_broadcast
+
+    shape = w.file_shape[1:] if w.keys else w.file_shape
+    layout = w.layout[1:] if w.keys else w.layout
+    check_broadcast(keep, shape, source)
+    return to_standard(keep.reshape((1,) * (len(shape) - keep.ndim) + keep.shape), layout)
+
+
+#: the unit roundoff of each storage dtype (half an ulp at 1): rows of n weights rounded to it sum to 1
+#: within this (times the sum, which is 1) however long they are
+ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8,
+            "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
+
+
+def coarsest(dtypes: list[str]) -> str:
+    """The storage dtype with the largest roundoff among ``dtypes`` (integers count as float32)."""
+    return max(dtypes, key=lambda d: ROUNDOFF.get(d, ROUNDOFF["float32"]), default="float32")

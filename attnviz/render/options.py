@@ -1,0 +1,75 @@
+"""The options every heatmap takes (``FigureOptions``: title, colour map, block aggregation, the colour
+scale), checked whatever the data (contradictions are usage errors, exit 2), and the ``ColourScale``
+they make. Declared once here; every command that draws shows them under Figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from attnviz.errors import UsageError
+from attnviz.fields import FIGURE, option
+
+
+@dataclass(frozen=True)
+class FigureOptions:
+    """How a command's heatmaps look."""
+
+    title: str | None = option(None, "the heatmap's title", panel=FIGURE)
+    cmap: str | None = option(None, "a matplotlib colour map for heatmaps (default viridis)", panel=FIGURE)
+    reduce: Literal["mean", "max"] = option("mean", "how long maps are aggregated in blocks for heatmaps: mean or max",
+                                            panel=FIGURE)
+    vmin: float | None = option(None, "the bottom of the colour scale (default 0, or the lowest value when below 0; "
+                                "with --norm log the smallest positive value shown, at most 4 decades below the top)",
+                                panel=FIGURE, metavar="V")
+    vmax: float | None = option(None, "the top of the colour scale (default the largest value shown); larger values "
+                                "take its top colour", panel=FIGURE, metavar="V")
+    norm: str = option("linear", "how values map to colours: linear, log (small weights visible; zeros in the bottom "
+                       "colour) or power:G (matplotlib's PowerNorm, e.g. power:0.5)", panel=FIGURE,
+                       metavar="linear|log|power:G", parse="norm")
+    scale_per_panel: bool = option(False, "draw each panel on its own scale, 0 to its own maximum (compare: symmetric "
+                                   "around 0, up to its own largest difference), written with the panel, instead of "
+                                   "one scale shared by all", panel=FIGURE)
+
+    def check(self, diverging: bool = False) -> None:
+        """Option values that are wrong whatever the data (exit 2): an unknown colour map, a contradictory scale."""
+        if self.cmap is not None:
+            from attnviz.render.heatmap import check_cmap
+
+            check_cmap(self.cmap)
+        check_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel, diverging=diverging)
+
+    def scale(self) -> Any:
+        """The ``ColourScale`` of these options (imports the renderer: call when drawing)."""
+        return figure_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel)
+
+
+def check_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool = False,
+                diverging: bool = False) -> None:
+    """Figure options that contradict each other, whatever the data (exit 2, one line)."""
+    kind = (norm or "linear").partition(":")[0]
+    if diverging and vmin is not None:
+        raise UsageError(f"--vmin {vmin:g}: A - B is drawn on a scale symmetric around 0, from -V to V; "
+                         "give its V with --vmax.")
+    if diverging and vmax is not None and vmax <= 0:
+        raise UsageError(f"--vmax {vmax:g}: must be positive (A - B is drawn from -V to V).")
+    if per_panel and vmax is not None:
+        raise UsageError(f"--vmax {vmax:g} and --scale-per-panel: each panel is drawn up to its own maximum; "
+                         "give one of them.")
+    if vmin is not None and vmax is not None and vmin >= vmax:
+        raise UsageError(f"--vmin {vmin:g} --vmax {vmax:g}: --vmin must be below --vmax.")
+    if kind == "log" and vmax is not None and vmax <= 0:
+        raise UsageError(f"--norm log --vmax {vmax:g}: a log scale needs --vmax above 0.")
+    if kind == "log" and vmin is not None and vmin <= 0:
+        raise UsageError(f"--norm log --vmin {vmin:g}: a log scale needs --vmin above 0 (zeros are drawn in its "
+                         "bottom colour).")
+
+
+def figure_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool) -> Any:
+    """The ``ColourScale`` of the figure options (imports the renderer: call when drawing)."""
+    from attnviz.render.heatmap import ColourScale
+
+    return ColourScale.from_options(vmin, vmax, norm, per_panel)
+
+

@@ -1,0 +1,146 @@
+"""The summary tables of inspect, compare and rollout (rich renderables; the caller prints them): head
+statistics laid out for the terminal's width, the tokens that receive the most attention, and
+compare's measures and most different rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+from rich.text import Text
+
+from attnviz.errors import shape_str
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from attnviz.inspection.compare import CompareResult
+    from attnviz.render.table import Fitted
+
+#: the head statistics' columns; ``induction`` and ``duplicate`` only when the tokens are known (--labels)
+COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "distance": "dist", "diagonal": "diag",
+           "previous": "prev", "first": "first", "last": "last", "max": "max", "induction": "ind",
+           "duplicate": "dup"}
+#: head statistics left out, in this order, when the terminal is too narrow for all of them
+FIT_DROPS = ("last", "first", "prev", "diag", "dist", "dup", "ind", "pattern")
+
+
+def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
+                     precision: int = 2, padded: int = 0) -> Fitted:
+    """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
+    first); ``reverse`` turns the order round. Laid out for the width it is printed at: on a terminal
+    too narrow for every column, the columns of ``FIT_DROPS`` are left out in that order (the caption
+    names them), never a number cut short."""
+    import numpy as np
+
+    from attnviz.render.table import Fitted
+
+    layers, heads = stats["entropy"].shape
+    rows = [(li, hi) for li in range(layers) for hi in range(heads)]
+    if sort == "head":
+        rows.sort(key=lambda r: (r[1], r[0]))
+    elif sort != "layer":
+        def largest_first(r: tuple[int, int]) -> tuple[bool, float]:  # undefined (NaN) last
+            value = float(stats[sort][r])
+            return value != value, -value if value == value else 0.0
+
+        rows.sort(key=largest_first)  # stable: ties keep layer/head order
+    if reverse:
+        rows.reverse()
+    shown = rows[:top] if top else rows
+    caption = ("means over query rows (and batch entries): entropy H (nats) and H/ln n; dist: mean |i - j| weighted; "
+               "diag, prev (j = i - 1), first (j = 0), last: mean weight on that key; max: mean largest weight")
+    if "induction" in stats:
+        caption += ("; ind, dup: mean weight on the token after an earlier occurrence of the query's token "
+                    "(induction) and on the earlier occurrences (duplicate-token), over queries whose token "
+                    "occurred before")
+    else:
+        caption += "; induction and duplicate-token scores need the tokens (--labels)"
+    if padded:
+        caption += f"; {padded} padded query rows left out, first and last are the first and last real keys"
+    if len(shown) < len(rows):
+        caption += f"; showing {len(shown)} of {len(rows)} heads (--top)"
+    p = precision
+    cells = {"layer": [str(li) for li, _ in shown], "head": [str(hi) for _, hi in shown]}
+    for key, name in COLUMNS.items():
+        if key not in stats:
+            continue
+        column = np.asarray(stats[key])
+        cells[name] = [f"{float(column[li, hi]):.{p}f}" for li, hi in shown]
+    cells["pattern"] = [str(stats["tag"][li, hi]) for li, hi in shown]
+    widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
+
+    def build(width: int | None) -> Table:
+        from rich import box
+
+        names = list(cells)
+        dropped: list[str] = []
+        for name in FIT_DROPS:  # box SIMPLE_HEAD, no padding: one space between and around columns
+            if name not in names:
+                continue
+            if width is None or sum(widths[n] for n in names) + len(names) + 1 <= width:
+                break
+            names.remove(name)
+            dropped.append(name)
+        note = f"; left out to fit the terminal: {', '.join(dropped)}" if dropped else ""
+        table = Table(title=f"head statistics (by {sort}{', reversed' if reverse else ''})", caption=caption + note,
+                      caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for name in names:
+            table.add_column(name, justify="left" if name == "pattern" else "right", no_wrap=True,
+                             overflow="ellipsis", width=widths[name])
+        for r in range(len(shown)):
+            tag = cells["pattern"][r]
+            table.add_row(*[cells[n][r] for n in names if n != "pattern"],
+                          *([Text(tag, style="bold cyan" if tag else "")] if "pattern" in names else []))
+        return table
+
+    return Fitted(build)
+
+
+def received_table(summary: dict[str, Any], precision: int) -> Any:
+    """The top receivers as a small table (fits any terminal: four short columns)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from attnviz.text import label as visible_label
+
+    seen = "the queries that may attend to it" + (" (j <= i: causal weights)" if summary["causal"] else "")
+    table = Table(title="tokens that receive the most attention", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  caption=f"received: mean weight from {seen}, averaged over heads and layers; "
+                          "max: the largest over heads, at layer:head", caption_justify="left", min_width=72)
+    table.add_column("key", no_wrap=True, overflow="ellipsis", max_width=24)
+    table.add_column("received", justify="right", no_wrap=True)
+    table.add_column("max", justify="right", no_wrap=True)
+    table.add_column("at", justify="right", no_wrap=True)
+    for entry in summary["top"]:
+        token = entry["token"]
+        label = str(entry["position"]) if token is None else f"{entry['position']} {visible_label(token, 16)}"
+        table.add_row(Text(label), f"{entry['mean']:.{precision}f}", f"{entry['max']:.{precision}f}",
+                      f"{summary['layers'][entry['layer']]}:{entry['head']}")
+    return table
+
+
+def compare_tables(result: CompareResult, precision: int) -> list[Table]:
+    """compare's tables: the summary measures, and the most different rows."""
+    from attnviz.text import title as inert_title
+
+    run, c, p = result.run, result.comparison, precision
+    summary = Table(title=Text(inert_title(f"A = {run.a.source}, B = {run.b.source}, {shape_str(run.a.shape)} "
+                                           "[layers, batch, heads, Lq, Lk]")))
+    summary.add_column("measure")
+    summary.add_column("value", justify="right")
+    for name, value in (("max |A - B|", f"{c.max_abs:.{max(p, 3)}g}"),
+                        ("mean |A - B|", f"{c.mean_abs:.{max(p, 3)}g}"),
+                        ("mean Jensen-Shannon (nats, max ln 2)", f"{c.js_mean:.{max(p, 3)}g}"),
+                        ("max Jensen-Shannon", f"{c.js_max:.{max(p, 3)}g}"),
+                        ("rows with the same argmax", f"{100 * c.argmax_agree:.2f}%")):
+        summary.add_row(name, value)
+    rows = Table(title=f"the {len(c.worst_rows)} most different rows (by Jensen-Shannon divergence)")
+    for column in ("where", "JS", "max |A - B|", "argmax A", "argmax B"):
+        rows.add_column(column, justify="left" if column == "where" else "right")
+    for r in c.worst_rows:
+        rows.add_row(str(r["where"]), f"{r['js']:.{max(p, 3)}g}", f"{r['max_abs']:.{max(p, 3)}g}",
+                     str(r["argmax_a"]), str(r["argmax_b"]))
+    return [summary, rows]

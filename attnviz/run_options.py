@@ -1,0 +1,76 @@
+"""The options of a compute run, declared once (``attnviz.fields.option``): ``RunOptions`` (masks,
+labels, device and precision), ``ParamOptions`` (learned parameters) and ``CaptureOptions`` (captured
+Q/K/V: layouts, RoPE). The standard library only: the command line builds its options from these
+without importing NumPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS, ROPE_STYLES
+from attnviz.choices import DTYPES as DTYPE_NAMES
+from attnviz.fields import CAPTURED, LABELS, MASKS, PARAMS, RUN, option
+
+
+@dataclass
+class RunOptions:
+    """The options every compute command shares."""
+
+    mask: str | None = option(None, "mask broadcasting to [..., Lq, Lk] (any array file, FILE:KEY); a 1-D [Lk] mask "
+                              "applies to every query", panel=MASKS, metavar="FILE")
+    mask_convention: Literal[MASK_CONVENTIONS] = option(  # type: ignore[valid-type]
+        "keep", "keep: 1 = may attend (Keras, PyTorch SDPA); block: 1 = masked (TF tutorial)", panel=MASKS)
+    mask_kind: Literal[MASK_KINDS] = option(  # type: ignore[valid-type]
+        "bool", "bool: 0/1 mask; additive: float bias added to the scores (0 keeps, -inf masks)", panel=MASKS)
+    key_padding_mask: str | None = option(None, "[batch..., Lk] mask of real keys vs padding, aligned on the batch "
+                                          "dimensions", panel=MASKS, metavar="FILE")
+    causal: bool = option(False, "query i attends to keys j <= i only", panel=MASKS)
+    causal_align: Literal[CAUSAL_ALIGNS] = option(  # type: ignore[valid-type]
+        "top-left", "when Lq != Lk: top-left (j <= i; Keras, PyTorch) or bottom-right (j <= i + Lk - Lq; KV cache)",
+        panel=MASKS)
+    labels: str | None = option(None, "labels for both axes (self-attention): a text file (one a line), JSON list, "
+                                "or a,b,c", panel=LABELS, metavar="TOKENS")
+    q_labels: str | None = option(None, "labels of the queries (rows)", panel=LABELS, metavar="TOKENS")
+    k_labels: str | None = option(None, "labels of the keys (columns)", panel=LABELS, metavar="TOKENS")
+    device: Literal[DEVICES] = option(  # type: ignore[valid-type]
+        "auto", "auto: the GPU when TensorFlow sees one, else the CPU", panel=RUN)
+    dtype: Literal[DTYPE_NAMES] = option(  # type: ignore[valid-type]
+        "float32", "compute precision; float16/bfloat16 scores are upcast to float32 for the softmax", panel=RUN)
+    max_memory: str | None = option(None, "memory for the weights while computing, e.g. 512M or 2G (default 512M or "
+                                    "RAM/8); longer inputs run in blocks of query rows", panel=RUN, metavar="SIZE",
+                                    parse="size")
+
+
+@dataclass
+class ParamOptions:
+    """Where a variant's learned parameters come from (variants with ``learned=True`` only)."""
+
+    params: str | None = option(None, "the learned parameters: .npz, .safetensors, .h5 or .pt, one array per key "
+                                "([in, out] kernels, applied as x @ W)", panel=PARAMS, metavar="FILE")
+    seed: int | None = option(None, "draw the parameters (Glorot-uniform kernels, zero biases) from this seed; "
+                              "default 0 when --params is not given", panel=PARAMS, min=0, parse="seed")
+    save_params: str | None = option(None, "write the parameters used, to repeat the run exactly with --params",
+                                     panel=PARAMS, metavar="FILE.npz")
+
+
+@dataclass
+class CaptureOptions:
+    """The options of commands whose inputs are Q, K and V (see ``attnviz.captured``)."""
+
+    layout: str | None = option(None, "the axes of Q, K and V from batch, head, seq, d, e.g. batch,seq,head,d for "
+                                "the [B, L, H, d] that hooks capture; weights come out [batch, head, Lq, Lk]",
+                                panel=CAPTURED, metavar="AXES")
+    layout_kv: str | None = option(None, "the axes of K and V when they differ from Q's", panel=CAPTURED,
+                                   metavar="AXES")
+    rope: bool = option(False, "apply rotary position embeddings to Q and K before the scores (q/k captured before "
+                        "RoPE)", panel=CAPTURED)
+    rope_theta: float = option(10000.0, "RoPE base (Llama 10000; Llama 3 500000)", panel=CAPTURED, min=1)
+    rope_style: Literal[ROPE_STYLES] = option(  # type: ignore[valid-type]
+        "half", "half: Hugging Face Llama's rotate_half; interleaved: GPT-J / RoFormer pairs (2i, 2i+1)",
+        panel=CAPTURED)
+    rope_dim: int | None = option(None, "rotate the first N dimensions of each head only (partial rotary, "
+                                  "GPT-NeoX); default all", panel=CAPTURED, min=2, metavar="N")
+    positions: str | None = option(None, "position ids [L] or [B, L] for --rope (default 0..L-1); needed for left "
+                                   "padding", panel=CAPTURED, metavar="FILE")

@@ -1,0 +1,101 @@
+"""A run's output files, all or nothing (``StagedOutputs``): every output is written to a staged file
+next to its target and all are put in place together once every one is written; a failed run leaves
+no file behind and changes no file that was there before. Every command writes its files through here.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from attnviz.errors import AttnvizError, OutputError
+
+
+class StagedOutputs:
+    """A run's output files, all or nothing.
+
+    ``reserve`` creates, before anything is computed, an empty hidden file next to each target
+    (``.attn.png.x1y2.staged.png``): that proves the folder exists and takes new files. The run
+    writes each output to its staged file (``staged[option]``); ``commit`` renames them all into
+    place once every one is written. When the run fails, ``discard`` removes the staged files: a
+    failed run leaves no new file behind and changes no file that was there before. A target that
+    existed is replaced (atomically, by the rename) only when the whole run succeeded.
+    """
+
+    def __init__(self, targets: Mapping[str, Path]) -> None:
+        self.targets = dict(targets)
+        self.staged: dict[str, Path] = {}
+        self.committed: list[Path] = []
+
+    def reserve(self) -> None:
+        for option, path in self.targets.items():
+            if path.exists() and not path.is_file():  # a FIFO, a device: never replaced by a file
+                self.discard()
+                raise OutputError(f"{option} {path}: exists and is not a regular file; refusing to replace it.")
+            folder = path.parent if str(path.parent) else Path(".")
+            try:
+                fd, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name[:60]}.", suffix=f".staged{path.suffix}")
+            except OSError as exc:
+                self.discard()
+                raise OutputError(f"{option} {path}: cannot write into {folder} ({exc.strerror or exc}).") from None
+            os.close(fd)
+            self.staged[option] = Path(name)
+
+    def __contains__(self, option: object) -> bool:
+        return option in self.staged
+
+    def __getitem__(self, option: str) -> Path:
+        return self.staged[option]
+
+    def get(self, option: str) -> Path | None:
+        return self.staged.get(option)
+
+    def commit(self) -> None:
+        """Put every staged file in place. Should a rename fail, the files already put in place by
+        this commit are removed too (they replaced any older ones: those are gone)."""
+        for option, stage in list(self.staged.items()):
+            try:
+                os.replace(stage, self.targets[option])
+            except OSError as exc:
+                self.discard()
+                raise OutputError(f"{option} {self.targets[option]}: cannot write ({exc.strerror or exc}).") from None
+            self.committed.append(self.targets[option])
+            del self.staged[option]
+        self.committed.clear()
+
+    def discard(self) -> None:
+        """Remove the staged files (and what a failed commit already put in place)."""
+        for path in [*self.staged.values(), *self.committed]:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        self.staged.clear()
+        self.committed.clear()
+
+    def real_names(self, text: str) -> str:
+        """A message about a staged file, naming the target instead."""
+        for option, stage in self.staged.items():
+            text = text.replace(str(stage), str(self.targets[option]))
+        return text
+
+
+@contextmanager
+def staged_outputs(targets: Mapping[str, Path]) -> Iterator[StagedOutputs]:
+    """Reserve every target and run the body, which writes the staged files and calls ``commit``
+    to put them all in place. On any error the staged files are removed (and the error re-raised,
+    naming the targets); a body that ends without ``commit`` leaves nothing either."""
+    staged = StagedOutputs(targets)
+    try:
+        staged.reserve()
+        yield staged
+    except BaseException as exc:
+        if isinstance(exc, AttnvizError):
+            exc.message = staged.real_names(exc.message)
+            exc.args = (exc.message,)
+        raise
+    finally:
+        staged.discard()  # after a commit, nothing is left to discard

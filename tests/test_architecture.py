@@ -1,0 +1,118 @@
+"""The package's layering, read from the source (every import statement, at module level or inside a
+function, as the AST has it): no import cycle anywhere; typer only in ``attnviz.cli``; TensorFlow and
+Keras only in ``attnviz.variants`` and ``attnviz.device``; no library module imports the command line;
+compute never imports ``attnviz.render``. See ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "attnviz"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
+    """Every module ``name`` imports (absolute names, relative imports resolved), with the line. ``from
+    pkg import sub`` imports the submodule ``pkg.sub``; the package itself only for a name it defines."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((sub if sub in MODULES else base, node.lineno))
+    return found
+
+
+GRAPH = {name: {m for m, _ in imports_of(name, path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_sees_function_level_and_relative_imports():
+    assert "attnviz.cli.app" in GRAPH["attnviz.cli.console"]  # imported inside click_command
+    assert "attnviz.errors" in GRAPH["attnviz.masks"]
+
+
+def test_no_import_cycles():
+    assert cycles(GRAPH) == []
+
+
+def _offenders(rule: str) -> list[str]:
+    bad = []
+    for name, path in MODULES.items():
+        in_cli = name.startswith("attnviz.cli")
+        for module, line in imports_of(name, path):
+            top = module.split(".")[0]
+            where = f"{name} (line {line}) imports {module}"
+            if rule == "typer" and top == "typer" and not in_cli:
+                bad.append(where)
+            if rule == "tensorflow" and top in ("tensorflow", "keras") and not (
+                    name.startswith("attnviz.variants") or name == "attnviz.device"):
+                bad.append(where)
+            if rule == "cli" and module.startswith("attnviz.cli") and not in_cli and name != "attnviz.__main__":
+                bad.append(where)
+            if rule == "render" and module.startswith("attnviz.render") and not (
+                    in_cli or name.startswith("attnviz.render")):
+                bad.append(where)
+    return bad
+
+
+@pytest.mark.parametrize("rule", ["typer", "tensorflow", "cli", "render"])
+def test_layering(rule):
+    assert _offenders(rule) == []
