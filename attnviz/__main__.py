@@ -1,4 +1,4 @@
-"""`python -m attnviz`: the console script (through a warm worker when one listens, see attnviz.cli.client)."""
+"""`python -m attnviz`: the console script (through a warm worker when one listens, see attnviz.worker.client)."""
 
 from attnviz.cli import main
 

@@ -11,7 +11,7 @@ and Python's own flush at exit, go nowhere without a traceback or an "Exception 
 consoles printing to it stop rendering. The command finishes (its files are written) and exits with
 its own status: 0 when it succeeded. ``stdout()`` and ``stderr()`` hand out the process's streams
 so guarded, consoles (``MessageConsole.on_broken_pipe``) likewise; ``attnviz.cli.runner`` catches what
-else reaches the top (help, ``--version``) and ``attnviz.cli.client`` does the same for the output
+else reaches the top (help, ``--version``) and ``attnviz.worker.client`` does the same for the output
 of a warm worker.
 """
 
@@ -112,7 +112,7 @@ DEFAULT_WIDTH = 80
 
 def output_width(stream: IO[str] | None = None) -> int:
     """The width tables are laid out for: ``COLUMNS`` when it is a positive number; else the width of the
-    terminal standard output is (in a warm worker, the client's: ``attnviz.cli.serve`` answers
+    terminal standard output is (in a warm worker, the client's: ``attnviz.worker.server`` answers
     ``os.get_terminal_size`` for it); else 80, for a pipe or a file. (rich alone would take the width of
     whichever of stdin, stdout and stderr is a terminal: ``attnviz ... | less`` would get the terminal's.)"""
     columns = os.environ.get("COLUMNS", "").strip()

@@ -21,13 +21,22 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
     """Every module ``name`` imports (absolute names, relative imports resolved), with the line. ``from
     pkg import sub`` imports the submodule ``pkg.sub``; the package itself only for a name it defines."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _type_checking(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}
     found = []
     for node in ast.walk(tree):
+        if id(node) in typing_only:  # ``if TYPE_CHECKING:`` imports for annotations never run
+            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -84,9 +93,14 @@ def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_graph_sees_function_level_and_relative_imports():
+def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
     assert "attnviz.cli.app" in GRAPH["attnviz.cli.console"]  # imported inside click_command
     assert "attnviz.errors" in GRAPH["attnviz.masks"]
+    source = tmp_path / "probe.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import attnviz.pipeline\n"
+                      "def f():\n    from . import errors\n    from .render import table\n")
+    found = {m for m, _ in imports_of("attnviz.probe", source)}
+    assert found == {"typing", "attnviz.errors", "attnviz.render.table"}
 
 
 def test_no_import_cycles():

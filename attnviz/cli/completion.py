@@ -15,7 +15,7 @@ changes:
   completes them.
 * **Both spellings** of the request: Typer's scripts set ``_ATTNVIZ_COMPLETE=complete_bash`` (and
   ``source_bash``), Click's ``bash_complete`` (``bash_source``); both are understood.
-* **In this process.** A completion request never goes to a warm worker (``attnviz.cli.client``), and
+* **In this process.** A completion request never goes to a warm worker (``attnviz.worker.client``), and
   imports neither TensorFlow nor matplotlib (the command line builds without them).
 
 ``--show-completion`` and ``--install-completion`` take the shell's name, or find it out (shellingham,
