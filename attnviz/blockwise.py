@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.blocks import block_factors, reduce_blocks
 from attnviz.errors import OutputError
 from attnviz.masks import Mask
 from attnviz.stats import RowStats, fused_row_stats
@@ -99,8 +100,6 @@ class Streamed:
 def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Any,
         learned: Mapping[str, np.ndarray], weights_shape: tuple[int, ...], budget: int, reduce: str = "mean",
         save_weights: Path | None = None) -> tuple[Result, RowStats, Streamed]:
-    from attnviz.render.heatmap import block_factors, reduce_blocks
-
     lead, (lq, lk) = weights_shape[:-2], weights_shape[-2:]
     fr, fc = block_factors(lq, lk)
     step = rows_per_block(weights_shape, budget, fr)
@@ -193,7 +192,7 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
 
 
 class BlockGrids:
-    """``attnviz.render.heatmap.reduce_blocks`` of the first maps of a block of rows (the mean or max of
+    """``attnviz.blocks.reduce_blocks`` of the first maps of a block of rows (the mean or max of
     each ``fr x fc`` cell, masked cells left out, NaN where a cell has none), gathered tile by tile
     during the statistics' pass (``visit``), so the weights are read once: rows are folded into
     ``[cells, Lk]`` float32 accumulators as tiles go by, columns at the end (``fr`` times less data).

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from attnviz.blocks import _strided_reduce, reduce_blocks
 from attnviz.cli import app
 from attnviz.render.heatmap import (
     DPI,
-    _strided_reduce,
     model_grid_figure,
     mosaic_layout,
-    reduce_blocks,
     save_figure,
     slices_mosaic,
 )

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.blocks import MAX_SIDE, block_factors, block_reduce, reduce_panel
 from attnviz.io import shape_str, write_atomic
 from attnviz.render import text as inert
 from attnviz.render.table import slice_label
@@ -43,13 +44,11 @@ from attnviz.render.table import slice_label
 FORMATS = (".png", ".svg", ".pdf")
 MAX_TICKS = 40  # label at most this many positions per axis; thin the rest
 ANNOTATE_MAX = 16  # write values in cells when both sides are at most this
-MAX_SIDE = 512  # aggregate longer maps in blocks to at most this many cells a side
 DPI = 120  # pixels per inch of saved figures: a mosaic's cell is one pixel at this resolution
 MOSAIC_SIDE = 1600  # a mosaic picture is at most about this many pixels a side ...
 PANEL_MAX = 160  # ... each panel at most this many a side (small maps: cells of several pixels)
 PANEL_MIN = 12  # ... and at least this many (the picture grows beyond MOSAIC_SIDE instead)
 MOSAIC_PANELS = 5  # compute commands draw this many slices or more as one mosaic
-CHUNK = 2**22  # values aggregated at a time
 #: text properties of every string drawn: literal, never mathtext ($...$) or TeX
 PLAIN = {"parse_math": False, "usetex": False}
 TICK_WIDTH = inert.LABEL_WIDTH  # characters of a tick label
@@ -83,48 +82,6 @@ def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "
         title = " ".join(p for p in (name, slice_label(s, names) if lead else "") if p)
         panels.append(Panel(title, maps[s], full_keep[s] if full_keep is not None else None))
     return panels
-
-
-def block_factors(rows: int, cols: int, max_side: int = MAX_SIDE) -> tuple[int, int]:
-    """Block sizes that bring a ``rows x cols`` map to at most ``max_side`` cells a side."""
-    return max(1, math.ceil(rows / max_side)), max(1, math.ceil(cols / max_side))
-
-
-def block_reduce(data: np.ndarray, keep: np.ndarray | None, max_side: int,
-                 reduce: str = "mean") -> tuple[np.ndarray, tuple[int, int]]:
-    """``data`` aggregated in blocks so that neither side exceeds ``max_side``; masked cells (and
-    padding) are NaN and left out of each block's mean or max; an all-masked block stays NaN."""
-    fr, fc = block_factors(data.shape[0], data.shape[1], max_side)
-    return reduce_blocks(data, keep, fr, fc, reduce), (fr, fc)
-
-
-def reduce_blocks(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, reduce: str = "mean") -> np.ndarray:
-    """``data`` in blocks of ``fr x fc`` (the last ones may be partial), mean or max of each."""
-    rows, cols = data.shape
-    step = fr * max(1, CHUNK // max(1, fr * cols))  # whole blocks of rows, about CHUNK values at a time
-    if rows > step:  # a long (perhaps memory-mapped) map: never one float64 copy of all of it
-        from attnviz.io import release_pages
-
-        parts = []
-        for s in range(0, rows, step):
-            parts.append(reduce_blocks(data[s:s + step], None if keep is None else keep[s:s + step], fr, fc, reduce))
-            release_pages(data)
-        return np.concatenate(parts)
-    values = np.asarray(data, dtype=np.float64)
-    if keep is not None:
-        values = np.where(keep, values, np.nan)
-    if fr == 1 and fc == 1:
-        return values
-    padded = np.full((math.ceil(rows / fr) * fr, math.ceil(cols / fc) * fc), np.nan)
-    padded[:rows, :cols] = values
-    blocks = padded.reshape(padded.shape[0] // fr, fr, padded.shape[1] // fc, fc)
-    finite = ~np.isnan(blocks)
-    count = finite.sum(axis=(1, 3))
-    if reduce == "max":
-        out = np.where(finite, blocks, -np.inf).max(axis=(1, 3))
-    else:
-        out = np.where(finite, blocks, 0.0).sum(axis=(1, 3)) / np.maximum(count, 1)
-    return np.where(count > 0, out, np.nan)
 
 
 def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str, max_ticks: int = MAX_TICKS,
@@ -548,39 +505,6 @@ def mosaic_layout(rows: int, cols: int, shape: tuple[int, int], side: int = MOSA
     if panel_min > PANEL_MIN:  # wide enough for its caption, whatever the map's length
         scale = (scale[0], max(scale[1], math.ceil(panel_min / cells[1])))
     return MosaicLayout(rows, cols, cells, (fr, fc), scale, gap, caption)
-
-
-def _strided_reduce(values: np.ndarray, fr: int, fc: int, reduce: str) -> np.ndarray:
-    """``values [rows, cols]`` in blocks of ``fr x fc`` (the last ones may be partial), mean or max of
-    each, in float32: one strided pass per offset within a block, each over the whole map at once
-    (much faster than reducing the short axes of a reshaped array, and no float64 copy)."""
-    op = np.maximum if reduce == "max" else np.add
-    rows, cols = values.shape
-    out_r, out_c = math.ceil(rows / fr), math.ceil(cols / fc)
-    acc = np.array(values[:, 0::fc], dtype=np.float32)
-    for j in range(1, fc):
-        part = values[:, j::fc]
-        op(acc[:, :part.shape[1]], part, out=acc[:, :part.shape[1]])
-    out = np.array(acc[0::fr], dtype=np.float32)
-    for i in range(1, fr):
-        part = acc[i::fr]
-        op(out[:part.shape[0]], part, out=out[:part.shape[0]])
-    if reduce != "max" and fr * fc > 1:
-        count_r = np.full(out_r, fr, np.float32)
-        count_r[-1] = rows - fr * (out_r - 1)
-        count_c = np.full(out_c, fc, np.float32)
-        count_c[-1] = cols - fc * (out_c - 1)
-        out /= count_r[:, None]
-        out /= count_c[None, :]
-    return out
-
-
-def reduce_panel(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, reduce: str = "mean") -> np.ndarray:
-    """One map ``data [Lq, Lk]`` (perhaps memory-mapped) in blocks of ``fr x fc`` as float32, NaN where
-    every cell of a block is masked (``reduce_blocks`` then; nothing masked: the fast strided path)."""
-    if keep is None and data.dtype.kind == "f":
-        return _strided_reduce(np.asarray(data), fr, fc, reduce)
-    return reduce_blocks(data, keep, fr, fc, reduce).astype(np.float32)
 
 
 def lead_axis_names(n: int, names: Sequence[str] = ()) -> list[str]:

@@ -13,9 +13,10 @@ so that the file opens from disk, offline, with no server and no network request
 * a statistics table (inspect's head statistics, compare's per-head differences, a compute
   command's per-slice summary), sorted by a click on a column header.
 
-Long maps are aggregated in blocks with the functions the PNGs use (``heatmap.block_factors`` and
-``heatmap.reduce_panel``): the thumbnails as the ``--png`` grid lays out its panels (``heatmap.mosaic_layout``),
-the opened maps as ``--map-png`` (at most ``heatmap.MAX_SIDE`` cells a side), coarser when the whole
+Long maps are aggregated in blocks with the functions the PNGs use (``attnviz.blocks.block_factors``
+and ``attnviz.blocks.reduce_panel``): the thumbnails as the ``--png`` grid lays out its panels
+(``heatmap.mosaic_layout``), the opened maps as ``--map-png`` (at most ``attnviz.blocks.MAX_SIDE``
+cells a side), coarser when the whole
 report would hold more than ``MAX_VALUES`` numbers; the page says so wherever a map is aggregated.
 That bounds the file: 16 MB for the opened maps (float32, base64) plus the thumbnails, one colour
 index a cell (base64; the grid is at most about ``heatmap.MOSAIC_SIDE`` cells a side up to 123 x 123
@@ -46,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnviz import __version__
+from attnviz.blocks import MAX_SIDE, block_factors, reduce_panel
 from attnviz.render import text as inert
-from attnviz.render.heatmap import MAX_SIDE, block_factors, mosaic_layout, reduce_panel
+from attnviz.render.heatmap import mosaic_layout
 
 if TYPE_CHECKING:
     from attnviz.pipeline import Outcome
