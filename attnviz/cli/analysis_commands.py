@@ -114,7 +114,7 @@ def run_rollout(o: dict[str, Any]) -> bool:
     from attnviz.cli.inspect_commands import Selection, _labels, _save_json, read_masks
     from attnviz.errors import InputError, shape_str
     from attnviz.io import check_outputs
-    from attnviz.render.heatmap import check_cmap
+    from attnviz.render.scale import check_cmap
 
     check_png_path(o["png"])
     check_html_path(o["html"])
@@ -154,7 +154,8 @@ def run_rollout(o: dict[str, Any]) -> bool:
     with staged_outputs(targets) as staged:
         files: dict[str, str] = {}
         if "--png" in staged:
-            from attnviz.render.heatmap import heatmap_figure, save_figure, slices_mosaic
+            from attnviz.render.heatmap import heatmap_figure, save_figure
+            from attnviz.render.mosaic import slices_mosaic
 
             name = o["title"] or f"attention rollout of {w.source}"
             scale = figure_scale(o["vmin"], o["vmax"], o["norm"], False)

@@ -383,7 +383,8 @@ def png_figure(outcome: Outcome, out: OutputOptions) -> Any:
     import numpy as np
 
     from attnviz.cli.options import figure_scale
-    from attnviz.render.heatmap import MOSAIC_PANELS, Panel, heatmap_figure, slice_panels, slices_mosaic
+    from attnviz.render.heatmap import Panel, heatmap_figure, slice_panels
+    from attnviz.render.mosaic import MOSAIC_PANELS, slices_mosaic
     from attnviz.render.table import slice_label
 
     result, streamed, prep = outcome.result, outcome.streamed, outcome.prepared

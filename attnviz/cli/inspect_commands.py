@@ -403,7 +403,7 @@ def run_inspect(o: dict[str, Any]) -> bool:
     from attnviz.errors import InputError, shape_str
     from attnviz.io import check_outputs
     from attnviz.masks import causal_keep
-    from attnviz.render.heatmap import check_cmap
+    from attnviz.render.scale import check_cmap
 
     for option in ("png", "map_png", "stats_png", "received_png"):
         check_png_path(o[option], "--" + option.replace("_", "-"))
@@ -578,7 +578,8 @@ def _inspect_files(w: Weights, targets: StagedOutputs, stats: dict[str, np.ndarr
     if not targets:
         return written
     from attnviz.cli.options import figure_scale
-    from attnviz.render.heatmap import grid_getter, heatmap_figure, model_grid_figure, save_figure, stat_figure
+    from attnviz.render.heatmap import heatmap_figure, save_figure, stat_figure
+    from attnviz.render.mosaic import grid_getter, model_grid_figure
 
     name = o["title"] or f"attention weights of {w.source}"
     scale = figure_scale(o["vmin"], o["vmax"], o["norm"], o["scale_per_panel"])
@@ -645,7 +646,8 @@ def compare_figure(o: dict[str, Any], diff: np.ndarray, masks: tuple[np.ndarray 
     first, at most --max-panels of them, each captioned with its layer, head and max |A - B|; one map
     alone is drawn with its axes. One scale symmetric around 0 (``ColourScale``)."""
     from attnviz.cli.options import figure_scale
-    from attnviz.render.heatmap import grid_getter, heatmap_figure, rank_panels, ranked_grid_figure
+    from attnviz.render.heatmap import heatmap_figure
+    from attnviz.render.mosaic import grid_getter, rank_panels, ranked_grid_figure
 
     scale = figure_scale(None, o["vmax"], o["norm"], o["scale_per_panel"])
     keep, real = masks
@@ -717,7 +719,7 @@ def run_compare(o: dict[str, Any]) -> bool:
     from attnviz.cli.app import _stderr
     from attnviz.errors import InputError, ShapeError, shape_str
     from attnviz.io import StdinReader, check_outputs
-    from attnviz.render.heatmap import check_cmap
+    from attnviz.render.scale import check_cmap
 
     check_png_path(o["png"])
     check_html_path(o["html"])

@@ -192,7 +192,7 @@ class Positions:
 @dataclass(frozen=True)
 class NormSpec:
     """``--norm``: ``linear``, ``log`` or ``power:G`` (G a positive number, matplotlib's PowerNorm
-    gamma); returned as ``power:0.5`` for ``attnviz.render.heatmap.ColourScale``."""
+    gamma); returned as ``power:0.5`` for ``attnviz.render.scale.ColourScale``."""
 
     def __call__(self, value: Any) -> str:
         text = str(value).strip().lower()
@@ -273,7 +273,7 @@ def check_scale(vmin: float | None, vmax: float | None, norm: str | None, per_pa
 
 def figure_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool) -> Any:
     """The ``ColourScale`` of the figure options (imports the renderer: call when drawing)."""
-    from attnviz.render.heatmap import ColourScale
+    from attnviz.render.scale import ColourScale
 
     return ColourScale.from_options(vmin, vmax, norm, per_panel)
 
@@ -423,7 +423,7 @@ class OutputOptions:
         check_png_path(self.png)
         check_html_path(self.html)
         if self.cmap is not None:
-            from attnviz.render.heatmap import check_cmap
+            from attnviz.render.scale import check_cmap
 
             check_cmap(self.cmap)
         check_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel)

@@ -15,13 +15,12 @@ so that the file opens from disk, offline, with no server and no network request
 
 Long maps are aggregated in blocks with the functions the PNGs use (``attnviz.blocks.block_factors``
 and ``attnviz.blocks.reduce_panel``): the thumbnails as the ``--png`` grid lays out its panels
-(``heatmap.mosaic_layout``), the opened maps as ``--map-png`` (at most ``attnviz.blocks.MAX_SIDE``
-cells a side), coarser when the whole
-report would hold more than ``MAX_VALUES`` numbers; the page says so wherever a map is aggregated.
-That bounds the file: 16 MB for the opened maps (float32, base64) plus the thumbnails, one colour
-index a cell (base64; the grid is at most about ``heatmap.MOSAIC_SIDE`` cells a side up to 123 x 123
-maps, 3.4 MB), under 20 MB in all; a BERT-base dump (12 layers x 12 heads x 512 tokens) gives
-15.8 MB (README, "The HTML report").
+(``mosaic.mosaic_layout``), the opened maps as ``--map-png`` (at most ``attnviz.blocks.MAX_SIDE``
+cells a side), coarser when the whole report would hold more than ``MAX_VALUES`` numbers; the page
+says so wherever a map is aggregated. That bounds the file: 16 MB for the opened maps (float32,
+base64) plus the thumbnails, one colour index a cell (base64; the grid is at most about
+``mosaic.MOSAIC_SIDE`` cells a side up to 123 x 123 maps, 3.4 MB), under 20 MB in all; a BERT-base
+dump (12 layers x 12 heads x 512 tokens) gives 15.8 MB (README, "The HTML report").
 
 The data travels as JSON in a ``<script type="application/json">`` element, with ``<``, ``>`` and
 ``&`` written as ``\\u003c`` ... so that no label from a user's file can end the element; the script
@@ -49,7 +48,7 @@ import numpy as np
 from attnviz import __version__
 from attnviz.blocks import MAX_SIDE, block_factors, reduce_panel
 from attnviz.render import text as inert
-from attnviz.render.heatmap import mosaic_layout
+from attnviz.render.mosaic import mosaic_layout
 
 if TYPE_CHECKING:
     from attnviz.pipeline import Outcome
@@ -176,7 +175,7 @@ def grid_report(
     norm: str = "linear",
 ) -> str:
     """The HTML document of ``rows x cols`` maps of ``shape`` (``get(r, c)`` as for
-    ``heatmap.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
+    ``mosaic.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
     slot, ``count`` the maps that are not; maps already aggregated come with ``blocks`` and their
     ``full_shape``). The opened maps hold at most ``budget`` values in all. ``vmin``/``vmax`` fix the
     ends of the colour scale (``--vmin``/``--vmax``; ``vmax`` alone for diverging maps); the page's
@@ -316,7 +315,7 @@ def model_report(w: np.ndarray, *, title: str, subtitle: str = "", q_labels: Seq
                  layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                  vmin: float | None = None, vmax: float | None = None, norm: str = "linear") -> str:
     """The report of a model's ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped), read a layer
-    at a time, as ``heatmap.model_grid_figure``: ``keep`` broadcasts to ``w``, ``real_rows``
+    at a time, as ``mosaic.model_grid_figure``: ``keep`` broadcasts to ``w``, ``real_rows``
     (``[layers, heads, Lq]``) greys padded query rows; ``layers`` and ``heads`` choose the maps
     (``--layers``/``--heads``; all by default), ``selected`` is the (layer, head) opened first.
     ``stats`` has one row per layer and head of ``w``: those of the chosen maps are kept."""
@@ -395,10 +394,10 @@ def compute_report(outcome: Outcome, *, title: str | None = None, cmap: str | No
                    index: tuple[int, ...] = (), precision: int = 3, vmin: float | None = None,
                    vmax: float | None = None, norm: str = "linear") -> str:
     """The report of a compute command: its weights' batch x head slices (the last leading axis
-    across, the others down; one leading axis of more than 16 wraps, as ``heatmap.slices_mosaic``),
+    across, the others down; one leading axis of more than 16 wraps, as ``mosaic.slices_mosaic``),
     and the per-slice summary. A blockwise run's aggregated maps stand in for the weights."""
     from attnviz.errors import shape_str
-    from attnviz.render.heatmap import lead_axis_names
+    from attnviz.render.mosaic import lead_axis_names
     from attnviz.render.table import slice_label
 
     prep, result, streamed = outcome.prepared, outcome.result, outcome.streamed
