@@ -35,6 +35,7 @@ from attnviz.io import shape_str, write_atomic
 from attnviz.render import text as inert
 from attnviz.render.scale import (
     ColourScale,
+    Scaling,
     ValueRange,
     _colormap,
     _unit_norm,
@@ -151,6 +152,23 @@ def _new_figure(width: float, height: float) -> Any:
     return fig
 
 
+@dataclass
+class _PanelLook:
+    """What every panel of a ``heatmap_figure`` shares: the colour scale (``shared``, or each panel's
+    own with ``scale.per_panel``), the colour map, the figure's axes labels, and a panel's size in
+    inches."""
+
+    scale: ColourScale
+    shared: Scaling
+    colormap: Any
+    diverging: bool
+    q_labels: Sequence[str] | None
+    k_labels: Sequence[str] | None
+    xlabel: str
+    ylabel: str
+    size: tuple[float, float] = (0.0, 0.0)
+
+
 def heatmap_figure(
     maps: np.ndarray | list[Panel],
     *,
@@ -184,75 +202,103 @@ def heatmap_figure(
     values = ValueRange()
     for data, _ in reduced:
         values.add(data, diverging)
-    shared = make_scaling(scale, values, diverging)
     colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
-
-    lq = max(min((p.full_shape or p.data.shape)[0], max_side) for p in panels)
-    lk = max(min((p.full_shape or p.data.shape)[1], max_side) for p in panels)
-    ncols = math.ceil(math.sqrt(len(panels)))
-    nrows = math.ceil(len(panels) / ncols)
-    # panels shrink so that the figure stays within FIG_MAX inches (a 16-head run drew 41 inches)
-    panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6), (FIG_MAX - 1.4) / ncols)
-    panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2), (FIG_MAX - 1.2) / nrows)
-    fig = _new_figure(panel_w * ncols + 1.4, panel_h * nrows + 1.2)
+    look = _PanelLook(scale, make_scaling(scale, values, diverging), colormap, diverging, q_labels, k_labels,
+                      xlabel, ylabel)
+    fig, (nrows, ncols), look.size = _panels_figure(panels, max_side)
     renderer = fig.canvas.get_renderer()
     image = None
     axes = []
     notes = []
-    any_masked = False
     for n, (panel, (data, (fr, fc))) in enumerate(zip(panels, reduced)):
         ax = fig.add_subplot(nrows, ncols, n + 1)
         axes.append(ax)
-        rows, cols = panel.full_shape or panel.data.shape
-        masked = np.isnan(data)
-        any_masked = any_masked or bool(masked.any())
-        if scale.per_panel:
-            drawn, top = own_scale(data, scale, diverging)
-            norm: Any = _unit_norm()
-        else:
-            drawn, top, norm = shared.clip(data), 0.0, shared.norm
-        image = ax.imshow(np.ma.masked_invalid(drawn), cmap=colormap, norm=norm, aspect="auto",
-                          interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
-        # at most one tick label per 14 pixels of the panel (8-point labels never overprint)
-        _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else k_labels, "x",
-               max(2, min(MAX_TICKS, int(panel_w * DPI * 0.7) // 14)))
-        _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else q_labels, "y",
-               max(2, min(MAX_TICKS, int(panel_h * DPI * 0.6) // 14)))
-        ax.set_xlabel(inert.label(panel.xlabel if panel.xlabel is not None else xlabel, PANEL_TITLE_WIDTH), **PLAIN)
-        ax.set_ylabel(inert.label(panel.ylabel if panel.ylabel is not None else ylabel, PANEL_TITLE_WIDTH), **PLAIN)
+        image = _draw_panel(ax, panel, data, (fr, fc), look, renderer)
         blocks = f"blocks of {fr}x{fc}, {reduce}" if (fr, fc) != (1, 1) else ""
-        if blocks and blocks not in notes:
+        if blocks and blocks not in notes:  # the block size is in the figure's title
             notes.append(blocks)
-        own = f"max {number(top)}" if scale.per_panel else ""
-        heading = " ".join(t for t in (inert.title(panel.title, PANEL_TITLE_WIDTH) if panel.title else "",
-                                       f"({own})" if own and panel.title else own) if t)
-        if heading:  # the block size is in the figure's title
-            wrap_text(ax.set_title(heading, fontsize=9, **PLAIN), panel_w * DPI * 0.8, renderer)
-        if (fr, fc) == (1, 1) and rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
-            positions = np.ma.filled(norm(np.ma.masked_invalid(drawn)), np.nan)
-            for i in range(rows):
-                for j in range(cols):
-                    if masked[i, j]:
-                        continue
-                    position = float(positions[i, j])
-                    light = abs(position - 0.5) < 0.3 if diverging else position > 0.6
-                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                            color="black" if light else "white", **PLAIN)
     if image is not None:
-        bar = fig.colorbar(image, ax=axes, shrink=0.9, extend="neither" if scale.per_panel else shared.extend)
-        bar.set_label(inert.label(scale_label(colorbar_label, scale, diverging), PANEL_TITLE_WIDTH), **PLAIN)
-        if scale.per_panel:
-            per_panel_ticks(bar, scale, diverging)
+        _panels_colour_bar(fig, image, axes, look, colorbar_label)
     if total > len(panels):
         notes.append(f"showing {len(panels)} of {total} panels")
-    if shared.note and not scale.per_panel:
-        notes.append(shared.note)
-    if any_masked:
+    if look.shared.note and not scale.per_panel:
+        notes.append(look.shared.note)
+    if any(bool(np.isnan(data).any()) for data, _ in reduced):
         notes.append("grey: masked")
     note = f" ({'; '.join(notes)})" if notes else ""
     heading = fig.suptitle(f"{inert.title(title)}{shape_note}{note}", fontsize=11, **PLAIN)
     wrap_text(heading, fig.get_figwidth() * DPI - 24, renderer)
     return fig
+
+
+def _panels_figure(panels: Sequence[Panel], max_side: int) -> tuple[Any, tuple[int, int], tuple[float, float]]:
+    """The figure of ``heatmap_figure``, its grid of panels (rows, columns: about as many of each) and a
+    panel's size in inches (width, height): large enough for the longest map's cells (up to
+    ``max_side``), shrunk so that the figure stays within ``FIG_MAX`` inches (a 16-head run drew 41)."""
+    lq = max(min((p.full_shape or p.data.shape)[0], max_side) for p in panels)
+    lk = max(min((p.full_shape or p.data.shape)[1], max_side) for p in panels)
+    ncols = math.ceil(math.sqrt(len(panels)))
+    nrows = math.ceil(len(panels) / ncols)
+    panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6), (FIG_MAX - 1.4) / ncols)
+    panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2), (FIG_MAX - 1.2) / nrows)
+    fig = _new_figure(panel_w * ncols + 1.4, panel_h * nrows + 1.2)
+    return fig, (nrows, ncols), (panel_w, panel_h)
+
+
+def _draw_panel(ax: Any, panel: Panel, data: np.ndarray, blocks: tuple[int, int], look: _PanelLook,
+                renderer: Any) -> Any:
+    """One panel of ``heatmap_figure`` on ``ax``: ``data`` (``panel``'s map, aggregated in ``blocks``)
+    on the shared scale or its own, its ticks, axes labels and title, and the values in the cells
+    when the map is small. Returns the image."""
+    panel_w, panel_h = look.size
+    rows, cols = panel.full_shape or panel.data.shape
+    if look.scale.per_panel:
+        drawn, top = own_scale(data, look.scale, look.diverging)
+        norm: Any = _unit_norm()
+    else:
+        drawn, top, norm = look.shared.clip(data), 0.0, look.shared.norm
+    image = ax.imshow(np.ma.masked_invalid(drawn), cmap=look.colormap, norm=norm, aspect="auto",
+                      interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
+    # at most one tick label per 14 pixels of the panel (8-point labels never overprint)
+    _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else look.k_labels, "x",
+           max(2, min(MAX_TICKS, int(panel_w * DPI * 0.7) // 14)))
+    _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else look.q_labels, "y",
+           max(2, min(MAX_TICKS, int(panel_h * DPI * 0.6) // 14)))
+    ax.set_xlabel(inert.label(panel.xlabel if panel.xlabel is not None else look.xlabel, PANEL_TITLE_WIDTH), **PLAIN)
+    ax.set_ylabel(inert.label(panel.ylabel if panel.ylabel is not None else look.ylabel, PANEL_TITLE_WIDTH), **PLAIN)
+    own = f"max {number(top)}" if look.scale.per_panel else ""
+    heading = " ".join(t for t in (inert.title(panel.title, PANEL_TITLE_WIDTH) if panel.title else "",
+                                   f"({own})" if own and panel.title else own) if t)
+    if heading:
+        wrap_text(ax.set_title(heading, fontsize=9, **PLAIN), panel_w * DPI * 0.8, renderer)
+    if blocks == (1, 1) and rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
+        positions = np.ma.filled(norm(np.ma.masked_invalid(drawn)), np.nan)
+        _write_values(ax, data, positions, (rows, cols), look.diverging)
+    return image
+
+
+def _write_values(ax: Any, data: np.ndarray, positions: np.ndarray, shape: tuple[int, int], diverging: bool) -> None:
+    """The value of each unmasked cell of a small map written in it: black on the light colours of the
+    scale (``positions`` 0..1 on it), white on the dark ones."""
+    masked = np.isnan(data)
+    for i in range(shape[0]):
+        for j in range(shape[1]):
+            if masked[i, j]:
+                continue
+            position = float(positions[i, j])
+            light = abs(position - 0.5) < 0.3 if diverging else position > 0.6
+            ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="black" if light else "white", **PLAIN)
+
+
+def _panels_colour_bar(fig: Any, image: Any, axes: Sequence[Any], look: _PanelLook, label: str) -> None:
+    """The one colour bar of ``heatmap_figure``'s panels, labelled with what the values are and the
+    scale; with ``scale.per_panel`` its ends are each panel's own."""
+    scale = look.scale
+    bar = fig.colorbar(image, ax=axes, shrink=0.9, extend="neither" if scale.per_panel else look.shared.extend)
+    bar.set_label(inert.label(scale_label(label, scale, look.diverging), PANEL_TITLE_WIDTH), **PLAIN)
+    if scale.per_panel:
+        per_panel_ticks(bar, scale, look.diverging)
 
 
 def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None = None,
