@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from attnviz.blocks import _strided_reduce, reduce_blocks
 from attnviz.cli import app
+from attnviz.render.canvas import mosaic_layout
 from attnviz.render.heatmap import DPI, save_figure
-from attnviz.render.mosaic import model_grid_figure, mosaic_layout, slices_mosaic
+from attnviz.render.mosaic import model_grid_figure, slices_mosaic
 from tests.conftest import ROOT
 
 runner = CliRunner()

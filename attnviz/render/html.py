@@ -15,11 +15,11 @@ so that the file opens from disk, offline, with no server and no network request
 
 Long maps are aggregated in blocks with the functions the PNGs use (``attnviz.blocks.block_factors``
 and ``attnviz.blocks.reduce_panel``): the thumbnails as the ``--png`` grid lays out its panels
-(``mosaic.mosaic_layout``), the opened maps as ``--map-png`` (at most ``attnviz.blocks.MAX_SIDE``
+(``canvas.mosaic_layout``), the opened maps as ``--map-png`` (at most ``attnviz.blocks.MAX_SIDE``
 cells a side), coarser when the whole report would hold more than ``MAX_VALUES`` numbers; the page
 says so wherever a map is aggregated. That bounds the file: 16 MB for the opened maps (float32,
 base64) plus the thumbnails, one colour index a cell (base64; the grid is at most about
-``mosaic.MOSAIC_SIDE`` cells a side up to 123 x 123 maps, 3.4 MB), under 20 MB in all; a BERT-base
+``canvas.MOSAIC_SIDE`` cells a side up to 123 x 123 maps, 3.4 MB), under 20 MB in all; a BERT-base
 dump (12 layers x 12 heads x 512 tokens) gives 15.8 MB (README, "The HTML report").
 
 The data travels as JSON in a ``<script type="application/json">`` element, with ``<``, ``>`` and
@@ -48,7 +48,7 @@ import numpy as np
 from attnviz import __version__
 from attnviz.blocks import MAX_SIDE, block_factors, reduce_panel
 from attnviz.render import text as inert
-from attnviz.render.mosaic import mosaic_layout
+from attnviz.render.canvas import mosaic_layout
 
 if TYPE_CHECKING:
     from attnviz.pipeline import Outcome

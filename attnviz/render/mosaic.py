@@ -6,10 +6,10 @@ differences, and of the batch x head slices of a compute command.
 separators, coloured with one shared scale (``attnviz.render.scale``; never each panel's own
 maximum, unless asked) and drawn with a single ``imshow`` on one axes, with the rows and columns
 named by tick labels and one colour bar. The picture is built a row of panels at a time from the
-(perhaps memory-mapped) input, so its memory is one row's maps plus the picture, and it is laid out
+(perhaps memory-mapped) input, so its memory is one row's maps plus the picture. It is laid out
 pixel for pixel (one cell of the picture is one pixel of the saved PNG at ``heatmap.DPI``, no
-resampling; ``mosaic_layout``), with margins measured from the text so that nothing is clipped
-(``_mosaic_canvas``).
+resampling) and put in its figure, margins measured from the text so that nothing is clipped, by
+``attnviz.render.canvas`` (``mosaic_layout``, ``mosaic_canvas``).
 
 The mosaics the commands draw: ``model_grid_figure`` for ``[layers, heads, Lq, Lk]`` (or one map
 per layer, its heads reduced: ``reduce_heads_map``), ``ranked_grid_figure`` for the panels
@@ -21,81 +21,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from attnviz.blocks import block_factors, reduce_panel
+from attnviz.blocks import reduce_panel
 from attnviz.render import text as inert
-from attnviz.render.heatmap import DPI, PANEL_TITLE_WIDTH, PLAIN, quiet_matplotlib
+from attnviz.render.canvas import CAPTION_FONT, MOSAIC_SIDE, PANEL_MIN, MosaicLayout, mosaic_canvas, mosaic_layout
+from attnviz.render.heatmap import DPI
 from attnviz.render.scale import (
     ColourScale,
     Scaling,
     ValueRange,
     _colormap,
+    _unit_norm,
     make_scaling,
     number,
     own_scale,
-    per_panel_ticks,
     scale_label,
 )
 
-MOSAIC_SIDE = 1600  # a mosaic picture is at most about this many pixels a side ...
-PANEL_MAX = 160  # ... each panel at most this many a side (small maps: cells of several pixels)
-PANEL_MIN = 12  # ... and at least this many (the picture grows beyond MOSAIC_SIDE instead)
 MOSAIC_PANELS = 5  # compute commands draw this many slices or more as one mosaic
-
-
-@dataclass(frozen=True)
-class MosaicLayout:
-    """Where the panels of a ``rows x cols`` mosaic go, in pixels of the picture: each map aggregated
-    in ``blocks`` to ``cells``, each cell drawn as ``scale`` pixels, ``gap`` pixels between panels,
-    and ``caption`` pixels under each row of panels for a line of text per panel (0: none)."""
-
-    rows: int
-    cols: int
-    cells: tuple[int, int]
-    blocks: tuple[int, int]
-    scale: tuple[int, int]
-    gap: int
-    caption: int = 0
-
-    @property
-    def panel(self) -> tuple[int, int]:
-        """A panel's height and width in pixels."""
-        return self.cells[0] * self.scale[0], self.cells[1] * self.scale[1]
-
-    @property
-    def size(self) -> tuple[int, int]:
-        """The picture's height and width in pixels."""
-        ph, pw = self.panel
-        return (self.rows * (ph + self.caption) + (self.rows - 1) * self.gap,
-                self.cols * pw + (self.cols - 1) * self.gap)
-
-    def origin(self, r: int, c: int) -> tuple[int, int]:
-        """The top-left pixel (row, column) of panel ``(r, c)``."""
-        ph, pw = self.panel
-        return r * (ph + self.caption + self.gap), c * (pw + self.gap)
-
-
-def mosaic_layout(rows: int, cols: int, shape: tuple[int, int], side: int = MOSAIC_SIDE, caption: int = 0,
-                  panel_min: int = PANEL_MIN) -> MosaicLayout:
-    """The layout of ``rows x cols`` maps of ``shape`` in a picture of about ``side`` pixels a side:
-    panels of at most ``PANEL_MAX`` (at least ``panel_min``) pixels, long maps aggregated in blocks,
-    short ones drawn with cells of several pixels; ``caption`` pixels under each panel for its label."""
-    def target(gap: int) -> int:
-        fit = min((side - (cols - 1) * gap) // cols, (side - (rows - 1) * gap) // rows - caption)
-        return max(panel_min, min(max(PANEL_MAX, panel_min), fit))
-
-    gap = 2 if target(2) >= 32 else 1
-    side_px = target(gap)
-    fr, fc = block_factors(shape[0], shape[1], side_px)
-    cells = (math.ceil(shape[0] / fr), math.ceil(shape[1] / fc))
-    scale = (max(1, side_px // cells[0]), max(1, side_px // cells[1]))
-    if panel_min > PANEL_MIN:  # wide enough for its caption, whatever the map's length
-        scale = (scale[0], max(scale[1], math.ceil(panel_min / cells[1])))
-    return MosaicLayout(rows, cols, cells, (fr, fc), scale, gap, caption)
 
 
 def lead_axis_names(n: int, names: Sequence[str] = ()) -> list[str]:
@@ -108,9 +54,6 @@ def lead_axis_names(n: int, names: Sequence[str] = ()) -> list[str]:
 
 
 MapGetter = Callable[[int, int], "tuple[np.ndarray, np.ndarray | None] | None"]
-
-
-CAPTION_FONT = 7  # points: the line of text under each panel (its layer and head, or its own maximum)
 
 
 def mosaic_figure(
@@ -146,20 +89,51 @@ def mosaic_figure(
     is written under it. ``captions`` (row-major, one per panel) are written under the panels too."""
     scale = scale or ColourScale()
     texts = [list(captions[r * cols:(r + 1) * cols]) if captions else [""] * cols for r in range(rows)]
+    layout = _captioned_layout(rows, cols, shape, side, texts, scale.per_panel)
+    picture, values, masked = _fill_picture(get, layout, reduce, scale, diverging, texts, after_row)
+    scaling = _scale_picture(picture, layout, scale, values, diverging)
+    from matplotlib.cm import ScalarMappable
+
+    colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
+    # white between panels; dark grey where white is a colour of the scale (diverging maps' zero)
+    picture_map = colormap.with_extremes(over="#595959" if diverging else "white", under="white")
+    note = _mosaic_note(layout, blocks, reduce, scale, scaling, masked)
+    heading = f"{inert.title(title, 600)}{note}"  # the callers shorten the user's part of it (to 200)
+    return mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
+                         scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
+                         picture_map=picture_map, extend=scaling.extend, captions=texts,
+                         per_panel=(scale, diverging) if scale.per_panel else None)
+
+
+def _captioned_layout(rows: int, cols: int, shape: tuple[int, int], side: int, texts: Sequence[Sequence[str]],
+                      per_panel: bool) -> MosaicLayout:
+    """The layout of a mosaic with ``texts`` under its panels (row-major; and each panel's maximum
+    with ``per_panel``): a strip of a line and a half under each row of panels, and panels wide
+    enough for the longest caption. No strip when there is nothing to write."""
     longest = max((len(t) for row in texts for t in row), default=0)
-    longest += len(" max -0.00e-00") if scale.per_panel else 0
+    longest += len(" max -0.00e-00") if per_panel else 0
     line = CAPTION_FONT * DPI / 72
     caption = math.ceil(1.5 * line) if longest else 0
-    layout = mosaic_layout(rows, cols, shape, side, caption=caption,
-                           panel_min=max(PANEL_MIN, math.ceil(0.6 * line * longest) + 4) if longest else PANEL_MIN)
+    return mosaic_layout(rows, cols, shape, side, caption=caption,
+                         panel_min=max(PANEL_MIN, math.ceil(0.6 * line * longest) + 4) if longest else PANEL_MIN)
+
+
+def _fill_picture(get: MapGetter, layout: MosaicLayout, reduce: str, scale: ColourScale, diverging: bool,
+                  texts: list[list[str]],
+                  after_row: Callable[[int], None] | None) -> tuple[np.ndarray, ValueRange, bool]:
+    """The picture of a mosaic (float32), a row of panels at a time: each map from ``get`` aggregated in
+    the layout's blocks, its cells repeated to the layout's pixels, in its place; separators and
+    empty slots infinite for now. With ``scale.per_panel`` each panel holds its positions 0..1 on its
+    own scale, and its maximum joins its caption in ``texts``. Returns the picture, the values shown
+    (for the shared scale) and whether a cell is masked (NaN)."""
     height, width = layout.size
     ph, pw = layout.panel
     sq, sk = layout.scale
     picture = np.full((height, width), np.inf, np.float32)  # separators and empty slots, for now
     masked = False
     values = ValueRange()
-    for r in range(rows):
-        for c in range(cols):
+    for r in range(layout.rows):
+        for c in range(layout.cols):
             got = get(r, c)
             if got is None:
                 continue
@@ -177,10 +151,16 @@ def mosaic_figure(
             picture[y:y + ph, x:x + pw] = cells
         if after_row is not None:
             after_row(r)
-    if scale.per_panel:
-        from matplotlib.colors import Normalize
+    return picture, values, masked
 
-        scaling = Scaling(Normalize(0.0, 1.0), 0.0, 1.0, "neither")
+
+def _scale_picture(picture: np.ndarray, layout: MosaicLayout, scale: ColourScale, values: ValueRange,
+                   diverging: bool) -> Scaling:
+    """The colour scale of a mosaic (for ``values``; 0..1 with ``scale.per_panel``), and the picture
+    made ready for it, in place: values beyond the scale clipped to its ends, separators and empty
+    slots above it, the caption strips below it."""
+    if scale.per_panel:
+        scaling = Scaling(_unit_norm(), 0.0, 1.0, "neither")
     else:
         scaling = make_scaling(scale, values, diverging)
         # values beyond the scale take its end colours (a log scale's zeros too), never the colour of
@@ -191,15 +171,16 @@ def mosaic_figure(
     span = scaling.high - scaling.low
     np.copyto(picture, np.float32(scaling.high + span + 1.0), where=np.isinf(picture))
     if layout.caption:  # the strips under the panels, for their captions: the "under" colour, white
-        for r in range(rows):
-            y = layout.origin(r, 0)[0] + ph
+        for r in range(layout.rows):
+            y = layout.origin(r, 0)[0] + layout.panel[0]
             picture[y:y + layout.caption] = np.float32(scaling.low - span - 1.0)
-    from matplotlib.cm import ScalarMappable
+    return scaling
 
-    colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
-    # white between panels; dark grey where white is a colour of the scale (diverging maps' zero)
-    picture_map = colormap.with_extremes(over="#595959" if diverging else "white", under="white")
 
+def _mosaic_note(layout: MosaicLayout, blocks: tuple[int, int], reduce: str, scale: ColourScale, scaling: Scaling,
+                 masked: bool) -> str:
+    """What a mosaic's heading adds in brackets: the blocks its maps are drawn in (a blockwise run's
+    ``blocks`` times the layout's), the scale, the grey of masked cells; ``""`` when nothing."""
     total = (blocks[0] * layout.blocks[0], blocks[1] * layout.blocks[1])
     notes = [f"blocks of {total[0]}x{total[1]}, {reduce}"] if total != (1, 1) else []
     if scale.per_panel:
@@ -208,129 +189,7 @@ def mosaic_figure(
         notes.append(scaling.note)
     if masked:
         notes.append("grey: masked")
-    note = f" ({'; '.join(notes)})" if notes else ""
-    heading = f"{inert.title(title, 600)}{note}"  # the callers shorten the user's part of it (to 200)
-    return _mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
-                          scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
-                          picture_map=picture_map, extend=scaling.extend, captions=texts,
-                          per_panel=(scale, diverging) if scale.per_panel else None)
-
-
-TICK_FONT, AXIS_FONT, TITLE_FONT = 9, 10, 12  # points
-PAD = 12  # pixels around the figure's content
-
-
-def _thin(n: int, pitch: int, needed: float) -> int:
-    """Label every ``step``-th of ``n`` positions ``pitch`` pixels apart, so that labels ``needed``
-    pixels wide (or tall) never touch."""
-    return max(1, math.ceil(needed / max(pitch, 1))) if n > 1 else 1
-
-
-def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappable: Any, colorbar_label: str,
-                   row_labels: Sequence[str], col_labels: Sequence[str], row_name: str, col_name: str, *,
-                   picture_map: Any = None, extend: str = "neither", captions: Sequence[Sequence[str]] = (),
-                   per_panel: tuple[ColourScale, bool] | None = None) -> Any:
-    """The figure around a mosaic picture: one axes exactly the picture's size in pixels (at ``DPI``),
-    row labels on the left, column labels on top, a colour bar on the right (``mappable``; the picture
-    is drawn with ``picture_map``, whose "over" colour is the separators'), the heading above,
-    wrapped to the figure's width, and each panel's caption under it; margins measured from the text,
-    so nothing is clipped."""
-    import textwrap
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    quiet_matplotlib()
-    height, width = picture.shape
-    ph, pw = layout.panel
-    bar_h = max(160, min(height, 900))
-    bar_gap, bar_w = 16, 18
-    spare = 100  # a provisional canvas: text sizes and extents (measured beyond its edges too) do not depend on it
-    fig: Any = Figure(figsize=((width + 2 * spare) / DPI, (height + 2 * spare) / DPI), dpi=DPI)
-    FigureCanvasAgg(fig)
-    ax = fig.add_axes((0, 0, 1, 1))
-    # one image, exactly its size in pixels: "nearest" at the same size copies each cell to one pixel
-    ax.imshow(picture, cmap=picture_map or mappable.cmap, norm=mappable.norm, interpolation="nearest",
-              interpolation_stage="data", aspect="auto")
-    ax.set_xlim(-0.5, width - 0.5)
-    ax.set_ylim(height - 0.5, -0.5)
-    ax.spines[:].set_visible(False)  # a frame would be drawn over the outermost cells
-    row_text = [inert.label(t, PANEL_TITLE_WIDTH) for t in row_labels]
-    col_text = [inert.label(t, PANEL_TITLE_WIDTH) for t in col_labels]
-    line = TICK_FONT * DPI / 72  # pixels of a line of tick labels
-    row_step = _thin(layout.rows, ph + layout.gap, 1.3 * line)
-    widest = max((len(t) for t in col_text), default=1)
-    col_step = _thin(layout.cols, pw + layout.gap, 0.65 * line * widest + 0.8 * line)
-    rows_shown = range(0, layout.rows, row_step)
-    cols_shown = range(0, layout.cols, col_step)
-    ax.set_yticks([layout.origin(r, 0)[0] + (ph - 1) / 2 for r in rows_shown])
-    ax.set_yticklabels([row_text[r] for r in rows_shown], fontsize=TICK_FONT, **PLAIN)
-    ax.xaxis.tick_top()
-    ax.xaxis.set_label_position("top")
-    ax.set_xticks([layout.origin(0, c)[1] + (pw - 1) / 2 for c in cols_shown])
-    ax.set_xticklabels([col_text[c] for c in cols_shown], fontsize=TICK_FONT, **PLAIN)
-    ax.tick_params(length=0, pad=3)  # labels alone: a tick mark would spill into the outermost cells
-    thinned = " (every %d)"
-    ax.set_ylabel(inert.label(row_name, PANEL_TITLE_WIDTH) + (thinned % row_step if row_step > 1 else ""),
-                  fontsize=AXIS_FONT, **PLAIN)
-    ax.set_xlabel(inert.label(col_name, PANEL_TITLE_WIDTH) + (thinned % col_step if col_step > 1 else ""),
-                  fontsize=AXIS_FONT, **PLAIN)
-    cax = fig.add_axes((0, 0, 0.1, 0.1))
-    bar = fig.colorbar(mappable, cax=cax, extend=extend)
-    bar.set_label(inert.label(colorbar_label, PANEL_TITLE_WIDTH), fontsize=AXIS_FONT, **PLAIN)
-    if per_panel is not None:
-        per_panel_ticks(bar, *per_panel)
-    cax.tick_params(labelsize=TICK_FONT)
-    renderer = fig.canvas.get_renderer()
-    for r, row in enumerate(captions):  # under each panel, within the picture's own pixels
-        for c, words in enumerate(row):
-            if not words:
-                continue
-            y, x = layout.origin(r, c)
-            text = ax.text(x + (pw - 1) / 2, y + ph + layout.caption / 2 - 0.5, inert.label(words, PANEL_TITLE_WIDTH),
-                           ha="center", va="center", fontsize=CAPTION_FONT, **PLAIN)
-            while text.get_window_extent(renderer).width > pw and text.get_fontsize() > 4:
-                text.set_fontsize(text.get_fontsize() - 0.5)
-
-    fig_w, fig_h = width + 2 * spare, height + 2 * spare
-
-    def place(axes: Any, x: float, y: float, w: float, h: float) -> None:  # pixels, from the bottom left
-        axes.set_position((x / fig_w, y / fig_h, w / fig_w, h / fig_h))
-
-    bar_y = (height - bar_h) / 2
-    place(ax, spare, spare, width, height)
-    place(cax, spare + width + bar_gap, spare + bar_y, bar_w, bar_h)
-    boxes = [a.get_tightbbox(renderer) for a in (ax, cax)]
-    left = spare - min(b.x0 for b in boxes)
-    right = max(b.x1 for b in boxes) - spare - width
-    below = spare - min(b.y0 for b in boxes)
-    above = max(b.y1 for b in boxes) - spare - height
-    content_w = math.ceil(left + width + right)
-    content_h = math.ceil(below + height + above)
-
-    text = fig.text(0.5, 0.5, heading, fontsize=TITLE_FONT, ha="center", va="top", **PLAIN)
-    one_line = text.get_window_extent(renderer).width
-    fig_w = max(content_w, min(math.ceil(one_line), max(content_w, 900))) + 2 * PAD
-    if one_line > fig_w - 2 * PAD:  # wrap the heading to the figure's width (a long path breaks too)
-        chars = max(10, int(len(heading) * (fig_w - 2 * PAD) / one_line))
-        while True:
-            text.set_text(textwrap.fill(heading, chars, break_long_words=True, break_on_hyphens=False))
-            if text.get_window_extent(renderer).width <= fig_w - 2 * PAD or chars <= 10:
-                break
-            chars = max(10, int(chars * 0.9))
-    title_h = math.ceil(text.get_window_extent(renderer).height)
-    fig_h = PAD + title_h + 10 + content_h + PAD
-    x0 = round((fig_w - content_w) / 2 + left)  # the picture starts on a whole pixel: no resampling
-    y0 = round(PAD + below)
-    # a hair more than whole pixels: the canvas is int(inches * dpi) pixels, never one short
-    fig_w_in, fig_h_in = (fig_w + 0.25) / DPI, (fig_h + 0.25) / DPI
-    fig.set_size_inches(fig_w_in, fig_h_in)
-    fig_w, fig_h = fig_w_in * DPI, fig_h_in * DPI
-    place(ax, x0, y0, width, height)
-    place(cax, x0 + width + bar_gap, y0 + bar_y, bar_w, bar_h)
-    text.set_position((0.5, 1 - PAD / fig_h))
-    fig.mosaic_layout = layout  # where each panel is in the picture (tests read pixels by it)
-    return fig
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def spans(ids: Sequence[int]) -> str:
