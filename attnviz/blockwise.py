@@ -7,7 +7,8 @@ pipeline runs the variant on blocks of query rows and keeps, instead of the whol
 * the per-query statistics (accumulated block by block: they are one number a row);
 * the output ``[..., Lq, d_v]`` (small next to the weights);
 * the first and last ``PREVIEW_ROWS`` rows of every map, for the tables;
-* block-aggregated heatmaps (mean or max) of the first ``MAX_PANELS`` maps;
+* block-aggregated heatmaps (mean or max) of the first ``MAX_PANELS`` maps, in the blocks the
+  heatmaps use (``attnviz.blocks``);
 * with ``--save-weights``, the weights themselves, streamed into a memory-mapped ``.npy``.
 
 NumPy here; the variant's own ``compute`` runs TensorFlow on each block.

@@ -217,7 +217,7 @@ def test_block_grids_with_tiles_shorter_than_a_cell(tile, fr, monkeypatch):
 
 def test_blockwise_run_equals_the_dense_run():
     """Statistics and the heatmap grid of a run in blocks of query rows (fused pass, grids gathered
-    during it) against the dense run (the statistics' reference, the heatmap's reduce_blocks)."""
+    during it) against the dense run (the statistics' reference, the heatmaps' ``attnviz.blocks.reduce_blocks``)."""
     from attnviz.blocks import block_factors
     from attnviz.io import Loaded
     from attnviz.masks import Mask
