@@ -7,7 +7,8 @@ pipeline runs the variant on blocks of query rows and keeps, instead of the whol
 * the per-query statistics (accumulated block by block: they are one number a row);
 * the output ``[..., Lq, d_v]`` (small next to the weights);
 * the first and last ``PREVIEW_ROWS`` rows of every map, for the tables;
-* block-aggregated heatmaps (mean or max) of the first ``MAX_PANELS`` maps;
+* block-aggregated heatmaps (mean or max) of the first ``MAX_PANELS`` maps, in the blocks the
+  heatmaps use (``attnviz.blocks``);
 * with ``--save-weights``, the weights themselves, streamed into a memory-mapped ``.npy``.
 
 NumPy here; the variant's own ``compute`` runs TensorFlow on each block.
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.blocks import block_factors, reduce_blocks
 from attnviz.errors import OutputError
 from attnviz.masks import Mask
 from attnviz.stats import RowStats, fused_row_stats
@@ -99,8 +101,6 @@ class Streamed:
 def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Any,
         learned: Mapping[str, np.ndarray], weights_shape: tuple[int, ...], budget: int, reduce: str = "mean",
         save_weights: Path | None = None) -> tuple[Result, RowStats, Streamed]:
-    from attnviz.render.heatmap import block_factors, reduce_blocks
-
     lead, (lq, lk) = weights_shape[:-2], weights_shape[-2:]
     fr, fc = block_factors(lq, lk)
     step = rows_per_block(weights_shape, budget, fr)
@@ -193,7 +193,7 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
 
 
 class BlockGrids:
-    """``attnviz.render.heatmap.reduce_blocks`` of the first maps of a block of rows (the mean or max of
+    """``attnviz.blocks.reduce_blocks`` of the first maps of a block of rows (the mean or max of
     each ``fr x fc`` cell, masked cells left out, NaN where a cell has none), gathered tile by tile
     during the statistics' pass (``visit``), so the weights are read once: rows are folded into
     ``[cells, Lk]`` float32 accumulators as tiles go by, columns at the end (``fr`` times less data).

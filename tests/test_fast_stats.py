@@ -8,7 +8,7 @@ bfloat16 weights (float32 logarithms and float32 partial sums of at most 64 valu
 float64), and within 1e-12 for float64 weights. Every term ``-w log w`` of a distribution's entropy
 has the same sign, so the relative tolerance holds for near-one-hot rows too, whose entropy is
 tiny; a one-hot row's entropy is exactly 0 in both. The heatmap grids gathered during the pass
-(``blockwise.BlockGrids``) equal ``render.heatmap.reduce_blocks``: maxima exactly, means within
+(``blockwise.BlockGrids``) equal ``attnviz.blocks.reduce_blocks``: maxima exactly, means within
 a relative 2e-6.
 """
 
@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnviz import stats
+from attnviz.blocks import reduce_blocks
 from attnviz.blockwise import BlockGrids
-from attnviz.render.heatmap import reduce_blocks
 from attnviz.stats import FUSED_RTOL, RowStats, fused_row_stats, row_stats
 
 EXACT = ("max", "argmax", "top_index", "top_weight", "support", "n_keys", "masked")
@@ -217,11 +217,11 @@ def test_block_grids_with_tiles_shorter_than_a_cell(tile, fr, monkeypatch):
 
 def test_blockwise_run_equals_the_dense_run():
     """Statistics and the heatmap grid of a run in blocks of query rows (fused pass, grids gathered
-    during it) against the dense run (the statistics' reference, the heatmap's reduce_blocks)."""
+    during it) against the dense run (the statistics' reference, the heatmaps' ``attnviz.blocks.reduce_blocks``)."""
+    from attnviz.blocks import block_factors
     from attnviz.io import Loaded
     from attnviz.masks import Mask
     from attnviz.pipeline import Prepared, RunOptions, execute
-    from attnviz.render.heatmap import block_factors
     from attnviz.variants import REGISTRY
 
     rng = np.random.default_rng(8)

@@ -14,17 +14,9 @@ from typer.testing import CliRunner
 
 from attnviz.cli import app
 from attnviz.render import heatmap as hm
-from attnviz.render.heatmap import (
-    DPI,
-    ColourScale,
-    heatmap_figure,
-    model_grid_figure,
-    rank_panels,
-    ranked_grid_figure,
-    save_figure,
-    slices_mosaic,
-    stat_figure,
-)
+from attnviz.render.heatmap import DPI, heatmap_figure, save_figure, stat_figure
+from attnviz.render.mosaic import model_grid_figure, rank_panels, ranked_grid_figure, slices_mosaic
+from attnviz.render.scale import ColourScale, ValueRange, make_scaling
 from tests.test_mosaic import one_hot_model, pixel, read, rgb, saved
 
 runner = CliRunner()
@@ -164,17 +156,17 @@ def test_log_norm_makes_small_weights_visible_and_zeros_are_not_grey(tmp_path):
 
 
 def test_power_and_symmetric_norms():
-    scaled = hm.make_scaling(ColourScale(norm="power", gamma=0.5), hm_range([0.0, 0.25, 1.0]))
+    scaled = make_scaling(ColourScale(norm="power", gamma=0.5), hm_range([0.0, 0.25, 1.0]))
     assert float(scaled.norm(0.25)) == pytest.approx(0.5)  # sqrt(0.25)
-    diverging = hm.make_scaling(ColourScale(norm="power", gamma=0.5), hm_range([-1.0, 0.25]), diverging=True)
+    diverging = make_scaling(ColourScale(norm="power", gamma=0.5), hm_range([-1.0, 0.25]), diverging=True)
     assert float(diverging.norm(0.25)) == pytest.approx(0.75) and float(diverging.norm(-0.25)) == pytest.approx(0.25)
-    symlog = hm.make_scaling(ColourScale(norm="log"), hm_range([-1.0, 0.5, 1e-3]), diverging=True)
+    symlog = make_scaling(ColourScale(norm="log"), hm_range([-1.0, 0.5, 1e-3]), diverging=True)
     assert float(symlog.norm(0.0)) == pytest.approx(0.5) and float(symlog.norm(-1.0)) == 0.0
     assert float(symlog.norm(0.1)) - 0.5 > 5 * (0.1 / 2)  # small differences take far more of the scale
 
 
 def hm_range(values):
-    found = hm.ValueRange()
+    found = ValueRange()
     found.add(np.asarray(values, dtype=np.float64))
     return found
 

@@ -65,7 +65,7 @@ def test_vector_formats_by_extension(tmp_path, suffix, magic):
 
 
 def test_long_maps_are_block_aggregated_with_honest_axes():
-    from attnviz.render.heatmap import block_reduce
+    from attnviz.blocks import block_reduce
 
     data = np.arange(12.0).reshape(3, 4)
     mean, blocks = block_reduce(data, None, 2, "mean")

@@ -15,16 +15,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from attnviz.blocks import _strided_reduce, reduce_blocks
 from attnviz.cli import app
-from attnviz.render.heatmap import (
-    DPI,
-    _strided_reduce,
-    model_grid_figure,
-    mosaic_layout,
-    reduce_blocks,
-    save_figure,
-    slices_mosaic,
-)
+from attnviz.render.canvas import mosaic_layout
+from attnviz.render.heatmap import DPI, save_figure
+from attnviz.render.mosaic import model_grid_figure, slices_mosaic
 from tests.conftest import ROOT
 
 runner = CliRunner()
@@ -196,7 +191,7 @@ def test_compute_command_grids_use_the_mosaic(tmp_path):
 
 
 def test_compare_grid_shows_every_head_on_a_symmetric_scale(tmp_path):
-    from attnviz.render.heatmap import rank_panels, ranked_grid_figure
+    from attnviz.render.mosaic import rank_panels, ranked_grid_figure
 
     a = np.full((3, 1, 6, 5, 5), 0.2, np.float32)  # 18 heads: more than the 16 panels compare drew before
     b = a.copy()
@@ -244,7 +239,8 @@ MEMORY_CHILD = textwrap.dedent("""
     from pathlib import Path
     import matplotlib.figure, matplotlib.backends.backend_agg  # imported before the baseline
     from attnviz.inspection.weights import load_weights
-    from attnviz.render.heatmap import model_grid_figure, save_figure
+    from attnviz.render.heatmap import save_figure
+    from attnviz.render.mosaic import model_grid_figure
     w = load_weights(sys.argv[1])  # memory-mapped, [24, 1, 16, 1024, 1024] float32
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     fig = model_grid_figure(w.data[:, 0], title="big")

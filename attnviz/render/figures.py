@@ -24,7 +24,8 @@ def compute_figure(outcome: Outcome, fig: FigureOptions) -> Any:
     """The heatmap of a compute run: many maps of one shape (``MOSAIC_PANELS`` or more slices of the
     weights, no further maps to draw) as one mosaic picture, rows and columns named by the leading
     axes; otherwise one panel per map (and per further map a variant shows)."""
-    from attnviz.render.heatmap import MOSAIC_PANELS, Panel, heatmap_figure, slice_panels, slices_mosaic
+    from attnviz.render.heatmap import Panel, heatmap_figure, slice_panels
+    from attnviz.render.mosaic import MOSAIC_PANELS, slices_mosaic
     from attnviz.render.table import slice_label
 
     result, streamed, prep = outcome.result, outcome.streamed, outcome.prepared
@@ -104,7 +105,7 @@ def inspect_map_figure(result: InspectResult, fig: FigureOptions) -> Any:
 
 def inspect_stat_figure(result: InspectResult, fig: FigureOptions, stat: str) -> Any:
     """inspect's --stats-png: a layers x heads heatmap of one head statistic (the chosen layers and heads)."""
-    from attnviz.render.mosaic import stat_figure
+    from attnviz.render.heatmap import stat_figure
 
     grid = result.opened.grid
     values = np.asarray(result.stats[stat])[np.ix_(grid.layers, grid.heads)]

@@ -1,27 +1,21 @@
-"""Heatmaps of attention maps with matplotlib's object API and the Agg canvas (no pyplot state).
+"""Single heatmaps of attention maps, and saving figures: matplotlib's object API and the Agg canvas
+(no pyplot state).
 
 ``heatmap_figure`` draws one panel per 2-D map (a grid when there are leading batch/head
 dimensions, up to ``max_panels`` with a note beyond), with labelled axes, one shared colour bar,
 masked cells in grey, and the values written in the cells when a map is small. Long maps are
-aggregated in blocks (mean, or max) down to at most ``MAX_SIDE`` cells a side; the axes keep the
-original positions and the panel title says so.
+aggregated in blocks (mean, or max; ``attnviz.blocks``) down to at most ``MAX_SIDE`` cells a side;
+the axes keep the original positions and the panel title says so. ``stat_figure`` is a layers x
+heads heatmap of one head statistic. Their colour scales come from ``attnviz.render.scale``; many
+maps as one picture are ``attnviz.render.mosaic``'s.
 
-``mosaic_figure`` draws many maps of one shape (a model's layer x head grid, compare's differences,
-the batch x head slices of a compute command) as ONE picture: each map aggregated in blocks to at
-most a panel's side in pixels, placed into one array with white separators, coloured with one shared
-scale (never each panel's own maximum) and drawn with a single ``imshow`` on one axes, with the rows
-and columns named by tick labels and one colour bar. The picture is built a row of panels at a
-time from the (perhaps memory-mapped) input, so its memory is one row's maps plus the picture, and
-it is laid out pixel for pixel (one cell of the picture is one pixel of the saved PNG at ``DPI``,
-no resampling), with margins measured from the text so that nothing is clipped.
-``model_grid_figure`` is that mosaic for ``[layers, heads, Lq, Lk]``; ``stat_figure`` a layers x
-heads heatmap of one statistic. ``save_figure`` writes PNG, SVG or PDF by the file's extension,
-atomically.
+``save_figure`` writes PNG, SVG or PDF by the file's extension, atomically (PNG through
+``png_bytes``); ``DPI`` is the resolution of every saved figure.
 
 Text from users' files (labels, titles with file names) is drawn as written: shortened and with
 control characters made visible first (``attnviz.text``), never through mathtext or TeX
-(``$x^2$`` shows as typed). matplotlib's own warnings (a glyph missing from the font, a layout it
-could not fit) are not for users: they never reach stderr.
+(``$x^2$`` shows as typed: ``PLAIN``). matplotlib's own warnings (a glyph missing from the font, a
+layout it could not fit) are not for users: ``quiet_matplotlib`` keeps them off stderr.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,19 +31,27 @@ from typing import Any
 import numpy as np
 
 from attnviz import text as inert
+from attnviz.blocks import MAX_SIDE, block_reduce
 from attnviz.io import shape_str, write_atomic
+from attnviz.render.scale import (
+    ColourScale,
+    Scaling,
+    ValueRange,
+    _colormap,
+    _unit_norm,
+    make_scaling,
+    number,
+    own_scale,
+    per_panel_ticks,
+    scale_label,
+)
 from attnviz.render.table import slice_label
 
 FORMATS = (".png", ".svg", ".pdf")
 MAX_TICKS = 40  # label at most this many positions per axis; thin the rest
 ANNOTATE_MAX = 16  # write values in cells when both sides are at most this
-MAX_SIDE = 512  # aggregate longer maps in blocks to at most this many cells a side
 DPI = 120  # pixels per inch of saved figures: a mosaic's cell is one pixel at this resolution
-MOSAIC_SIDE = 1600  # a mosaic picture is at most about this many pixels a side ...
-PANEL_MAX = 160  # ... each panel at most this many a side (small maps: cells of several pixels)
-PANEL_MIN = 12  # ... and at least this many (the picture grows beyond MOSAIC_SIDE instead)
-MOSAIC_PANELS = 5  # compute commands draw this many slices or more as one mosaic
-CHUNK = 2**22  # values aggregated at a time
+FIG_MAX = 20.0  # inches: a figure of panels is at most this wide and tall; its panels shrink instead
 #: text properties of every string drawn: literal, never mathtext ($...$) or TeX
 PLAIN = {"parse_math": False, "usetex": False}
 TICK_WIDTH = inert.LABEL_WIDTH  # characters of a tick label
@@ -85,48 +87,6 @@ def slice_panels(maps: np.ndarray, keep: np.ndarray | None = None, name: str = "
     return panels
 
 
-def block_factors(rows: int, cols: int, max_side: int = MAX_SIDE) -> tuple[int, int]:
-    """Block sizes that bring a ``rows x cols`` map to at most ``max_side`` cells a side."""
-    return max(1, math.ceil(rows / max_side)), max(1, math.ceil(cols / max_side))
-
-
-def block_reduce(data: np.ndarray, keep: np.ndarray | None, max_side: int,
-                 reduce: str = "mean") -> tuple[np.ndarray, tuple[int, int]]:
-    """``data`` aggregated in blocks so that neither side exceeds ``max_side``; masked cells (and
-    padding) are NaN and left out of each block's mean or max; an all-masked block stays NaN."""
-    fr, fc = block_factors(data.shape[0], data.shape[1], max_side)
-    return reduce_blocks(data, keep, fr, fc, reduce), (fr, fc)
-
-
-def reduce_blocks(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, reduce: str = "mean") -> np.ndarray:
-    """``data`` in blocks of ``fr x fc`` (the last ones may be partial), mean or max of each."""
-    rows, cols = data.shape
-    step = fr * max(1, CHUNK // max(1, fr * cols))  # whole blocks of rows, about CHUNK values at a time
-    if rows > step:  # a long (perhaps memory-mapped) map: never one float64 copy of all of it
-        from attnviz.io import release_pages
-
-        parts = []
-        for s in range(0, rows, step):
-            parts.append(reduce_blocks(data[s:s + step], None if keep is None else keep[s:s + step], fr, fc, reduce))
-            release_pages(data)
-        return np.concatenate(parts)
-    values = np.asarray(data, dtype=np.float64)
-    if keep is not None:
-        values = np.where(keep, values, np.nan)
-    if fr == 1 and fc == 1:
-        return values
-    padded = np.full((math.ceil(rows / fr) * fr, math.ceil(cols / fc) * fc), np.nan)
-    padded[:rows, :cols] = values
-    blocks = padded.reshape(padded.shape[0] // fr, fr, padded.shape[1] // fc, fc)
-    finite = ~np.isnan(blocks)
-    count = finite.sum(axis=(1, 3))
-    if reduce == "max":
-        out = np.where(finite, blocks, -np.inf).max(axis=(1, 3))
-    else:
-        out = np.where(finite, blocks, 0.0).sum(axis=(1, 3)) / np.maximum(count, 1)
-    return np.where(count > 0, out, np.nan)
-
-
 def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str, max_ticks: int = MAX_TICKS,
            ids: bool = False) -> None:
     """Tick labels of ``n`` positions: every one when they fit (``max_ticks``), else every
@@ -153,22 +113,6 @@ def _ticks(ax: Any, n: int, labels: Sequence[str] | None, axis: str, max_ticks: 
         ax.set_yticklabels(names, fontsize=8, **PLAIN)
 
 
-def _colormap(name: str) -> Any:
-    from matplotlib import colormaps
-
-    from attnviz.errors import UsageError
-
-    if name not in colormaps:
-        raise UsageError(f"--cmap {name!r}: not a matplotlib colour map (e.g. viridis, magma, Blues, RdBu_r).")
-    return colormaps[name].with_extremes(bad="#d9d9d9")  # masked cells: light grey
-
-
-def check_cmap(name: str | None) -> None:
-    """Fail early (exit 2) on an unknown colour map; imports matplotlib's colour maps only."""
-    if name is not None:
-        _colormap(name)
-
-
 def quiet_matplotlib() -> None:
     """Keep matplotlib's warnings off stderr: a glyph missing from the font (labels in any script),
     a layout it could not fit, font look-ups. Filters, not ``catch_warnings`` (which is not safe
@@ -177,190 +121,9 @@ def quiet_matplotlib() -> None:
     warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from (current )?font")
     warnings.filterwarnings("ignore", message=r"Matplotlib currently does not support")
     warnings.filterwarnings("ignore", module=r"matplotlib(\.|$)")
-    warnings.filterwarnings("ignore", module=r"attnviz\.render\.heatmap$")  # matplotlib's warn_external lands here
+    # matplotlib's warn_external lands in the module that called it
+    warnings.filterwarnings("ignore", module=r"attnviz\.render\.(heatmap|mosaic|scale)$")
     logging.getLogger("matplotlib").setLevel(logging.ERROR)
-
-
-LOG_DECADES = 4  # --norm log without --vmin: the scale starts at most this many decades below its top
-FIG_MAX = 20.0  # inches: a figure of panels is at most this wide and tall; its panels shrink instead
-NORMS = ("linear", "log", "power")
-
-
-@dataclass(frozen=True)
-class ColourScale:
-    """How values become colours. ``vmin``/``vmax`` fix the ends of the scale (None: from the values
-    shown); ``norm`` is ``linear``, ``log`` or ``power`` (matplotlib's PowerNorm, ``gamma``);
-    ``per_panel`` gives each panel its own scale (0, or its lowest value, to its own maximum), and each
-    panel then says its maximum.
-
-    Defaults: linear from ``min(0, lowest)`` to the highest value shown. ``log`` starts at ``vmin``,
-    or else at the smallest positive value shown but never more than ``LOG_DECADES`` decades below the
-    top; values at or below the start (zeros too) take the bottom colour, not the grey of masked
-    cells. Diverging maps (compare's A - B) are symmetric around 0 from ``-V`` to ``V`` (``vmax``, or
-    the largest ``|value|``): ``log`` is then a symmetric log scale, linear within the start of the
-    log scale (as above, of ``|value|``) and logarithmic beyond, and ``power:G`` is
-    ``sign(x) |x|^G``. The command line checks the values (``attnviz.cli.options.check_scale``)."""
-
-    vmin: float | None = None
-    vmax: float | None = None
-    norm: str = "linear"
-    gamma: float = 1.0
-    per_panel: bool = False
-
-    @classmethod
-    def from_options(cls, vmin: float | None = None, vmax: float | None = None, norm: str | None = "linear",
-                     per_panel: bool = False) -> ColourScale:
-        kind, _, gamma = (norm or "linear").partition(":")
-        return cls(vmin, vmax, kind, float(gamma) if gamma else 1.0, per_panel)
-
-    @property
-    def name(self) -> str:
-        """``""``, ``"log"`` or ``"power 0.5"``: how the colour bar's label names the scale."""
-        return {"log": "log", "power": f"power {self.gamma:g}"}.get(self.norm, "")
-
-
-@dataclass
-class ValueRange:
-    """The values a scale is made for: lowest, highest, and the smallest above 0 (of ``|value|``
-    for diverging maps), over every cell shown (NaN, masked, left out)."""
-
-    low: float = math.inf
-    high: float = -math.inf
-    tiny: float = math.inf
-
-    def add(self, cells: np.ndarray, diverging: bool = False) -> None:
-        if not cells.size:
-            return
-        self.low = min(self.low, float(np.nanmin(cells, initial=np.inf)))
-        self.high = max(self.high, float(np.nanmax(cells, initial=-np.inf)))
-        size = np.abs(cells) if diverging else cells
-        self.tiny = min(self.tiny, float(np.nanmin(np.where(size > 0, size, np.inf), initial=np.inf)))
-
-    @property
-    def empty(self) -> bool:
-        return not self.high >= self.low
-
-
-@dataclass
-class Scaling:
-    """A scale made for some values: the matplotlib norm, the range values are clipped to before
-    colouring (so that a log scale shows zeros in its bottom colour), and which ends of the colour
-    bar carry a triangle for values beyond them."""
-
-    norm: Any
-    low: float
-    high: float
-    extend: str
-    note: str = ""
-    log: bool = False
-
-    def bounds32(self) -> tuple[np.float32, np.float32]:
-        """``low`` and ``high`` as float32, a hair inside ``[low, high]`` (far below one step of a colour
-        map: two float32 steps, or a 1e-5 factor on a log scale): a value clipped to them never falls
-        outside the scale by the rounding of the image pipeline (it would take the colour of the
-        separators, or a log scale's zeros the white of the caption strips)."""
-        if self.log:
-            return np.float32(self.low * (1 + 1e-5)), np.float32(self.high * (1 - 1e-5))
-        up, down = np.float32(np.inf), np.float32(-np.inf)
-        low, high = np.float32(self.low), np.float32(self.high)
-        if low <= self.low:
-            low = np.nextafter(low, up)
-        if high >= self.high:
-            high = np.nextafter(high, down)
-        return np.nextafter(low, up), np.nextafter(high, down)  # and one step more
-
-    def clip(self, values: np.ndarray) -> np.ndarray:
-        """``values`` within ``[low, high]`` (NaN stays NaN), as float32."""
-        out = np.array(values, dtype=np.float32)
-        np.clip(out, *self.bounds32(), out=out, where=np.isfinite(out))
-        return out
-
-
-def make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False) -> Scaling:
-    """The norm of ``scale`` for ``values`` (see ``ColourScale`` for the defaults)."""
-    from matplotlib import colors
-
-    low, high = (0.0, 0.0) if values.empty else (values.low, values.high)
-    tiny = values.tiny if math.isfinite(values.tiny) else None
-    if diverging:
-        lim = scale.vmax if scale.vmax is not None else max(abs(low), abs(high))
-        lim = lim or 1.0
-        extend = _extend(low < -lim, high > lim)
-        if scale.norm == "log":
-            floor = min(max(tiny or 0.0, lim / 10**LOG_DECADES), lim / 10)
-            norm: Any = colors.SymLogNorm(linthresh=floor, linscale=0.5, vmin=-lim, vmax=lim, base=10)
-            return Scaling(norm, -lim, lim, extend, f"symmetric log scale, linear within ±{floor:.2g}")
-        if scale.norm == "power":
-            g = scale.gamma
-
-            def forward(x: Any) -> Any:
-                return np.sign(x) * np.abs(x) ** g
-
-            def inverse(y: Any) -> Any:
-                return np.sign(y) * np.abs(y) ** (1 / g)
-
-            norm = colors.FuncNorm((forward, inverse), vmin=-lim, vmax=lim)
-            return Scaling(norm, -lim, lim, extend, f"power {g:g} scale, sign(x) |x|^{g:g}")
-        return Scaling(colors.Normalize(-lim, lim), -lim, lim, extend)
-    if scale.norm == "log":
-        hi = scale.vmax if scale.vmax is not None else (high if high > 0 else 1.0)
-        if scale.vmin is not None:
-            lo = scale.vmin
-        else:
-            lo = max(tiny or 0.0, hi / 10**LOG_DECADES)
-            if lo >= hi:  # every value the same (or nothing above 0): one decade below it
-                lo = hi / 10
-        if hi <= lo:  # --vmin above every value: a decade above it
-            hi = lo * 10
-        return Scaling(colors.LogNorm(lo, hi), lo, hi, _extend(low < lo, high > hi),
-                       f"log scale from {lo:.2g}; lower values and zeros in its bottom colour", log=True)
-    lo = scale.vmin if scale.vmin is not None else min(0.0, low)
-    hi = scale.vmax if scale.vmax is not None else high
-    if hi <= lo and scale.vmax is not None and scale.vmin is None:  # --vmax at or below the default bottom:
-        lo = hi - (abs(hi) or 1.0)  # keep the user's top (values above it take the top colour)
-    elif hi <= lo:  # every value equal, or --vmin above every value: the given bottom is kept
-        hi = lo + (abs(lo) or 1.0)
-    extend = _extend(low < lo, high > hi)
-    if scale.norm == "power":
-        return Scaling(colors.PowerNorm(scale.gamma, lo, hi), lo, hi, extend, f"power {scale.gamma:g} scale")
-    return Scaling(colors.Normalize(lo, hi), lo, hi, extend)
-
-
-def _extend(below: bool, above: bool) -> str:
-    return {(False, False): "neither", (True, False): "min", (False, True): "max"}.get((below, above), "both")
-
-
-def own_scale(cells: np.ndarray, scale: ColourScale, diverging: bool = False) -> tuple[np.ndarray, float]:
-    """A panel on its own scale (``--scale-per-panel``): its cells as positions 0..1 of the colour map
-    (NaN stays NaN), and the panel's maximum (of ``|value|`` when diverging) for its label."""
-    values = ValueRange()
-    values.add(cells, diverging)
-    scaling = make_scaling(scale, values, diverging)
-    clipped = scaling.clip(cells)
-    position = np.ma.filled(scaling.norm(np.ma.masked_invalid(clipped)), np.nan)
-    top = max(abs(values.low), abs(values.high)) if diverging else values.high
-    return np.asarray(position, dtype=np.float32), (top if not values.empty else 0.0)
-
-
-def scale_label(label: str, scale: ColourScale, diverging: bool = False) -> str:
-    """The colour bar's label: what the values are, and the kind of scale."""
-    if scale.per_panel:
-        span = "-max to +max of each panel" if diverging else "0 to each panel's max"
-        return f"{label}, per panel: {span}" + (f" ({scale.name})" if scale.name else "")
-    return f"{label} ({scale.name})" if scale.name else label
-
-
-def per_panel_ticks(bar: Any, scale: ColourScale, diverging: bool) -> None:
-    """A per-panel colour bar (positions 0..1) marks its ends as each panel's own."""
-    ticks, names = ([0.0, 0.5, 1.0], ["-max", "0", "+max"]) if diverging else (
-        [0.0, 1.0], ["panel min" if scale.norm == "log" else "0", "panel max"])
-    bar.set_ticks(ticks)
-    bar.set_ticklabels(names)
-
-
-def number(value: float) -> str:
-    """A value as a panel's label shows it: three significant digits."""
-    return f"{value:.3g}"
 
 
 def wrap_text(text: Any, width: float, renderer: Any) -> None:
@@ -387,6 +150,23 @@ def _new_figure(width: float, height: float) -> Any:
     fig = Figure(figsize=(min(width, FIG_MAX), min(height, FIG_MAX)), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+@dataclass
+class _PanelLook:
+    """What every panel of a ``heatmap_figure`` shares: the colour scale (``shared``, or each panel's
+    own with ``scale.per_panel``), the colour map, the figure's axes labels, and a panel's size in
+    inches."""
+
+    scale: ColourScale
+    shared: Scaling
+    colormap: Any
+    diverging: bool
+    q_labels: Sequence[str] | None
+    k_labels: Sequence[str] | None
+    xlabel: str
+    ylabel: str
+    size: tuple[float, float] = (0.0, 0.0)
 
 
 def heatmap_figure(
@@ -422,70 +202,28 @@ def heatmap_figure(
     values = ValueRange()
     for data, _ in reduced:
         values.add(data, diverging)
-    shared = make_scaling(scale, values, diverging)
     colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
-
-    lq = max(min((p.full_shape or p.data.shape)[0], max_side) for p in panels)
-    lk = max(min((p.full_shape or p.data.shape)[1], max_side) for p in panels)
-    ncols = math.ceil(math.sqrt(len(panels)))
-    nrows = math.ceil(len(panels) / ncols)
-    # panels shrink so that the figure stays within FIG_MAX inches (a 16-head run drew 41 inches)
-    panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6), (FIG_MAX - 1.4) / ncols)
-    panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2), (FIG_MAX - 1.2) / nrows)
-    fig = _new_figure(panel_w * ncols + 1.4, panel_h * nrows + 1.2)
+    look = _PanelLook(scale, make_scaling(scale, values, diverging), colormap, diverging, q_labels, k_labels,
+                      xlabel, ylabel)
+    fig, (nrows, ncols), look.size = _panels_figure(panels, max_side)
     renderer = fig.canvas.get_renderer()
     image = None
     axes = []
     notes = []
-    any_masked = False
     for n, (panel, (data, (fr, fc))) in enumerate(zip(panels, reduced)):
         ax = fig.add_subplot(nrows, ncols, n + 1)
         axes.append(ax)
-        rows, cols = panel.full_shape or panel.data.shape
-        masked = np.isnan(data)
-        any_masked = any_masked or bool(masked.any())
-        if scale.per_panel:
-            drawn, top = own_scale(data, scale, diverging)
-            norm: Any = _unit_norm()
-        else:
-            drawn, top, norm = shared.clip(data), 0.0, shared.norm
-        image = ax.imshow(np.ma.masked_invalid(drawn), cmap=colormap, norm=norm, aspect="auto",
-                          interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
-        # at most one tick label per 14 pixels of the panel (8-point labels never overprint)
-        _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else k_labels, "x",
-               max(2, min(MAX_TICKS, int(panel_w * DPI * 0.7) // 14)))
-        _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else q_labels, "y",
-               max(2, min(MAX_TICKS, int(panel_h * DPI * 0.6) // 14)))
-        ax.set_xlabel(inert.label(panel.xlabel if panel.xlabel is not None else xlabel, PANEL_TITLE_WIDTH), **PLAIN)
-        ax.set_ylabel(inert.label(panel.ylabel if panel.ylabel is not None else ylabel, PANEL_TITLE_WIDTH), **PLAIN)
+        image = _draw_panel(ax, panel, data, (fr, fc), look, renderer)
         blocks = f"blocks of {fr}x{fc}, {reduce}" if (fr, fc) != (1, 1) else ""
-        if blocks and blocks not in notes:
+        if blocks and blocks not in notes:  # the block size is in the figure's title
             notes.append(blocks)
-        own = f"max {number(top)}" if scale.per_panel else ""
-        heading = " ".join(t for t in (inert.title(panel.title, PANEL_TITLE_WIDTH) if panel.title else "",
-                                       f"({own})" if own and panel.title else own) if t)
-        if heading:  # the block size is in the figure's title
-            wrap_text(ax.set_title(heading, fontsize=9, **PLAIN), panel_w * DPI * 0.8, renderer)
-        if (fr, fc) == (1, 1) and rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
-            positions = np.ma.filled(norm(np.ma.masked_invalid(drawn)), np.nan)
-            for i in range(rows):
-                for j in range(cols):
-                    if masked[i, j]:
-                        continue
-                    position = float(positions[i, j])
-                    light = abs(position - 0.5) < 0.3 if diverging else position > 0.6
-                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                            color="black" if light else "white", **PLAIN)
     if image is not None:
-        bar = fig.colorbar(image, ax=axes, shrink=0.9, extend="neither" if scale.per_panel else shared.extend)
-        bar.set_label(inert.label(scale_label(colorbar_label, scale, diverging), PANEL_TITLE_WIDTH), **PLAIN)
-        if scale.per_panel:
-            per_panel_ticks(bar, scale, diverging)
+        _panels_colour_bar(fig, image, axes, look, colorbar_label)
     if total > len(panels):
         notes.append(f"showing {len(panels)} of {total} panels")
-    if shared.note and not scale.per_panel:
-        notes.append(shared.note)
-    if any_masked:
+    if look.shared.note and not scale.per_panel:
+        notes.append(look.shared.note)
+    if any(bool(np.isnan(data).any()) for data, _ in reduced):
         notes.append("grey: masked")
     note = f" ({'; '.join(notes)})" if notes else ""
     heading = fig.suptitle(f"{inert.title(title)}{shape_note}{note}", fontsize=11, **PLAIN)
@@ -493,542 +231,74 @@ def heatmap_figure(
     return fig
 
 
-def _unit_norm() -> Any:
-    from matplotlib.colors import Normalize
-
-    return Normalize(0.0, 1.0)
-
-
-@dataclass(frozen=True)
-class MosaicLayout:
-    """Where the panels of a ``rows x cols`` mosaic go, in pixels of the picture: each map aggregated
-    in ``blocks`` to ``cells``, each cell drawn as ``scale`` pixels, ``gap`` pixels between panels,
-    and ``caption`` pixels under each row of panels for a line of text per panel (0: none)."""
-
-    rows: int
-    cols: int
-    cells: tuple[int, int]
-    blocks: tuple[int, int]
-    scale: tuple[int, int]
-    gap: int
-    caption: int = 0
-
-    @property
-    def panel(self) -> tuple[int, int]:
-        """A panel's height and width in pixels."""
-        return self.cells[0] * self.scale[0], self.cells[1] * self.scale[1]
-
-    @property
-    def size(self) -> tuple[int, int]:
-        """The picture's height and width in pixels."""
-        ph, pw = self.panel
-        return (self.rows * (ph + self.caption) + (self.rows - 1) * self.gap,
-                self.cols * pw + (self.cols - 1) * self.gap)
-
-    def origin(self, r: int, c: int) -> tuple[int, int]:
-        """The top-left pixel (row, column) of panel ``(r, c)``."""
-        ph, pw = self.panel
-        return r * (ph + self.caption + self.gap), c * (pw + self.gap)
+def _panels_figure(panels: Sequence[Panel], max_side: int) -> tuple[Any, tuple[int, int], tuple[float, float]]:
+    """The figure of ``heatmap_figure``, its grid of panels (rows, columns: about as many of each) and a
+    panel's size in inches (width, height): large enough for the longest map's cells (up to
+    ``max_side``), shrunk so that the figure stays within ``FIG_MAX`` inches (a 16-head run drew 41)."""
+    lq = max(min((p.full_shape or p.data.shape)[0], max_side) for p in panels)
+    lk = max(min((p.full_shape or p.data.shape)[1], max_side) for p in panels)
+    ncols = math.ceil(math.sqrt(len(panels)))
+    nrows = math.ceil(len(panels) / ncols)
+    panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6), (FIG_MAX - 1.4) / ncols)
+    panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2), (FIG_MAX - 1.2) / nrows)
+    fig = _new_figure(panel_w * ncols + 1.4, panel_h * nrows + 1.2)
+    return fig, (nrows, ncols), (panel_w, panel_h)
 
 
-def mosaic_layout(rows: int, cols: int, shape: tuple[int, int], side: int = MOSAIC_SIDE, caption: int = 0,
-                  panel_min: int = PANEL_MIN) -> MosaicLayout:
-    """The layout of ``rows x cols`` maps of ``shape`` in a picture of about ``side`` pixels a side:
-    panels of at most ``PANEL_MAX`` (at least ``panel_min``) pixels, long maps aggregated in blocks,
-    short ones drawn with cells of several pixels; ``caption`` pixels under each panel for its label."""
-    def target(gap: int) -> int:
-        fit = min((side - (cols - 1) * gap) // cols, (side - (rows - 1) * gap) // rows - caption)
-        return max(panel_min, min(max(PANEL_MAX, panel_min), fit))
-
-    gap = 2 if target(2) >= 32 else 1
-    side_px = target(gap)
-    fr, fc = block_factors(shape[0], shape[1], side_px)
-    cells = (math.ceil(shape[0] / fr), math.ceil(shape[1] / fc))
-    scale = (max(1, side_px // cells[0]), max(1, side_px // cells[1]))
-    if panel_min > PANEL_MIN:  # wide enough for its caption, whatever the map's length
-        scale = (scale[0], max(scale[1], math.ceil(panel_min / cells[1])))
-    return MosaicLayout(rows, cols, cells, (fr, fc), scale, gap, caption)
-
-
-def _strided_reduce(values: np.ndarray, fr: int, fc: int, reduce: str) -> np.ndarray:
-    """``values [rows, cols]`` in blocks of ``fr x fc`` (the last ones may be partial), mean or max of
-    each, in float32: one strided pass per offset within a block, each over the whole map at once
-    (much faster than reducing the short axes of a reshaped array, and no float64 copy)."""
-    op = np.maximum if reduce == "max" else np.add
-    rows, cols = values.shape
-    out_r, out_c = math.ceil(rows / fr), math.ceil(cols / fc)
-    acc = np.array(values[:, 0::fc], dtype=np.float32)
-    for j in range(1, fc):
-        part = values[:, j::fc]
-        op(acc[:, :part.shape[1]], part, out=acc[:, :part.shape[1]])
-    out = np.array(acc[0::fr], dtype=np.float32)
-    for i in range(1, fr):
-        part = acc[i::fr]
-        op(out[:part.shape[0]], part, out=out[:part.shape[0]])
-    if reduce != "max" and fr * fc > 1:
-        count_r = np.full(out_r, fr, np.float32)
-        count_r[-1] = rows - fr * (out_r - 1)
-        count_c = np.full(out_c, fc, np.float32)
-        count_c[-1] = cols - fc * (out_c - 1)
-        out /= count_r[:, None]
-        out /= count_c[None, :]
-    return out
+def _draw_panel(ax: Any, panel: Panel, data: np.ndarray, blocks: tuple[int, int], look: _PanelLook,
+                renderer: Any) -> Any:
+    """One panel of ``heatmap_figure`` on ``ax``: ``data`` (``panel``'s map, aggregated in ``blocks``)
+    on the shared scale or its own, its ticks, axes labels and title, and the values in the cells
+    when the map is small. Returns the image."""
+    panel_w, panel_h = look.size
+    rows, cols = panel.full_shape or panel.data.shape
+    if look.scale.per_panel:
+        drawn, top = own_scale(data, look.scale, look.diverging)
+        norm: Any = _unit_norm()
+    else:
+        drawn, top, norm = look.shared.clip(data), 0.0, look.shared.norm
+    image = ax.imshow(np.ma.masked_invalid(drawn), cmap=look.colormap, norm=norm, aspect="auto",
+                      interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
+    # at most one tick label per 14 pixels of the panel (8-point labels never overprint)
+    _ticks(ax, cols, panel.k_labels if panel.k_labels is not None else look.k_labels, "x",
+           max(2, min(MAX_TICKS, int(panel_w * DPI * 0.7) // 14)))
+    _ticks(ax, rows, panel.q_labels if panel.q_labels is not None else look.q_labels, "y",
+           max(2, min(MAX_TICKS, int(panel_h * DPI * 0.6) // 14)))
+    ax.set_xlabel(inert.label(panel.xlabel if panel.xlabel is not None else look.xlabel, PANEL_TITLE_WIDTH), **PLAIN)
+    ax.set_ylabel(inert.label(panel.ylabel if panel.ylabel is not None else look.ylabel, PANEL_TITLE_WIDTH), **PLAIN)
+    own = f"max {number(top)}" if look.scale.per_panel else ""
+    heading = " ".join(t for t in (inert.title(panel.title, PANEL_TITLE_WIDTH) if panel.title else "",
+                                   f"({own})" if own and panel.title else own) if t)
+    if heading:
+        wrap_text(ax.set_title(heading, fontsize=9, **PLAIN), panel_w * DPI * 0.8, renderer)
+    if blocks == (1, 1) and rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX:
+        positions = np.ma.filled(norm(np.ma.masked_invalid(drawn)), np.nan)
+        _write_values(ax, data, positions, (rows, cols), look.diverging)
+    return image
 
 
-def reduce_panel(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, reduce: str = "mean") -> np.ndarray:
-    """One map ``data [Lq, Lk]`` (perhaps memory-mapped) in blocks of ``fr x fc`` as float32, NaN where
-    every cell of a block is masked (``reduce_blocks`` then; nothing masked: the fast strided path)."""
-    if keep is None and data.dtype.kind == "f":
-        return _strided_reduce(np.asarray(data), fr, fc, reduce)
-    return reduce_blocks(data, keep, fr, fc, reduce).astype(np.float32)
-
-
-def lead_axis_names(n: int, names: Sequence[str] = ()) -> list[str]:
-    """Names of ``n`` leading axes, as ``slice_label`` names them: the last from ``names``, the
-    first ``batch`` (one left over) or ``dim i``."""
-    if len(names) >= n:
-        return list(names)[len(names) - n:]
-    extra = n - len(names)
-    return (["batch"] if extra == 1 and names else [f"dim {i}" for i in range(extra)]) + list(names)
-
-
-MapGetter = Callable[[int, int], "tuple[np.ndarray, np.ndarray | None] | None"]
-
-
-CAPTION_FONT = 7  # points: the line of text under each panel (its layer and head, or its own maximum)
-
-
-def mosaic_figure(
-    get: MapGetter,
-    rows: int,
-    cols: int,
-    shape: tuple[int, int],
-    *,
-    title: str,
-    row_labels: Sequence[str],
-    col_labels: Sequence[str],
-    row_name: str,
-    col_name: str,
-    cmap: str | None = None,
-    reduce: str = "mean",
-    diverging: bool = False,
-    colorbar_label: str = "weight",
-    full_shape: tuple[int, int] | None = None,
-    blocks: tuple[int, int] = (1, 1),
-    after_row: Callable[[int], None] | None = None,
-    side: int = MOSAIC_SIDE,
-    scale: ColourScale | None = None,
-    captions: Sequence[str] | None = None,
-) -> Any:
-    """``rows x cols`` maps of ``shape`` as one picture on one axes (see the module's docstring).
-
-    ``get(r, c)`` returns the map of panel ``(r, c)`` and its keep mask (None: nothing masked), or
-    None for an empty slot; it is called row by row, and ``after_row(r)`` after each row (to let
-    go of a memory-mapped input's pages). Maps that were aggregated before (a blockwise run's) come
-    with ``blocks`` and the maps' ``full_shape``. One colour scale for every panel (``scale``; by
-    default ``[min(0, low), high]`` of the values shown, or symmetric around 0 with ``diverging``),
-    and one colour bar; with ``scale.per_panel`` each panel is drawn on its own scale and its maximum
-    is written under it. ``captions`` (row-major, one per panel) are written under the panels too."""
-    scale = scale or ColourScale()
-    texts = [list(captions[r * cols:(r + 1) * cols]) if captions else [""] * cols for r in range(rows)]
-    longest = max((len(t) for row in texts for t in row), default=0)
-    longest += len(" max -0.00e-00") if scale.per_panel else 0
-    line = CAPTION_FONT * DPI / 72
-    caption = math.ceil(1.5 * line) if longest else 0
-    layout = mosaic_layout(rows, cols, shape, side, caption=caption,
-                           panel_min=max(PANEL_MIN, math.ceil(0.6 * line * longest) + 4) if longest else PANEL_MIN)
-    height, width = layout.size
-    ph, pw = layout.panel
-    sq, sk = layout.scale
-    picture = np.full((height, width), np.inf, np.float32)  # separators and empty slots, for now
-    masked = False
-    values = ValueRange()
-    for r in range(rows):
-        for c in range(cols):
-            got = get(r, c)
-            if got is None:
+def _write_values(ax: Any, data: np.ndarray, positions: np.ndarray, shape: tuple[int, int], diverging: bool) -> None:
+    """The value of each unmasked cell of a small map written in it: black on the light colours of the
+    scale (``positions`` 0..1 on it), white on the dark ones."""
+    masked = np.isnan(data)
+    for i in range(shape[0]):
+        for j in range(shape[1]):
+            if masked[i, j]:
                 continue
-            data, keep = got
-            cells = reduce_panel(data, keep, *layout.blocks, reduce)
-            masked = masked or bool(np.isnan(cells).any())
-            if scale.per_panel:  # positions 0..1 on the panel's own scale
-                cells, top = own_scale(cells, scale, diverging)
-                texts[r][c] = " ".join(t for t in (texts[r][c], f"max {number(top)}") if t)
-            else:
-                values.add(cells, diverging)
-            if sq > 1 or sk > 1:
-                cells = np.repeat(np.repeat(cells, sq, axis=0), sk, axis=1)
-            y, x = layout.origin(r, c)
-            picture[y:y + ph, x:x + pw] = cells
-        if after_row is not None:
-            after_row(r)
+            position = float(positions[i, j])
+            light = abs(position - 0.5) < 0.3 if diverging else position > 0.6
+            ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="black" if light else "white", **PLAIN)
+
+
+def _panels_colour_bar(fig: Any, image: Any, axes: Sequence[Any], look: _PanelLook, label: str) -> None:
+    """The one colour bar of ``heatmap_figure``'s panels, labelled with what the values are and the
+    scale; with ``scale.per_panel`` its ends are each panel's own."""
+    scale = look.scale
+    bar = fig.colorbar(image, ax=axes, shrink=0.9, extend="neither" if scale.per_panel else look.shared.extend)
+    bar.set_label(inert.label(scale_label(label, scale, look.diverging), PANEL_TITLE_WIDTH), **PLAIN)
     if scale.per_panel:
-        from matplotlib.colors import Normalize
-
-        scaling = Scaling(Normalize(0.0, 1.0), 0.0, 1.0, "neither")
-    else:
-        scaling = make_scaling(scale, values, diverging)
-        # values beyond the scale take its end colours (a log scale's zeros too), never the colour of
-        # the separators
-        np.clip(picture, *scaling.bounds32(), out=picture, where=np.isfinite(picture))
-    # separators and empty slots get a value above the scale: the picture's colour map's "over"
-    # colour; masked cells are NaN: its "bad" grey. (Not infinity: matplotlib counts that as bad, too.)
-    span = scaling.high - scaling.low
-    np.copyto(picture, np.float32(scaling.high + span + 1.0), where=np.isinf(picture))
-    if layout.caption:  # the strips under the panels, for their captions: the "under" colour, white
-        for r in range(rows):
-            y = layout.origin(r, 0)[0] + ph
-            picture[y:y + layout.caption] = np.float32(scaling.low - span - 1.0)
-    from matplotlib.cm import ScalarMappable
-
-    colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
-    # white between panels; dark grey where white is a colour of the scale (diverging maps' zero)
-    picture_map = colormap.with_extremes(over="#595959" if diverging else "white", under="white")
-
-    total = (blocks[0] * layout.blocks[0], blocks[1] * layout.blocks[1])
-    notes = [f"blocks of {total[0]}x{total[1]}, {reduce}"] if total != (1, 1) else []
-    if scale.per_panel:
-        notes.append("each panel on its own scale, its maximum under it")
-    elif scaling.note:
-        notes.append(scaling.note)
-    if masked:
-        notes.append("grey: masked")
-    note = f" ({'; '.join(notes)})" if notes else ""
-    heading = f"{inert.title(title, 600)}{note}"  # the callers shorten the user's part of it (to 200)
-    return _mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
-                          scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
-                          picture_map=picture_map, extend=scaling.extend, captions=texts,
-                          per_panel=(scale, diverging) if scale.per_panel else None)
-
-
-TICK_FONT, AXIS_FONT, TITLE_FONT = 9, 10, 12  # points
-PAD = 12  # pixels around the figure's content
-
-
-def _thin(n: int, pitch: int, needed: float) -> int:
-    """Label every ``step``-th of ``n`` positions ``pitch`` pixels apart, so that labels ``needed``
-    pixels wide (or tall) never touch."""
-    return max(1, math.ceil(needed / max(pitch, 1))) if n > 1 else 1
-
-
-def _mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappable: Any, colorbar_label: str,
-                   row_labels: Sequence[str], col_labels: Sequence[str], row_name: str, col_name: str, *,
-                   picture_map: Any = None, extend: str = "neither", captions: Sequence[Sequence[str]] = (),
-                   per_panel: tuple[ColourScale, bool] | None = None) -> Any:
-    """The figure around a mosaic picture: one axes exactly the picture's size in pixels (at ``DPI``),
-    row labels on the left, column labels on top, a colour bar on the right (``mappable``; the picture
-    is drawn with ``picture_map``, whose "over" colour is the separators'), the heading above,
-    wrapped to the figure's width, and each panel's caption under it; margins measured from the text,
-    so nothing is clipped."""
-    import textwrap
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    quiet_matplotlib()
-    height, width = picture.shape
-    ph, pw = layout.panel
-    bar_h = max(160, min(height, 900))
-    bar_gap, bar_w = 16, 18
-    spare = 100  # a provisional canvas: text sizes and extents (measured beyond its edges too) do not depend on it
-    fig: Any = Figure(figsize=((width + 2 * spare) / DPI, (height + 2 * spare) / DPI), dpi=DPI)
-    FigureCanvasAgg(fig)
-    ax = fig.add_axes((0, 0, 1, 1))
-    # one image, exactly its size in pixels: "nearest" at the same size copies each cell to one pixel
-    ax.imshow(picture, cmap=picture_map or mappable.cmap, norm=mappable.norm, interpolation="nearest",
-              interpolation_stage="data", aspect="auto")
-    ax.set_xlim(-0.5, width - 0.5)
-    ax.set_ylim(height - 0.5, -0.5)
-    ax.spines[:].set_visible(False)  # a frame would be drawn over the outermost cells
-    row_text = [inert.label(t, PANEL_TITLE_WIDTH) for t in row_labels]
-    col_text = [inert.label(t, PANEL_TITLE_WIDTH) for t in col_labels]
-    line = TICK_FONT * DPI / 72  # pixels of a line of tick labels
-    row_step = _thin(layout.rows, ph + layout.gap, 1.3 * line)
-    widest = max((len(t) for t in col_text), default=1)
-    col_step = _thin(layout.cols, pw + layout.gap, 0.65 * line * widest + 0.8 * line)
-    rows_shown = range(0, layout.rows, row_step)
-    cols_shown = range(0, layout.cols, col_step)
-    ax.set_yticks([layout.origin(r, 0)[0] + (ph - 1) / 2 for r in rows_shown])
-    ax.set_yticklabels([row_text[r] for r in rows_shown], fontsize=TICK_FONT, **PLAIN)
-    ax.xaxis.tick_top()
-    ax.xaxis.set_label_position("top")
-    ax.set_xticks([layout.origin(0, c)[1] + (pw - 1) / 2 for c in cols_shown])
-    ax.set_xticklabels([col_text[c] for c in cols_shown], fontsize=TICK_FONT, **PLAIN)
-    ax.tick_params(length=0, pad=3)  # labels alone: a tick mark would spill into the outermost cells
-    thinned = " (every %d)"
-    ax.set_ylabel(inert.label(row_name, PANEL_TITLE_WIDTH) + (thinned % row_step if row_step > 1 else ""),
-                  fontsize=AXIS_FONT, **PLAIN)
-    ax.set_xlabel(inert.label(col_name, PANEL_TITLE_WIDTH) + (thinned % col_step if col_step > 1 else ""),
-                  fontsize=AXIS_FONT, **PLAIN)
-    cax = fig.add_axes((0, 0, 0.1, 0.1))
-    bar = fig.colorbar(mappable, cax=cax, extend=extend)
-    bar.set_label(inert.label(colorbar_label, PANEL_TITLE_WIDTH), fontsize=AXIS_FONT, **PLAIN)
-    if per_panel is not None:
-        per_panel_ticks(bar, *per_panel)
-    cax.tick_params(labelsize=TICK_FONT)
-    renderer = fig.canvas.get_renderer()
-    for r, row in enumerate(captions):  # under each panel, within the picture's own pixels
-        for c, words in enumerate(row):
-            if not words:
-                continue
-            y, x = layout.origin(r, c)
-            text = ax.text(x + (pw - 1) / 2, y + ph + layout.caption / 2 - 0.5, inert.label(words, PANEL_TITLE_WIDTH),
-                           ha="center", va="center", fontsize=CAPTION_FONT, **PLAIN)
-            while text.get_window_extent(renderer).width > pw and text.get_fontsize() > 4:
-                text.set_fontsize(text.get_fontsize() - 0.5)
-
-    fig_w, fig_h = width + 2 * spare, height + 2 * spare
-
-    def place(axes: Any, x: float, y: float, w: float, h: float) -> None:  # pixels, from the bottom left
-        axes.set_position((x / fig_w, y / fig_h, w / fig_w, h / fig_h))
-
-    bar_y = (height - bar_h) / 2
-    place(ax, spare, spare, width, height)
-    place(cax, spare + width + bar_gap, spare + bar_y, bar_w, bar_h)
-    boxes = [a.get_tightbbox(renderer) for a in (ax, cax)]
-    left = spare - min(b.x0 for b in boxes)
-    right = max(b.x1 for b in boxes) - spare - width
-    below = spare - min(b.y0 for b in boxes)
-    above = max(b.y1 for b in boxes) - spare - height
-    content_w = math.ceil(left + width + right)
-    content_h = math.ceil(below + height + above)
-
-    text = fig.text(0.5, 0.5, heading, fontsize=TITLE_FONT, ha="center", va="top", **PLAIN)
-    one_line = text.get_window_extent(renderer).width
-    fig_w = max(content_w, min(math.ceil(one_line), max(content_w, 900))) + 2 * PAD
-    if one_line > fig_w - 2 * PAD:  # wrap the heading to the figure's width (a long path breaks too)
-        chars = max(10, int(len(heading) * (fig_w - 2 * PAD) / one_line))
-        while True:
-            text.set_text(textwrap.fill(heading, chars, break_long_words=True, break_on_hyphens=False))
-            if text.get_window_extent(renderer).width <= fig_w - 2 * PAD or chars <= 10:
-                break
-            chars = max(10, int(chars * 0.9))
-    title_h = math.ceil(text.get_window_extent(renderer).height)
-    fig_h = PAD + title_h + 10 + content_h + PAD
-    x0 = round((fig_w - content_w) / 2 + left)  # the picture starts on a whole pixel: no resampling
-    y0 = round(PAD + below)
-    # a hair more than whole pixels: the canvas is int(inches * dpi) pixels, never one short
-    fig_w_in, fig_h_in = (fig_w + 0.25) / DPI, (fig_h + 0.25) / DPI
-    fig.set_size_inches(fig_w_in, fig_h_in)
-    fig_w, fig_h = fig_w_in * DPI, fig_h_in * DPI
-    place(ax, x0, y0, width, height)
-    place(cax, x0 + width + bar_gap, y0 + bar_y, bar_w, bar_h)
-    text.set_position((0.5, 1 - PAD / fig_h))
-    fig.mosaic_layout = layout  # where each panel is in the picture (tests read pixels by it)
-    return fig
-
-
-def spans(ids: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2,5``: how a heading names chosen layers or heads."""
-    parts: list[str] = []
-    ids = list(ids)
-    start = 0
-    for n in range(1, len(ids) + 1):
-        if n == len(ids) or ids[n] != ids[n - 1] + 1:
-            parts.append(str(ids[start]) if n - 1 == start else f"{ids[start]}-{ids[n - 1]}")
-            start = n
-    return ",".join(parts)
-
-
-def reduce_heads_map(stack: np.ndarray, keep: np.ndarray | None, how: str, signed: bool = False) -> np.ndarray:
-    """The maps of one layer's heads ``stack [heads, Lq, Lk]`` reduced to one: the ``mean`` or the
-    ``max`` over heads of each cell, masked cells (``keep`` False) left out; NaN where every head's
-    cell is masked. With ``signed`` (differences), ``max`` keeps the value of largest magnitude
-    with its sign."""
-    values = np.array(stack, dtype=np.float32)
-    if keep is not None:
-        values[~np.broadcast_to(keep, values.shape)] = np.nan
-    finite = ~np.isnan(values)
-    count = finite.sum(axis=0)
-    if how == "max" and signed:
-        size = np.where(finite, np.abs(values), -1.0)
-        pick = np.argmax(size, axis=0)
-        out = np.take_along_axis(values, pick[None], axis=0)[0]
-    elif how == "max":
-        out = np.where(finite, values, -np.inf).max(axis=0)
-    else:
-        out = np.where(finite, values, 0.0).sum(axis=0) / np.maximum(count, 1)
-    return np.where(count > 0, out, np.nan).astype(np.float32)
-
-
-def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, reduce: str = "mean",
-                      layer_ids: Sequence[int] | None = None, head_ids: Sequence[int] | None = None,
-                      keep: np.ndarray | None = None, real_rows: np.ndarray | None = None,
-                      diverging: bool = False, colorbar_label: str = "weight",
-                      layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                      reduce_heads: str | None = None, scale: ColourScale | None = None) -> Any:
-    """The layer x head grid of ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped) as one mosaic
-    (like bertviz's model view, as a file), read a layer at a time. ``keep`` broadcasts to ``w``;
-    ``real_rows`` (``[layers, heads, Lq]``, broadcasting) greys padded query rows too. ``layers`` and
-    ``heads`` choose the rows and columns drawn (their numbers label them; ``layer_ids``/``head_ids``
-    rename the positions of ``w``); ``reduce_heads`` (mean or max) draws one panel per layer, the
-    chosen heads reduced to one map, in one row."""
-    from attnviz.io import release_pages
-
-    n_layers, n_heads = w.shape[:2]
-    layers = list(layers) if layers is not None else list(range(n_layers))
-    heads = list(heads) if heads is not None else list(range(n_heads))
-    layer_names = [str(layer_ids[i]) if layer_ids is not None else str(i) for i in layers]
-    head_names = [str(head_ids[i]) if head_ids is not None else str(i) for i in heads]
-    get_map = grid_getter(w, keep, real_rows)
-    shape = (w.shape[-2], w.shape[-1])
-    chosen = []
-    if len(layers) < n_layers:
-        chosen.append(f"layers {spans(layers)} of {n_layers}")
-    if len(heads) < n_heads and not reduce_heads:
-        chosen.append(f"heads {spans(heads)} of {n_heads}")
-    which = f" ({', '.join(chosen)})" if chosen else ""
-    if reduce_heads:
-        def get_reduced(_: int, c: int) -> tuple[np.ndarray, np.ndarray | None]:
-            return _reduced_layer(get_map, layers[c], heads, shape, reduce_heads or "mean", diverging), None
-
-        of = "all heads" if len(heads) == n_heads else f"heads {spans(heads)} of {n_heads}"
-        heading = (f"{inert.title(title)}: the {reduce_heads} of {of} in each layer{which}, "
-                   f"maps [{shape[0]}, {shape[1]}]")
-        return mosaic_figure(get_reduced, 1, len(layers), shape, title=heading, row_labels=[reduce_heads],
-                             col_labels=layer_names, row_name="heads", col_name="layer", cmap=cmap, reduce=reduce,
-                             diverging=diverging, colorbar_label=colorbar_label,
-                             after_row=lambda _: release_pages(w), scale=scale)
-    heading = f"{inert.title(title)}: layers x heads{which}, maps [{shape[0]}, {shape[1]}]"
-    return mosaic_figure(lambda r, c: get_map(layers[r], heads[c]), len(layers), len(heads), shape, title=heading,
-                         row_labels=layer_names, col_labels=head_names, row_name="layer", col_name="head",
-                         cmap=cmap, reduce=reduce, diverging=diverging, colorbar_label=colorbar_label,
-                         after_row=lambda _: release_pages(w), scale=scale)
-
-
-def grid_getter(w: np.ndarray, keep: np.ndarray | None,
-                 real_rows: np.ndarray | None) -> Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]:
-    """``get(layer, head)``: that map of ``w [layers, heads, Lq, Lk]`` and its keep mask, padded query
-    rows (``real_rows`` False) masked too."""
-    full_keep = None if keep is None else np.broadcast_to(keep, w.shape)
-    rows_real = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
-
-    def get(li: int, hi: int) -> tuple[np.ndarray, np.ndarray | None]:
-        one = None if full_keep is None else full_keep[li, hi]
-        if rows_real is not None and not rows_real[li, hi].all():
-            one = (np.ones(w.shape[-2:], bool) if one is None else one.copy())
-            one[~rows_real[li, hi]] = False
-        return w[li, hi], one
-
-    return get
-
-
-def _reduced_layer(get_map: Callable[[int, int], tuple[np.ndarray, np.ndarray | None]], layer: int,
-                   heads: Sequence[int], shape: tuple[int, int], how: str, signed: bool) -> np.ndarray:
-    """The ``heads`` of ``layer`` reduced to one map (``reduce_heads_map``)."""
-    maps = [get_map(layer, h) for h in heads]
-    masks = None if all(k is None for _, k in maps) else np.stack(
-        [np.ones(shape, bool) if k is None else k for _, k in maps])
-    return reduce_heads_map(np.stack([m for m, _ in maps]), masks, how, signed)
-
-
-def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | None], float]], *, title: str,
-                       total: int,
-                       cmap: str | None = None, reduce: str = "mean", keep: np.ndarray | None = None,
-                       real_rows: np.ndarray | None = None, heads: Sequence[int] | None = None,
-                       reduce_heads: str | None = None, diverging: bool = True, colorbar_label: str = "A - B",
-                       measure: str = "max |A - B|", scale: ColourScale | None = None) -> Any:
-    """Chosen panels of ``w [layers, heads, Lq, Lk]`` in the order given (``rank_panels``: largest
-    difference first), each with its score: ``(layer, head)``, or ``(layer, None)`` with
-    ``reduce_heads`` (the ``heads`` reduced to one map). Each panel's caption names its layer and
-    head and its ``measure``; the heading says how many of ``total`` are shown and in what order."""
-    get_map = grid_getter(w, keep, real_rows)
-    shape = (w.shape[-2], w.shape[-1])
-    heads = list(heads) if heads is not None else list(range(w.shape[1]))
-    panels = [panel for panel, _ in ranked]
-    scores = [score for _, score in ranked]
-
-    def one(n: int) -> tuple[np.ndarray, np.ndarray | None]:
-        layer, head = panels[n]
-        if head is not None:
-            return get_map(layer, head)
-        return _reduced_layer(get_map, layer, heads, shape, reduce_heads or "mean", diverging), None
-
-    count = len(panels)
-    cols = count if count <= 4 else math.ceil(math.sqrt(count))
-    rows = math.ceil(count / cols)
-    captions = [(f"L{layer} H{head}" if head is not None else f"L{layer} {reduce_heads}") + f" {number(score)}"
-                for (layer, head), score in zip(panels, scores)]
-    what = "(layer, head) maps" if not reduce_heads else f"layers ({reduce_heads} of heads {spans(heads)})"
-    shown = f"the {count} of {total} {what}" if count < total else f"all {total} {what}"
-    heading = (f"{inert.title(title)}: {shown}, ordered by largest difference ({measure}; under each: layer, head, "
-               f"{measure}), maps [{shape[0]}, {shape[1]}]")
-
-    def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
-        n = r * cols + c
-        return one(n) if n < count else None
-
-    row_labels = [f"#{r * cols + 1}" if min(count, (r + 1) * cols) == r * cols + 1 else
-                  f"#{r * cols + 1}-{min(count, (r + 1) * cols)}" for r in range(rows)]
-    return mosaic_figure(get, rows, cols, shape, title=heading, row_labels=row_labels, col_labels=[""] * cols,
-                         row_name="rank", col_name="", cmap=cmap, reduce=reduce, diverging=diverging,
-                         colorbar_label=colorbar_label, scale=scale, captions=captions)
-
-
-def rank_panels(w: np.ndarray, panels: Sequence[tuple[int, int | None]], *, keep: np.ndarray | None = None,
-                real_rows: np.ndarray | None = None, heads: Sequence[int] | None = None,
-                reduce_heads: str | None = None) -> list[tuple[tuple[int, int | None], float]]:
-    """``panels`` of ``w`` with their largest ``|value|`` (masked cells and padded rows left out), the
-    largest first (ties in the order given)."""
-    get_map = grid_getter(w, keep, real_rows)
-    heads = list(heads) if heads is not None else list(range(w.shape[1]))
-    scored = []
-    for layer, head in panels:
-        if head is not None:
-            data, one = get_map(layer, head)
-            size = np.abs(np.asarray(data, dtype=np.float64))
-            score = float(np.where(one, size, 0.0).max() if one is not None else size.max()) if size.size else 0.0
-        else:
-            reduced = _reduced_layer(get_map, layer, heads, (w.shape[-2], w.shape[-1]), reduce_heads or "mean", True)
-            score = float(np.nanmax(np.abs(reduced), initial=0.0))
-        scored.append(((layer, head), score))
-    return sorted(scored, key=lambda item: -item[1])
-
-
-def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] = (), keep: np.ndarray | None = None,
-                  grids: Sequence[np.ndarray] | None = None, lead: tuple[int, ...] | None = None,
-                  full_shape: tuple[int, int] | None = None, blocks: tuple[int, int] = (1, 1),
-                  cmap: str | None = None, reduce: str = "mean", colorbar_label: str = "weight",
-                  scale: ColourScale | None = None) -> Any:
-    """The slices of ``maps [..., Lq, Lk]`` (``keep`` broadcasts to it) as one mosaic titled ``title``: the last
-    leading axis across, the others down (``batch 0``, or ``0, 1`` for several); one leading axis of
-    more than 16 wraps into rows. Or already aggregated ``grids`` of the slices of ``lead`` in
-    C order (a blockwise run's), with ``full_shape`` and ``blocks``."""
-    if maps is not None:
-        lead = tuple(maps.shape[:-2])
-        shape = (maps.shape[-2], maps.shape[-1])
-        full_keep = None if keep is None else np.broadcast_to(keep, maps.shape)
-    else:
-        assert grids is not None and lead is not None
-        shape = (grids[0].shape[0], grids[0].shape[1])
-        full_keep = None
-    axis = lead_axis_names(len(lead), names)
-    count = int(np.prod(lead))
-    if len(lead) == 1:
-        cols = lead[0] if lead[0] <= 16 else math.ceil(math.sqrt(lead[0]))
-        rows = math.ceil(lead[0] / cols)
-        col_labels = [str(c) if rows == 1 else f"+{c}" for c in range(cols)]
-        row_labels = [""] if rows == 1 else [f"{r * cols}-{min(count, (r + 1) * cols) - 1}" for r in range(rows)]
-        row_name, col_name = ("", axis[0]) if rows == 1 else (f"{axis[0]}s", "+ offset in the row")
-    else:
-        cols, rows = lead[-1], count // lead[-1]
-        col_labels = [str(c) for c in range(cols)]
-        row_labels = [", ".join(str(i) for i in index) for index in np.ndindex(*lead[:-1])]
-        row_name, col_name = ", ".join(axis[:-1]), axis[-1]
-
-    def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
-        n = r * cols + c
-        if n >= count:
-            return None
-        if maps is None:
-            assert grids is not None
-            return grids[n], None
-        index = tuple(int(i) for i in np.unravel_index(n, lead))
-        return maps[index], None if full_keep is None else full_keep[index]
-
-    return mosaic_figure(get, rows, cols, shape, title=title, row_labels=row_labels, col_labels=col_labels,
-                         row_name=row_name, col_name=col_name, cmap=cmap, reduce=reduce,
-                         colorbar_label=colorbar_label, full_shape=full_shape, blocks=blocks, scale=scale)
+        per_panel_ticks(bar, scale, look.diverging)
 
 
 def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None = None,

@@ -13,14 +13,14 @@ so that the file opens from disk, offline, with no server and no network request
 * a statistics table (inspect's head statistics, compare's per-head differences, a compute
   command's per-slice summary), sorted by a click on a column header.
 
-Long maps are aggregated in blocks with the functions the PNGs use (``heatmap.block_factors`` and
-``heatmap.reduce_panel``): the thumbnails as the ``--png`` grid lays out its panels (``heatmap.mosaic_layout``),
-the opened maps as ``--map-png`` (at most ``heatmap.MAX_SIDE`` cells a side), coarser when the whole
-report would hold more than ``MAX_VALUES`` numbers; the page says so wherever a map is aggregated.
-That bounds the file: 16 MB for the opened maps (float32, base64) plus the thumbnails, one colour
-index a cell (base64; the grid is at most about ``heatmap.MOSAIC_SIDE`` cells a side up to 123 x 123
-maps, 3.4 MB), under 20 MB in all; a BERT-base dump (12 layers x 12 heads x 512 tokens) gives
-15.8 MB (README, "The HTML report").
+Long maps are aggregated in blocks with the functions the PNGs use (``attnviz.blocks.block_factors``
+and ``attnviz.blocks.reduce_panel``): the thumbnails as the ``--png`` grid lays out its panels
+(``canvas.mosaic_layout``), the opened maps as ``--map-png`` (at most ``attnviz.blocks.MAX_SIDE``
+cells a side), coarser when the whole report would hold more than ``MAX_VALUES`` numbers; the page
+says so wherever a map is aggregated. That bounds the file: 16 MB for the opened maps (float32,
+base64) plus the thumbnails, one colour index a cell (base64; the grid is at most about
+``canvas.MOSAIC_SIDE`` cells a side up to 123 x 123 maps, 3.4 MB), under 20 MB in all; a BERT-base
+dump (12 layers x 12 heads x 512 tokens) gives 15.8 MB (README, "The HTML report").
 
 The data travels as JSON in a ``<script type="application/json">`` element, with ``<``, ``>`` and
 ``&`` written as ``\\u003c`` ... so that no label from a user's file can end the element; the script
@@ -47,7 +47,8 @@ import numpy as np
 
 from attnviz import __version__
 from attnviz import text as inert
-from attnviz.render.heatmap import MAX_SIDE, block_factors, mosaic_layout, reduce_panel
+from attnviz.blocks import MAX_SIDE, block_factors, reduce_panel
+from attnviz.render.canvas import mosaic_layout
 
 if TYPE_CHECKING:
     from attnviz.pipeline import Outcome
@@ -174,7 +175,7 @@ def grid_report(
     norm: str = "linear",
 ) -> str:
     """The HTML document of ``rows x cols`` maps of ``shape`` (``get(r, c)`` as for
-    ``heatmap.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
+    ``mosaic.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
     slot, ``count`` the maps that are not; maps already aggregated come with ``blocks`` and their
     ``full_shape``). The opened maps hold at most ``budget`` values in all. ``vmin``/``vmax`` fix the
     ends of the colour scale (``--vmin``/``--vmax``; ``vmax`` alone for diverging maps); the page's
@@ -182,11 +183,60 @@ def grid_report(
     full = full_shape or shape
     thumb_blocks = mosaic_layout(rows, cols, shape).blocks  # the PNG grid's
     fr, fc = detail_blocks(count or rows * cols, shape, budget)
-    maps: list[dict[str, Any]] = []
-    thumbs: list[np.ndarray] = []
-    details: list[np.ndarray] = []
-    high, low = -math.inf, 0.0
-    masked = False
+
+    def name(r: int, c: int) -> str:
+        return map_names[r][c] if map_names is not None else f"{row_name} {row_labels[r]}, {col_name} {col_labels[c]}"
+
+    found = _gather_maps(get, rows, cols, thumb_blocks, (fr, fc), reduce, name, after_row)
+    low, high, fixed = _page_scale(found.low, found.high, vmin, vmax, diverging)
+    found.encode(low, high)
+    total = (blocks[0] * fr, blocks[1] * fc)
+    page_notes = _page_notes(notes, fixed, norm, reduce, full, total,
+                             (blocks[0] * thumb_blocks[0], blocks[1] * thumb_blocks[1]), (fr, fc) != (1, 1))
+    return document({
+        "attnviz": __version__, "title": inert.title(title), "subtitle": inert.title(subtitle, 2000),
+        "notes": page_notes, **_grid_axes(row_name, col_name, row_labels, col_labels, rows, cols),
+        "maps": found.maps, "selected": found.index(selected),
+        "shape": list(full), "cells": [math.ceil(shape[0] / fr), math.ceil(shape[1] / fc)], "blocks": list(total),
+        "thumbCells": list(found.thumbs[0].shape) if found.thumbs else [0, 0], "reduce": reduce,
+        **_map_axes(q_labels, k_labels, q_name, k_name),
+        "scale": _scale_doc(low, high, diverging, colorbar_label, colour_table(cmap, diverging), found.masked),
+        "headView": {"max": HEAD_VIEW_MAX,
+                     "enabled": total == (1, 1) and max(full) <= HEAD_VIEW_MAX and bool(found.maps)},
+        "stats": stats.as_json() if stats is not None else None,
+    })
+
+
+@dataclass
+class _Maps:
+    """The maps of a report as ``_gather_maps`` reads them: each map's entry of the page (its place and
+    name; its thumbnail and data once ``encode``d), its thumbnail and its opened map (float32), the
+    highest and lowest value shown (the lowest at most 0), and whether a cell is masked."""
+
+    maps: list[dict[str, Any]] = field(default_factory=list)
+    thumbs: list[np.ndarray] = field(default_factory=list)
+    details: list[np.ndarray] = field(default_factory=list)
+    high: float = -math.inf
+    low: float = 0.0
+    masked: bool = False
+
+    def encode(self, low: float, high: float) -> None:
+        """Each map's thumbnail as colour indices on the scale ``[low, high]`` and its opened map as
+        little-endian float32, both base64, into its entry of the page."""
+        for m, thumb, detail in zip(self.maps, self.thumbs, self.details):
+            m["thumb"] = base64.b64encode(colour_index(thumb, low, high).tobytes()).decode("ascii")
+            m["data"] = base64.b64encode(detail.tobytes()).decode("ascii")
+
+    def index(self, place: tuple[int, int]) -> int:
+        """The number of the map at ``place`` (row, column) of the grid; 0 when there is none."""
+        return {(m["row"], m["col"]): n for n, m in enumerate(self.maps)}.get(place, 0)
+
+
+def _gather_maps(get: MapGetter, rows: int, cols: int, thumb_blocks: tuple[int, int], opened: tuple[int, int],
+                 reduce: str, name: Callable[[int, int], str], after_row: Callable[[int], None] | None) -> _Maps:
+    """Every map from ``get``, a row at a time (``after_row`` after each), in the thumbnails' blocks
+    and in the ``opened`` maps' (the same array when the blocks are)."""
+    found = _Maps()
     for r in range(rows):
         for c in range(cols):
             got = get(r, c)
@@ -194,19 +244,24 @@ def grid_report(
                 continue
             data, keep = got
             thumb = reduce_panel(data, keep, *thumb_blocks, reduce)
-            detail = thumb if (fr, fc) == thumb_blocks else reduce_panel(data, keep, fr, fc, reduce)
-            masked = masked or bool(np.isnan(detail).any())
+            detail = thumb if opened == thumb_blocks else reduce_panel(data, keep, *opened, reduce)
+            found.masked = found.masked or bool(np.isnan(detail).any())
             for cells in (thumb, detail):
                 if np.isfinite(cells).any():
-                    high = max(high, float(np.nanmax(cells)))
-                    low = min(low, float(np.nanmin(cells)))
-            name = (map_names[r][c] if map_names is not None
-                    else f"{row_name} {row_labels[r]}, {col_name} {col_labels[c]}")
-            maps.append({"row": r, "col": c, "name": inert.title(name)})
-            thumbs.append(thumb)
-            details.append(detail.astype("<f4"))
+                    found.high = max(found.high, float(np.nanmax(cells)))
+                    found.low = min(found.low, float(np.nanmin(cells)))
+            found.maps.append({"row": r, "col": c, "name": inert.title(name(r, c))})
+            found.thumbs.append(thumb)
+            found.details.append(detail.astype("<f4"))
         if after_row is not None:
             after_row(r)
+    return found
+
+
+def _page_scale(low: float, high: float, vmin: float | None, vmax: float | None,
+                diverging: bool) -> tuple[float, float, list[str]]:
+    """The page's colour scale for values from ``low`` to ``high``: ``vmin``/``vmax`` where given
+    (``vmax`` alone for diverging maps, symmetric around 0), and the options that fixed it."""
     if not math.isfinite(high):  # nothing but masked cells
         high, low = 1.0, 0.0
     fixed = []
@@ -222,13 +277,14 @@ def grid_report(
         low = -high
     elif high <= low:
         high = low + 1.0
-    lut = colour_table(cmap, diverging)
-    for m, thumb, detail in zip(maps, thumbs, details):
-        m["thumb"] = base64.b64encode(colour_index(thumb, low, high).tobytes()).decode("ascii")
-        m["data"] = base64.b64encode(detail.tobytes()).decode("ascii")
-    total = (blocks[0] * fr, blocks[1] * fc)
-    total_thumb = (blocks[0] * thumb_blocks[0], blocks[1] * thumb_blocks[1])
-    detail_cells = (math.ceil(shape[0] / fr), math.ceil(shape[1] / fc))
+    return low, high, fixed
+
+
+def _page_notes(notes: Sequence[str], fixed: Sequence[str], norm: str, reduce: str, full: tuple[int, int],
+                total: tuple[int, int], thumb_total: tuple[int, int], smaller: bool) -> list[str]:
+    """The notes the page shows: the caller's, then what fixed the scale, that its colours are linear,
+    and the blocks the opened maps (coarser than ``--map-png``'s when ``smaller``) and the thumbnails
+    are drawn in."""
     page_notes = [inert.title(n, 2000) for n in notes]
     if fixed:
         page_notes.append(f"The colour scale is fixed by {' and '.join(fixed)}; values beyond it take its end colours "
@@ -237,33 +293,33 @@ def grid_report(
         page_notes.append(f"Colours here are on a linear scale (--norm {inert.label(norm, 20)} applies to the PNGs).")
     if total != (1, 1):
         page_notes.append(f"Maps [{full[0]}, {full[1]}] are shown in blocks of {total[0]}x{total[1]} positions "
-                          f"({reduce} of each block){'' if (fr, fc) == (1, 1) else ', to keep this file small'}.")
-    if total_thumb != (1, 1):
-        page_notes.append(f"Thumbnails: blocks of {total_thumb[0]}x{total_thumb[1]} positions ({reduce}).")
-    index = {(m["row"], m["col"]): n for n, m in enumerate(maps)}
-    doc = {
-        "attnviz": __version__,
-        "title": inert.title(title),
-        "subtitle": inert.title(subtitle, 2000),
-        "notes": page_notes,
-        "rowName": inert.label(row_name, 40), "colName": inert.label(col_name, 40),
-        "rowLabels": [inert.label(t, 40) for t in row_labels],
-        "colLabels": [inert.label(t, 40) for t in col_labels],
-        "rows": rows, "cols": cols,
-        "maps": maps,
-        "selected": index.get(selected, 0),
-        "shape": list(full), "cells": list(detail_cells), "blocks": list(total), "thumbCells": list(thumbs[0].shape)
-        if thumbs else [0, 0], "reduce": reduce,
-        "qLabels": None if q_labels is None else [inert.label(t, LABEL_WIDTH) for t in q_labels],
-        "kLabels": None if k_labels is None else [inert.label(t, LABEL_WIDTH) for t in k_labels],
-        "qName": inert.label(q_name, 40), "kName": inert.label(k_name, 40),
-        "scale": {"vmin": low, "vmax": high, "diverging": diverging, "label": inert.label(colorbar_label, 40),
-                  "lut": base64.b64encode(lut.tobytes()).decode("ascii"), "masked": masked},
-        "headView": {"max": HEAD_VIEW_MAX,
-                     "enabled": total == (1, 1) and max(full) <= HEAD_VIEW_MAX and bool(maps)},
-        "stats": stats.as_json() if stats is not None else None,
-    }
-    return document(doc)
+                          f"({reduce} of each block){', to keep this file small' if smaller else ''}.")
+    if thumb_total != (1, 1):
+        page_notes.append(f"Thumbnails: blocks of {thumb_total[0]}x{thumb_total[1]} positions ({reduce}).")
+    return page_notes
+
+
+def _scale_doc(low: float, high: float, diverging: bool, label: str, lut: np.ndarray, masked: bool) -> dict[str, Any]:
+    """The page's colour scale: its ends, its label, its colours (``lut``) and whether a cell is masked."""
+    return {"vmin": low, "vmax": high, "diverging": diverging, "label": inert.label(label, 40),
+            "lut": base64.b64encode(lut.tobytes()).decode("ascii"), "masked": masked}
+
+
+def _grid_axes(row_name: str, col_name: str, row_labels: Sequence[str], col_labels: Sequence[str], rows: int,
+               cols: int) -> dict[str, Any]:
+    """The page's names of the grid's axes and of its rows and columns, and its size."""
+    return {"rowName": inert.label(row_name, 40), "colName": inert.label(col_name, 40),
+            "rowLabels": [inert.label(t, 40) for t in row_labels],
+            "colLabels": [inert.label(t, 40) for t in col_labels],
+            "rows": rows, "cols": cols}
+
+
+def _map_axes(q_labels: Sequence[str] | None, k_labels: Sequence[str] | None, q_name: str,
+              k_name: str) -> dict[str, Any]:
+    """The page's token labels of an opened map's axes and the axes' names."""
+    return {"qLabels": None if q_labels is None else [inert.label(t, LABEL_WIDTH) for t in q_labels],
+            "kLabels": None if k_labels is None else [inert.label(t, LABEL_WIDTH) for t in k_labels],
+            "qName": inert.label(q_name, 40), "kName": inert.label(k_name, 40)}
 
 
 def _asset(name: str) -> str:
@@ -314,7 +370,7 @@ def model_report(w: np.ndarray, *, title: str, subtitle: str = "", q_labels: Seq
                  layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                  vmin: float | None = None, vmax: float | None = None, norm: str = "linear") -> str:
     """The report of a model's ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped), read a layer
-    at a time, as ``heatmap.model_grid_figure``: ``keep`` broadcasts to ``w``, ``real_rows``
+    at a time, as ``mosaic.model_grid_figure``: ``keep`` broadcasts to ``w``, ``real_rows``
     (``[layers, heads, Lq]``) greys padded query rows; ``layers`` and ``heads`` choose the maps
     (``--layers``/``--heads``; all by default), ``selected`` is the (layer, head) opened first.
     ``stats`` has one row per layer and head of ``w``: those of the chosen maps are kept."""
@@ -393,10 +449,10 @@ def compute_report(outcome: Outcome, *, title: str | None = None, cmap: str | No
                    index: tuple[int, ...] = (), precision: int = 3, vmin: float | None = None,
                    vmax: float | None = None, norm: str = "linear") -> str:
     """The report of a compute command: its weights' batch x head slices (the last leading axis
-    across, the others down; one leading axis of more than 16 wraps, as ``heatmap.slices_mosaic``),
+    across, the others down; one leading axis of more than 16 wraps, as ``mosaic.slices_mosaic``),
     and the per-slice summary. A blockwise run's aggregated maps stand in for the weights."""
     from attnviz.errors import shape_str
-    from attnviz.render.heatmap import lead_axis_names
+    from attnviz.render.mosaic import lead_axis_names
     from attnviz.render.table import slice_label
 
     prep, result, streamed = outcome.prepared, outcome.result, outcome.streamed

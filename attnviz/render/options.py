@@ -35,7 +35,7 @@ class FigureOptions:
     def check(self, diverging: bool = False) -> None:
         """Option values that are wrong whatever the data (exit 2): an unknown colour map, a contradictory scale."""
         if self.cmap is not None:
-            from attnviz.render.heatmap import check_cmap
+            from attnviz.render.scale import check_cmap
 
             check_cmap(self.cmap)
         check_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel, diverging=diverging)
@@ -68,7 +68,7 @@ def check_scale(vmin: float | None, vmax: float | None, norm: str | None, per_pa
 
 def figure_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool) -> Any:
     """The ``ColourScale`` of the figure options (imports the renderer: call when drawing)."""
-    from attnviz.render.heatmap import ColourScale
+    from attnviz.render.scale import ColourScale
 
     return ColourScale.from_options(vmin, vmax, norm, per_panel)
 

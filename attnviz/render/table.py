@@ -32,6 +32,7 @@ emoji codes), shortened and with control characters made visible (``attnviz.text
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -367,13 +368,34 @@ def stats_table(
     lq = stats.entropy.shape[0]
     rows = pick(lq, max_rows)
     elided = _elided(rows, lq, "rows")
-    k = stats.top_index.shape[-1]
-    p = precision
     counted = ~stats.masked if padded is None else ~stats.masked & ~padded
     sparse = bool(((stats.support < stats.n_keys) & counted).any())  # exact zeros: say how many keys each row uses
-    numbers = ("H", "H/ln n", "max")
+    cells = _StatsCells(_stats_records(stats, rows, q_labels, k_labels, precision, padded, sparse), k_labels,
+                        stats.top_index.shape[-1], sparse, row_name)
 
-    # every cell as text first: (row label, kind, the three numbers, argmax, top-k entries, sum, support)
+    def build(width: int | None) -> Table:
+        fit = _fit_stats(cells, width)
+        lines, top_w, top_header = _top_lines(cells, fit, width)
+        notes = ["H: entropy in nats; H/ln n: normalised by the unmasked key count"]
+        if not fit.argmax_shown:
+            notes.append("argmax: the first top-k entry")
+        if padded is not None and padded.any():
+            notes.append(f"{PAD}: a padded query row, left out")
+        if elided:
+            notes.append(f"not shown: {elided} (--max-rows shows more)")
+        table = Table(title=_title(title), caption="; ".join(notes), caption_justify="left")
+        _add_stats_columns(table, cells, fit, top_header, top_w)
+        _add_stats_rows(table, cells, fit, lines)
+        return table
+
+    return Fitted(build)
+
+
+def _stats_records(stats: RowStats, rows: Sequence[int | None], q_labels: Sequence[str] | None,
+                   k_labels: Sequence[str] | None, p: int, padded: np.ndarray | None,
+                   sparse: bool) -> list[dict[str, Any]]:
+    """Every cell of a ``stats_table`` as text, a record a row: its label, its kind (``row``,
+    ``masked``, ``pad`` or ``gap``), the three numbers, argmax, top-k entries, sum and support."""
     records: list[dict[str, Any]] = []
     for i in rows:
         if i is None:
@@ -391,101 +413,134 @@ def stats_table(
                        argmax=axis_name(int(stats.argmax[i]), k_labels), sum=f"{stats.row_sum[i]:.{p}f}",
                        top=[(int(j), f"{w:.{p}f}") for j, w in zip(stats.top_index[i], stats.top_weight[i])])
         records.append(rec)
+    return records
 
+
+class _StatsCells:
+    """The records of a ``stats_table`` (``_stats_records``), the natural widths of its columns, and
+    its top-k entries as text with their labels at most so many cells."""
+
+    NUMBERS = ("H", "H/ln n", "max")
+
+    def __init__(self, records: list[dict[str, Any]], k_labels: Sequence[str] | None, k: int, sparse: bool,
+                 row_name: str) -> None:
+        self.records, self.k_labels, self.sparse, self.row_name = records, k_labels, sparse, row_name
+        filler = self.filler
+        self.label_natural = max([cell_len(inert.label(row_name)),
+                                  *(cell_len(r["label"]) for r in records if "label" in r)])
+        self.number_w = [_width_of([r["numbers"][n] if r["kind"] == "row" else filler(r) for r in records],
+                                   self.NUMBERS[n]) for n in range(3)]
+        self.argmax_w = _width_of([r["argmax"] if r["kind"] == "row" else filler(r) for r in records], "argmax")
+        self.sum_w = _width_of([r.get("sum", filler(r)) if r["kind"] != "gap" else "⋮" for r in records], "sum")
+        self.support_w = _width_of([r.get("support", "⋮") for r in records], "support") if sparse else 0
+        self.top_full, self.top_short = f"top-{k} (key: weight)", f"top-{k}"
+
+    @staticmethod
     def filler(rec: dict[str, Any]) -> str:
         return "⋮" if rec["kind"] == "gap" else PAD if rec["kind"] == "pad" else "masked"
 
-    def entry(j: int, weight: str, cells: int) -> str:
-        if k_labels is None:
+    def entry(self, j: int, weight: str, cells: int) -> str:
+        if self.k_labels is None:
             return f"{j}: {weight}"
-        return f"{j} {clip(inert.label(k_labels[j], 12), cells)}: {weight}"
+        return f"{j} {clip(inert.label(self.k_labels[j], 12), cells)}: {weight}"
 
-    def entries(rec: dict[str, Any], cells: int) -> list[str]:
-        return [entry(j, w, cells) for j, w in rec["top"]] if rec["kind"] == "row" else [filler(rec)]
+    def entries(self, rec: dict[str, Any], cells: int) -> list[str]:
+        return [self.entry(j, w, cells) for j, w in rec["top"]] if rec["kind"] == "row" else [self.filler(rec)]
 
-    def one_line(cells: int) -> int:
-        return max((cell_len("  ".join(entries(rec, cells))) for rec in records), default=1)
+    def one_line(self, cells: int) -> int:
+        return max((cell_len("  ".join(self.entries(rec, cells))) for rec in self.records), default=1)
 
-    def widest_entry(cells: int) -> int:
-        return max((cell_len(e) for rec in records for e in entries(rec, cells)), default=1)
+    def widest_entry(self, cells: int) -> int:
+        return max((cell_len(e) for rec in self.records for e in self.entries(rec, cells)), default=1)
 
-    def width_of(values: Iterable[str], header: str) -> int:
-        return max([cell_len(header), *(cell_len(v) for v in values)])
 
-    label_natural = max([cell_len(inert.label(row_name)), *(cell_len(r["label"]) for r in records if "label" in r)])
-    number_w = [width_of([r["numbers"][n] if r["kind"] == "row" else filler(r) for r in records], numbers[n])
-                for n in range(3)]
-    argmax_w = width_of([r["argmax"] if r["kind"] == "row" else filler(r) for r in records], "argmax")
-    sum_w = width_of([r.get("sum", filler(r)) if r["kind"] != "gap" else "⋮" for r in records], "sum")
-    support_w = width_of([r.get("support", "⋮") for r in records], "support") if sparse else 0
-    top_full, top_short = f"top-{k} (key: weight)", f"top-{k}"
+def _width_of(values: Iterable[str], header: str) -> int:
+    return max([cell_len(header), *(cell_len(v) for v in values)])
 
-    def build(width: int | None) -> Table:
-        label_w = min(label_natural, row_label_cells(width))
-        argmax_shown, cells, wrap_at = True, ENTRY_LABEL_CELLS[0], None
-        if width is not None:
-            def room(argmax: bool) -> int:  # cells left for the top-k column
-                columns = 6 + argmax + sparse
-                used = label_w + sum(number_w) + sum_w + support_w + (min(argmax_w, ROW_LABEL_CELLS) if argmax else 0)
-                return width - used - frame(columns)
 
-            tries = [(True, ENTRY_LABEL_CELLS[0])] + [(False, c) for c in ENTRY_LABEL_CELLS]
-            fits = [(a, c) for a, c in tries if max(one_line(c), cell_len(top_short)) <= room(a)]
-            if fits:
-                argmax_shown, cells = fits[0]
-            else:  # whole entries on further lines, each entry's label as long as the column allows
-                argmax_shown = False
-                short_by = widest_entry(3) - room(False)
-                if short_by > 0:  # a narrow terminal: the row labels give way first
-                    label_w = max(min(label_natural, 6), label_w - short_by)
-                wrap_at = max(room(False), cell_len(top_short))
-                cells = next((c for c in (*ENTRY_LABEL_CELLS, 3) if widest_entry(c) <= wrap_at), 3)
-        lines = [entries(rec, cells) for rec in records]
-        if wrap_at is None:
-            top_w = one_line(cells)
+@dataclass
+class _StatsFit:
+    """How a ``stats_table`` fits a width: the row labels' column, whether the argmax column is shown,
+    the cells of a top-k entry's label, and the width its entries wrap at (None: one line a row)."""
+
+    label_w: int
+    argmax_shown: bool
+    cells: int
+    wrap_at: int | None
+
+
+def _fit_stats(c: _StatsCells, width: int | None) -> _StatsFit:
+    """The argmax column left out first, then the top-k entries' labels shortened, then whole entries on
+    further lines (the row labels giving way first on a narrow terminal)."""
+    label_w = min(c.label_natural, row_label_cells(width))
+    argmax_shown, cells, wrap_at = True, ENTRY_LABEL_CELLS[0], None
+    if width is not None:
+        def room(argmax: bool) -> int:  # cells left for the top-k column
+            columns = 6 + argmax + c.sparse
+            argmax_w = min(c.argmax_w, ROW_LABEL_CELLS) if argmax else 0
+            used = label_w + sum(c.number_w) + c.sum_w + c.support_w + argmax_w
+            return width - used - frame(columns)
+
+        tries = [(True, ENTRY_LABEL_CELLS[0])] + [(False, n) for n in ENTRY_LABEL_CELLS]
+        fits = [(a, n) for a, n in tries if max(c.one_line(n), cell_len(c.top_short)) <= room(a)]
+        if fits:
+            argmax_shown, cells = fits[0]
+        else:  # whole entries on further lines, each entry's label as long as the column allows
+            argmax_shown = False
+            short_by = c.widest_entry(3) - room(False)
+            if short_by > 0:  # a narrow terminal: the row labels give way first
+                label_w = max(min(c.label_natural, 6), label_w - short_by)
+            wrap_at = max(room(False), cell_len(c.top_short))
+            cells = next((n for n in (*ENTRY_LABEL_CELLS, 3) if c.widest_entry(n) <= wrap_at), 3)
+    return _StatsFit(label_w, argmax_shown, cells, wrap_at)
+
+
+def _top_lines(c: _StatsCells, fit: _StatsFit, width: int | None) -> tuple[list[list[str]], int, str]:
+    """Each row's top-k entries (its lines, when they wrap), the top-k column's width and its header
+    (the short one when the long one would widen the column)."""
+    lines = [c.entries(rec, fit.cells) for rec in c.records]
+    if fit.wrap_at is None:
+        top_w = c.one_line(fit.cells)
+    else:
+        lines = [_pack(shown, fit.wrap_at).split("\n") for shown in lines]
+        top_w = max((cell_len(line) for shown in lines for line in shown), default=1)
+    if width is None or top_w >= cell_len(c.top_full):
+        top_header = c.top_full
+    else:
+        top_header = c.top_short
+    return lines, max(top_w, cell_len(top_header)), top_header
+
+
+def _add_stats_columns(table: Table, c: _StatsCells, fit: _StatsFit, top_header: str, top_w: int) -> None:
+    table.add_column(Text(clip(inert.label(c.row_name), fit.label_w)), no_wrap=True, overflow="ellipsis",
+                     width=fit.label_w)
+    for name, w in zip(c.NUMBERS, c.number_w):
+        table.add_column(name, justify="right", no_wrap=True, width=w)
+    if fit.argmax_shown:
+        table.add_column("argmax", no_wrap=True, overflow="ellipsis", width=min(c.argmax_w, ROW_LABEL_CELLS))
+    table.add_column(Text(top_header), no_wrap=True, overflow="ellipsis", width=top_w)
+    table.add_column("sum", justify="right", no_wrap=True, width=c.sum_w)
+    if c.sparse:
+        table.add_column("support", justify="right", no_wrap=True, width=c.support_w)
+
+
+def _add_stats_rows(table: Table, c: _StatsCells, fit: _StatsFit, lines: Sequence[Sequence[str]]) -> None:
+    """A row a record: a gap's ``⋮`` across, masked and padded rows dim, the top-k entries on one line
+    or as wrapped."""
+    for rec, shown in zip(c.records, lines):
+        kind = rec["kind"]
+        if kind == "gap":
+            table.add_row("⋮", *["⋮"] * (len(table.columns) - 1))
+            continue
+        dim = Text(c.filler(rec), style="dim")
+        if kind == "row":
+            cells: list[Text | str] = [*rec["numbers"], *([Text(rec["argmax"])] if fit.argmax_shown else [])]
+            top: Text | str = Text("\n".join(shown) if fit.wrap_at is not None else "  ".join(shown))
         else:
-            lines = [_pack(shown, wrap_at).split("\n") for shown in lines]
-            top_w = max((cell_len(line) for shown in lines for line in shown), default=1)
-        if width is None or top_w >= cell_len(top_full):
-            top_header = top_full
-        else:
-            top_header = top_short
-        top_w = max(top_w, cell_len(top_header))
-
-        notes = ["H: entropy in nats; H/ln n: normalised by the unmasked key count"]
-        if not argmax_shown:
-            notes.append("argmax: the first top-k entry")
-        if padded is not None and padded.any():
-            notes.append(f"{PAD}: a padded query row, left out")
-        if elided:
-            notes.append(f"not shown: {elided} (--max-rows shows more)")
-        table = Table(title=_title(title), caption="; ".join(notes), caption_justify="left")
-        table.add_column(Text(clip(inert.label(row_name), label_w)), no_wrap=True, overflow="ellipsis", width=label_w)
-        for name, w in zip(numbers, number_w):
-            table.add_column(name, justify="right", no_wrap=True, width=w)
-        if argmax_shown:
-            table.add_column("argmax", no_wrap=True, overflow="ellipsis", width=min(argmax_w, ROW_LABEL_CELLS))
-        table.add_column(Text(top_header), no_wrap=True, overflow="ellipsis", width=top_w)
-        table.add_column("sum", justify="right", no_wrap=True, width=sum_w)
-        if sparse:
-            table.add_column("support", justify="right", no_wrap=True, width=support_w)
-        for rec, shown in zip(records, lines):
-            kind = rec["kind"]
-            if kind == "gap":
-                table.add_row("⋮", *["⋮"] * (len(table.columns) - 1))
-                continue
-            dim = Text(filler(rec), style="dim")
-            if kind == "row":
-                cells_: list[Text | str] = [*rec["numbers"], *([Text(rec["argmax"])] if argmax_shown else [])]
-                top: Text | str = Text("\n".join(shown) if wrap_at is not None else "  ".join(shown))
-            else:
-                cells_ = [dim] * (3 + argmax_shown)
-                top = dim
-            tail = [rec["sum"]] if kind != "pad" else [dim]
-            table.add_row(Text(rec["label"]), *cells_, top, *tail, *([rec["support"]] if sparse else []))
-        return table
-
-    return Fitted(build)
+            cells = [dim] * (3 + fit.argmax_shown)
+            top = dim
+        tail = [rec["sum"]] if kind != "pad" else [dim]
+        table.add_row(Text(rec["label"]), *cells, top, *tail, *([rec["support"]] if c.sparse else []))
 
 
 def _pack(items: Sequence[str], width: int) -> str:

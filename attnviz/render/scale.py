@@ -1,0 +1,223 @@
+"""Colour scales: how the values of attention maps become colours, shared by every figure.
+
+``ColourScale`` is what the options ask for (``--vmin``, ``--vmax``, ``--norm``,
+``--scale-per-panel``); ``make_scaling`` makes it for the values shown (a ``ValueRange``): the
+matplotlib norm, the range values are clipped to, and the ends of the colour bar that carry a
+triangle. ``own_scale`` draws a panel on its own scale (``--scale-per-panel``); ``scale_label``,
+``per_panel_ticks`` and ``number`` say on the colour bar and under the panels what the scale is.
+``check_cmap`` vets ``--cmap`` against matplotlib's colour maps; masked cells take their "bad"
+colour, a light grey.
+
+Used by ``attnviz.render.heatmap`` (single heatmaps) and ``attnviz.render.mosaic`` (many maps in
+one picture). matplotlib is imported inside the functions that need it, never at import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+LOG_DECADES = 4  # --norm log without --vmin: the scale starts at most this many decades below its top
+NORMS = ("linear", "log", "power")
+
+
+def _colormap(name: str) -> Any:
+    from matplotlib import colormaps
+
+    from attnviz.errors import UsageError
+
+    if name not in colormaps:
+        raise UsageError(f"--cmap {name!r}: not a matplotlib colour map (e.g. viridis, magma, Blues, RdBu_r).")
+    return colormaps[name].with_extremes(bad="#d9d9d9")  # masked cells: light grey
+
+
+def check_cmap(name: str | None) -> None:
+    """Fail early (exit 2) on an unknown colour map; imports matplotlib's colour maps only."""
+    if name is not None:
+        _colormap(name)
+
+
+@dataclass(frozen=True)
+class ColourScale:
+    """How values become colours. ``vmin``/``vmax`` fix the ends of the scale (None: from the values
+    shown); ``norm`` is ``linear``, ``log`` or ``power`` (matplotlib's PowerNorm, ``gamma``);
+    ``per_panel`` gives each panel its own scale (0, or its lowest value, to its own maximum), and each
+    panel then says its maximum.
+
+    Defaults: linear from ``min(0, lowest)`` to the highest value shown. ``log`` starts at ``vmin``,
+    or else at the smallest positive value shown but never more than ``LOG_DECADES`` decades below the
+    top; values at or below the start (zeros too) take the bottom colour, not the grey of masked
+    cells. Diverging maps (compare's A - B) are symmetric around 0 from ``-V`` to ``V`` (``vmax``, or
+    the largest ``|value|``): ``log`` is then a symmetric log scale, linear within the start of the
+    log scale (as above, of ``|value|``) and logarithmic beyond, and ``power:G`` is
+    ``sign(x) |x|^G``. The command line checks the values (``attnviz.render.options.check_scale``)."""
+
+    vmin: float | None = None
+    vmax: float | None = None
+    norm: str = "linear"
+    gamma: float = 1.0
+    per_panel: bool = False
+
+    @classmethod
+    def from_options(cls, vmin: float | None = None, vmax: float | None = None, norm: str | None = "linear",
+                     per_panel: bool = False) -> ColourScale:
+        kind, _, gamma = (norm or "linear").partition(":")
+        return cls(vmin, vmax, kind, float(gamma) if gamma else 1.0, per_panel)
+
+    @property
+    def name(self) -> str:
+        """``""``, ``"log"`` or ``"power 0.5"``: how the colour bar's label names the scale."""
+        return {"log": "log", "power": f"power {self.gamma:g}"}.get(self.norm, "")
+
+
+@dataclass
+class ValueRange:
+    """The values a scale is made for: lowest, highest, and the smallest above 0 (of ``|value|``
+    for diverging maps), over every cell shown (NaN, masked, left out)."""
+
+    low: float = math.inf
+    high: float = -math.inf
+    tiny: float = math.inf
+
+    def add(self, cells: np.ndarray, diverging: bool = False) -> None:
+        if not cells.size:
+            return
+        self.low = min(self.low, float(np.nanmin(cells, initial=np.inf)))
+        self.high = max(self.high, float(np.nanmax(cells, initial=-np.inf)))
+        size = np.abs(cells) if diverging else cells
+        self.tiny = min(self.tiny, float(np.nanmin(np.where(size > 0, size, np.inf), initial=np.inf)))
+
+    @property
+    def empty(self) -> bool:
+        return not self.high >= self.low
+
+
+@dataclass
+class Scaling:
+    """A scale made for some values: the matplotlib norm, the range values are clipped to before
+    colouring (so that a log scale shows zeros in its bottom colour), and which ends of the colour
+    bar carry a triangle for values beyond them."""
+
+    norm: Any
+    low: float
+    high: float
+    extend: str
+    note: str = ""
+    log: bool = False
+
+    def bounds32(self) -> tuple[np.float32, np.float32]:
+        """``low`` and ``high`` as float32, a hair inside ``[low, high]`` (far below one step of a colour
+        map: two float32 steps, or a 1e-5 factor on a log scale): a value clipped to them never falls
+        outside the scale by the rounding of the image pipeline (it would take the colour of the
+        separators, or a log scale's zeros the white of the caption strips)."""
+        if self.log:
+            return np.float32(self.low * (1 + 1e-5)), np.float32(self.high * (1 - 1e-5))
+        up, down = np.float32(np.inf), np.float32(-np.inf)
+        low, high = np.float32(self.low), np.float32(self.high)
+        if low <= self.low:
+            low = np.nextafter(low, up)
+        if high >= self.high:
+            high = np.nextafter(high, down)
+        return np.nextafter(low, up), np.nextafter(high, down)  # and one step more
+
+    def clip(self, values: np.ndarray) -> np.ndarray:
+        """``values`` within ``[low, high]`` (NaN stays NaN), as float32."""
+        out = np.array(values, dtype=np.float32)
+        np.clip(out, *self.bounds32(), out=out, where=np.isfinite(out))
+        return out
+
+
+def make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False) -> Scaling:
+    """The norm of ``scale`` for ``values`` (see ``ColourScale`` for the defaults)."""
+    from matplotlib import colors
+
+    low, high = (0.0, 0.0) if values.empty else (values.low, values.high)
+    tiny = values.tiny if math.isfinite(values.tiny) else None
+    if diverging:
+        lim = scale.vmax if scale.vmax is not None else max(abs(low), abs(high))
+        lim = lim or 1.0
+        extend = _extend(low < -lim, high > lim)
+        if scale.norm == "log":
+            floor = min(max(tiny or 0.0, lim / 10**LOG_DECADES), lim / 10)
+            norm: Any = colors.SymLogNorm(linthresh=floor, linscale=0.5, vmin=-lim, vmax=lim, base=10)
+            return Scaling(norm, -lim, lim, extend, f"symmetric log scale, linear within ±{floor:.2g}")
+        if scale.norm == "power":
+            g = scale.gamma
+
+            def forward(x: Any) -> Any:
+                return np.sign(x) * np.abs(x) ** g
+
+            def inverse(y: Any) -> Any:
+                return np.sign(y) * np.abs(y) ** (1 / g)
+
+            norm = colors.FuncNorm((forward, inverse), vmin=-lim, vmax=lim)
+            return Scaling(norm, -lim, lim, extend, f"power {g:g} scale, sign(x) |x|^{g:g}")
+        return Scaling(colors.Normalize(-lim, lim), -lim, lim, extend)
+    if scale.norm == "log":
+        hi = scale.vmax if scale.vmax is not None else (high if high > 0 else 1.0)
+        if scale.vmin is not None:
+            lo = scale.vmin
+        else:
+            lo = max(tiny or 0.0, hi / 10**LOG_DECADES)
+            if lo >= hi:  # every value the same (or nothing above 0): one decade below it
+                lo = hi / 10
+        if hi <= lo:  # --vmin above every value: a decade above it
+            hi = lo * 10
+        return Scaling(colors.LogNorm(lo, hi), lo, hi, _extend(low < lo, high > hi),
+                       f"log scale from {lo:.2g}; lower values and zeros in its bottom colour", log=True)
+    lo = scale.vmin if scale.vmin is not None else min(0.0, low)
+    hi = scale.vmax if scale.vmax is not None else high
+    if hi <= lo and scale.vmax is not None and scale.vmin is None:  # --vmax at or below the default bottom:
+        lo = hi - (abs(hi) or 1.0)  # keep the user's top (values above it take the top colour)
+    elif hi <= lo:  # every value equal, or --vmin above every value: the given bottom is kept
+        hi = lo + (abs(lo) or 1.0)
+    extend = _extend(low < lo, high > hi)
+    if scale.norm == "power":
+        return Scaling(colors.PowerNorm(scale.gamma, lo, hi), lo, hi, extend, f"power {scale.gamma:g} scale")
+    return Scaling(colors.Normalize(lo, hi), lo, hi, extend)
+
+
+def _extend(below: bool, above: bool) -> str:
+    return {(False, False): "neither", (True, False): "min", (False, True): "max"}.get((below, above), "both")
+
+
+def own_scale(cells: np.ndarray, scale: ColourScale, diverging: bool = False) -> tuple[np.ndarray, float]:
+    """A panel on its own scale (``--scale-per-panel``): its cells as positions 0..1 of the colour map
+    (NaN stays NaN), and the panel's maximum (of ``|value|`` when diverging) for its label."""
+    values = ValueRange()
+    values.add(cells, diverging)
+    scaling = make_scaling(scale, values, diverging)
+    clipped = scaling.clip(cells)
+    position = np.ma.filled(scaling.norm(np.ma.masked_invalid(clipped)), np.nan)
+    top = max(abs(values.low), abs(values.high)) if diverging else values.high
+    return np.asarray(position, dtype=np.float32), (top if not values.empty else 0.0)
+
+
+def scale_label(label: str, scale: ColourScale, diverging: bool = False) -> str:
+    """The colour bar's label: what the values are, and the kind of scale."""
+    if scale.per_panel:
+        span = "-max to +max of each panel" if diverging else "0 to each panel's max"
+        return f"{label}, per panel: {span}" + (f" ({scale.name})" if scale.name else "")
+    return f"{label} ({scale.name})" if scale.name else label
+
+
+def per_panel_ticks(bar: Any, scale: ColourScale, diverging: bool) -> None:
+    """A per-panel colour bar (positions 0..1) marks its ends as each panel's own."""
+    ticks, names = ([0.0, 0.5, 1.0], ["-max", "0", "+max"]) if diverging else (
+        [0.0, 1.0], ["panel min" if scale.norm == "log" else "0", "panel max"])
+    bar.set_ticks(ticks)
+    bar.set_ticklabels(names)
+
+
+def number(value: float) -> str:
+    """A value as a panel's label shows it: three significant digits."""
+    return f"{value:.3g}"
+
+
+def _unit_norm() -> Any:
+    from matplotlib.colors import Normalize
+
+    return Normalize(0.0, 1.0)
