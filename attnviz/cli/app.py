@@ -136,11 +136,10 @@ def main(
 # ----------------------------------------------------------------------------------------------
 # Every command, registered here and only here
 
+app.command("variants")(variants_command)
 for _variant in REGISTRY.values():
     _command = make_command(_variant)
     app.command(_variant.name, help=_command.__doc__, short_help=_variant.summary)(_command)
-
-app.command("variants")(variants_command)
 app.command("inspect")(inspect_command)
 app.command("compare")(compare_command)
 app.command("batch")(batch_command)
