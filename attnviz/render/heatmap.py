@@ -122,7 +122,7 @@ def quiet_matplotlib() -> None:
     warnings.filterwarnings("ignore", message=r"Matplotlib currently does not support")
     warnings.filterwarnings("ignore", module=r"matplotlib(\.|$)")
     # matplotlib's warn_external lands in the module that called it
-    warnings.filterwarnings("ignore", module=r"attnviz\.render\.(heatmap|mosaic|scale)$")
+    warnings.filterwarnings("ignore", module=r"attnviz\.render\.(heatmap|mosaic|scale|canvas|figures)$")
     logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
 
