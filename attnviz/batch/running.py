@@ -1,7 +1,8 @@
 """Running a batch (``attnviz batch``): every job of this shard through the runner it is handed, one
 at a time or in threads (``--jobs``), each with its own stdout and stderr buffers; the results manifest
-written as jobs finish, ``--resume`` and ``--fail-fast``; the progress bar on stderr and the summary (a
-table, or JSON with ``--json``) on stdout.
+written as jobs finish, ``--resume`` and ``--fail-fast``. It prints nothing: ``plan_batch`` says what
+will run, ``run_batch`` returns a ``BatchOutcome`` (its ``document`` is the JSON summary), and the
+command line shows the progress bar and the summary table.
 
 A job runs exactly as ``attnviz ARGV`` would (``Runner.execute``): the same parsing, messages, exit
 codes and files. A job that fails is recorded with its exit code and the last lines of its stderr
@@ -15,20 +16,15 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from attnviz.batch import Runner
 from attnviz.batch.jobs import Job, plan_jobs
 from attnviz.batch.results import JobResult, results_record
 from attnviz.errors import UsageError
-from attnviz.streams import err_console, out_console, redirected, stdout
-
-
-def _inert(text: str) -> str:
-    """Text for the summary table with control characters (ESC, CR, BEL, C1 ...) made visible."""
-    from attnviz.text import visible
-
-    return visible(text)
+from attnviz.streams import redirected
 
 
 def run_job(runner: Runner, job: Job) -> JobResult:
@@ -116,15 +112,70 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def run_batch(spec: list[str], each: str | None, shard: str | None, results_path: str | None, resume: bool,
-              workers: int, fail_fast: bool, json_out: bool, quiet: bool, *, runner: Runner) -> bool:
-    """Run a batch as ``attnviz batch`` does (its options by name: ``spec`` is JOBS or, with ``each``,
-    the command after --), every job through ``runner``. True when a job failed or, after one failed
-    (``fail_fast``), was not run. Errors of the batch itself (a bad --shard, no jobs file) are raised
-    as ``AttnvizError``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+@dataclass
+class BatchPlan:
+    """The jobs of a batch (``plan_batch``): all of them, this shard's, those still to run, and those a
+    results manifest records as done (``--resume``)."""
 
-    from attnviz.batch.results import ResultsFile, is_complete, read_results, remove_leftovers
+    all_jobs: list[Job]
+    jobs: list[Job]  # this shard's
+    todo: list[Job]
+    before: list[JobResult]  # done before (--resume)
+    shard: tuple[int, int]  # (index, count)
+    results_path: str | None = None
+    each: bool = False  # one job per file (--each): the summary names files, not lines
+    resumed: bool = False
+    unreadable: int = 0  # lines of the manifest that could not be read
+
+
+@dataclass
+class BatchOutcome:
+    """What a batch did: every job's result (this run's and those done before), in the jobs' order."""
+
+    plan: BatchPlan
+    results: list[JobResult]  # this run's, as they finished
+    seconds: float
+
+    @property
+    def everything(self) -> list[JobResult]:
+        return sorted([*self.plan.before, *self.results], key=lambda r: r.job.index)
+
+    @property
+    def failed(self) -> list[JobResult]:
+        return [r for r in self.everything if not r.ok]
+
+    @property
+    def not_run(self) -> int:
+        """Jobs not run after one failed (--fail-fast)."""
+        return len(self.plan.todo) - len(self.results)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.not_run
+
+    def document(self) -> dict[str, Any]:
+        """The summary as ``attnviz batch --json`` prints it."""
+        index, count = self.plan.shard
+        return {
+            "jobs": [{"line": r.job.number, "index": r.job.index,
+                      **({"path": r.job.path} if r.job.path is not None else {}),
+                      "command": r.job.command or None, "status": "ok" if r.ok else "failed",
+                      "exit_code": r.exit_code, "error": r.error, "seconds": round(r.seconds, 4),
+                      **({"resumed": True} if r.recorded is not None else {}),
+                      **({"document": r.document} if r.document is not None else {})} for r in self.everything],
+            "total": len(self.plan.jobs), "run": len(self.results), "failed": len(self.failed),
+            "skipped": self.not_run, "resumed": len(self.plan.before), "shard": {"index": index, "count": count},
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def plan_batch(spec: list[str], each: str | None, shard: str | None, results_path: str | None, resume: bool, *,
+               runner: Runner) -> BatchPlan:
+    """The jobs of ``attnviz batch`` (``spec`` is JOBS or, with ``each``, the command after --) in this
+    shard, less those ``--resume`` finds done in ``results_path`` (hidden staged files a killed run left
+    beside this shard's outputs are removed then). Errors of the batch itself (a bad --shard, no jobs
+    file, --results naming a file the jobs read or write) are raised as ``AttnvizError``."""
+    from attnviz.batch.results import is_complete, read_results, remove_leftovers
     from attnviz.batch.shards import parse_shard, shard_positions
 
     index, count = parse_shard(shard)
@@ -138,82 +189,40 @@ def run_batch(spec: list[str], each: str | None, shard: str | None, results_path
         if clash is not None:
             raise UsageError(f"--results {results_path}: a job writes that file ({clash}); give another name.")
     jobs = [all_jobs[n] for n in shard_positions([j.key for j in all_jobs], index, count)]
-    before: list[JobResult] = []
-    todo = jobs
-    err = err_console()
+    plan = BatchPlan(all_jobs, jobs, jobs, [], (index, count), results_path, each is not None)
     if resume and results_path is not None:
-        records, unreadable = read_results(results_path)
-        todo = []
+        records, plan.unreadable = read_results(results_path)
+        plan.todo, plan.resumed = [], True
         for job in jobs:
             record = records.get(job.key) if job.argv else None
             if record is not None and is_complete(record, [p for _, p in job.outputs]):
-                before.append(JobResult(job, int(record["exit_code"]), float(record.get("seconds") or 0.0),
-                                        record.get("error"), recorded=record))
+                plan.before.append(JobResult(job, int(record["exit_code"]), float(record.get("seconds") or 0.0),
+                                             record.get("error"), recorded=record))
             else:
-                todo.append(job)
-        for job in jobs:  # hidden staged files a killed run left beside this shard's outputs
+                plan.todo.append(job)
+        for job in jobs:
             for _, path in job.outputs:
                 remove_leftovers(path)
-        if not quiet:
-            err.print(f"resume: {len(before)} of {len(jobs)} jobs done before ({results_path}); running {len(todo)}"
-                      + (f"; {unreadable} unreadable line(s) ignored" if unreadable else ""), style="dim")
+    return plan
+
+
+def run_batch(plan: BatchPlan, *, runner: Runner, workers: int = 1, fail_fast: bool = False,
+              progress: Callable[[], object] | None = None) -> BatchOutcome:
+    """Run the plan's jobs still to do through ``runner`` (``workers`` threads), appending each result
+    to the results manifest as it finishes; ``progress`` is called once per job finished."""
+    from attnviz.batch.results import ResultsFile
+
     start = time.perf_counter()
     results: list[JobResult] = []
-    manifest = ResultsFile(results_path) if results_path is not None else None
+    manifest = ResultsFile(plan.results_path) if plan.results_path is not None else None
     try:
         if manifest is not None:
             manifest.repair()
-
-        def finished(result: JobResult) -> JobResult:
+        for result in run_all(runner, plan.todo, workers, fail_fast, progress):
             if manifest is not None:
                 manifest.append(results_record(result))
-            return result
-
-        if quiet or not todo:
-            results = [finished(r) for r in run_all(runner, todo, workers, fail_fast, None)]
-        else:
-            with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=err, transient=False) as bar:
-                task = bar.add_task("jobs", total=len(todo))
-                results = [finished(r) for r in run_all(runner, todo, workers, fail_fast, lambda: bar.advance(task))]
+            results.append(result)
     finally:
         if manifest is not None:
             manifest.close()
-    seconds = time.perf_counter() - start
-    everything = sorted([*before, *results], key=lambda r: r.job.index)
-    failed = [r for r in everything if not r.ok]
-    not_run = len(todo) - len(results)
-    if json_out:
-        doc = {
-            "jobs": [{"line": r.job.number, "index": r.job.index,
-                      **({"path": r.job.path} if r.job.path is not None else {}),
-                      "command": r.job.command or None, "status": "ok" if r.ok else "failed",
-                      "exit_code": r.exit_code, "error": r.error, "seconds": round(r.seconds, 4),
-                      **({"resumed": True} if r.recorded is not None else {}),
-                      **({"document": r.document} if r.document is not None else {})} for r in everything],
-            "total": len(jobs), "run": len(results), "failed": len(failed), "skipped": not_run,
-            "resumed": len(before), "shard": {"index": index, "count": count}, "seconds": round(seconds, 3),
-        }
-        stdout().write(json.dumps(doc) + "\n")
-    elif not quiet:
-        from rich.table import Table
-
-        table = Table(title=f"batch: {len(everything) - len(failed)} of {len(jobs)} jobs succeeded in {seconds:.1f} s"
-                      + (f" (shard {index}/{count} of {len(all_jobs)})" if count > 1 else ""))
-        for column in ("line" if each is None else "file", "command", "status", "seconds", "error"):
-            table.add_column(column, justify="right" if column in ("line", "seconds") else "left",
-                             overflow="fold")
-        for r in everything:
-            status = "ok" if r.ok else f"failed ({r.exit_code})"
-            table.add_row(str(r.job.number) if each is None else _inert(r.job.path or ""), _inert(r.job.command),
-                          status + (", before" if r.recorded is not None else ""), f"{r.seconds:.2f}",
-                          _inert(r.error or ""))
-        notes = []
-        if not_run:
-            notes.append(f"{not_run} job(s) not run (--fail-fast)")
-        if before:
-            notes.append(f"{len(before)} job(s) done before (--resume)")
-        if notes:
-            table.caption = "; ".join(notes)
-        out_console().print(table, crop=False)
-    return bool(failed) or not_run > 0
+    return BatchOutcome(plan, results, time.perf_counter() - start)

@@ -144,3 +144,30 @@ def compare_tables(result: CompareResult, precision: int) -> list[Table]:
         rows.add_row(str(r["where"]), f"{r['js']:.{max(p, 3)}g}", f"{r['max_abs']:.{max(p, 3)}g}",
                      str(r["argmax_a"]), str(r["argmax_b"]))
     return [summary, rows]
+
+
+def batch_table(outcome: Any) -> Table:
+    """``attnviz batch``'s summary: one row per job (its line, or its file with --each), with the notes
+    of jobs not run (--fail-fast) and done before (--resume); from an ``attnviz.batch.running.BatchOutcome``."""
+    from attnviz.text import visible
+
+    plan, everything, failed = outcome.plan, outcome.everything, outcome.failed
+    index, count = plan.shard
+    table = Table(title=f"batch: {len(everything) - len(failed)} of {len(plan.jobs)} jobs succeeded in "
+                        f"{outcome.seconds:.1f} s" + (f" (shard {index}/{count} of {len(plan.all_jobs)})"
+                                                        if count > 1 else ""))
+    for column in ("file" if plan.each else "line", "command", "status", "seconds", "error"):
+        table.add_column(column, justify="right" if column in ("line", "seconds") else "left", overflow="fold")
+    for r in everything:
+        status = "ok" if r.ok else f"failed ({r.exit_code})"
+        table.add_row(visible(r.job.path or "") if plan.each else str(r.job.number), visible(r.job.command),
+                      status + (", before" if r.recorded is not None else ""), f"{r.seconds:.2f}",
+                      visible(r.error or ""))
+    notes = []
+    if outcome.not_run:
+        notes.append(f"{outcome.not_run} job(s) not run (--fail-fast)")
+    if plan.before:
+        notes.append(f"{len(plan.before)} job(s) done before (--resume)")
+    if notes:
+        table.caption = "; ".join(notes)
+    return table

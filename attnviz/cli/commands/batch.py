@@ -3,13 +3,18 @@ the runner that runs this command (``attnviz.cli.runner.Runner.of``) to run each
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from attnviz.cli.errors import user_errors
 from attnviz.cli.options import OUTPUT
 from attnviz.cli.parsers import checked_option
+from attnviz.cli.runner import Runner
+from attnviz.streams import err_console, out_console, stdout
+
+if TYPE_CHECKING:
+    from attnviz.batch.running import BatchOutcome
 
 
 def batch_command(
@@ -45,11 +50,41 @@ def batch_command(
 ) -> None:
     """Run many jobs in one process (TensorFlow is imported once): a JSON Lines file of jobs, or one command
     over many files (--each GLOB -- COMMAND ARGS...)."""
-    from attnviz.batch.running import run_batch
-    from attnviz.cli.runner import Runner
-
     with user_errors():
-        failed = run_batch(jobs or [], each, shard, results, resume, workers, fail_fast, json_out, quiet,
-                           runner=Runner.of(ctx))
-    if failed:
+        outcome = run_batch_command(jobs or [], each, shard, results, resume, workers, fail_fast, json_out, quiet,
+                                    Runner.of(ctx))
+    if not outcome.ok:
         raise typer.Exit(1)
+
+
+def run_batch_command(spec: list[str], each: str | None, shard: str | None, results_path: str | None, resume: bool,
+                      workers: int, fail_fast: bool, json_out: bool, quiet: bool, runner: Runner) -> BatchOutcome:
+    """Plan the batch, say what --resume found, run the jobs under a progress bar (stderr), and print
+    the summary: a table, or JSON with --json (stdout)."""
+    import json
+
+    from attnviz.batch.running import plan_batch, run_batch
+
+    plan = plan_batch(spec, each, shard, results_path, resume, runner=runner)
+    err = err_console()
+    if plan.resumed and not quiet:
+        err.print(f"resume: {len(plan.before)} of {len(plan.jobs)} jobs done before ({results_path}); running "
+                  f"{len(plan.todo)}" + (f"; {plan.unreadable} unreadable line(s) ignored" if plan.unreadable else ""),
+                  style="dim")
+    if quiet or not plan.todo:
+        outcome = run_batch(plan, runner=runner, workers=workers, fail_fast=fail_fast)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                      transient=False) as bar:
+            task = bar.add_task("jobs", total=len(plan.todo))
+            outcome = run_batch(plan, runner=runner, workers=workers, fail_fast=fail_fast,
+                                progress=lambda: bar.advance(task))
+    if json_out:
+        stdout().write(json.dumps(outcome.document()) + "\n")
+    elif not quiet:
+        from attnviz.render.summaries import batch_table
+
+        out_console().print(batch_table(outcome), crop=False)
+    return outcome
