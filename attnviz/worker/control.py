@@ -1,7 +1,8 @@
 """Managing the warm worker from the command line (``attnviz serve --detach``, ``--status``, ``--stop``):
 start one in the background and wait until it listens, replace one of another attnviz, say whether
-one listens and what it runs, stop it. Messages go to ``attnviz.streams``' stderr (``attnviz serve:
-...``); failures are raised as ``AttnvizError``.
+one listens and what it runs, stop it. It prints nothing: what it did goes to the ``say`` function it
+is handed (the command line prints ``attnviz serve: ...`` on stderr), ``show_status`` returns its text,
+and failures are raised as ``AttnvizError``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from attnviz.errors import AttnvizError
 from attnviz.worker import protocol
@@ -17,6 +19,10 @@ DEFAULT_IDLE = 15 * 60.0  # --idle-timeout: seconds without a request before a w
 MAX_IDLE = 30 * 24 * 3600.0
 START_TIMEOUT = 300.0  # importing TensorFlow takes seconds; on a loaded machine, more
 STOP_TIMEOUT = 30.0
+
+
+#: how control says what it did (the command line prints it on stderr)
+Say = Callable[[str], None]
 
 
 def duration_text(seconds: float) -> str:
@@ -43,13 +49,7 @@ def stop_worker(path: str) -> tuple[int, bool] | None:
     return pid, False
 
 
-def _err(text: str) -> None:
-    from attnviz.streams import err_console
-
-    err_console().print(f"attnviz serve: {text}", markup=False)
-
-
-def replace_or_report(path: str, detach: bool) -> bool:
+def replace_or_report(path: str, detach: bool, say: Say) -> bool:
     """Look for a worker at ``path`` before starting one. True: a worker of this attnviz already listens
     (--detach has nothing to do). A worker of another attnviz (an upgrade, edited files) is stopped."""
     found = protocol.ask("status", path)
@@ -59,24 +59,24 @@ def replace_or_report(path: str, detach: bool) -> bool:
     pid = status.get("pid")
     if protocol.matches(said):
         if detach:
-            _err(f"a worker is already listening on {path} (pid {pid}).")
+            say(f"a worker is already listening on {path} (pid {pid}).")
             return True
         raise AttnvizError(f"a worker is already listening on {path} (pid {pid}); attnviz serve --stop stops it.")
-    _err(f"stopping the worker of another attnviz (pid {pid}, {said.get('identity')}).")
+    say(f"stopping the worker of another attnviz (pid {pid}, {said.get('identity')}).")
     stopped = stop_worker(path)
     if stopped is not None and not stopped[1]:
         raise AttnvizError(f"the worker (pid {pid}) did not stop within {STOP_TIMEOUT:g} s.")
     return False
 
 
-def start_detached(idle_timeout: float) -> None:
+def start_detached(idle_timeout: float, say: Say) -> None:
     """``attnviz serve --detach``: start a worker in the background (``python -m attnviz serve``, its log
     beside its socket) and return once it listens."""
     import subprocess
 
     directory = protocol.runtime_dir()
     path = protocol.socket_path(directory)
-    if replace_or_report(path, detach=True):
+    if replace_or_report(path, detach=True, say=say):
         return
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -100,7 +100,7 @@ def start_detached(idle_timeout: float) -> None:
         if code is not None:
             found = protocol.ask("status", path)
             if found is not None and protocol.matches(found[0]):  # another --detach was quicker
-                _err(f"a worker is already listening on {path} (pid {found[1].get('pid')}).")
+                say(f"a worker is already listening on {path} (pid {found[1].get('pid')}).")
                 return
             with open(log, errors="replace") as fh:
                 tail = [ln for ln in fh.read().splitlines() if ln.strip()][-3:]
@@ -114,37 +114,37 @@ def start_detached(idle_timeout: float) -> None:
             raise AttnvizError(f"the worker did not listen within {START_TIMEOUT:g} s; see {log}.")
         time.sleep(0.1)
     proc.returncode = 0  # it runs on without us: nothing to wait for
-    _err(f"listening on {path} (pid {proc.pid}, idle timeout {duration_text(idle_timeout)}); "
+    say(f"listening on {path} (pid {proc.pid}, idle timeout {duration_text(idle_timeout)}); "
          "attnviz serve --stop stops it.")
 
 
-def show_status() -> None:
-    """``attnviz serve --status``: whether a worker listens, and what it runs (on stdout)."""
-    from attnviz.streams import stdout
-
+def show_status() -> str:
+    """``attnviz serve --status``: what the worker that listens runs (an error when none listens)."""
     path = protocol.socket_path()
     found = protocol.ask("status", path)
-    out = stdout()
     if found is None:
         raise AttnvizError(f"no worker is listening on {path}; attnviz serve --detach starts one.")
     said, st = found
     up = max(0.0, time.time() - float(st.get("started") or time.time()))
-    out.write(f"a worker is listening on {path}\n"
+    text = (f"a worker is listening on {path}\n"
               f"  pid {st.get('pid')}, attnviz {st.get('version')}, up {duration_text(round(up))}, "
               f"{st.get('served')} requests served, {'busy' if st.get('busy') else 'idle'}, "
               f"idle timeout {duration_text(float(st.get('idle_timeout') or 0))}\n")
     if not protocol.matches(said):
-        out.write(f"  it runs another attnviz ({said.get('identity')}) or another environment: commands run in "
-                  "their own process; attnviz serve --detach replaces it\n")
+        text += (f"  it runs another attnviz ({said.get('identity')}) or another environment: commands run in "
+                 "their own process; attnviz serve --detach replaces it\n")
+    return text
 
 
-def stop() -> None:
+
+
+def stop(say: Say) -> None:
     """``attnviz serve --stop``: ask this user's worker to stop, and say whether it did."""
     path = protocol.socket_path()
     stopped = stop_worker(path)
     if stopped is None:
-        _err(f"no worker is listening on {path}.")
+        say(f"no worker is listening on {path}.")
     elif stopped[1]:
-        _err(f"stopped the worker (pid {stopped[0]}).")
+        say(f"stopped the worker (pid {stopped[0]}).")
     else:
-        _err(f"the worker (pid {stopped[0]}) stops once its current command ends.")
+        say(f"the worker (pid {stopped[0]}) stops once its current command ends.")

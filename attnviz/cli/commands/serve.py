@@ -59,6 +59,7 @@ def serve_command(
     attnviz --no-server runs a command in its own process.
     """
     from attnviz.cli.runner import Runner
+    from attnviz.streams import stdout
     from attnviz.worker import control
     from attnviz.worker.server import Worker
 
@@ -67,16 +68,23 @@ def serve_command(
         if len(chosen) > 1:
             raise UsageError(f"{' and '.join(chosen)}: choose one.")
         if status:
-            control.show_status()
+            stdout().write(control.show_status())
             return
         if stop:
-            control.stop()
+            control.stop(_say)
             return
         if detach:
-            control.start_detached(idle_timeout)
+            control.start_detached(idle_timeout, _say)
             return
         runner = Runner.of(ctx)
         worker = Worker(idle_timeout, execute=runner.execute, preload=runner.preload)
-        if control.replace_or_report(worker.path, detach=False):
+        if control.replace_or_report(worker.path, detach=False, say=_say):
             return
         worker.run()
+
+
+def _say(text: str) -> None:
+    """What ``attnviz serve`` did, on stderr."""
+    from attnviz.streams import err_console
+
+    err_console().print(f"attnviz serve: {text}", markup=False)
