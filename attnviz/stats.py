@@ -304,6 +304,57 @@ def _summarise_tile(t: np.ndarray, out: _Out, at: int, k: int, scratch: np.ndarr
     return 2 * redo.size > r
 
 
+def _work_units(maps: int, lq: int, lk: int, align: int) -> tuple[int, list[list[tuple[int, int, int]]]]:
+    """The tile height and the units of work of ``fused_row_stats``: a unit is a tile ``(map, start, stop)``,
+    or the tiles of one run of ``align`` rows when tiles are shorter than that (one thread sees a run)."""
+    step = max(1, TILE // lk)
+    align = max(1, align)
+    if step >= align:  # whole runs of ``align`` rows a tile
+        step -= step % align
+    else:  # or tiles that divide a run exactly
+        step = max(d for d in range(1, step + 1) if align % d == 0)
+    per_unit = max(1, align // step)
+    units = [[(i, s, min(s + step, lq)) for s in range(u, min(u + per_unit * step, lq), step)]
+             for i in range(maps) for u in range(0, lq, per_unit * step)]
+    return step, units
+
+
+def _assembled(out: _Out, shape: tuple[int, ...], compact: tuple[int, ...], keep: np.ndarray | None,
+               lk: int) -> RowStats:
+    """The ``RowStats`` of the rows ``fused_row_stats`` summarised (``compact``: the rows actually read,
+    broadcast back to ``shape``), with the key counts and masked rows of ``keep``."""
+
+    def full(flat: np.ndarray) -> np.ndarray:
+        part = flat.reshape(compact + flat.shape[1:])
+        if part.shape[:len(shape)] == shape:
+            return part
+        return np.array(np.broadcast_to(part, shape + flat.shape[1:]))
+
+    h = full(out.entropy)
+    if keep is None:
+        n_keys = np.full(shape, lk, dtype=np.int64)
+    else:
+        kp = np.asarray(keep, dtype=bool)
+        counted = np.broadcast_to(kp, kp.shape[:-1] + (lk,)).sum(axis=-1)  # on the mask's own shape
+        n_keys = np.array(np.broadcast_to(counted, shape), dtype=np.int64)
+    masked = n_keys == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h_norm = np.where(n_keys > 1, h / np.log(np.maximum(n_keys, 2)), 0.0)
+    top_index, top_weight = full(out.top_index), full(out.top_weight)
+    return RowStats(
+        entropy=np.where(masked, np.nan, h),
+        entropy_norm=np.where(masked, np.nan, h_norm),
+        max=np.where(masked, np.nan, top_weight[..., 0]),
+        argmax=np.where(masked, -1, top_index[..., 0]),
+        top_index=top_index,
+        top_weight=top_weight,
+        row_sum=full(out.row_sum),
+        n_keys=n_keys,
+        masked=masked,
+        support=full(out.support),
+    )
+
+
 def fused_row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3, *,
                     threads: int | None = None, min_size: int = FUSED_MIN, visit: Visit | None = None,
                     align: int = 1) -> RowStats:
@@ -344,16 +395,7 @@ def fused_row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int 
     n_rows = lq * len(indices)
     out = _Out(np.empty(n_rows), np.empty(n_rows), np.empty(n_rows, dtype=np.int64),
                np.empty((n_rows, k), dtype=np.int64), np.empty((n_rows, k)))
-    step = max(1, TILE // lk)
-    align = max(1, align)
-    if step >= align:  # whole runs of ``align`` rows a tile
-        step -= step % align
-    else:  # or tiles that divide a run exactly
-        step = max(d for d in range(1, step + 1) if align % d == 0)
-    # units of work: a tile, or the tiles of one run of ``align`` rows when tiles are shorter than that
-    per_unit = max(1, align // step)
-    units = [[(i, s, min(s + step, lq)) for s in range(u, min(u + per_unit * step, lq), step)]
-             for i in range(len(indices)) for u in range(0, lq, per_unit * step)]
+    step, units = _work_units(len(indices), lq, lk, align)
 
     def run(queue: Iterator[list[tuple[int, int, int]]]) -> None:
         scratch = np.empty(min(lq, step) * lk, dtype=cd)
@@ -380,34 +422,4 @@ def fused_row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int 
             if not f.cancel():
                 f.result()
 
-    shape = w.shape[:-1]
-
-    def full(flat: np.ndarray) -> np.ndarray:
-        part = flat.reshape(compact.shape[:-1] + flat.shape[1:])
-        if part.shape[:len(shape)] == shape:
-            return part
-        return np.array(np.broadcast_to(part, shape + flat.shape[1:]))
-
-    h = full(out.entropy)
-    if keep is None:
-        n_keys = np.full(shape, lk, dtype=np.int64)
-    else:
-        kp = np.asarray(keep, dtype=bool)
-        counted = np.broadcast_to(kp, kp.shape[:-1] + (lk,)).sum(axis=-1)  # on the mask's own shape
-        n_keys = np.array(np.broadcast_to(counted, shape), dtype=np.int64)
-    masked = n_keys == 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h_norm = np.where(n_keys > 1, h / np.log(np.maximum(n_keys, 2)), 0.0)
-    top_index, top_weight = full(out.top_index), full(out.top_weight)
-    return RowStats(
-        entropy=np.where(masked, np.nan, h),
-        entropy_norm=np.where(masked, np.nan, h_norm),
-        max=np.where(masked, np.nan, top_weight[..., 0]),
-        argmax=np.where(masked, -1, top_index[..., 0]),
-        top_index=top_index,
-        top_weight=top_weight,
-        row_sum=full(out.row_sum),
-        n_keys=n_keys,
-        masked=masked,
-        support=full(out.support),
-    )
+    return _assembled(out, w.shape[:-1], compact.shape[:-1], keep, lk)
