@@ -49,3 +49,11 @@ def compute(name, q_array=None, k_array=None, v_array=None, /, *, inputs=None, k
 @pytest.fixture
 def samples() -> Path:
     return SAMPLES
+
+
+@pytest.fixture
+def socket_dir(tmp_path_factory) -> Path:
+    """A fresh folder in pytest's temporary folder with a short path, for a worker's Unix socket: a socket's
+    path holds at most 107 bytes, and ``tmp_path`` (``.../pytest-N/popen-gwN/<test name>/`` under xdist)
+    leaves too few of them."""
+    return tmp_path_factory.mktemp("rt")
