@@ -85,3 +85,15 @@ def _build_cli_commands_once() -> None:
 
 _build_cli_commands_once()
 
+
+def pytest_sessionstart(session) -> None:
+    """Compile the package's modules to bytecode once, before anything runs (in the controller only under
+    xdist). Where PYTHONDONTWRITEBYTECODE is set no Python process writes its ``__pycache__``, so each of the
+    suite's hundreds of ``python -m attnviz`` processes would compile attnviz's modules again (most of the
+    start-up time of a command that fails early). Nothing is compiled that Python would not compile itself:
+    the cache is checked against each source's mtime and size as usual, and ``__pycache__`` is ignored by git."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import compileall
+
+    compileall.compile_dir(ROOT / "attnviz", quiet=1)

@@ -36,8 +36,11 @@ START = 300  # seconds for a worker to listen
 @pytest.fixture(scope="session")
 def snapshot(tmp_path_factory):
     """A copy of the package: what the workers and clients of this module import."""
+    import compileall
+
     src = tmp_path_factory.mktemp("src")
     shutil.copytree(ROOT / "attnviz", src / "attnviz", ignore=shutil.ignore_patterns("__pycache__"))
+    compileall.compile_dir(src / "attnviz", quiet=1)  # its bytecode, once (see pytest_sessionstart in conftest)
     return src
 
 
