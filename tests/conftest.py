@@ -49,3 +49,51 @@ def compute(name, q_array=None, k_array=None, v_array=None, /, *, inputs=None, k
 @pytest.fixture
 def samples() -> Path:
     return SAMPLES
+
+
+@pytest.fixture
+def socket_dir(tmp_path_factory) -> Path:
+    """A fresh folder in pytest's temporary folder with a short path, for a worker's Unix socket: a socket's
+    path holds at most 107 bytes, and ``tmp_path`` (``.../pytest-N/popen-gwN/<test name>/`` under xdist)
+    leaves too few of them."""
+    return tmp_path_factory.mktemp("rt")
+
+
+def _build_cli_commands_once() -> None:
+    """``CliRunner.invoke`` builds the whole Click command from the Typer app on every call
+    (``typer.main.get_command``: 0.3-0.5 s for attnviz's commands, nearly all of an in-process test's
+    time). Build it once per app and reuse it, as the console script (``attnviz.cli.runner``), the warm
+    worker and ``batch`` reuse theirs. It is the command Typer builds, unchanged; one that gains or loses
+    a command, group or callback is built anew."""
+    import typer.testing
+
+    build = getattr(typer.testing, "_get_command", None)
+    if build is None:  # another Typer: leave it as it is
+        return
+    built: dict[tuple, tuple] = {}
+
+    def get_command(app):
+        key = (id(app), tuple(map(id, app.registered_commands)), tuple(map(id, app.registered_groups)),
+               id(app.registered_callback), id(app.info), app._add_completion, app.rich_markup_mode)
+        hit = built.get(key)
+        if hit is None or hit[0] is not app:
+            hit = built[key] = (app, build(app))
+        return hit[1]
+
+    typer.testing._get_command = get_command
+
+
+_build_cli_commands_once()
+
+
+def pytest_sessionstart(session) -> None:
+    """Compile the package's modules to bytecode once, before anything runs (in the controller only under
+    xdist). Where PYTHONDONTWRITEBYTECODE is set no Python process writes its ``__pycache__``, so each of the
+    suite's hundreds of ``python -m attnviz`` processes would compile attnviz's modules again (most of the
+    start-up time of a command that fails early). Nothing is compiled that Python would not compile itself:
+    the cache is checked against each source's mtime and size as usual, and ``__pycache__`` is ignored by git."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import compileall
+
+    compileall.compile_dir(ROOT / "attnviz", quiet=1)

@@ -540,12 +540,19 @@ EXAMPLE_JOB = ["--each", "acts/*.npz", "--", "inspect", "{}", "--png", "out/{ste
                "out/{stem}.json"]
 
 
+@pytest.fixture(scope="module")
+def unsharded_example(tmp_path_factory) -> list[dict]:
+    """The unsharded run of EXAMPLE_JOB on example_folder's files, which every example's shards must add up
+    to: the same run for each, so made once."""
+    return unsharded(tmp_path_factory.mktemp("reference"), EXAMPLE_JOB)
+
+
 def merged(folder: Path) -> list[dict]:
     """cat results/shard-*.jsonl"""
     return [rec for path in sorted((folder / "results").glob("shard-*.jsonl")) for rec in records(path)]
 
 
-def test_slurm_array_example(tmp_path):
+def test_slurm_array_example(tmp_path, unsharded_example):
     script = EXAMPLES / "slurm_array.sh"
     text = script.read_text()
     assert re.search(r"^#SBATCH --array=0-15$", text, re.M)
@@ -562,11 +569,11 @@ def test_slurm_array_example(tmp_path):
     shards = {p.name: records(p) for p in (folder / "results").glob("*.jsonl")}
     assert sorted(shards) == ["shard-1.jsonl", "shard-3.jsonl", "shard-5.jsonl"]
     assert sorted(len(v) for v in shards.values()) == [2, 2, 3]
-    assert comparable(merged(folder)) == comparable(unsharded(tmp_path, EXAMPLE_JOB))
+    assert comparable(merged(folder)) == comparable(unsharded_example)
     check_documents(folder / "out", arrays)
 
 
-def test_kubernetes_indexed_job_example(tmp_path):
+def test_kubernetes_indexed_job_example(tmp_path, unsharded_example):
     yaml = pytest.importorskip("yaml")
     manifest = yaml.safe_load((EXAMPLES / "k8s_indexed_job.yaml").read_text())
     spec = manifest["spec"]
@@ -584,7 +591,7 @@ def test_kubernetes_indexed_job_example(tmp_path):
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
     assert len(list((folder / "results").glob("shard-*.jsonl"))) == spec["completions"]
-    assert comparable(merged(folder)) == comparable(unsharded(tmp_path, EXAMPLE_JOB))
+    assert comparable(merged(folder)) == comparable(unsharded_example)
     check_documents(folder / "out", arrays)
 
 
@@ -597,7 +604,7 @@ def readme_block(heading: str) -> list[str]:
 
 
 @pytest.mark.parametrize("tool", ["xargs", "GNU parallel"])
-def test_one_machine_examples(tmp_path, tool):
+def test_one_machine_examples(tmp_path, tool, unsharded_example):
     lines = readme_block(tool)
     program = "xargs" if tool == "xargs" else "parallel"
     if shutil.which(program) is None:
@@ -612,7 +619,7 @@ def test_one_machine_examples(tmp_path, tool):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert len(list((folder / "results").glob("shard-*.jsonl"))) == 4
-    assert comparable(records(folder / "results.jsonl")) == comparable(unsharded(tmp_path, EXAMPLE_JOB))
+    assert comparable(records(folder / "results.jsonl")) == comparable(unsharded_example)
     check_documents(folder / "out", arrays)
 
 

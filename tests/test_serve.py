@@ -36,8 +36,11 @@ START = 300  # seconds for a worker to listen
 @pytest.fixture(scope="session")
 def snapshot(tmp_path_factory):
     """A copy of the package: what the workers and clients of this module import."""
+    import compileall
+
     src = tmp_path_factory.mktemp("src")
     shutil.copytree(ROOT / "attnviz", src / "attnviz", ignore=shutil.ignore_patterns("__pycache__"))
+    compileall.compile_dir(src / "attnviz", quiet=1)  # its bytecode, once (see pytest_sessionstart in conftest)
     return src
 
 
@@ -286,8 +289,8 @@ def test_the_client_imports_only_the_standard_library(worker, folder):
     assert worker.served() == before + 1
 
 
-def test_status_and_stop(snapshot, tmp_path):
-    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "5m")
+def test_status_and_stop(snapshot, tmp_path, socket_dir):
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
     try:
         status = attnviz(["serve", "--status"], w.env, tmp_path)
         assert status.returncode == 0
@@ -309,8 +312,8 @@ def test_status_and_stop(snapshot, tmp_path):
         w.stop()
 
 
-def test_idle_timeout(snapshot, tmp_path):
-    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "1s", wait=False)
+def test_idle_timeout(snapshot, socket_dir):
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "1s", wait=False)
     try:
         assert w.proc.wait(timeout=START) == 0
         log = w.log.read_text()
@@ -320,8 +323,8 @@ def test_idle_timeout(snapshot, tmp_path):
         w.stop()
 
 
-def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, tmp_path):
-    runtime = tmp_path / "run"
+def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, socket_dir):
+    runtime = socket_dir / "run"
     runtime.mkdir(mode=0o700)
     path = runtime / f"worker-{zlib.crc32(str(snapshot / 'attnviz').encode()):08x}.sock"
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -335,8 +338,8 @@ def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, tmp_path):
     assert not path.exists()
 
 
-def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path):
-    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "5m",
+def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path, socket_dir):
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m",
                prelude="import attnviz; attnviz.__version__ = '0.0.0+another'")
     try:
         args = ["scaled", "q.npy", "k.npy", "v.npy"]
@@ -362,10 +365,10 @@ def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path)
             time.sleep(0.1)
 
 
-def test_a_worker_that_dies_mid_request(snapshot, folder, tmp_path):
+def test_a_worker_that_dies_mid_request(snapshot, folder, socket_dir):
     """The worker is killed while the command reads stdin: the client runs it itself, replaying the
     standard input the worker had already read."""
-    w = Worker(snapshot, tmp_path / "run", "--idle-timeout", "5m")
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
     try:
         data = (folder / "q.json").read_bytes()
         args = ["scaled", "-", "k.npy", "v.npy", "--json"]

@@ -463,13 +463,12 @@ def test_a_closed_pipe_exits_0_quietly(inputs, args, read_first):
     assert not read_first or first.strip()
 
 
-def test_a_closed_pipe_through_a_warm_worker(inputs, tmp_path):
+def test_a_closed_pipe_through_a_warm_worker(inputs, tmp_path, socket_dir):
     from tests.test_serve import Worker
 
     snapshot = tmp_path / "src"
     shutil.copytree(ROOT / "attnviz", snapshot / "attnviz", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "rt").mkdir(mode=0o700)
-    worker = Worker(snapshot, tmp_path / "rt" / "run", "--idle-timeout", "5m")
+    worker = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
     try:
         before = worker.served()
         for args, read_first in CLOSED_PIPE_CASES[:3]:
