@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Literal, get_type_hints
+from typing import Any, get_type_hints
 
 from attnviz.cli.parsers import COMPLETIONS, PARSERS, typed
 from attnviz.errors import UsageError
@@ -198,4 +198,3 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-_ = Literal  # typing names used in annotations elsewhere
