@@ -130,3 +130,15 @@ def _offenders(rule: str) -> list[str]:
 @pytest.mark.parametrize("rule", ["typer", "tensorflow", "cli", "render"])
 def test_layering(rule):
     assert _offenders(rule) == []
+
+
+def test_every_module_says_what_it_is_for():
+    missing = [name for name, path in MODULES.items() if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert missing == []
+
+
+def test_architecture_names_every_package():
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    packages = sorted({name.split(".")[1] for name in MODULES if name.count(".") >= 1
+                       and (PACKAGE / name.split(".")[1]).is_dir()})
+    assert packages and [p for p in packages if f"`{p}/`" not in text] == []
