@@ -71,7 +71,8 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
         help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, -); an .npz of one array per layer is "
              "stacked; several files are inspected in turn, output names then need a placeholder ({stem}, {name}, "
              "{dir}, {index}, {})")]),
-    *parameters(InspectOptions, FigureOptions, InspectOutputs, order=ORDER)])
+    *parameters(InspectOptions, FigureOptions, InspectOutputs, order=ORDER, overrides={"cmap": {
+        "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}})])
 
 
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None) -> bool:
