@@ -110,8 +110,21 @@ def attnviz(args, env, cwd, stdin=None, **kwargs):
                           capture_output=True, timeout=TIMEOUT, **kwargs)
 
 
+COLD_RUNS: dict[tuple, subprocess.CompletedProcess] = {}
+
+
 def cold(args, worker, cwd, stdin=None):
-    return attnviz(args, {**worker.env, "ATTNVIZ_NO_SERVER": "1"}, cwd, stdin)
+    """The command run cold (ATTNVIZ_NO_SERVER=1) in the environment of ``worker`` (a Worker, or its
+    environment): what a run through a worker must equal. A cold run never looks at the runtime folder,
+    so the same command in the same folder, with the same standard input and the same environment but for
+    ATTNVIZ_RUNTIME_DIR (and pytest's PYTEST_CURRENT_TEST), is run once (each imports TensorFlow) and its
+    result given to every test asking."""
+    env = {**getattr(worker, "env", worker), "ATTNVIZ_NO_SERVER": "1"}
+    same = tuple(sorted((k, v) for k, v in env.items() if k not in ("ATTNVIZ_RUNTIME_DIR", "PYTEST_CURRENT_TEST")))
+    key = (tuple(args), str(cwd), stdin, same)
+    if key not in COLD_RUNS:
+        COLD_RUNS[key] = attnviz(args, env, cwd, stdin)
+    return COLD_RUNS[key]
 
 
 def assert_same(warm, cold_run):
@@ -333,7 +346,7 @@ def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, socket_dir):
     env = base_env(snapshot, runtime)
     args = ["scaled", "q.npy", "k.npy", "v.npy"]
     r = attnviz(args, env, folder)
-    assert_same(r, attnviz(args, {**env, "ATTNVIZ_NO_SERVER": "1"}, folder))
+    assert_same(r, cold(args, env, folder))
     assert r.returncode == 0
     assert not path.exists()
 
@@ -344,7 +357,7 @@ def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path,
     try:
         args = ["scaled", "q.npy", "k.npy", "v.npy"]
         r = attnviz(args, w.env, folder)
-        assert_same(r, attnviz(args, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, folder))
+        assert_same(r, cold(args, w, folder))
         assert w.served() == 0
         status = attnviz(["serve", "--status"], w.env, tmp_path)
         assert b"attnviz 0.0.0+another" in status.stdout and b"it runs another attnviz" in status.stdout
