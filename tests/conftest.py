@@ -86,6 +86,19 @@ def _build_cli_commands_once() -> None:
 _build_cli_commands_once()
 
 
+def _cache_rewritten_test_modules() -> None:
+    """pytest keeps the test modules it rewrites for its assertions in ``__pycache__`` (checked against
+    each source's hash), except where no bytecode is written (PYTHONDONTWRITEBYTECODE): then every xdist
+    worker rewrites and compiles every test module again, about half of collection's 11 s of CPU. Let it
+    keep them; the processes the tests start keep the environment's setting."""
+    import sys
+
+    sys.dont_write_bytecode = False
+
+
+_cache_rewritten_test_modules()
+
+
 # Modules whose tests share what is built once for the module: under pytest-xdist each of them runs on one
 # worker, and every other test wherever a worker is free (see pytest_xdist_make_scheduler).
 ONE_WORKER = {
