@@ -7,7 +7,7 @@ faster: Typer coerces every parameter value through a pydantic ``TypeAdapter``, 
 (and reads the installed packages' metadata for its plugins) on every run, about 60 ms. Every
 parameter of attnviz is a ``str``, a ``bool`` flag or a value with attnviz's own parser
 (``attnviz.cli.parsers``), for which that coercion is the identity or a call of the parser; those
-parameters get ``_Direct``, which does exactly that and hands anything else (a value that is not
+parameters (and variadic arguments of strings, which become a list) get ``_Direct``, which does exactly that and hands anything else (a value that is not
 already a ``str``, a parser raising ``ValueError``) to Typer's own coercion, so values and messages
 are Typer's. If Typer's internals change shape, the command is left as Typer built it.
 """
@@ -63,6 +63,8 @@ def _direct_coercion(command: Any) -> None:
                     pass
             elif type(value) is self.annotation:
                 return value
+            elif self.annotation == list[str] and isinstance(value, tuple) and all(type(v) is str for v in value):
+                return list(value)  # a variadic argument of strings, as Typer's adapter gives it
             return build_runtime_param(param.type_descriptor)._coerce_value(value, param=param, ctx=ctx)
 
     def direct(param: Any) -> None:
@@ -70,9 +72,13 @@ def _direct_coercion(command: Any) -> None:
             return
         desc = param.type_descriptor
         info = desc.parameter_info
-        if param.multiple or param.nargs != 1 or desc.is_file:
+        if desc.is_file:
             return
-        if info.parser is not None or desc.annotation in (str, bool):
+        if param.nargs == -1 and not param.multiple and desc.annotation == list[str]:
+            param._runtime_param = _Direct(parameter_info=info, annotation=desc.annotation)
+        elif param.multiple or param.nargs != 1:
+            return
+        elif info.parser is not None or desc.annotation in (str, bool):
             param._runtime_param = _Direct(parameter_info=info, annotation=desc.annotation)
 
     def with_direct_help(get_help_option: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Collection, Mapping, Sequence
+from functools import cache
 from typing import Any, get_type_hints
 
 from attnviz.cli.parsers import COMPLETIONS, PARSERS, typed
@@ -46,7 +47,22 @@ def parameters(*classes: type, panel: str | None = None, exclude: Collection[str
                order: Sequence[str] | None = None) -> list[inspect.Parameter]:
     """The Typer parameters (keyword-only, Annotated) of the fields of ``classes`` (nested dataclasses
     flattened), in field order or the ``order`` given; ``panel`` for fields that name none;
-    ``overrides`` changes a field's metadata for one command (``{"vmax": {"help": ...}}``)."""
+    ``overrides`` changes a field's metadata for one command (``{"vmax": {"help": ...}}``). Without
+    overrides the result is made once per arguments (the 14 compute commands share most options)."""
+    if overrides is None:
+        return list(_shared_parameters(classes, panel, frozenset(exclude), None if order is None else tuple(order)))
+    return _parameters(classes, panel, exclude, overrides, order)
+
+
+@cache
+def _shared_parameters(classes: tuple[type, ...], panel: str | None, exclude: frozenset[str],
+                       order: tuple[str, ...] | None) -> tuple[inspect.Parameter, ...]:
+    return tuple(_parameters(classes, panel, exclude, None, order))
+
+
+def _parameters(classes: Sequence[type], panel: str | None, exclude: Collection[str],
+                overrides: Mapping[str, Mapping[str, Any]] | None,
+                order: Sequence[str] | None) -> list[inspect.Parameter]:
     found: dict[str, inspect.Parameter] = {}
     for cls in classes:
         for f, hint in _flat_fields(cls):
