@@ -34,9 +34,12 @@ import numpy as np
 from attnviz.choices import ROPE_STYLES
 from attnviz.errors import ShapeError, UsageError, shape_str
 from attnviz.io import Loaded, StdinReader, load_array
+from attnviz.positional import apply_rope, rope_angles, check_rope_parameters, rope_frequencies, rope_type
 from attnviz.run_options import CaptureOptions
+from attnviz.scoring import ModelScoring, read_scoring
 
 AXES = ("batch", "head", "seq", "d")
+DEFAULT_THETA = 10000.0  # --rope-theta's default
 ALIASES = {"b": "batch", "batches": "batch", "h": "head", "heads": "head", "n": "head", "l": "seq", "s": "seq",
            "t": "seq", "len": "seq", "length": "seq", "sequence": "seq", "token": "seq", "tokens": "seq",
            "dim": "d", "head_dim": "d", "e": "d", "features": "d"}
@@ -76,26 +79,27 @@ def repeat_kv(inputs: MutableMapping[str, Loaded]) -> tuple[int, int] | None:
     return n, g
 
 
-def rope_angles(positions: np.ndarray, dims: int, theta: float) -> np.ndarray:
-    """``[..., L, dims / 2]`` rotation angles: position times ``theta^(-2i / dims)``, float64."""
-    inv_freq = 1.0 / theta ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
-    return positions.astype(np.float64)[..., None] * inv_freq
+def rope_scaling(text: str | None, paths: list[Path]) -> dict[str, Any] | None:
+    """``--rope-scaling``: a rope scaling object as JSON text or a ``.json`` file, checked."""
+    if text is None:
+        return None
+    from attnviz.formats._base import loads_json, read_text_file
 
-
-def apply_rope(x: np.ndarray, angles: np.ndarray, style: str) -> np.ndarray:
-    """Rotate the first ``2 * angles.shape[-1]`` dimensions of ``x [..., L, d]`` by ``angles
-    [..., L, r/2]`` (broadcasting), in float64; the rest of ``x`` passes through."""
-    r = 2 * angles.shape[-1]
-    x64 = np.asarray(x, dtype=np.float64)
-    rot, rest = x64[..., :r], x64[..., r:]
-    cos, sin = np.cos(angles), np.sin(angles)
-    if style == "half":  # transformers' rotate_half: pairs (i, i + r/2)
-        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
-        turned = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    else:  # GPT-J / RoFormer: pairs (2i, 2i + 1)
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        turned = np.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(rot.shape)
-    return np.concatenate([turned, rest], axis=-1)
+    stripped = text.strip()
+    source = "--rope-scaling"
+    if not stripped.startswith("{"):
+        source = text
+        stripped = read_text_file(text, text)
+        paths.append(Path(text))
+    try:
+        value = loads_json(stripped)
+    except ValueError as exc:
+        raise UsageError(f"{source}: not a JSON object ({exc}).") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{source}: a rope scaling object is a JSON object, e.g. "
+                         '{"rope_type": "llama3", "factor": 8, ...}.')
+    check_rope_parameters(value, source)
+    return value
 
 
 def _positions(opts: CaptureOptions, lead: tuple[int, ...], length: int, stdin: StdinReader | None,
@@ -116,17 +120,12 @@ def _positions(opts: CaptureOptions, lead: tuple[int, ...], length: int, stdin: 
 
 
 def prepare(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, stdin: StdinReader | None = None,
-            paths: list[Path] | None = None) -> dict[str, Any]:
-    """Apply ``--layout``, grouped heads and ``--rope`` to ``inputs["q"]``, ``["k"]``, ``["v"]`` in
-    place; returns what was done, for the JSON document (empty when nothing was)."""
+            paths: list[Path] | None = None) -> tuple[dict[str, Any], ModelScoring]:
+    """Apply ``--layout``, ``--hf-config``, ``--rope`` and grouped heads to ``inputs["q"]``, ``["k"]``,
+    ``["v"]`` in place; returns what was done, for the JSON document (empty when nothing was), and the
+    model's scoring (``attnviz.scoring``)."""
     paths = paths if paths is not None else []
     done: dict[str, Any] = {}
-    if opts.rope_style not in ROPE_STYLES:
-        raise UsageError(f"--rope-style {opts.rope_style!r}: expected one of {', '.join(ROPE_STYLES)}.")
-    if not opts.rope and (opts.rope_dim is not None or opts.positions is not None):
-        raise UsageError("--rope-dim and --positions go with --rope.")
-    if not (np.isfinite(opts.rope_theta) and opts.rope_theta > 0):
-        raise UsageError(f"--rope-theta {opts.rope_theta}: must be a positive finite number.")
     if opts.layout_kv is not None and opts.layout is None:
         raise UsageError("--layout-kv goes with --layout (the axes of Q).")
     if opts.layout is not None:
@@ -138,30 +137,90 @@ def prepare(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, stdin: St
             inputs[name] = to_standard(inputs[name], kv_axes, "--layout-kv" if opts.layout_kv else "--layout")
         done["layout"] = {"q": ",".join(q_axes), "kv": ",".join(kv_axes),
                           "as": ",".join(a for a in AXES if a in q_axes)}
+    has_heads = opts.layout is None or "head" in (parse_layout(opts.layout, "--layout"))
+    config = None
+    if opts.model_layer is not None and opts.hf_config is None:
+        raise UsageError("--model-layer goes with --hf-config.")
+    if opts.model_attention is not None and opts.hf_config is None:
+        raise UsageError("--model-attention goes with --hf-config.")
+    if opts.hf_config is not None:
+        from attnviz.hfconfig import apply_config
+
+        q, k = inputs["q"].data, inputs["k"].data
+        config = apply_config(opts, q.shape[-3] if has_heads and q.ndim >= 3 else None,
+                              k.shape[-3] if has_heads and k.ndim >= 3 else None, q.shape[-1], paths)
+        opts = config.options
+        done["config"] = config.described
+    if opts.rope_style not in ROPE_STYLES:
+        raise UsageError(f"--rope-style {opts.rope_style!r}: expected one of {', '.join(ROPE_STYLES)}.")
+    if not opts.rope and (opts.rope_dim is not None or opts.positions is not None or opts.rope_scaling is not None):
+        raise UsageError("--rope-dim, --rope-scaling and --positions go with --rope.")
+    if not (np.isfinite(opts.rope_theta) and opts.rope_theta > 0):
+        raise UsageError(f"--rope-theta {opts.rope_theta}: must be a positive finite number.")
+    scaling = rope_scaling(opts.rope_scaling, paths)
     if opts.rope:
-        q, k = inputs["q"], inputs["k"]
-        d = q.data.shape[-1]
-        if k.data.shape[-1] != d:
-            raise ShapeError(f"--rope: Q ({q.source}) and K ({k.source}) need the same last dimension; received "
-                             f"{shape_str(q.data.shape)} and {shape_str(k.data.shape)}.")
-        dims = d if opts.rope_dim is None else opts.rope_dim
-        if not (0 < dims <= d and dims % 2 == 0):
-            raise UsageError(f"--rope-dim {dims}: must be even, from 2 to the head size {d}.")
-        lq, lk = q.data.shape[-2], k.data.shape[-2]
-        if opts.positions is not None and lq != lk:
-            raise UsageError(f"--positions: Q has {lq} positions and K {lk}; position ids cover Q and K of one "
-                             "length (without --positions, queries take the last Lq key positions).")
-        k_pos = _positions(opts, k.data.shape[:-2], lk, stdin, paths)
-        q_pos = _positions(opts, q.data.shape[:-2], lq, stdin, paths) if opts.positions is not None \
-            else np.arange(max(lk - lq, 0), max(lk - lq, 0) + lq)
-        for name, pos in (("q", q_pos), ("k", k_pos)):
-            loaded = inputs[name]
-            rotated = apply_rope(loaded.data, rope_angles(pos, dims, opts.rope_theta), opts.rope_style)
-            dtype = loaded.data.dtype if loaded.data.dtype.kind == "f" else np.float32
-            inputs[name] = replace(loaded, data=rotated.astype(dtype))
-        done["rope"] = {"theta": opts.rope_theta, "style": opts.rope_style, "dims": dims,
-                        "positions": opts.positions or "0..L-1"}
+        done["rope"] = _apply_rope(inputs, opts, scaling, stdin, paths)
     grouped = repeat_kv(inputs)
     if grouped is not None:
         done["grouped_heads"] = {"query_heads": grouped[0], "kv_heads": grouped[1]}
+    q = inputs["q"].data
+    heads = int(q.shape[-3]) if has_heads and q.ndim >= 3 else None
+    if config is not None and config.query_temperature is not None:
+        done["query_temperature"] = _query_temperature(inputs, *config.query_temperature)
+    scoring = read_scoring(opts, heads, config, stdin, paths)
+    if scoring.described:
+        done["scoring"] = scoring.described
+    return done, scoring
+
+
+def _query_temperature(inputs: MutableMapping[str, Loaded], floor_scale: float, attn_scale: float) -> dict[str, Any]:
+    """Llama 4's attention temperature on NoPE layers: query row ``i`` (at key position ``i + Lk - Lq``)
+    times ``log1p(floor((p + 1) / floor_scale)) attn_scale + 1``, in float32 as the model."""
+    q, lk = inputs["q"], inputs["k"].data.shape[-2]
+    lq = q.data.shape[-2]
+    positions = np.arange(lk - lq, lk, dtype=np.float32)
+    scales = (np.log1p(np.floor((positions + np.float32(1)) / np.float32(floor_scale))) * np.float32(attn_scale)
+              + np.float32(1)).astype(np.float32)
+    dtype = q.data.dtype if q.data.dtype.kind == "f" else np.float32
+    inputs["q"] = replace(q, data=(q.data * scales[:, None]).astype(dtype))
+    return {"floor_scale": floor_scale, "attn_scale": attn_scale}
+
+
+def _apply_rope(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, scaling: dict[str, Any] | None,
+                stdin: StdinReader | None, paths: list[Path]) -> dict[str, Any]:
+    q, k = inputs["q"], inputs["k"]
+    d = q.data.shape[-1]
+    if k.data.shape[-1] != d:
+        raise ShapeError(f"--rope: Q ({q.source}) and K ({k.source}) need the same last dimension; received "
+                         f"{shape_str(q.data.shape)} and {shape_str(k.data.shape)}.")
+    kind = rope_type(scaling)
+    theta = opts.rope_theta
+    if scaling is not None and scaling.get("rope_theta") is not None and theta == DEFAULT_THETA:
+        theta = float(scaling["rope_theta"])
+    partial = None if scaling is None else scaling.get("partial_rotary_factor")
+    dims = opts.rope_dim if opts.rope_dim is not None else int(d * float(partial)) if partial and \
+        kind != "proportional" else d
+    if kind == "proportional":
+        dims = d
+    if not (0 < dims <= d and dims % 2 == 0):
+        raise UsageError(f"--rope-dim {dims}: must be even, from 2 to the head size {d}.")
+    lq, lk = q.data.shape[-2], k.data.shape[-2]
+    if opts.positions is not None and lq != lk:
+        raise UsageError(f"--positions: Q has {lq} positions and K {lk}; position ids cover Q and K of one "
+                         "length (without --positions, queries take the last Lq key positions).")
+    k_pos = _positions(opts, k.data.shape[:-2], lk, stdin, paths)
+    q_pos = _positions(opts, q.data.shape[:-2], lq, stdin, paths) if opts.positions is not None \
+        else np.arange(max(lk - lq, 0), max(lk - lq, 0) + lq)
+    seq_len = int(max(np.max(k_pos), np.max(q_pos))) + 1 if lk and lq else 0
+    max_positions = None if scaling is None else scaling.get("max_position_embeddings")
+    inv_freq, factor = rope_frequencies(scaling, theta, d, dims, seq_len, max_positions)
+    for name, pos in (("q", q_pos), ("k", k_pos)):
+        loaded = inputs[name]
+        rotated = apply_rope(loaded.data, rope_angles(pos, inv_freq), opts.rope_style, factor)
+        dtype = loaded.data.dtype if loaded.data.dtype.kind == "f" else np.float32
+        inputs[name] = replace(loaded, data=rotated.astype(dtype))
+    done: dict[str, Any] = {"theta": theta, "style": opts.rope_style, "dims": dims,
+                            "positions": opts.positions or "0..L-1"}
+    if scaling is not None:
+        done["scaling"] = {**scaling, "rope_type": kind, "attention_factor": factor}
     return done

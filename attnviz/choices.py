@@ -8,6 +8,7 @@ MASK_CONVENTIONS = ("keep", "block")  # keep: 1 = may attend; block: 1 = masked
 MASK_KINDS = ("bool", "additive")
 CAUSAL_ALIGNS = ("top-left", "bottom-right")
 ROPE_STYLES = ("half", "interleaved")  # half: HF Llama rotate_half; interleaved: GPT-J / RoFormer
+MODEL_ATTENTION = ("encoder", "decoder", "cross")  # which attention of an encoder-decoder model (--model-attention)
 HEAD_COMBINE = ("mean", "max", "min")  # how attention rollout combines a layer's heads
 
 #: the largest width of a learned layer (--units, --key-dim, ...) and number of heads an option may

@@ -51,9 +51,11 @@ class Mask:
     causal: tuple[int, int, str] | None = None
     real_keys: np.ndarray | None = None
     real_rows: np.ndarray | None = None
+    #: windows, chunks and position biases of a model (``Positional``), built a block of rows at a time
+    positional: Positional | None = None
 
     def is_empty(self) -> bool:
-        return self.keep is None and self.bias is None and self.causal is None
+        return self.keep is None and self.bias is None and self.causal is None and self.positional is None
 
     def full_keep(self, shape: tuple[int, ...]) -> np.ndarray | None:
         """``keep`` broadcast to ``shape`` (a read-only view), or None when nothing is masked."""
@@ -61,19 +63,25 @@ class Mask:
 
     def materialized(self) -> Mask:
         """The same mask with a deferred causal mask built into ``keep``."""
-        if self.causal is None:
+        if self.causal is None and self.positional is None:
             return self
-        lq, lk, align = self.causal
-        causal = causal_keep(lq, lk, align)
-        keep = causal if self.keep is None else np.logical_and(self.keep, causal)
-        return Mask(keep, self.bias, self.described)
+        keep, bias = self.keep, self.bias
+        if self.causal is not None:
+            lq, lk, align = self.causal
+            causal = causal_keep(lq, lk, align)
+            keep = causal if keep is None else np.logical_and(keep, causal)
+        if self.positional is not None:
+            keep, bias = self.positional.add_to(keep, bias, 0, self.positional.lq)
+        return Mask(keep, bias, self.described)
 
     def rows(self, start: int, stop: int, lq: int) -> Mask:
-        """The mask of query rows ``start:stop`` (of ``lq``), a deferred causal mask included."""
+        """The mask of query rows ``start:stop`` (of ``lq``), deferred causal and positional masks included."""
         keep, bias = _row_slice(self.keep, lq, start, stop), _row_slice(self.bias, lq, start, stop)
         if self.causal is not None:
             causal = causal_keep(lq, self.causal[1], self.causal[2], start, stop)
             keep = causal if keep is None else np.logical_and(keep, causal)
+        if self.positional is not None:
+            keep, bias = self.positional.add_to(keep, bias, start, stop)
         return Mask(keep, bias, self.described)
 
     def __and__(self, other: Mask) -> Mask:
@@ -81,7 +89,9 @@ class Mask:
         keep = other.keep if self.keep is None else self.keep if other.keep is None else \
             np.logical_and(self.keep, other.keep)
         bias = other.bias if self.bias is None else self.bias if other.bias is None else self.bias + other.bias
-        return Mask(keep, bias, self.described + other.described)
+        assert self.positional is None or other.positional is None, "one positional mask per run"
+        return Mask(keep, bias, self.described + other.described,
+                    positional=self.positional if self.positional is not None else other.positional)
 
     def with_padding(self, shape: tuple[int, ...]) -> Mask:
         """Padding from ``keep`` (``real_keys``, ``real_rows``), for weights of ``shape [L, B, H, Lq, Lk]``."""
@@ -106,6 +116,77 @@ class Mask:
         if self.real_rows is None:
             return 0
         return int(np.prod(shape[:-1])) - int(np.broadcast_to(self.real_rows, shape[:-1]).sum())
+
+
+@dataclass(frozen=True)
+class Positional:
+    """What a model adds to its scores by position alone, for weights ``[..., H, Lq, Lk]`` whose query row
+    ``i`` sits at key position ``i + offset`` (``Lk - Lq``: a block of queries at the end of its keys):
+
+    * ``band (left, right)``: key ``j`` visible from query position ``p`` when ``-right <= p - j <= left``
+      (transformers' causal sliding window ``W`` is ``(W - 1, 0)``; ModernBERT's local window ``(w, w)``);
+    * ``chunk``: ``p // C == j // C``, positions counted from the first real key of each sequence
+      (``left_padding``, ``[..., 1, 1]`` aligned with the batch axes) as transformers does;
+    * ``alibi``: slopes ``[H]``, bias ``slope (j - p)``; with ``alibi_keys`` (Falcon) ``bf16(slope (j - left
+      padding)) * alibi_scale``, the key's position rounded to bfloat16 and scaled with the scores, as Falcon;
+    * ``relative``: T5's ``(table [buckets, H], buckets, max_distance, bidirectional)``, bias
+      ``table[bucket(j - p), h]``.
+
+    Built for a block of query rows at a time (``add_to``), so long inputs never hold ``[H, Lq, Lk]`` whole.
+    """
+
+    lq: int
+    lk: int
+    offset: int = 0
+    band: tuple[int, int] | None = None
+    chunk: int | None = None
+    left_padding: np.ndarray | None = None
+    alibi: np.ndarray | None = None
+    alibi_keys: bool = False
+    alibi_scale: float = 1.0
+    relative: tuple[np.ndarray, int, int, bool] | None = None
+
+    @property
+    def has_bias(self) -> bool:
+        return self.alibi is not None or self.relative is not None
+
+    def add_to(self, keep: np.ndarray | None, bias: np.ndarray | None, start: int,
+               stop: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``keep`` and ``bias`` of query rows ``start:stop`` with this mask's rows put in."""
+        from attnviz.positional import t5_buckets
+
+        p = np.arange(start, stop)[:, None] + self.offset
+        j = np.arange(self.lk)[None, :]
+        keeps = [] if keep is None else [keep]
+        if self.band is not None:
+            left, right = self.band
+            keeps.append((p - j <= left) & (j - p <= right))
+        shift = 0 if self.left_padding is None else self.left_padding
+        if self.chunk is not None:
+            keeps.append((p - shift) // self.chunk == (j - shift) // self.chunk)
+        if len(keeps) > 1:
+            keep = keeps[0]
+            for other in keeps[1:]:
+                keep = np.logical_and(keep, other)
+        elif keeps:
+            keep = keeps[0]
+        extra = None
+        if self.alibi is not None and self.alibi_keys:
+            from attnviz.positional import bfloat16_round
+
+            slopes = self.alibi.astype(np.float32)[:, None, None]
+            keys = np.maximum(np.asarray(j - shift), 0).astype(np.float32)  # [..., 1, Lk]
+            extra = bfloat16_round(slopes * keys)  # [..., H, 1, Lk]
+            extra = (extra * np.float32(self.alibi_scale)).astype(np.float32)
+        elif self.alibi is not None:
+            extra = self.alibi.astype(np.float64)[:, None, None] * (j - p)[None].astype(np.float64)
+        if self.relative is not None:
+            table, buckets, distance, bidirectional = self.relative
+            rel = np.moveaxis(table[t5_buckets(j - p, bidirectional, buckets, distance)], -1, 0)
+            extra = rel if extra is None else extra + rel
+        if extra is not None:
+            bias = extra if bias is None else bias + extra
+        return keep, bias
 
 
 def _row_slice(arr: np.ndarray | None, lq: int, start: int, stop: int) -> np.ndarray | None:

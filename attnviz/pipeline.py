@@ -35,8 +35,9 @@ from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import AttnvizError, InputError, ParamsError, ShapeError, UsageError
 from attnviz.io import Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
-from attnviz.masks import Mask, build_mask, describe_rows, fully_masked_rows
+from attnviz.masks import Mask, Positional, build_mask, describe_rows, fully_masked_rows, key_padding_keep
 from attnviz.run_options import ParamOptions, RunOptions
+from attnviz.scoring import Logits, ModelScoring
 from attnviz.stats import RowStats, fused_row_stats
 from attnviz.variants._base import Context, NumericError, Result, Variant, overflow_advice
 
@@ -83,6 +84,7 @@ class Prepared:
     captured: dict[str, Any] = field(default_factory=dict)  # --layout, grouped heads, --rope: what was done
     #: the largest |value| of each input and of each parameter read from a file, to name overflows
     magnitudes: dict[str, Magnitude] = field(default_factory=dict)
+    logits: Logits = field(default_factory=Logits)  # a model's softcap and sinks (attnviz.scoring)
 
     @property
     def lead_names(self) -> tuple[str, ...]:
@@ -171,8 +173,10 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     inputs = _resolve_inputs(variant, specs, stdin)
     captured: dict[str, Any] = {}
     capture_paths: list[Path] = []
+    scoring = ModelScoring()
     if variant.captured_qkv:
-        captured = prepare_captured(inputs, capture or CaptureOptions(), stdin, capture_paths)
+        captured, scoring = prepare_captured(inputs, capture or CaptureOptions(), stdin, capture_paths)
+        _apply_scale(variant, params, scoring)
     given, given_path = None, None
     external = variant.external_params(params) if variant.external_params else None
     chosen = [option for option, value in (("--params", param_options.params), ("--seed", param_options.seed))
@@ -232,9 +236,12 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
         padding = load_array(options.key_padding_mask, stdin)
         if padding.path is not None:
             paths.append(padding.path)
+    causal_align = options.causal_align if options.causal or not scoring.causal else "bottom-right"
     mask = build_mask(shape, mask=mask_loaded, convention=options.mask_convention, kind=options.mask_kind,
-                      key_padding=padding, causal=options.causal, causal_align=options.causal_align,
+                      key_padding=padding, causal=options.causal or scoring.causal, causal_align=causal_align,
                       mask_shape=problem.mask_shape)
+    if scoring.positional or scoring.logits:
+        mask.positional = _positional(variant, scoring, shape, padding, options.mask_convention)
     if problem.keep is not None:
         mask.keep = problem.keep if mask.keep is None else np.logical_and(mask.keep, problem.keep)
         mask.described.append(problem.keep_described)
@@ -247,7 +254,48 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
             f"{'rows' if len(rows) > 1 else 'row'} {describe_rows(rows)}."
         )
     return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings,
-                    learned, learned_source, param_options.seed or 0, captured, magnitudes)
+                    learned, learned_source, param_options.seed or 0, captured, magnitudes, scoring.logits)
+
+
+#: the variants whose scores go through the softmax of ``attnviz.variants._base`` as they are: a
+#: softcap and sinks (``Logits``) act there
+SOFTMAX_SCORES = ("scaled", "dot", "general", "local")
+
+
+def _apply_scale(variant: Variant, params: Any, scoring: ModelScoring) -> None:
+    """A config's scale becomes the variant's ``--scale`` unless one was given."""
+    if scoring.scale is None:
+        return
+    if not hasattr(params, "scale"):
+        raise UsageError(f"--hf-config gives a scale, but {variant.name} has no --scale; use scaled.")
+    if params.scale is None:
+        params.scale = scoring.scale
+    else:
+        scoring.described["scale"] = params.scale
+        scoring.described["scale_from"] = "--scale"
+
+
+def _positional(variant: Variant, scoring: ModelScoring, shape: tuple[int, ...], padding: Loaded | None,
+                convention: str) -> Positional | None:
+    """The model's windows, chunks and position biases as the run's ``Positional`` mask; the head count
+    of per-head parts checked against the weights."""
+    heads = scoring.per_head
+    if heads is not None and (len(shape) < 3 or shape[-3] != heads):
+        raise ShapeError(f"the weights {shape_str(shape)} need a head axis of {heads} at -3 for the per-head "
+                         "ALiBi slopes, sinks or T5 bias; give Q, K and V as [batch, heads, L, d] (or --layout).")
+    if scoring.logits and variant.name not in SOFTMAX_SCORES:
+        raise UsageError(f"--softcap and --sinks act on a softmax of dot-product scores: "
+                         f"{', '.join(SOFTMAX_SCORES)}; not {variant.name}.")
+    if not scoring.positional:
+        return None
+    shift = None
+    if (scoring.chunk is not None or scoring.alibi_keys) and padding is not None:
+        keep = key_padding_keep(padding, convention, shape)  # [..., 1, Lk]
+        first = np.where(keep.any(axis=-1), np.argmax(keep, axis=-1), keep.shape[-1])
+        shift = first[..., None]  # [..., 1, 1]: the left padding of each sequence
+    lq, lk = shape[-2], shape[-1]
+    return Positional(lq, lk, lk - lq, scoring.band, scoring.chunk, shift, scoring.alibi, scoring.alibi_keys,
+                      scoring.scale or 1.0 if scoring.alibi_keys else 1.0, scoring.relative)
 
 
 def _check_range(inputs: Mapping[str, Loaded], learned: Mapping[str, np.ndarray], params_path: Path | None,
@@ -293,7 +341,7 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
     computing, and ``reduce`` aggregates the heatmaps. Either way the variant's ``compute`` is
     wrapped (``guarded``): leading axes folded past ``MAX_LEAD``, overflow named."""
     device = resolve_device(prep.options.device)
-    ctx = Context(device, prep.options.dtype, seed=prep.seed)
+    ctx = Context(device, prep.options.dtype, seed=prep.seed, logits=prep.logits if prep.logits else None)
     arrays = {n: lo.data for n, lo in prep.inputs.items()}
     variant = guarded(prep, arrays)
     budget = blockwise.parse_size(prep.options.max_memory)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS, ROPE_STYLES
+from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS, MODEL_ATTENTION, ROPE_STYLES
 from attnviz.choices import DTYPES as DTYPE_NAMES
-from attnviz.fields import CAPTURED, LABELS, MASKS, PARAMS, RUN, option
+from attnviz.fields import CAPTURED, LABELS, MASKS, MODEL, PARAMS, RUN, option
 
 
 @dataclass
@@ -74,3 +74,35 @@ class CaptureOptions:
                                   "GPT-NeoX); default all", panel=CAPTURED, min=2, metavar="N")
     positions: str | None = option(None, "position ids [L] or [B, L] for --rope (default 0..L-1); needed for left "
                                    "padding", panel=CAPTURED, metavar="FILE")
+    rope_scaling: str | None = option(None, "RoPE scaling as a config's rope_scaling / rope_parameters object (JSON "
+                                      "text or a .json file): linear, dynamic, yarn, longrope, llama3, proportional",
+                                      panel=CAPTURED, metavar="JSON")
+    hf_config: str | None = option(None, "a model's config.json (or its folder): apply the scale, softcap, windows, "
+                                   "RoPE, ALiBi and causality it gives to layer --model-layer", panel=MODEL,
+                                   metavar="FILE")
+    model_layer: int | None = option(None, "the layer of --hf-config the q/k/v come from (0-based)", panel=MODEL,
+                                     min=0, metavar="N")
+    model_attention: Literal[MODEL_ATTENTION] | None = option(  # type: ignore[valid-type]
+        None, "which attention of an encoder-decoder --hf-config (T5, BART, Whisper): encoder or decoder "
+              "self-attention, or cross", panel=MODEL)
+    softcap: float | None = option(None, "attention-logit softcap C: scores become C tanh(s / C) before masking "
+                                   "(Gemma 2 attn_logit_softcapping)", panel=MODEL, above=0, metavar="C")
+    sliding_window: int | None = option(None, "transformers' sliding window W: query i sees key j when "
+                                        "0 <= i - j < W (causal)", panel=MODEL, min=1, metavar="W")
+    chunk_size: int | None = option(None, "chunked attention (Llama 4): query i sees key j in its own chunk of N "
+                                    "positions (causal; chunks counted from the first real key)", panel=MODEL, min=1,
+                                    metavar="N")
+    alibi: bool = option(False, "ALiBi: add slope_h (j - i) to the scores, BLOOM's slopes for the head count",
+                         panel=MODEL)
+    alibi_max_bias: float | None = option(None, "ALiBi with MPT's slopes for this alibi_bias_max (implies --alibi)",
+                                          panel=MODEL, above=0, metavar="B")
+    sinks: str | None = option(None, "per-head sink logits [H] (gpt-oss): a column that takes part in the softmax "
+                               "and is dropped, so rows sum to less than 1", panel=MODEL, metavar="FILE")
+    relative_bias_table: str | None = option(None, "T5's relative_attention_bias weight [buckets, heads]: add its "
+                                             "bucketed relative position bias", panel=MODEL, metavar="FILE")
+    relative_buckets: int | None = option(None, "T5 relative_attention_num_buckets (default: the table's rows)",
+                                          panel=MODEL, min=2, metavar="N")
+    relative_max_distance: int = option(128, "T5 relative_attention_max_distance", panel=MODEL, min=2, metavar="N")
+    relative_bidirectional: bool = option(True, "T5 buckets for both directions (encoder) or past keys only "
+                                          "(decoder)", panel=MODEL,
+                                          flag="--relative-bidirectional/--relative-causal")

@@ -143,18 +143,20 @@ def test_rope_equals_numpy_transcriptions(tmp_path, style, oracle, rot):
 def test_rope_equals_transformers_apply_rotary_pos_emb():
     torch = pytest.importorskip("torch")
     llama = pytest.importorskip("transformers.models.llama.modeling_llama")
-    from attnviz.captured import apply_rope, rope_angles
+    from attnviz.positional import apply_rope, rope_angles, rope_frequencies
 
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2, 3, 40, 16)).astype(np.float32)  # [B, H, L, d]
-    pos = np.stack([np.arange(40), np.concatenate([np.ones(5), np.arange(35)])])  # left padding, HF style
+    # left padding, HF style; and positions in the thousands, where float32 angles round as the model's do
+    pos = np.stack([np.arange(40) + 7000, np.concatenate([np.ones(5), np.arange(35)])])
     inv = 1.0 / 10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)
     freqs = torch.tensor(pos, dtype=torch.float32)[..., None] * inv
     emb = torch.cat([freqs, freqs], dim=-1)
     xt = torch.tensor(x)
     expected, _ = llama.apply_rotary_pos_emb(xt, xt, emb.cos(), emb.sin())
-    ours = apply_rope(x, rope_angles(pos[:, None, :], 16, 10000.0), "half")
-    np.testing.assert_allclose(ours, expected.numpy(), atol=1e-5)
+    inv_freq, factor = rope_frequencies(None, 10000.0, 16, 16, 7040)
+    ours = apply_rope(x, rope_angles(pos[:, None, :], inv_freq), "half", factor)
+    np.testing.assert_allclose(ours, expected.numpy(), atol=2e-6)
 
 
 def test_positions_for_left_padding_give_the_unpadded_numbers(tmp_path):

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # NumPy is imported inside the functions: the registry must l
     from attnviz.io import Loaded
     from attnviz.masks import Mask
     from attnviz.params import ParamSpec
+    from attnviz.scoring import Logits
 
 
 
@@ -141,6 +142,7 @@ class Context:
     device: Device
     dtype: str
     seed: int = 0  # for variants that sample (hard attention)
+    logits: Logits | None = None  # a model's logit softcap and attention sinks, applied by masked_softmax
     #: arrays that stay unchanged for the whole run (the keys and values while blocks of query rows are
     #: computed), by id, with what was derived from them: each is converted to a tensor once
     held: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
@@ -288,26 +290,42 @@ def masked_softmax(ctx: Context, scores: Any, mask: Mask, finite: bool = False) 
     ``where(keep, s, -inf)``, subtract the finite-guarded row max, exp, divide with 0/0 -> 0: a fully
     masked row is all zeros, never NaN and never uniform. float16/bfloat16 scores are upcast to
     float32 first. Scores that are not finite where a key is kept overflowed: ``NumericError``.
+
+    A model's ``ctx.logits`` (``attnviz.scoring``): a softcap ``C tanh(s / C)`` before the bias and the
+    mask; per-head sink logits ``[H]`` (heads at axis -3) as one more column of the softmax, dropped
+    after it.
     """
     import numpy as np
 
     tf = ctx.tf
     s = tf.cast(scores, softmax_dtype(ctx.dtype))
+    logits = ctx.logits
+    if logits is not None and logits.softcap is not None:
+        cap = tf.constant(logits.softcap, dtype=s.dtype)
+        s = tf.tanh(s / cap) * cap
     if mask.bias is not None:
         s = s + tf.cast(tf.convert_to_tensor(mask.bias), s.dtype)
     keep = None if mask.keep is None else tf.convert_to_tensor(mask.keep)
     if not finite:  # ``finite``: the caller has shown the scores cannot overflow
         check_finite_scores(ctx, s, keep)
-    if keep is None and mask.bias is None:
+    sinks = None if logits is None else logits.sinks
+    if keep is None and mask.bias is None and sinks is None:
         return tf.nn.softmax(s, axis=-1)  # nothing masked: the fused kernel (it subtracts the row max too)
     if keep is not None:
         s = tf.where(keep, s, tf.constant(-np.inf, dtype=s.dtype))
     m = tf.reduce_max(s, axis=-1, keepdims=True)
+    sink = None
+    if sinks is not None:
+        sink = tf.broadcast_to(tf.constant(np.asarray(sinks).reshape(-1, 1, 1), dtype=s.dtype), tf.shape(m))
+        m = tf.maximum(m, sink)
     m = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
     e = tf.exp(s - m)
     if keep is not None:
         e = tf.where(keep, e, tf.zeros_like(e))
-    return tf.math.divide_no_nan(e, tf.reduce_sum(e, axis=-1, keepdims=True))
+    total = tf.reduce_sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + tf.exp(sink - m)
+    return tf.math.divide_no_nan(e, total)
 
 
 def attend(ctx: Context, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Mask,

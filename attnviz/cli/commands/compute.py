@@ -98,6 +98,9 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     with staged_outputs(targets) as staged:
         outcome = execute(prepared, staged.get("--save-weights"), fig.reduce)
         if info:
+            config = prepared.captured.get("config")
+            if config:
+                err.print(config["summary"], markup=False, style="dim")
             for note in outcome.notes:
                 err.print(note, markup=False, style="dim")
             learned = f", parameters from {prepared.learned_source}" if prepared.learned_source else ""
