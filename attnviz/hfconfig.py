@@ -300,7 +300,11 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
     if kind == "bloom":
         values["alibi"] = True
     if kind == "mpt" and (cfg.get("attn_config") or {}).get("alibi", True):
-        values["alibi_max_bias"] = float((cfg.get("attn_config") or {}).get("alibi_bias_max", 8))
+        values["alibi_max_bias"] = 8.0  # transformers' MptModel builds its ALiBi with the default 8 always
+        given_max = (cfg.get("attn_config") or {}).get("alibi_bias_max", 8)
+        if float(given_max) != 8.0:
+            notes.append(f"alibi_bias_max 8 as transformers' MPT (the config says {given_max:g}; "
+                         "--alibi-max-bias overrides)")
     if kind == "falcon" and cfg.get("alibi"):
         values["alibi"] = True
         reading.falcon_alibi = True

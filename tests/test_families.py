@@ -1,0 +1,207 @@
+"""The README's "Model families" table, row by row (issue 19): a small randomly initialised model of each
+family is built from its config (eager attention, a padded batch of two), hooked on the modules the row
+names, its hook outputs turned into q, k and v with the row's expression, and attnviz run with
+``--hf-config`` and the row's options; its weights equal the model's own ``output_attentions`` on the real
+rows and keys to 1e-5. Each row also runs once with the family's special feature left out (the same
+options spelled out without it) and must then differ. Skips cleanly without torch and transformers."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnviz.cli import app
+from tests.conftest import ROOT
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+runner = CliRunner()
+B, L, PAD, LAYER = 2, 10, 3, 1
+
+
+def table() -> dict[str, dict[str, object]]:
+    """{model_type: {family, hooks, split, options}} from the README's table."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Model families"):]
+    section = section[:section.index("\n### ", 5)]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or cells[1] in ("`model_type`", "---"):
+            continue
+        family, kind, hooks, split, options = cells
+        rows[kind] = {"family": family, "hooks": re.findall(r"`([^`]+)`", hooks),
+                      "split": re.findall(r"`([^`]+)`", split)[0],
+                      "options": shlex.split(re.findall(r"`([^`]+)`", options)[0]) if "`" in options else []}
+    return rows
+
+
+ROWS = table()
+
+DECODER = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=48, max_position_embeddings=64)
+
+#: model_type -> (config, the options that give everything but the family's special feature)
+FAMILIES = {
+    "llama": (lambda: transformers.LlamaConfig(**DECODER, num_key_value_heads=2, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        ["--rope", "--rope-theta", "500000", "--causal"]),
+    "mistral": (lambda: transformers.MistralConfig(**DECODER, num_key_value_heads=2, sliding_window=4),
+                ["--rope", "--causal"]),
+    "mixtral": (lambda: transformers.MixtralConfig(**DECODER, num_key_value_heads=2, num_local_experts=2,
+                                                   sliding_window=None), ["--causal"]),
+    "qwen2": (lambda: transformers.Qwen2Config(**DECODER, num_key_value_heads=2, rope_parameters={
+        "rope_type": "default", "rope_theta": 1000000.0}), ["--rope", "--causal"]),
+    "qwen3": (lambda: transformers.Qwen3Config(**DECODER, num_key_value_heads=2, head_dim=8), ["--causal"]),
+    "gemma": (lambda: transformers.GemmaConfig(**DECODER, num_key_value_heads=1, head_dim=8), ["--causal"]),
+    "gemma2": (lambda: transformers.Gemma2Config(**DECODER, num_key_value_heads=2, head_dim=8,
+                                                 query_pre_attn_scalar=16, attn_logit_softcapping=0.5, initializer_range=0.5,
+                                                 sliding_window=4, layer_types=["sliding_attention"] * 2),
+               ["--rope", "--causal", "--scale", "0.25", "--sliding-window", "4"]),
+    "gemma3_text": (lambda: transformers.Gemma3TextConfig(**DECODER, num_key_value_heads=2, head_dim=8,
+                                                         query_pre_attn_scalar=8, sliding_window=4,
+                                                         layer_types=["full_attention", "sliding_attention"]),
+                    ["--rope", "--rope-theta", "1000000", "--causal", "--sliding-window", "4", "--scale",
+                     str(8 ** -0.5)]),  # the global base on a local layer
+    "olmo2": (lambda: transformers.Olmo2Config(**DECODER), ["--causal"]),
+    "phi": (lambda: transformers.PhiConfig(**DECODER, partial_rotary_factor=0.5), ["--rope", "--causal"]),
+    "phi3": (lambda: transformers.Phi3Config(**DECODER, num_key_value_heads=2, original_max_position_embeddings=8, pad_token_id=0,
+                                             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                              "short_factor": [1.0, 1.5, 2.0, 2.5],
+                                                              "long_factor": [3.0, 5.0, 7.0, 9.0],
+                                                              "original_max_position_embeddings": 8}),
+             ["--rope", "--causal"]),
+    "gpt_neox": (lambda: transformers.GPTNeoXConfig(**DECODER, rotary_pct=0.25), ["--rope", "--causal"]),
+    "gptj": (lambda: transformers.GPTJConfig(vocab_size=50, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                             n_positions=64), ["--rope", "--rope-dim", "4", "--causal"]),
+    "falcon": (lambda: transformers.FalconConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=4, multi_query=True,
+                                                 new_decoder_architecture=False), ["--causal"]),
+    "gpt2": (lambda: transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                             scale_attn_by_inverse_layer_idx=True), ["--causal"]),
+    "bloom": (lambda: transformers.BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4),
+              ["--causal"]),
+    "mpt": (lambda: transformers.MptConfig(vocab_size=50, d_model=48, n_layers=2, n_heads=6, max_seq_len=64,
+                                           attn_config={"alibi_bias_max": 16}),  # transformers uses 8 anyway
+            ["--causal"]),
+    "gpt_oss": (lambda: transformers.GptOssConfig(**{**DECODER, "intermediate_size": 32}, num_key_value_heads=2,
+                                                  head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+                                                  sliding_window=4, rope_parameters={
+                                                      "rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0,
+                                                      "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                                                      "beta_slow": 1.0, "truncate": False}),
+                ["--rope", "--rope-theta", "150000", "--causal", "--sliding-window", "4"]),
+    "t5": (lambda: transformers.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+                                         relative_attention_num_buckets=8, relative_attention_max_distance=16),
+           ["--scale", "1"]),
+    "bart": (lambda: transformers.BartConfig(vocab_size=50, d_model=32, encoder_layers=2, decoder_layers=2,
+                                             encoder_attention_heads=4, decoder_attention_heads=4,
+                                             encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64),
+             None),
+    "bert": (lambda: transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=48), None),
+    "modernbert": (lambda: transformers.ModernBertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                                         num_attention_heads=4, intermediate_size=48,
+                                                         local_attention=4, global_attn_every_n_layers=2,
+                                                         pad_token_id=0), ["--rope", "--rope-theta", "10000"]),
+    "vit": (lambda: transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                           intermediate_size=48, image_size=8, patch_size=2), None),
+}
+ENCODERS = ("t5", "bart", "bert", "modernbert", "vit")
+
+
+def test_every_row_of_the_table_has_a_test_and_back():
+    assert set(ROWS) == set(FAMILIES)
+
+
+def build(kind):
+    torch.manual_seed(0)
+    config = FAMILIES[kind][0]()
+    config._attn_implementation = "eager"
+    if kind == "t5":
+        return transformers.T5EncoderModel(config).eval()
+    if kind in ENCODERS:
+        return transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+
+
+def inputs(kind, model):
+    if kind == "vit":
+        return {"pixel_values": torch.randn(B, 3, 8, 8, generator=torch.Generator().manual_seed(1))}, None
+    ids = torch.randint(3, 50, (B, L), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(B, L, dtype=torch.long)
+    if kind in ENCODERS:
+        mask[1, L - PAD:] = 0  # encoders: right padding
+    else:
+        mask[1, :PAD] = 0  # decoders: left padding, as generation uses
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if kind == "bart":
+        batch["decoder_input_ids"] = ids[:, :4]
+    return batch, mask
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_family_row_reproduces_the_model(kind, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    row = ROWS[kind]
+    model = build(kind)
+    model.config.save_pretrained(tmp_path / "model")
+    captured = {}
+    for i, path in enumerate(row["hooks"]):
+        module = model.get_submodule(path.format(N=LAYER))
+        module.register_forward_hook(lambda m, args, out, i=i: captured.update({i: out[0] if isinstance(out, tuple)
+                                                                                  else out}))
+    batch, mask = inputs(kind, model)
+    with torch.no_grad():
+        out = model(**batch, output_attentions=True)
+    text = model.config.get_text_config()
+    captured = [captured[i] for i in range(len(row["hooks"]))]
+    attentions = out.encoder_attentions if kind == "bart" else out.attentions
+    b, length = attentions[LAYER].shape[0], attentions[LAYER].shape[-1]
+    h = text.num_attention_heads
+    g = getattr(text, "num_key_value_heads", None) or h
+    d = getattr(text, "head_dim", None) or text.hidden_size // h
+    parts = [eval(row["split"], {"o": o.detach().float(), "B": b, "L": length, "H": h, "G": g, "d": d})
+             for o in captured]
+    q, k, v = parts if len(parts) == 3 else parts[0]
+    for n, t in zip("qkv", (q, k, v)):
+        np.save(f"{n}.npy", t.contiguous().numpy())
+    common = ["scaled", "q.npy", "k.npy", "v.npy", "--layout", "batch,seq,head,d", "--save-weights", "ours.npy",
+              "--quiet"]
+    if mask is not None:
+        np.save("padding.npy", mask.numpy())
+        np.save("positions.npy", (mask.cumsum(-1) - 1).clamp(min=0).numpy())
+        common += ["--key-padding-mask", "padding.npy"]
+    if kind == "gpt_oss":
+        np.save("sinks.npy", model.get_submodule(f"model.layers.{LAYER}.self_attn").sinks.detach().numpy())
+    if kind == "t5":
+        table = model.get_submodule("encoder.block.0.layer.0.SelfAttention.relative_attention_bias").weight
+        np.save("table.npy", table.detach().numpy())
+    theirs = attentions[LAYER].float().numpy()
+    real = np.ones((b, length), dtype=bool) if mask is None else mask.numpy().astype(bool)
+    cells = real[:, None, :, None] & real[:, None, None, :]
+
+    r = runner.invoke(app, [*common, "--hf-config", "model", "--model-layer", str(LAYER), *row["options"]])
+    assert r.exit_code == 0, r.stderr
+    ours = np.load("ours.npy")
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(np.where(cells, ours, 0), np.where(cells, theirs, 0), atol=1e-5)
+
+    off = FAMILIES[kind][1]
+    if off is None:
+        return  # nothing special to leave out
+    extra = [o for o in row["options"] if o not in ("--model-attention", "encoder")]
+    if "--positions" in extra and "--rope" not in off:
+        extra = [o for o in extra if o not in ("--positions", "positions.npy")]
+    r = runner.invoke(app, [*common, *off, *extra])
+    assert r.exit_code == 0, r.stderr
+    without = np.load("ours.npy")
+    assert np.abs(np.where(cells, without, 0) - np.where(cells, theirs, 0)).max() > 1e-4, \
+        f"{kind}: the family's special feature made no difference"
