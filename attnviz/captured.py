@@ -34,7 +34,7 @@ import numpy as np
 from attnviz.choices import ROPE_STYLES
 from attnviz.errors import ShapeError, UsageError, shape_str
 from attnviz.io import Loaded, StdinReader, load_array
-from attnviz.positional import apply_rope, rope_angles, check_rope_parameters, rope_frequencies, rope_type
+from attnviz.positional import apply_rope, check_rope_parameters, rope_angles, rope_frequencies, rope_type
 from attnviz.run_options import CaptureOptions
 from attnviz.scoring import ModelScoring, read_scoring
 

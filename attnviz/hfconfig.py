@@ -257,7 +257,7 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
             return n
         varies = {(_layer_type(kind, cfg, i), _uses_rope(kind, cfg, i)) for i in range(int(layers or 1))}
         if kind == "gpt2" and cfg.get("scale_attn_by_inverse_layer_idx"):
-            varies.add(("scale", 1))
+            varies.add(("scale", True))
         if len(varies) > 1:
             raise UsageError(f"{source}: the layers of this {kind} differ (sliding, chunked, full or NoPE); say which "
                              "layer the q/k/v come from with --model-layer N.")
@@ -361,7 +361,8 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
     if reading.bidirectional_band:
         parts.append(f"local window ±{reading.bidirectional_band}")
     if chosen.get("alibi") or "alibi_max_bias" in chosen:
-        parts.append(("Falcon's ALiBi" if reading.falcon_alibi else "ALiBi") + (f" max bias {chosen['alibi_max_bias']:g}" if "alibi_max_bias" in chosen else ""))
+        bias = f" max bias {chosen['alibi_max_bias']:g}" if "alibi_max_bias" in chosen else ""
+        parts.append(("Falcon's ALiBi" if reading.falcon_alibi else "ALiBi") + bias)
     if "relative_buckets" in chosen:
         parts.append(f"T5 bias {chosen['relative_buckets']} buckets")
     if temperature:

@@ -122,9 +122,8 @@ def rope_frequencies(params: Mapping[str, Any] | None, theta: float, head_dim: i
         original = p.get("original_max_position_embeddings") or max_position_embeddings
         if original is None:
             raise UsageError("rope type 'longrope' needs original_max_position_embeddings.")
-        factor = p.get("factor")
-        if factor is None:
-            factor = (max_position_embeddings or original) / original
+        given = p.get("factor")
+        factor = float(given) if given is not None else (max_position_embeddings or original) / original
         attention = p.get("attention_factor")
         if attention is None:
             attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
@@ -138,7 +137,8 @@ def rope_frequencies(params: Mapping[str, Any] | None, theta: float, head_dim: i
     raise UsageError(f"unknown rope type {kind!r}; attnviz knows {', '.join(ROPE_TYPES)}.")
 
 
-def _yarn(p: Mapping[str, Any], theta: float, dims: int, max_position_embeddings: int | None) -> tuple[np.ndarray, float]:
+def _yarn(p: Mapping[str, Any], theta: float, dims: int,
+          max_position_embeddings: int | None) -> tuple[np.ndarray, float]:
     original = p.get("original_max_position_embeddings") or max_position_embeddings
     if original is None:
         raise UsageError("rope type 'yarn' needs original_max_position_embeddings.")
@@ -214,8 +214,8 @@ def alibi_slopes(heads: int, max_bias: float | None = None) -> np.ndarray:
             slopes = np.concatenate([slopes[1::2], slopes[::2]])[:heads]
         return slopes.astype(np.float32)
     closest = 2 ** math.floor(math.log2(heads))  # BLOOM: build_alibi_tensor
-    base = np.float32(2 ** (-(2 ** -(math.log2(closest) - 3))))
-    slopes = np.power(base, np.arange(1, 1 + closest, dtype=np.int32).astype(np.float32), dtype=np.float32)
+    start = np.float32(2 ** (-(2 ** -(math.log2(closest) - 3))))
+    slopes = np.power(start, np.arange(1, 1 + closest, dtype=np.int32).astype(np.float32), dtype=np.float32)
     if closest != heads:
         extra_base = np.float32(2 ** (-(2 ** -(math.log2(2 * closest) - 3))))
         remaining = min(closest, heads - closest)

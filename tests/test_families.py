@@ -7,7 +7,6 @@ options spelled out without it) and must then differ. Skips cleanly without torc
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 
@@ -62,7 +61,8 @@ FAMILIES = {
     "qwen3": (lambda: transformers.Qwen3Config(**DECODER, num_key_value_heads=2, head_dim=8), ["--causal"]),
     "gemma": (lambda: transformers.GemmaConfig(**DECODER, num_key_value_heads=1, head_dim=8), ["--causal"]),
     "gemma2": (lambda: transformers.Gemma2Config(**DECODER, num_key_value_heads=2, head_dim=8,
-                                                 query_pre_attn_scalar=16, attn_logit_softcapping=0.5, initializer_range=0.5,
+                                                 query_pre_attn_scalar=16, attn_logit_softcapping=0.5,
+                                                 initializer_range=0.5,
                                                  sliding_window=4, layer_types=["sliding_attention"] * 2),
                ["--rope", "--causal", "--scale", "0.25", "--sliding-window", "4"]),
     "gemma3_text": (lambda: transformers.Gemma3TextConfig(**DECODER, num_key_value_heads=2, head_dim=8,
@@ -72,7 +72,8 @@ FAMILIES = {
                      str(8 ** -0.5)]),  # the global base on a local layer
     "olmo2": (lambda: transformers.Olmo2Config(**DECODER), ["--causal"]),
     "phi": (lambda: transformers.PhiConfig(**DECODER, partial_rotary_factor=0.5), ["--rope", "--causal"]),
-    "phi3": (lambda: transformers.Phi3Config(**DECODER, num_key_value_heads=2, original_max_position_embeddings=8, pad_token_id=0,
+    "phi3": (lambda: transformers.Phi3Config(**DECODER, num_key_value_heads=2, original_max_position_embeddings=8,
+                                             pad_token_id=0,
                                              rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                                               "short_factor": [1.0, 1.5, 2.0, 2.5],
                                                               "long_factor": [3.0, 5.0, 7.0, 9.0],

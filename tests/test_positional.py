@@ -7,6 +7,7 @@ as one clear line."""
 from __future__ import annotations
 
 import json
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -176,7 +177,7 @@ def test_sinks_take_part_and_are_dropped(qkv):
 @pytest.mark.parametrize("max_bias", [None, 8.0])
 def test_alibi(qkv, max_bias):
     slopes = alibi_slopes(4, max_bias).astype(np.float64)
-    i, j = np.arange(9)[:, None], np.arange(9)[None, :]
+    j = np.arange(9)[None, :]
     bias = slopes[:, None, None] * j[None]  # BLOOM: slope * key position; softmax-equal to slope (j - i)
     args = ["--alibi"] if max_bias is None else ["--alibi-max-bias", str(max_bias)]
     np.testing.assert_allclose(run(*args, "--causal"), eager(qkv["q"], qkv["k"], 8 ** -0.5, causal(), bias),
@@ -198,12 +199,12 @@ def test_t5_relative_bias(qkv, bidirectional):
 def test_rope_scaling_option_equals_the_oracle(qkv):
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    import torch
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    import torch
-
     rope = ROPE_CASES["llama3"]
-    config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, rope_parameters={**rope, "rope_theta": 500000.0})
+    config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4,
+                                      rope_parameters={**rope, "rope_theta": 500000.0})
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     inv, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
