@@ -427,17 +427,34 @@ def score_specs(score: str, d_q: int, d_k: int) -> dict[str, ParamSpec]:
     return {"W_a": ParamSpec((d_q, d_k))} if score == "general" else {}
 
 
-def base_scores(ctx: Context, q: Any, k: Any, score: str, learned: Mapping[str, np.ndarray]) -> Any:
+def base_scores(ctx: Context, q: Any, k: Any, score: str, learned: Mapping[str, np.ndarray],
+                scale: float | None = None) -> Any:
     """Scores ``[..., Lq, Lk]`` from tensors Q and K: ``scaled`` Q K^T / sqrt(d_k), ``dot`` Q K^T,
-    ``general`` Q W_a K^T; finite, or a ``NumericError`` (they overflowed the dtype)."""
+    ``general`` Q W_a K^T, each times ``scale`` instead when one is given (``--scale``); finite, or a
+    ``NumericError`` (they overflowed the dtype)."""
     tf = ctx.tf
-    if score == "scaled":
-        q = q * ctx.scalar(1.0 / math.sqrt(int(q.shape[-1])), q.dtype)
-    elif score == "general":
+    if score == "general":
         q = tf.tensordot(q, ctx.tensor(learned["W_a"]), axes=1)
+    factor = scale if scale is not None else 1.0 / math.sqrt(int(q.shape[-1])) if score == "scaled" else 1.0
+    if factor != 1.0:
+        q = q * ctx.scalar(factor, q.dtype)
     scores = tf.matmul(q, k, transpose_b=True)
     check_finite_scores(ctx, scores)  # some users (sparsemax, the CRF) take them to NumPy, not to masked_softmax
     return scores
+
+
+def scale_field(default: str) -> Any:
+    """The ``--scale`` option of a variant that scores with a dot product (``default`` says what it is
+    without it); a model's config (``--hf-config``) sets it too."""
+    return field(default=None, metadata={"help": f"multiply the scores by this instead of {default}; a "
+                                                 "temperature t is --scale 1/t", "above": 0})
+
+
+def check_scale(scale: float | None) -> None:
+    from attnviz.errors import UsageError
+
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise UsageError(f"--scale {scale}: must be a positive finite number.")
 
 
 def score_field_help() -> str:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnviz.variants._base import Context, Problem, Result, Variant, attend, check_qkv
+from attnviz.variants._base import Context, Problem, Result, Variant, attend, check_qkv, check_scale, scale_field
 from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
@@ -29,17 +29,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class Params:
-    pass
+    scale: float | None = scale_field("1 (unscaled)")
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    check_scale(params.scale)
     return Problem(check_qkv(inputs))
 
 
 def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: Params,
             learned: Mapping[str, np.ndarray]) -> Result:
-    weights, output = attend(ctx, arrays["q"], arrays["k"], arrays["v"], mask, 1.0)
-    return Result(weights, output, params={"scale": 1.0})
+    scale = 1.0 if params.scale is None else params.scale
+    weights, output = attend(ctx, arrays["q"], arrays["k"], arrays["v"], mask, scale)
+    return Result(weights, output, params={"scale": scale})
 
 
 VARIANT = Variant(

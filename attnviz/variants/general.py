@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from attnviz.params import ParamSpec
-from attnviz.variants._base import Context, Problem, Result, Variant, check_qkv, softmax_and_output
+from attnviz.variants._base import (
+    Context,
+    Problem,
+    Result,
+    Variant,
+    check_qkv,
+    check_scale,
+    scale_field,
+    softmax_and_output,
+)
 from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
@@ -36,9 +45,11 @@ class Params:
         default="general",
         metadata={"help": "general: q W_a k^T; location: softmax(q W_a) with W_a [d_q, Lk], independent of K"},
     )
+    scale: float | None = scale_field("1")
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    check_scale(params.scale)
     shape = check_qkv(inputs, same_dim=False)
     d_q, d_k, lk = inputs["q"].data.shape[-1], inputs["k"].data.shape[-1], inputs["k"].data.shape[-2]
     out = d_k if params.score == "general" else lk
@@ -58,8 +69,11 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
 
             lead = np.broadcast_shapes(arrays["q"].shape[:-2], arrays["k"].shape[:-2])
             scores = tf.broadcast_to(projected, (*lead, *projected.shape[-2:]))  # K only sets Lk
+        if params.scale is not None:
+            scores = scores * ctx.scalar(params.scale, scores.dtype)
         weights, output = softmax_and_output(ctx, scores, v, mask)
-    return Result(weights, output, params={"score": params.score})
+    return Result(weights, output, params={"score": params.score, "scale": 1.0 if params.scale is None
+                                           else params.scale})
 
 
 VARIANT = Variant(

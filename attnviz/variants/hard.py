@@ -36,7 +36,9 @@ from attnviz.variants._base import (
     View,
     base_scores,
     check_qkv,
+    check_scale,
     masked_softmax,
+    scale_field,
     score_field_help,
     score_specs,
 )
@@ -65,9 +67,11 @@ class Params:
     hard: bool = field(default=False, metadata={"help": "gumbel: one-hot of the relaxed sample (straight-through "
                                                         "forward value)"})
     score: Literal["scaled", "dot", "general"] = field(default="scaled", metadata={"help": score_field_help()})
+    scale: float | None = scale_field("the --score's (1/sqrt(d) for scaled, 1 otherwise)")
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    check_scale(params.scale)
     shape = check_qkv(inputs, same_dim=params.score != "general")
     if params.samples is not None and (params.mode != "sample" or params.samples < 1):
         raise UsageError("--samples N (N >= 1) goes with --mode sample.")
@@ -124,7 +128,7 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     rng = np.random.default_rng(ctx.seed)
     with tf.device(ctx.device.tf_name):
         q, k, v = (ctx.tensor(arrays[n]) for n in ("q", "k", "v"))
-        soft = masked_softmax(ctx, base_scores(ctx, q, k, params.score, learned), mask)
+        soft = masked_softmax(ctx, base_scores(ctx, q, k, params.score, learned, params.scale), mask)
         lead = np.broadcast_shapes(tuple(soft.shape[:-2]), tuple(v.shape[:-2]))
         p = np.broadcast_to(ctx.numpy(soft).astype(np.float64), (*lead, *soft.shape[-2:]))
         check_finite_result(p, ctx.dtype)

@@ -44,8 +44,10 @@ from attnviz.variants._base import (
     View,
     base_scores,
     check_qkv,
+    check_scale,
     masked_softmax,
     read_units,
+    scale_field,
     score_field_help,
     score_specs,
 )
@@ -78,6 +80,7 @@ class Params:
     global_tokens: str | None = field(default=None, metadata={"help": "positions that attend and are attended "
                                                                         "everywhere, e.g. 0,5", "metavar": "I,J"})
     score: Literal["scaled", "dot", "general"] = field(default="scaled", metadata={"help": score_field_help()})
+    scale: float | None = scale_field("the --score's (1/sqrt(d) for scaled, 1 otherwise)")
     units: int | None = field(default=None, metadata={"help": f"local-p: d_p of W_p (default: from --params, "
                                                                f"else {DEFAULT_UNITS})", "min": 1,
                                                       "max": MAX_WIDTH})
@@ -126,6 +129,7 @@ def _global_tokens(text: str, lq: int, lk: int) -> list[int]:
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    check_scale(params.scale)
     shape = check_qkv(inputs, same_dim=params.score != "general")
     lq, lk = shape[-2], shape[-1]
     d_q, d_k = inputs["q"].data.shape[-1], inputs["k"].data.shape[-1]
@@ -173,7 +177,7 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     used: dict[str, object] = {"mode": params.mode, "score": params.score}
     with tf.device(ctx.device.tf_name):
         q, k, v = (ctx.tensor(arrays[n]) for n in ("q", "k", "v"))
-        scores = base_scores(ctx, q, k, params.score, learned)
+        scores = base_scores(ctx, q, k, params.score, learned, params.scale)
         if params.mode != "local-p":
             used.update(window=params.window, window_style=params.window_style if params.mode == "window" else None)
             weights, output = softmax_and_output(ctx, scores, v, mask)

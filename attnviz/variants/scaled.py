@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from attnviz.errors import UsageError
-from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, attend, check_qkv
+from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, attend, check_qkv, check_scale
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,11 +41,6 @@ class Params:
         metadata={"help": "multiply Q K^T by this instead of 1/sqrt(d_k); a temperature t is --scale 1/t",
                   "above": 0},
     )
-
-
-def check_scale(scale: float | None) -> None:
-    if scale is not None and not (math.isfinite(scale) and scale > 0):
-        raise UsageError(f"--scale {scale}: must be a positive finite number.")
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:

@@ -36,6 +36,8 @@ from attnviz.variants._base import (
     Variant,
     base_scores,
     check_qkv,
+    check_scale,
+    scale_field,
     score_field_help,
     score_specs,
 )
@@ -68,6 +70,7 @@ class Params:
     combine: Literal["union", "split"] = field(
         default="union", metadata={"help": "strided/fixed: the union of the two sub-patterns, or each as a slice"})
     score: Literal["scaled", "dot", "general"] = field(default="scaled", metadata={"help": score_field_help()})
+    scale: float | None = scale_field("the --score's (1/sqrt(d) for scaled, 1 otherwise)")
 
 
 def pattern_keep(lq: int, lk: int, method: str, stride: int, c: int) -> np.ndarray:
@@ -87,6 +90,7 @@ def pattern_keep(lq: int, lk: int, method: str, stride: int, c: int) -> np.ndarr
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
+    check_scale(params.scale)
     shape = check_qkv(inputs, same_dim=params.score != "general")
     lq, lk = shape[-2], shape[-1]
     specs = score_specs(params.score, inputs["q"].data.shape[-1], inputs["k"].data.shape[-1])
@@ -204,7 +208,7 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     used: dict[str, object] = {"method": params.method, "score": params.score}
     with tf.device(ctx.device.tf_name):
         q, k, v = (ctx.tensor(arrays[n]) for n in ("q", "k", "v"))
-        scores = base_scores(ctx, q, k, params.score, learned)
+        scores = base_scores(ctx, q, k, params.score, learned, params.scale)
         if params.method in PATTERNS:
             if params.combine == "split":
                 scores, v = scores[..., None, :, :], v[..., None, :, :]

@@ -44,8 +44,10 @@ from attnviz.variants._base import (
     Variant,
     base_scores,
     broadcast_leading,
+    check_scale,
     read_units,
     require_rank,
+    scale_field,
     softmax_and_output,
 )
 
@@ -66,6 +68,7 @@ class Params:
     no_self_loops: bool = field(default=False, metadata={"help": "graph: do not add self-loops"})
     score: Literal["scaled", "dot", "gat"] = field(default="scaled", metadata={"help": "graph: scaled or dot "
                                                                                      "product of Q and K, or GAT"})
+    scale: float | None = scale_field("the --score's (graph: 1/sqrt(d) for scaled, 1 for dot)")
     units: int | None = field(default=None, metadata={"help": "gat: d', the width of W (default: from --params, "
                                                               "else d)", "min": 1,
                                                       "max": MAX_WIDTH})
@@ -126,6 +129,9 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
     if k.data.shape[-2] != v.data.shape[-2]:
         raise ShapeError(f"Lk differs: K has shape {shape_str(k.data.shape)} and V {shape_str(v.data.shape)}.")
     shape = (*broadcast_leading(named, ("q", "k", "v")), q.data.shape[-2], k.data.shape[-2])
+    check_scale(params.scale)
+    if params.scale is not None and (params.method != "graph" or params.score == "gat"):
+        raise UsageError("--scale goes with --method graph and --score scaled or dot.")
     graph_only = params.adjacency is not None or params.no_self_loops or params.score != "scaled" or params.units
     crf_only = params.unary is not None or params.normalize is not None
     if params.method == "graph":
@@ -207,7 +213,8 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
                 used.update(units=params.units, negative_slope=params.negative_slope)
                 weights, output = softmax_and_output(ctx, scores, z, mask)
             else:
-                weights, output = softmax_and_output(ctx, base_scores(ctx, q, k, params.score, learned), v, mask)
+                scores = base_scores(ctx, q, k, params.score, learned, params.scale)
+                weights, output = softmax_and_output(ctx, scores, v, mask)
             return Result(weights, output, params=used)
         if params.unary_values is not None:
             unary = np.asarray(params.unary_values, dtype=np.float64)

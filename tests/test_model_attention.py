@@ -305,3 +305,55 @@ def test_long_inputs_in_blocks_give_the_dense_numbers(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.stderr
     np.testing.assert_allclose(np.load("b.npy"), dense, atol=1e-7)
     assert (dense[0, 0, 1199, :1199 - 16] == 0).all() and (dense[0, 0, 1199, 1199 - 16:] > 0).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# --scale on every command that scores with a dot product
+
+
+def test_dot_and_local_scale_against_numpy(qkv):
+    for cmd, extra, keep in (("dot", [], None), ("local", ["--window", "2"],
+                                                    np.abs(np.arange(9)[:, None] - np.arange(9)[None, :]) <= 2)):
+        r = runner.invoke(app, [cmd, "q.npy", "k.npy", "v.npy", *extra, "--scale", "0.3", "--save-weights", "w.npy",
+                                "--quiet"])
+        assert r.exit_code == 0, r.stderr
+        np.testing.assert_allclose(np.load("w.npy"), eager(qkv["q"], qkv["k"], 0.3, keep), atol=1e-6)
+
+
+@pytest.mark.parametrize("command", [
+    ["local", "--window", "2", "--score", "dot"],
+    ["sparse", "--score", "dot"],
+    ["hard", "--score", "dot", "--mode", "sample", "--samples", "50", "--seed", "3"],
+    ["structured", "--score", "dot", "--adjacency", "adj.npy"],
+    ["general", "--seed", "3"],
+])
+def test_scale_equals_scaling_the_queries(qkv, command):
+    """--scale s on Q is --scale 1 on s Q, for every command whose scores are linear in Q."""
+    np.save("q2.npy", qkv["q"] * 2.5)
+    np.save("adj.npy", np.random.default_rng(0).random((9, 9)) < 0.6)
+    outs = []
+    for q, scale in (("q.npy", "2.5"), ("q2.npy", "1")):
+        r = runner.invoke(app, [command[0], q, "k.npy", "v.npy", *command[1:], "--scale", scale, "--save-weights",
+                                "w.npy", "--quiet"])
+        assert r.exit_code == 0, r.stderr
+        outs.append(np.load("w.npy"))
+    np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+    r = runner.invoke(app, [command[0], "q.npy", "k.npy", "v.npy", *command[1:], "--save-weights", "w.npy", "--quiet"])
+    assert np.abs(np.load("w.npy") - outs[0]).max() > 1e-3  # and the scale mattered
+
+
+def test_hf_config_on_local_sets_its_scale(qkv):
+    with open("config.json", "w") as fh:
+        json.dump({"model_type": "gemma2", "hidden_size": 32, "num_attention_heads": 4, "head_dim": 8,
+                   "num_hidden_layers": 1, "query_pre_attn_scalar": 64, "layer_types": ["full_attention"]}, fh)
+    r = runner.invoke(app, ["local", "q.npy", "k.npy", "v.npy", "--window", "3", "--hf-config", "config.json",
+                            "--save-weights", "w.npy", "--quiet"])
+    assert r.exit_code == 0, r.stderr
+    keep = np.abs(np.arange(9)[:, None] - np.arange(9)[None, :]) <= 3
+    i, j = np.arange(9)[:, None], np.arange(9)[None, :]
+    from attnviz.positional import apply_rope, rope_angles, rope_frequencies
+
+    inv, _ = rope_frequencies(None, 10000.0, 8, 8, 9)
+    q = apply_rope(qkv["q"], rope_angles(np.arange(9), inv), "half")
+    k = apply_rope(qkv["k"], rope_angles(np.arange(9), inv), "half")
+    np.testing.assert_allclose(np.load("w.npy"), eager(q, k, 64 ** -0.5, keep & (j <= i)), atol=1e-6)
