@@ -154,12 +154,20 @@ def prepare(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, stdin: St
     if opts.rope_style not in ROPE_STYLES:
         raise UsageError(f"--rope-style {opts.rope_style!r}: expected one of {', '.join(ROPE_STYLES)}.")
     if not opts.rope and (opts.rope_dim is not None or opts.positions is not None or opts.rope_scaling is not None):
-        raise UsageError("--rope-dim, --rope-scaling and --positions go with --rope.")
+        if config is None:
+            raise UsageError("--rope-dim, --rope-scaling and --positions go with --rope.")
+        # the config's layer has no RoPE (a NoPE layer, ALiBi): the row's --positions has nothing to do
+        opts = replace(opts, rope_dim=None, positions=None, rope_scaling=None)
+        done["config"]["unused"] = "--positions, --rope-dim and --rope-scaling: this layer has no RoPE"
     if not (np.isfinite(opts.rope_theta) and opts.rope_theta > 0):
         raise UsageError(f"--rope-theta {opts.rope_theta}: must be a positive finite number.")
     scaling = rope_scaling(opts.rope_scaling, paths)
     if opts.rope:
         done["rope"] = _apply_rope(inputs, opts, scaling, stdin, paths)
+    if config is not None and config.qk_norm_after_rope is not None:
+        for name in ("q", "k"):
+            inputs[name] = _l2_norm(inputs[name], config.qk_norm_after_rope)
+        done["qk_norm_after_rope"] = {"eps": config.qk_norm_after_rope}
     grouped = repeat_kv(inputs)
     if grouped is not None:
         done["grouped_heads"] = {"query_heads": grouped[0], "kv_heads": grouped[1]}
@@ -171,6 +179,14 @@ def prepare(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, stdin: St
     if scoring.described:
         done["scoring"] = scoring.described
     return done, scoring
+
+
+def _l2_norm(loaded: Loaded, eps: float) -> Loaded:
+    """Llama 4's ``x * rsqrt(mean(x^2) + eps)`` over each head's dimensions, in float32 as the model."""
+    x = np.asarray(loaded.data, dtype=np.float32)
+    normed = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(eps))
+    dtype = loaded.data.dtype if loaded.data.dtype.kind == "f" else np.float32
+    return replace(loaded, data=normed.astype(dtype))
 
 
 def _query_temperature(inputs: MutableMapping[str, Loaded], floor_scale: float, attn_scale: float) -> dict[str, Any]:

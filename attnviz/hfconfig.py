@@ -64,6 +64,8 @@ class ConfigReading:
     #: Llama 4's attention temperature on NoPE layers: (floor_scale, attn_scale)
     query_temperature: tuple[float, float] | None = None
     falcon_alibi: bool = False  # Falcon's ALiBi: per key, rounded to bfloat16, scaled with the scores
+    #: Llama 4's QK-norm after RoPE (an L2 norm without weights, this epsilon): applied after the rotation
+    qk_norm_after_rope: float | None = None
     described: dict[str, Any] = field(default_factory=dict)
 
 
@@ -321,8 +323,9 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
                          "with --sinks FILE.")
     if kind == "llama4_text" and cfg.get("attn_temperature_tuning", True) and not _uses_rope(kind, cfg, layer):
         reading.query_temperature = (float(cfg.get("floor_scale", 8192)), float(cfg.get("attn_scale", 0.1)))
+    if kind == "llama4_text" and cfg.get("use_qk_norm", True) and _uses_rope(kind, cfg, layer):
+        reading.qk_norm_after_rope = float(cfg.get("rms_norm_eps", 1e-5))
     if kind in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2", "olmo3") or \
-            (kind == "llama4_text" and cfg.get("use_qk_norm", True) and _uses_rope(kind, cfg, layer)) or \
             (kind in ("phi", "persimmon", "stablelm") and cfg.get("qk_layernorm")):
         notes.append("q/k after the model's QK-norm")
     defaults = CaptureOptions()
@@ -343,6 +346,8 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
                          "causal": reading.causal, "applied": applied,
                          **({"local_window": reading.bidirectional_band} if reading.bidirectional_band else {}),
                          **({"falcon_alibi": True} if reading.falcon_alibi else {}),
+                         **({"qk_norm_after_rope": {"eps": reading.qk_norm_after_rope}}
+                            if reading.qk_norm_after_rope is not None else {}),
                          **({"query_temperature": {"floor_scale": temperature[0], "attn_scale": temperature[1]}}
                             if temperature else {}),
                          **({"notes": notes} if notes else {}), **({"overridden_by": overridden} if overridden else {})}
@@ -367,6 +372,8 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
         parts.append(f"T5 bias {chosen['relative_buckets']} buckets")
     if temperature:
         parts.append("attention temperature")
+    if reading.qk_norm_after_rope is not None:
+        parts.append("L2 QK-norm after RoPE")
     parts.extend(notes)
     if overridden:
         parts.append(f"options given win: {', '.join('--' + o for o in overridden)}")

@@ -128,7 +128,7 @@ class Positional:
     * ``chunk``: ``p // C == j // C``, positions counted from the first real key of each sequence
       (``left_padding``, ``[..., 1, 1]`` aligned with the batch axes) as transformers does;
     * ``alibi``: slopes ``[H]``, bias ``slope (j - p)``; with ``alibi_keys`` (Falcon) ``bf16(slope (j - left
-      padding)) * alibi_scale``, the key's position rounded to bfloat16 and scaled with the scores, as Falcon;
+      padding)) * alibi_scale``, slopes and products rounded to bfloat16 and scaled with the scores, as Falcon;
     * ``relative``: T5's ``(table [buckets, H], buckets, max_distance, bidirectional)``, bias
       ``table[bucket(j - p), h]``.
 
@@ -174,7 +174,7 @@ class Positional:
         if self.alibi is not None and self.alibi_keys:
             from attnviz.positional import bfloat16_round
 
-            slopes = self.alibi.astype(np.float32)[:, None, None]
+            slopes = bfloat16_round(self.alibi.astype(np.float32))[:, None, None]  # Falcon: slopes.bfloat16()
             keys = np.maximum(np.asarray(j - shift), 0).astype(np.float32)  # [..., 1, Lk]
             extra = bfloat16_round(slopes * keys)  # [..., H, 1, Lk]
             extra = (extra * np.float32(self.alibi_scale)).astype(np.float32)
