@@ -37,9 +37,10 @@ def table() -> dict[str, dict[str, object]]:
             continue
         family, kind, hooks, split, options = cells
         attention = re.search(r"--model-attention (\w+)", options)
-        rows[kind + (f":{attention.group(1)}" if attention else "")] = {"family": family, "hooks": re.findall(r"`([^`]+)`", hooks),
-                      "split": re.findall(r"`([^`]+)`", split)[0],
-                      "options": shlex.split(re.findall(r"`([^`]+)`", options)[0]) if "`" in options else []}
+        key = kind + (f":{attention.group(1)}" if attention else "")
+        rows[key] = {"family": family, "hooks": re.findall(r"`([^`]+)`", hooks),
+                     "split": re.findall(r"`([^`]+)`", split)[0],
+                     "options": shlex.split(re.findall(r"`([^`]+)`", options)[0]) if "`" in options else []}
     return rows
 
 
@@ -202,7 +203,8 @@ def reproduce(kind, layer, folder, config=None):
     attention = kind.partition(":")[2]
     text = model.config.get_text_config()
     captured = [captured[i] for i in range(len(row["hooks"]))]
-    attentions = {"encoder": getattr(out, "encoder_attentions", None), "decoder": getattr(out, "decoder_attentions", None),
+    attentions = {"encoder": getattr(out, "encoder_attentions", None),
+                  "decoder": getattr(out, "decoder_attentions", None),
                   "cross": getattr(out, "cross_attentions", None)}.get(attention) or out.attentions
     b, length = attentions[layer].shape[0], attentions[layer].shape[-2]
     h = text.num_attention_heads
