@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.choices import ROPE_STYLES
+from attnviz.choices import ROPE_PARTS, ROPE_STYLES
 from attnviz.errors import ShapeError, UsageError, shape_str
 from attnviz.io import Loaded, StdinReader, load_array
 from attnviz.positional import apply_rope, check_rope_parameters, rope_angles, rope_frequencies, rope_type
@@ -153,11 +153,14 @@ def prepare(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, stdin: St
         done["config"] = config.described
     if opts.rope_style not in ROPE_STYLES:
         raise UsageError(f"--rope-style {opts.rope_style!r}: expected one of {', '.join(ROPE_STYLES)}.")
-    if not opts.rope and (opts.rope_dim is not None or opts.positions is not None or opts.rope_scaling is not None):
+    if opts.rope_part not in ROPE_PARTS:
+        raise UsageError(f"--rope-part {opts.rope_part!r}: expected one of {', '.join(ROPE_PARTS)}.")
+    if not opts.rope and (opts.rope_dim is not None or opts.positions is not None or opts.rope_scaling is not None
+                          or opts.rope_part != "first"):
         if config is None:
-            raise UsageError("--rope-dim, --rope-scaling and --positions go with --rope.")
+            raise UsageError("--rope-dim, --rope-part, --rope-scaling and --positions go with --rope.")
         # the config's layer has no RoPE (a NoPE layer, ALiBi): the row's --positions has nothing to do
-        opts = replace(opts, rope_dim=None, positions=None, rope_scaling=None)
+        opts = replace(opts, rope_dim=None, positions=None, rope_scaling=None, rope_part="first")
         done["config"]["unused"] = "--positions, --rope-dim and --rope-scaling: this layer has no RoPE"
     if not (np.isfinite(opts.rope_theta) and opts.rope_theta > 0):
         raise UsageError(f"--rope-theta {opts.rope_theta}: must be a positive finite number.")
@@ -232,10 +235,11 @@ def _apply_rope(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, scali
     inv_freq, factor = rope_frequencies(scaling, theta, d, dims, seq_len, max_positions)
     for name, pos in (("q", q_pos), ("k", k_pos)):
         loaded = inputs[name]
-        rotated = apply_rope(loaded.data, rope_angles(pos, inv_freq), opts.rope_style, factor)
+        rotated = apply_rope(loaded.data, rope_angles(pos, inv_freq), opts.rope_style, factor, opts.rope_part)
         dtype = loaded.data.dtype if loaded.data.dtype.kind == "f" else np.float32
         inputs[name] = replace(loaded, data=rotated.astype(dtype))
     done: dict[str, Any] = {"theta": theta, "style": opts.rope_style, "dims": dims,
+                            **({"part": "last"} if opts.rope_part == "last" else {}),
                             "positions": opts.positions or "0..L-1"}
     if scaling is not None:
         done["scaling"] = {**scaling, "rope_type": kind, "attention_factor": factor}

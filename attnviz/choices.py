@@ -8,6 +8,7 @@ MASK_CONVENTIONS = ("keep", "block")  # keep: 1 = may attend; block: 1 = masked
 MASK_KINDS = ("bool", "additive")
 CAUSAL_ALIGNS = ("top-left", "bottom-right")
 ROPE_STYLES = ("half", "interleaved")  # half: HF Llama rotate_half; interleaved: GPT-J / RoFormer
+ROPE_PARTS = ("first", "last")  # which end of each head --rope-dim rotates (last: DeepSeek's latent attention)
 MODEL_ATTENTION = ("encoder", "decoder", "cross")  # which attention of an encoder-decoder model (--model-attention)
 HEAD_COMBINE = ("mean", "max", "min")  # how attention rollout combines a layer's heads
 

@@ -42,8 +42,8 @@ from attnviz.run_options import CaptureOptions
 ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
                  "gemma3_text", "phi", "phi3", "olmo", "olmo2", "olmo3", "gpt_oss", "starcoder2", "cohere", "cohere2",
                  "granite", "stablelm", "persimmon", "gpt_neox", "falcon", "gptj", "codegen", "llama4_text",
-                 "ministral", "smollm3", "helium", "glm")
-INTERLEAVED = ("gptj", "codegen", "cohere", "cohere2", "llama4_text")
+                 "ministral", "smollm3", "helium", "glm", "deepseek_v3")
+INTERLEAVED = ("gptj", "codegen", "cohere", "cohere2", "llama4_text")  # and DeepSeek V3 with rope_interleave
 OTHER_DECODERS = ("gpt2", "bloom", "mpt", "gpt_bigcode", "opt")
 ENCODERS = ("bert", "roberta", "xlm-roberta", "distilbert", "vit", "deit", "dinov2", "dinov2_with_registers",
             "modernbert", "electra", "camembert")
@@ -171,6 +171,8 @@ def _heads(kind: str, cfg: Mapping[str, Any], attention: str | None) -> tuple[in
         heads = _first(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads")
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     head_dim = _first(cfg, "head_dim", "d_kv")
+    if kind == "deepseek_v3":  # q and k: the part without position, then the rotary part
+        head_dim = int(cfg.get("qk_nope_head_dim", 128)) + int(cfg.get("qk_rope_head_dim", 64))
     if head_dim is None and heads and hidden:
         head_dim = int(hidden) // int(heads)
     kv = _first(cfg, "num_key_value_heads", "num_kv_heads") if kind != "falcon" else None
@@ -196,6 +198,14 @@ def _scale(kind: str, cfg: Mapping[str, Any], layer: int, head_dim: int) -> floa
         return float(cfg["attention_multiplier"])
     if kind in ("t5", "mt5"):
         return 1.0
+    if kind == "deepseek_v3":  # yarn_apply_mscale
+        rope = _rope_object(kind, cfg, "full_attention")
+        scale = head_dim ** -0.5
+        if rope.get("rope_type", "default") != "default" and rope.get("mscale_all_dim"):
+            factor = float(rope["factor"])
+            mscale = 1.0 if factor <= 1 else 0.1 * float(rope["mscale_all_dim"]) * math.log(factor) + 1.0
+            scale = scale * mscale * mscale
+        return scale
     return head_dim ** -0.5
 
 
@@ -251,7 +261,7 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
         raise ShapeError(f"{source}: {kind} has {heads} query heads, but Q has {q_heads} (axis -3 after --layout).")
     if kv_heads is not None and kv is not None and kv_heads not in (kv, heads):
         raise ShapeError(f"{source}: {kind} has {kv} key/value heads, but K has {kv_heads} (axis -3 after --layout).")
-    if head_dim != size and kind != "deepseek_v3":
+    if head_dim != size:
         raise ShapeError(f"{source}: {kind} has heads of {size}, but Q's last axis is {head_dim}.")
 
     def pick(n: int | None) -> int:
@@ -281,9 +291,13 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
         if kind in ("gptj", "codegen") and cfg.get("rotary_dim"):
             values["rope_dim"] = int(cfg["rotary_dim"])
             rope.pop("partial_rotary_factor", None)
+        if kind == "deepseek_v3":
+            values["rope_dim"], values["rope_part"] = int(cfg.get("qk_rope_head_dim", 64)), "last"
+            rope.pop("partial_rotary_factor", None)
         if cfg.get("max_position_embeddings") is not None:
             rope["max_position_embeddings"] = int(cfg["max_position_embeddings"])
-        values["rope_style"] = "interleaved" if kind in INTERLEAVED else "half"
+        interleaved = kind in INTERLEAVED or (kind == "deepseek_v3" and cfg.get("rope_interleave", True))
+        values["rope_style"] = "interleaved" if interleaved else "half"
         if rope.get("rope_type") != "default" or rope.get("partial_rotary_factor") is not None:
             values["rope_scaling"] = json.dumps(rope, sort_keys=True)
     softcap = cfg.get("attn_logit_softcapping")
@@ -357,7 +371,8 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
         parts.append(f"RoPE theta {chosen['rope_theta']:g} {chosen.get('rope_style', 'half')}"
                      + (f" {scaling.get('rope_type')}" if scaling.get("rope_type", "default") != "default" else "")
                      + (f" partial {scaling['partial_rotary_factor']:g}" if scaling.get("partial_rotary_factor")
-                        else "") + (f" dims {chosen['rope_dim']}" if chosen.get("rope_dim") else ""))
+                        else "") + (f" dims {chosen['rope_dim']}" if chosen.get("rope_dim") else "")
+                     + (" (the last)" if chosen.get("rope_part") == "last" else ""))
     elif self_attention and kind in ROPE_DECODERS and not _uses_rope(kind, cfg, layer):
         parts.append("no RoPE (NoPE layer)")
     for name, label in (("softcap", "softcap"), ("sliding_window", "sliding window"), ("chunk_size", "chunks of")):

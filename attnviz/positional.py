@@ -182,12 +182,15 @@ def rope_angles(positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     return np.asarray(positions).astype(np.float32)[..., None] * inv_freq.astype(np.float32)
 
 
-def apply_rope(x: np.ndarray, angles: np.ndarray, style: str, factor: float = 1.0) -> np.ndarray:
-    """Rotate the first ``2 * angles.shape[-1]`` dimensions of ``x [..., L, d]`` by ``angles
-    [..., L, r/2]`` (broadcasting), cos and sin (float32, as the model's) times ``factor``; the rotation in
-    float64, the rest of ``x`` passing through."""
+def apply_rope(x: np.ndarray, angles: np.ndarray, style: str, factor: float = 1.0, part: str = "first") -> np.ndarray:
+    """Rotate the first (``part="last"``: the last) ``2 * angles.shape[-1]`` dimensions of ``x [..., L, d]``
+    by ``angles [..., L, r/2]`` (broadcasting), cos and sin (float32, as the model's) times ``factor``; the
+    rotation in float64, the rest of ``x`` passing through."""
     r = 2 * angles.shape[-1]
     x64 = np.asarray(x, dtype=np.float64)
+    if part == "last":
+        rest, rot = x64[..., : x64.shape[-1] - r], x64[..., x64.shape[-1] - r:]
+        return np.concatenate([rest, apply_rope(rot, angles, style, factor)], axis=-1)
     rot, rest = x64[..., :r], x64[..., r:]
     cos = (np.cos(angles) * np.float32(factor)).astype(np.float64)
     sin = (np.sin(angles) * np.float32(factor)).astype(np.float64)

@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS, MODEL_ATTENTION, ROPE_STYLES
+from attnviz.choices import (
+    CAUSAL_ALIGNS,
+    DEVICES,
+    MASK_CONVENTIONS,
+    MASK_KINDS,
+    MODEL_ATTENTION,
+    ROPE_PARTS,
+    ROPE_STYLES,
+)
 from attnviz.choices import DTYPES as DTYPE_NAMES
 from attnviz.fields import CAPTURED, LABELS, MASKS, MODEL, PARAMS, RUN, option
 
@@ -72,6 +80,9 @@ class CaptureOptions:
         panel=CAPTURED)
     rope_dim: int | None = option(None, "rotate the first N dimensions of each head only (partial rotary, "
                                   "GPT-NeoX); default all", panel=CAPTURED, min=2, metavar="N")
+    rope_part: Literal[ROPE_PARTS] = option(  # type: ignore[valid-type]
+        "first", "which dimensions of each head --rope-dim rotates: the first (GPT-NeoX, Phi) or the last "
+                 "(DeepSeek's multi-head latent attention)", panel=CAPTURED)
     positions: str | None = option(None, "position ids [L] or [B, L] for --rope (default 0..L-1); needed for left "
                                    "padding", panel=CAPTURED, metavar="FILE")
     rope_scaling: str | None = option(None, "RoPE scaling as a config's rope_scaling / rope_parameters object (JSON "

@@ -126,6 +126,13 @@ FAMILIES = {
                                                           num_local_experts=2, attention_chunk_size=4, floor_scale=3,
                                                           attn_scale=0.5, pad_token_id=0),
                     ["--rope", "--rope-style", "interleaved", "--causal"], (1, 3)),
+    "deepseek_v3": (lambda: transformers.DeepseekV3Config(
+        **{**DECODER, "num_hidden_layers": 2}, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8,
+        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, n_routed_experts=2, num_experts_per_tok=1,
+        first_k_dense_replace=2, n_group=1, topk_group=1, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+            "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}),
+        ["--rope", "--rope-dim", "4", "--rope-style", "interleaved", "--causal"]),
     "t5:encoder": (T5, ["--scale", "1"]),
     "t5:decoder": (T5, ["--scale", "1", "--causal"]),
     "t5:cross": (T5, None),
@@ -210,8 +217,11 @@ def reproduce(kind, layer, folder, config=None):
     h = text.num_attention_heads
     g = getattr(text, "num_key_value_heads", None) or h
     d = getattr(text, "head_dim", None) or text.hidden_size // h
-    parts = [eval(row["split"], {"o": o.detach().float(), "B": b, "L": length, "H": h, "G": g, "d": d})
-             for o in captured]
+    n, r = getattr(text, "qk_nope_head_dim", 0), getattr(text, "qk_rope_head_dim", 0)
+    outs = [o.detach().float() for o in captured]
+    names = {"outs": outs, "torch": torch, "B": b, "L": length, "H": h, "G": g, "d": d, "n": n, "r": r}
+    split = row["split"]
+    parts = [eval(split, {**names, "o": o}) for o in outs] if "outs" not in split else [eval(split, names)]
     q, k, v = parts if len(parts) == 3 else parts[0]
     for n, t in zip("qkv", (q, k, v)):
         np.save(f"{n}.npy", t.contiguous().numpy())
