@@ -357,3 +357,38 @@ def test_hf_config_on_local_sets_its_scale(qkv):
     q = apply_rope(qkv["q"], rope_angles(np.arange(9), inv), "half")
     k = apply_rope(qkv["k"], rope_angles(np.arange(9), inv), "half")
     np.testing.assert_allclose(np.load("w.npy"), eager(q, k, 64 ** -0.5, keep & (j <= i)), atol=1e-6)
+
+
+def test_proportional_rope_equals_transformers():
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "factor": 2.0}
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters=dict(params))
+    expected, factor = ROPE_INIT_FUNCTIONS["proportional"](config, "cpu")
+    ours, our_factor = rope_frequencies(params, 10000.0, 16, 16, 20)
+    np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-6)
+    assert our_factor == factor
+
+
+@pytest.mark.parametrize("old,new", [
+    ({"model_type": "llama", "rope_theta": 500000.0, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 4}},
+     lambda t, **kw: t.LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 4}, **kw)),
+    ({"model_type": "gpt_neox", "rotary_pct": 0.5, "rotary_emb_base": 20000},
+     lambda t, **kw: t.GPTNeoXConfig(rotary_pct=0.5, rotary_emb_base=20000, **kw)),
+])
+def test_configs_of_transformers_4_and_5_read_alike(qkv, old, new):
+    """A config.json as the hub holds it (transformers 4: rope_theta, rope_scaling, rotary_pct) and the
+    same model's config saved by transformers 5 (rope_parameters) give the same weights."""
+    transformers = pytest.importorskip("transformers")
+    shape = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, "max_position_embeddings": 64}
+    with open("config.json", "w") as fh:
+        json.dump({**old, **shape}, fh)
+    first = run("--hf-config", "config.json")
+    new(transformers, **shape).save_pretrained("v5")
+    np.testing.assert_array_equal(run("--hf-config", "v5"), first)
