@@ -131,8 +131,8 @@ def prepare_compare(options: CompareOptions) -> CompareRun:
     from attnviz.io import StdinReader
 
     stdin = StdinReader()
-    a = load_weights(options.a, options.layout, stdin)
-    b = load_weights(options.b, options.layout, stdin)
+    a = load_weights(options.a, options.layout, stdin, options.generation)
+    b = load_weights(options.b, options.layout, stdin, options.generation)
     if a.shape != b.shape:
         raise ShapeError(f"A ({a.source}) is {shape_str(a.file_shape)} and B ({b.source}) {shape_str(b.file_shape)}; "
                          "compare needs the same shape.")

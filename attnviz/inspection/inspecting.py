@@ -88,10 +88,10 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
     are choices that need the tokens, refused without them."""
     from attnviz.errors import UsageError
 
-    w = load_weights(options.weights, options.layout)
+    w = load_weights(options.weights, options.layout, generation=options.generation)
     lq, lk = w.shape[-2:]
     paths = list(w.paths)
-    q_labels, k_labels = read_labels(options.labels, lq, lk, paths)
+    q_labels, k_labels = read_labels(options.labels, lq, lk, paths, w.generation)
     tokens = q_labels if q_labels is not None and q_labels == k_labels else None
     for option, value in token_options:
         if value in TOKEN_STATS and tokens is None:

@@ -97,6 +97,12 @@ def read_masks(options: MaskOptions, w: Weights, paths: list[Any], stdin: Any = 
         loaded = load_array(spec, stdin, allow_neg_inf=kind == "additive")
         if loaded.path is not None:
             paths.append(loaded.path)
+        if w.generation is not None:  # a prompt's attention_mask, extended over the generated tokens
+            from dataclasses import replace
+
+            from attnviz.inspection.generation import fit_mask
+
+            loaded = replace(loaded, data=fit_mask(loaded.data, w.shape[-1], w.generation))
         one = read_mask(w, loaded, convention=options.mask_convention, kind=kind, key_padding=key_padding,
                         option=option)
         if option == "--check-mask":

@@ -13,6 +13,8 @@ from attnviz.errors import UsageError
 from attnviz.fields import CHECKS, FIGURE, LABELS, MASKS, OUTPUT, ROLLOUT, SELECT, option
 
 LAYOUT_HELP = "name the axes when the rank does not say, e.g. batch,q,k (from layer, batch, head, q, k)"
+GENERATION_HELP = ("the file holds generate()'s attentions, keys STEP.LAYER (torch.save of out.attentions): "
+                   "stitched into one map per layer over the prompt and the generated tokens")
 BATCH_HELP = "the batch entry shown; head statistics average over all entries unless this is given"
 
 
@@ -96,6 +98,7 @@ class InspectOptions:
 
     weights: str = option("", cli=False)
     layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
+    generation: bool = option(False, GENERATION_HELP, panel=SELECT)
     labels: LabelOptions = field(default_factory=LabelOptions)
     selection: Selection = field(default_factory=Selection)
     masks: MaskOptions = field(default_factory=MaskOptions)
@@ -112,6 +115,7 @@ class CompareOptions:
     a: str = option("", cli=False)
     b: str = option("", cli=False)
     layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
+    generation: bool = option(False, GENERATION_HELP + " (both files)", panel=SELECT)
     atol: float | None = option(None, "fail (exit 3) where |A - B| > atol + rtol |B|", panel=CHECKS, min=0)
     rtol: float | None = option(None, "relative tolerance of the check (default 0)", panel=CHECKS, min=0)
     worst: int = option(5, "list this many of the most different rows", panel=OUTPUT, min=1)
@@ -126,6 +130,7 @@ class RolloutOptions:
 
     weights: str = option("", cli=False)
     layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
+    generation: bool = option(False, GENERATION_HELP, panel=SELECT)
     labels: str | None = option(None, "the tokens (both axes): a text file (one a line), JSON list or a,b,c",
                                 panel=LABELS, metavar="TOKENS")
     batch: int | None = option(None, BATCH_HELP, panel=SELECT)

@@ -134,7 +134,7 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
     from attnviz.inspection.checks import all_finite, check_finite
     from attnviz.inspection.selection import read_labels
 
-    w = load_weights(options.weights, options.layout)
+    w = load_weights(options.weights, options.layout, generation=options.generation)
     layers, batches, _, lq, lk = w.shape
     if lq != lk:
         raise InputError(f"{w.source}: rollout multiplies self-attention maps [L, L] across layers; these are "
@@ -143,7 +143,7 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         raise UsageError(f"--start-layer {options.start_layer}: the weights have {layers} layer(s) "
                          f"(0..{layers - 1}).")
     paths = list(w.paths)
-    tokens, _ = read_labels(LabelOptions(labels=options.labels), lq, lk, paths)
+    tokens, _ = read_labels(LabelOptions(labels=options.labels), lq, lk, paths, w.generation)
     _, bi, _ = Selection(batch=options.batch).index(w.shape)
     masks, _ = read_masks(options.masks, w, paths, check=False)
     if not all_finite(w.data, rows=masks.real_rows):

@@ -8,10 +8,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnviz.errors import InputError, UsageError
 from attnviz.inspection.options import LabelOptions
 from attnviz.text import visible
+
+if TYPE_CHECKING:
+    from attnviz.inspection.generation import Generation
 
 
 def _inert(text: str, limit: int = 40) -> str:
@@ -65,10 +69,12 @@ def grid_choice(layers: str | None, heads: str | None, shape: tuple[int, ...],
                       chosen_heads if chosen_heads is not None else list(range(shape[2])), reduce_heads)
 
 
-def read_labels(options: LabelOptions, lq: int, lk: int,
-                paths: list[Path]) -> tuple[list[str] | None, list[str] | None]:
+def read_labels(options: LabelOptions, lq: int, lk: int, paths: list[Path],
+                generation: Generation | None = None) -> tuple[list[str] | None, list[str] | None]:
     """The labels of the queries and the keys (None where not given), checked against ``lq`` and
-    ``lk``; the files read are appended to ``paths``."""
+    ``lk``; the files read are appended to ``paths``. For a stitched generation, the whole sequence
+    (one token more than the rows) loses its last token (``generation.fit_labels``)."""
+    from attnviz.inspection.generation import fit_labels
     from attnviz.io import load_labels
 
     labels, q_labels, k_labels = options.labels, options.q_labels, options.k_labels
@@ -85,6 +91,7 @@ def read_labels(options: LabelOptions, lq: int, lk: int,
         values, path, how = load_labels(spec)
         if path is not None:
             paths.append(path)
+        values = fit_labels(values, n, generation) or values
         if len(values) != n:
             raise InputError(f"{option if not labels else '--labels'} ({how}): {len(values)} labels for {n} {axis}.")
         out.append(values)

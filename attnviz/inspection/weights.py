@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from attnviz.errors import InputError, ShapeError, UsageError, shape_str
 from attnviz.formats import listing
 from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
+
+if TYPE_CHECKING:
+    from attnviz.inspection.generation import Generation
 
 AXES = ("layer", "batch", "head", "q", "k")
 ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": "head", "lq": "q", "query": "q",
@@ -39,10 +43,19 @@ class Weights:
     #: the dtype the file stored the weights in (bfloat16 and float16 files are read as float32):
     #: how closely rows can sum to 1 depends on it
     stored_dtype: str = "float32"
+    generation: Generation | None = None  # a generation dump stitched into these maps (--generation)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
+
+    def read_as(self, axes: str = "[layers, batch, heads, Lq, Lk]") -> str:
+        """How the file was read, for the information line: ``FILE [shape] read as AXES = [shape]``."""
+        if self.generation is not None:
+            g = self.generation
+            return (f"{self.source}: a generation of {g.steps} steps x {g.layers} layers ({g.kind}-attention, "
+                    f"{g.prompt} prompt rows) stitched into {axes} = {shape_str(self.shape)}")
+        return f"{self.source} {shape_str(self.file_shape)} read as {axes} = {shape_str(self.shape)}"
 
 
 def parse_layout(text: str | None, rank: int, source: str) -> tuple[str, ...]:
@@ -69,10 +82,18 @@ def to_standard(arr: np.ndarray, layout: tuple[str, ...]) -> np.ndarray:
     return arr.reshape(shape)
 
 
-def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None = None) -> Weights:
+def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None = None,
+                 generation: bool = False) -> Weights:
     """Read attention weights from a file (any rank), a file of one array per layer (.npz, .safetensors,
     HDF5, torch.save; named keys in natural order), or the matches of a key glob (``FILE:blocks.*.attn``),
-    stacked as layers."""
+    stacked as layers; with ``generation``, a generation dump stitched into one map per layer
+    (``attnviz.inspection.generation``)."""
+    if generation:
+        from attnviz.inspection.generation import check_layout, load_generation
+
+        check_layout(layout)
+        data, source, held, keys, path = load_generation(spec, stdin)
+        return Weights(data, source, AXES, tuple(data.shape), [path] if path else [], keys, "float32", held)
     opened = open_spec(spec, stdin)
     keys = opened.layer_keys()
     source = opened.source

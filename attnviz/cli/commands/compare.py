@@ -37,7 +37,8 @@ FIGURE_OVERRIDES = {
     "norm": {"help": "linear; log: symmetric log scale (linear near 0, within 4 decades of V or the smallest "
                      "|A - B|); power:G: sign(x) |x|^G, e.g. power:0.5"},
 }
-ORDER = ("layout", "atol", "rtol", "worst", "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention",
+ORDER = ("layout", "generation",
+         "atol", "rtol", "worst", "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention",
          "mask_kind", "png", "html", "title", "cmap", "reduce", "vmax", "norm", "scale_per_panel", "layers", "heads",
          "reduce_heads", "max_panels", "precision", "json", "json_file", "no_table", "quiet")
 

@@ -44,7 +44,8 @@ class InspectOutputs(TableOptions):
                               metavar="FILE.html")
 
 
-ORDER = ("layout", "labels", "q_labels", "k_labels", "layer", "head", "batch", "sort", "reverse", "top", "check_rows",
+ORDER = ("layout", "generation",
+         "labels", "q_labels", "k_labels", "layer", "head", "batch", "sort", "reverse", "top", "check_rows",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
          "check_finite", "atol", "png", "map_png", "stats_png", "stat", "received_png", "html", "title", "cmap",
          "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "precision",
@@ -77,7 +78,6 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
 
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None) -> bool:
     """One file of weights: returns whether a check failed."""
-    from attnviz.errors import shape_str
     from attnviz.inspection import inspecting
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
@@ -126,8 +126,7 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             save_json(document, staged)
         staged.commit()
         if not out.quiet:
-            err.print(f"inspect: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
-                      f"{shape_str(w.shape)}", markup=False, style="dim")
+            err.print(f"inspect: {w.read_as()}", markup=False, style="dim")
             if opened.masks.described:
                 left_out = ""
                 if result.padded and result.chosen.real_rows is not None:

@@ -27,7 +27,8 @@ class RolloutOutputs(TableOptions):
                               "--all-layers): hover a cell to read it", panel=OUTPUT, metavar="FILE.html")
 
 
-ORDER = ("layout", "labels", "batch", "heads", "residual", "start_layer", "all_layers", "mask", "key_padding_mask",
+ORDER = ("layout", "generation",
+         "labels", "batch", "heads", "residual", "start_layer", "all_layers", "mask", "key_padding_mask",
          "mask_convention", "mask_kind", "png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
          "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
@@ -63,7 +64,6 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
     import numpy as np
 
     from attnviz.cli.commands.inspect import save_json
-    from attnviz.errors import shape_str
     from attnviz.inspection.rollout import cumulative, run_rollout
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
@@ -114,8 +114,7 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
         staged.commit()
     if not out.quiet:
         err = err_console()
-        err.print(f"rollout: {w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, L, L] = "
-                  f"{shape_str(w.shape)}; {run.how}", markup=False, style="dim")
+        err.print(f"rollout: {w.read_as('[layers, batch, heads, L, L]')}; {run.how}", markup=False, style="dim")
         if run.masks.described:
             err.print(f"masks: {', '.join(run.masks.described)}; padded tokens left out", markup=False, style="dim")
         for what, path in files.items():
