@@ -10,6 +10,7 @@ CAUSAL_ALIGNS = ("top-left", "bottom-right")
 ROPE_STYLES = ("half", "interleaved")  # half: HF Llama rotate_half; interleaved: GPT-J / RoFormer
 ROPE_PARTS = ("first", "last")  # which end of each head --rope-dim rotates (last: DeepSeek's latent attention)
 MODEL_ATTENTION = ("encoder", "decoder", "cross")  # which attention of an encoder-decoder model (--model-attention)
+SUBWORD_STYLES = ("auto", "wordpiece", "sentencepiece", "bpe")  # --subword-style (attnviz.subwords)
 HEAD_COMBINE = ("mean", "max", "min")  # how attention rollout combines a layer's heads
 
 #: the largest width of a learned layer (--units, --key-dim, ...) and number of heads an option may

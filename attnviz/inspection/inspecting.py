@@ -49,6 +49,7 @@ class Opened:
     masks: Mask  # --mask and --key-padding-mask (and --check-mask), with their padding
     checked: Mask | None  # --check-mask alone
     paths: list[Path]  # every file read: outputs may not replace them
+    words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
 
 
 @dataclass
@@ -92,14 +93,22 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
     lq, lk = w.shape[-2:]
     paths = list(w.paths)
     q_labels, k_labels = read_labels(options.labels, lq, lk, paths, w.generation)
+    masks, checked = read_masks(options.masks, w, paths)
+    words = None
+    if options.labels.merge_subwords:
+        from attnviz.inspection.words import merge_run
+
+        merged = merge_run(w, masks, checked, q_labels, k_labels, options.labels.subword_style)
+        w, masks, checked, q_labels, k_labels = (merged.weights, merged.masks, merged.checked, merged.q_labels,
+                                                 merged.k_labels)
+        words = merged.document()
     tokens = q_labels if q_labels is not None and q_labels == k_labels else None
     for option, value in token_options:
         if value in TOKEN_STATS and tokens is None:
             raise UsageError(f"{option} {value}: {TOKEN_NOTE}.")
     index = options.selection.index(w.shape)
     grid = grid_choice(options.grid.layers, options.grid.heads, w.shape, options.grid.reduce_heads)
-    masks, checked = read_masks(options.masks, w, paths)
-    return Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths)
+    return Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths, words)
 
 
 def analyse(opened: Opened) -> InspectResult:

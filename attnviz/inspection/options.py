@@ -8,11 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from attnviz.choices import CAUSAL_ALIGNS, HEAD_COMBINE, MASK_CONVENTIONS, MASK_KINDS
+from attnviz.choices import CAUSAL_ALIGNS, HEAD_COMBINE, MASK_CONVENTIONS, MASK_KINDS, SUBWORD_STYLES
 from attnviz.errors import UsageError
 from attnviz.fields import CHECKS, FIGURE, LABELS, MASKS, OUTPUT, ROLLOUT, SELECT, option
 
 LAYOUT_HELP = "name the axes when the rank does not say, e.g. batch,q,k (from layer, batch, head, q, k)"
+MERGE_HELP = ("merge sub-word tokens into words (WordPiece ##, SentencePiece ▁, byte-level BPE Ġ, read from the "
+              "labels): keys of a word summed, queries averaged, rows renormalised")
+STYLE_HELP = "the sub-word convention of --merge-subwords (auto: read from the labels)"
 GENERATION_HELP = ("the file holds generate()'s attentions, keys STEP.LAYER (torch.save of out.attentions): "
                    "stitched into one map per layer over the prompt and the generated tokens")
 BATCH_HELP = "the batch entry shown; head statistics average over all entries unless this is given"
@@ -26,6 +29,8 @@ class LabelOptions:
                                 "or a,b,c", panel=LABELS, metavar="TOKENS")
     q_labels: str | None = option(None, "labels of the queries (rows)", panel=LABELS, metavar="TOKENS")
     k_labels: str | None = option(None, "labels of the keys (columns)", panel=LABELS, metavar="TOKENS")
+    merge_subwords: bool = option(False, MERGE_HELP, panel=LABELS)
+    subword_style: Literal[SUBWORD_STYLES] = option("auto", STYLE_HELP, panel=LABELS)  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,8 @@ class RolloutOptions:
     generation: bool = option(False, GENERATION_HELP, panel=SELECT)
     labels: str | None = option(None, "the tokens (both axes): a text file (one a line), JSON list or a,b,c",
                                 panel=LABELS, metavar="TOKENS")
+    merge_subwords: bool = option(False, MERGE_HELP, panel=LABELS)
+    subword_style: Literal[SUBWORD_STYLES] = option("auto", STYLE_HELP, panel=LABELS)  # type: ignore[valid-type]
     batch: int | None = option(None, BATCH_HELP, panel=SELECT)
     heads: Literal[HEAD_COMBINE] = option(  # type: ignore[valid-type]
         "mean", "how each layer's heads are combined (the paper: mean)", panel=ROLLOUT)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,7 @@ class RolloutRun:
     results: dict[int, Rollout]  # by batch entry
     padded: np.ndarray | None  # the padded tokens of the shown entry
     paths: list[Path]
+    words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
 
     @property
     def how(self) -> str:
@@ -144,8 +146,15 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
                          f"(0..{layers - 1}).")
     paths = list(w.paths)
     tokens, _ = read_labels(LabelOptions(labels=options.labels), lq, lk, paths, w.generation)
-    _, bi, _ = Selection(batch=options.batch).index(w.shape)
     masks, _ = read_masks(options.masks, w, paths, check=False)
+    words = None
+    if options.merge_subwords:
+        from attnviz.inspection.words import merge_run
+
+        merged = merge_run(w, masks, None, tokens, tokens, options.subword_style)
+        w, masks, tokens, words = merged.weights, merged.masks, merged.q_labels, merged.document()
+        layers, batches, _, lq, lk = w.shape
+    _, bi, _ = Selection(batch=options.batch).index(w.shape)
     if not all_finite(w.data, rows=masks.real_rows):
         bad = check_finite(w.data, rows=masks.real_rows).failures
         raise InputError(f"{w.source}: {bad} non-finite value(s); attnviz inspect --check-finite locates them.")
@@ -157,4 +166,4 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         results[b] = rollout(w.data[:, b], heads=options.heads, residual=options.residual,
                              start_layer=options.start_layer, real=real, all_layers=options.all_layers)
     padded = None if real_tokens is None else ~real_tokens[0, bi, 0]
-    return RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths)
+    return RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words)

@@ -102,7 +102,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
                    checks: list[CheckResult], files: dict[str, str], q_labels: list[str] | None,
                    k_labels: list[str] | None, *, warnings: list[str] | None = None, mask: list[str] | None = None,
                    padded: np.ndarray | None = None, padded_rows: int = 0, notes: list[str] | None = None,
-                   received: dict[str, Any] | None = None) -> dict[str, Any]:
+                   received: dict[str, Any] | None = None, words: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document of ``attnviz inspect``: per-head statistics, the selected map's per-query
     statistics and the checks (the weights themselves are the input, so they are not repeated).
     ``padded``: the selected map's padded query rows; their statistics (but ``top_k``) are ``null``."""
@@ -128,6 +128,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "weights_shape": list(w.shape),
         "selected": dict(zip(("layer", "batch", "head"), index)),
         "labels": {"q": q_labels, "k": k_labels},
+        **({"words": words} if words is not None else {}),
         "mask": mask or [],
         "padded_rows": padded_rows,
         "head_stats": head_rows,

@@ -45,7 +45,8 @@ class InspectOutputs(TableOptions):
 
 
 ORDER = ("layout", "generation",
-         "labels", "q_labels", "k_labels", "layer", "head", "batch", "sort", "reverse", "top", "check_rows",
+         "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
+         "layer", "head", "batch", "sort", "reverse", "top", "check_rows",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
          "check_finite", "atol", "png", "map_png", "stats_png", "stat", "received_png", "html", "title", "cmap",
          "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "precision",
@@ -122,11 +123,14 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
                                               opened.q_labels, opened.k_labels, warnings=result.warnings,
                                               mask=opened.masks.described, padded=result.one_padded,
                                               padded_rows=result.padded, notes=result.notes,
-                                              received=result.received))
+                                              received=result.received, words=opened.words))
             save_json(document, staged)
         staged.commit()
         if not out.quiet:
             err.print(f"inspect: {w.read_as()}", markup=False, style="dim")
+            if opened.words:
+                err.print(f"merged {w.file_shape[-1]} pieces into {w.shape[-1]} words "
+                          f"({opened.words['style']}; --merge-subwords)", markup=False, style="dim")
             if opened.masks.described:
                 left_out = ""
                 if result.padded and result.chosen.real_rows is not None:

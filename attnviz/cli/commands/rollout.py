@@ -28,7 +28,8 @@ class RolloutOutputs(TableOptions):
 
 
 ORDER = ("layout", "generation",
-         "labels", "batch", "heads", "residual", "start_layer", "all_layers", "mask", "key_padding_mask",
+         "labels", "merge_subwords", "subword_style",
+         "batch", "heads", "residual", "start_layer", "all_layers", "mask", "key_padding_mask",
          "mask_convention", "mask_kind", "png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
          "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
@@ -109,6 +110,7 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
             document = to_json(plain({
                 "attnviz": __version__, "command": "rollout", "source": w.source,
                 "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
+                **({"words": run.words} if run.words is not None else {}),
                 "mask": run.masks.described, "rollout": rollout_doc, "files": files}))
             save_json(document, staged)
         staged.commit()
