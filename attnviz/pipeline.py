@@ -39,6 +39,7 @@ from attnviz.masks import Mask, Positional, build_mask, describe_rows, fully_mas
 from attnviz.run_options import ParamOptions, RunOptions
 from attnviz.scoring import Logits, ModelScoring
 from attnviz.stats import RowStats, fused_row_stats
+from attnviz.subwords import Words
 from attnviz.variants._base import Context, NumericError, Result, Variant, overflow_advice
 
 #: leading (batch) axes passed to a variant as they are; more are folded into one ([batch, heads, L, d] is 2)
@@ -85,6 +86,16 @@ class Prepared:
     #: the largest |value| of each input and of each parameter read from a file, to name overflows
     magnitudes: dict[str, Magnitude] = field(default_factory=dict)
     logits: Logits = field(default_factory=Logits)  # a model's softcap and sinks (attnviz.scoring)
+    #: --merge-subwords: the words of the queries and of the keys (None on an axis without labels)
+    words: tuple[Words | None, Words | None] | None = None
+
+    def words_document(self) -> dict[str, Any] | None:
+        if self.words is None:
+            return None
+        q, k = self.words
+        either = q or k
+        return {"style": either.style if either else None, "q": q.document() if q else None,
+                "k": k.document() if k else None}
 
     @property
     def lead_names(self) -> tuple[str, ...]:
@@ -225,6 +236,16 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
                        "queries (Lq)", paths)
     k_labels = _labels("--k-labels" if options.k_labels else "--labels", k_spec, k_fallback, lk,
                        "keys (Lk)", paths)
+    words = None
+    if options.merge_subwords:
+        from attnviz.subwords import check_labels
+        from attnviz.subwords import words as word_spans
+
+        check_labels(q_labels, k_labels)
+        q_words = word_spans(q_labels, options.subword_style) if q_labels is not None else None
+        k_words = q_words if k_labels == q_labels else \
+            word_spans(k_labels, options.subword_style) if k_labels is not None else None
+        words = (q_words, k_words)
 
     mask_loaded = inputs.get("mask")
     if options.mask is not None:
@@ -254,7 +275,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
             f"{'rows' if len(rows) > 1 else 'row'} {describe_rows(rows)}."
         )
     return Prepared(variant, params, options, arrays, shape, mask, q_labels, k_labels, paths, warnings,
-                    learned, learned_source, param_options.seed or 0, captured, magnitudes, scoring.logits)
+                    learned, learned_source, param_options.seed or 0, captured, magnitudes, scoring.logits, words)
 
 
 #: the variants whose scores go through the softmax of ``attnviz.variants._base`` as they are: a
@@ -347,6 +368,9 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
     budget = blockwise.parse_size(prep.options.max_memory)
     if not (prep.variant.blockwise and blockwise.needs_blocks(prep.weights_shape, budget)):
         prep.mask = prep.mask.materialized()  # the dense path holds [Lq, Lk] anyway
+    elif prep.words is not None:
+        raise UsageError(f"--merge-subwords merges the whole weights {shape_str(prep.weights_shape)}, which need more "
+                         "than --max-memory; give a larger --max-memory.")
     else:
         try:
             result, stats, streamed = blockwise.run(variant, ctx, arrays, prep.mask, prep.params, prep.learned,
@@ -364,6 +388,8 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
         )
     if result.keep is not None:
         prep.mask.keep = result.keep
+    if prep.words is not None:
+        _merge_words(prep, result)
     with np.errstate(all="ignore"):
         stats = fused_row_stats(result.weights, prep.mask.keep)
         if not weights_finite(stats):
@@ -371,6 +397,26 @@ def execute(prep: Prepared, save_weights: Path | None = None, reduce: str = "mea
         extra = {view.name: fused_row_stats(result.maps[view.name], prep.mask.keep)
                  for view in result.views if view.stats}
     return Outcome(prep, result, stats, device, [*prep.warnings, *result.warnings], extra)
+
+
+def _merge_words(prep: Prepared, result: Result) -> None:
+    """--merge-subwords: the weights, their mask and labels over words (``attnviz.subwords``); the
+    output stays per token."""
+    from attnviz.subwords import merge, merge_keep
+
+    assert prep.words is not None
+    q, k = prep.words
+    if result.maps:
+        raise UsageError(f"--merge-subwords: {prep.variant.name} shows further maps beside the weights, which have "
+                         "no words; leave it out here.")
+    result.weights = merge(result.weights, q, k)
+    keep = prep.mask.keep
+    if keep is not None:
+        keep = merge_keep(np.broadcast_to(keep, prep.weights_shape[:-2] + keep.shape[-2:]), q, k)
+    prep.mask = Mask(keep, None, prep.mask.described)
+    prep.weights_shape = tuple(result.weights.shape)
+    prep.q_labels = q.labels if q is not None else prep.q_labels
+    prep.k_labels = k.labels if k is not None else prep.k_labels
 
 
 def weights_finite(stats: RowStats) -> bool:

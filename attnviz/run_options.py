@@ -17,6 +17,7 @@ from attnviz.choices import (
     MODEL_ATTENTION,
     ROPE_PARTS,
     ROPE_STYLES,
+    SUBWORD_STYLES,
 )
 from attnviz.choices import DTYPES as DTYPE_NAMES
 from attnviz.fields import CAPTURED, LABELS, MASKS, MODEL, PARAMS, RUN, option
@@ -42,6 +43,11 @@ class RunOptions:
                                 "or a,b,c", panel=LABELS, metavar="TOKENS")
     q_labels: str | None = option(None, "labels of the queries (rows)", panel=LABELS, metavar="TOKENS")
     k_labels: str | None = option(None, "labels of the keys (columns)", panel=LABELS, metavar="TOKENS")
+    merge_subwords: bool = option(False, "merge sub-word tokens into words in the weights shown and saved (WordPiece "
+                                  "##, SentencePiece ▁, byte-level BPE Ġ, read from the labels): keys summed, queries "
+                                  "averaged, rows renormalised; the output stays per token", panel=LABELS)
+    subword_style: Literal[SUBWORD_STYLES] = option(  # type: ignore[valid-type]
+        "auto", "the sub-word convention of --merge-subwords (auto: read from the labels)", panel=LABELS)
     device: Literal[DEVICES] = option(  # type: ignore[valid-type]
         "auto", "auto: the GPU when TensorFlow sees one, else the CPU", panel=RUN)
     dtype: Literal[DTYPE_NAMES] = option(  # type: ignore[valid-type]

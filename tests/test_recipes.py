@@ -133,3 +133,39 @@ def test_keras_return_attention_scores_recipe(tmp_path, monkeypatch):
     exec(compile(code, "README recipe", "exec"), {})
     run_commands(commands)
     np.testing.assert_allclose(np.load("ours.npy"), np.load("scores.npy"), atol=1e-5)
+
+
+def test_generate_recipe_stitches_and_merges_words(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model_dir = tmp_path / "model"
+    pieces = ["▁the", "▁cat", "▁sat", "▁on", "▁mat", "▁hel", "lo", "▁there", "s"]
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "</s>", *pieces])}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix=""))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>",
+                            pad_token="<pad>").save_pretrained(model_dir)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      pad_token_id=0, eos_token_id=None)
+    transformers.LlamaForCausalLM(config).save_pretrained(model_dir)
+    point_hub_at(monkeypatch, model_dir)
+    monkeypatch.chdir(tmp_path)
+    code, commands = next(v for k, v in recipes().items() if "generate()" in k)
+    exec(compile(code, "README recipe", "exec"), {})
+    tokens = (tmp_path / "tokens.txt").read_text().split()
+    start = tokens.index("▁hel")
+    assert tokens[:start] == ["<pad>"] * 3 and tokens[start:start + 3] == ["▁hel", "lo", "▁there"]  # left-padded
+    run_commands(commands)
+    assert (tmp_path / "gen.png").stat().st_size > 1000
+    r = runner.invoke(app, ["inspect", "gen.pt", "--generation", "--labels", "tokens.txt", "--merge-subwords",
+                            "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = __import__("json").loads(r.stdout)
+    assert doc["generation"]["steps"] == 6 and doc["words"]["style"] == "sentencepiece"
+    assert {"word": "hello", "pieces": [start, start + 2]} in doc["words"]["q"]

@@ -79,6 +79,7 @@ def build_report(outcome: Outcome, files: dict[str, str] | None = None) -> dict[
         **({"captured": prep.captured} if prep.captured else {}),
         "mask": prep.mask.described,
         "labels": {"q": prep.q_labels, "k": prep.k_labels},
+        **({"words": prep.words_document()} if prep.words is not None else {}),
         "weights": None if omit else result.weights,
         "weights_shape": list(prep.weights_shape),
         "output": result.output,
