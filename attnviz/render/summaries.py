@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from attnviz.inspection.compare import CompareResult
+    from attnviz.inspection.inspecting import InspectResult
+    from attnviz.pipeline import Outcome
     from attnviz.render.table import Fitted
 
 #: the head statistics' columns; ``induction`` and ``duplicate`` only when the tokens are known (--labels)
@@ -171,3 +173,85 @@ def batch_table(outcome: Any) -> Table:
     if notes:
         table.caption = "; ".join(notes)
     return table
+
+
+def compute_tables(outcome: Outcome, index: tuple[int, ...], precision: int = 3, max_rows: int | None = 40,
+                   max_cols: int | None = None) -> list[Any]:
+    """The tables a compute command prints (the shown slice's weights, further maps, per-query
+    statistics, a summary per slice), as rich renderables; ``max_cols`` None: what fits the console."""
+    from attnviz.render.table import (
+        slice_label,
+        slice_summary_table,
+        stats_table,
+        vector_table,
+        weights_table,
+    )
+
+    prep, result, streamed = outcome.prepared, outcome.result, outcome.streamed
+    tables: list[Any] = []
+    shape = prep.weights_shape
+    keep = prep.mask.full_keep(shape)
+    keep2d = keep[index] if keep is not None else None
+    lead = shape[:-2]
+    names = prep.lead_names
+    shown = slice_label(index, names)
+    where = f", {shown} of leading dims {list(lead)} (--index picks another)" if lead else ""
+    weights = result.weights[index] if streamed is None else streamed.preview[index]
+    row_ids = None if streamed is None else streamed.preview_ids
+    if streamed is not None and max_rows is None:
+        max_rows = len(row_ids or [])
+
+    def show_map(data: Any, title: str, ids: list[int] | None = None) -> None:
+        tables.append(weights_table(data, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
+                                    precision=precision, max_rows=max_rows, max_cols=max_cols,
+                                    title=title, axis_names=prep.variant.axis_names, row_ids=ids,
+                                    total_rows=shape[-2]))
+
+    name = prep.variant.name
+    primary = "" if prep.variant.weights_title == "weights" else f": {prep.variant.weights_title}"
+    show_map(weights, f"{name} attention weights {shape_str(shape)}{primary}{where}", row_ids)
+    for view in result.views:
+        data = result.maps[view.name][index]
+        if view.axis == "both":
+            show_map(data, f"{view.title}{where}")
+            if view.name in outcome.map_stats:
+                tables.append(stats_table(outcome.map_stats[view.name].select(index), q_labels=prep.q_labels,
+                                          k_labels=prep.k_labels, precision=precision, max_rows=max_rows,
+                                          row_name=prep.variant.axis_names[0],
+                                          title=f"per-query statistics of {view.title}"))
+        else:
+            labels = prep.q_labels if view.axis == "q" else prep.k_labels
+            tables.append(vector_table(data, labels=labels, precision=precision, max_cols=max_cols,
+                                       title=f"{view.title}{where}"))
+    tables.append(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
+                              precision=precision, max_rows=max_rows, row_name=prep.variant.axis_names[0],
+                              title="per-query statistics" + (f", {shown}" if lead else "")))
+    if lead:
+        tables.append(slice_summary_table(outcome.stats, precision=precision, max_rows=max_rows, names=names))
+    return tables
+
+
+def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None,
+                   sort: str = "layer", reverse: bool = False, top: int | None = None) -> list[Any]:
+    """The tables ``inspect`` prints (head statistics, received attention, the shown map and its
+    per-query statistics), as rich renderables."""
+    from attnviz.render.table import stats_table, weights_table
+
+    opened = result.opened
+    li, bi, hi = opened.index
+    lq, lk = opened.weights.shape[-2:]
+    assert result.one is not None and result.rows is not None  # a finite run
+    tables: list[Any] = []
+    tables.append(head_stats_table(result.stats, sort=sort, reverse=reverse, top=top,
+                                   padded=result.padded))
+    if result.received is not None and result.received["top"]:
+        tables.append(received_table(result.received, precision))
+    where = f"layer {li}, batch {bi}, head {hi}"
+    max_r = max_rows
+    tables.append(weights_table(result.one, q_labels=opened.q_labels, k_labels=opened.k_labels, keep=result.one_keep,
+                                precision=precision, max_rows=max_r, max_cols=max_cols,
+                                title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
+                                padded=result.one_padded))
+    tables.append(stats_table(result.rows, q_labels=opened.q_labels, k_labels=opened.k_labels, precision=precision,
+                              max_rows=max_r, title=f"per-query statistics, {where}", padded=result.one_padded))
+    return tables

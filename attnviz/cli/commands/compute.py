@@ -178,56 +178,8 @@ def write_files(outcome: Outcome, staged: StagedOutputs, out: OutputOptions, fig
 
 
 def print_tables(outcome: Outcome, index: tuple[int, ...], out: OutputOptions) -> None:
-    from attnviz.render.table import (
-        slice_label,
-        slice_summary_table,
-        stats_table,
-        vector_table,
-        weights_table,
-    )
+    from attnviz.render.summaries import compute_tables
 
-    prep, result, streamed = outcome.prepared, outcome.result, outcome.streamed
     console = out_console()
-    shape = prep.weights_shape
-    keep = prep.mask.full_keep(shape)
-    keep2d = keep[index] if keep is not None else None
-    lead = shape[:-2]
-    names = prep.lead_names
-    shown = slice_label(index, names)
-    where = f", {shown} of leading dims {list(lead)} (--index picks another)" if lead else ""
-    max_rows = out.max_rows or None
-    max_cols = out.max_cols  # None: the key columns that fit the console; 0: all; N: at most N (render.table)
-    weights = result.weights[index] if streamed is None else streamed.preview[index]
-    row_ids = None if streamed is None else streamed.preview_ids
-    if streamed is not None and max_rows is None:
-        max_rows = len(row_ids or [])
-
-    def show_map(data: Any, title: str, ids: list[int] | None = None) -> None:
-        console.print(weights_table(data, q_labels=prep.q_labels, k_labels=prep.k_labels, keep=keep2d,
-                                    precision=out.precision, max_rows=max_rows, max_cols=max_cols,
-                                    title=title, axis_names=prep.variant.axis_names, row_ids=ids,
-                                    total_rows=shape[-2]), crop=False)
-
-    name = prep.variant.name
-    primary = "" if prep.variant.weights_title == "weights" else f": {prep.variant.weights_title}"
-    show_map(weights, f"{name} attention weights {shape_str(shape)}{primary}{where}", row_ids)
-    for view in result.views:
-        data = result.maps[view.name][index]
-        if view.axis == "both":
-            show_map(data, f"{view.title}{where}")
-            if view.name in outcome.map_stats:
-                console.print(stats_table(outcome.map_stats[view.name].select(index), q_labels=prep.q_labels,
-                                          k_labels=prep.k_labels, precision=out.precision, max_rows=max_rows,
-                                          row_name=prep.variant.axis_names[0],
-                                          title=f"per-query statistics of {view.title}"), crop=False)
-        else:
-            labels = prep.q_labels if view.axis == "q" else prep.k_labels
-            console.print(vector_table(data, labels=labels, precision=out.precision, max_cols=max_cols,
-                                       title=f"{view.title}{where}"), crop=False)
-    console.print(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
-                              precision=out.precision, max_rows=max_rows, row_name=prep.variant.axis_names[0],
-                              title="per-query statistics" + (f", {shown}" if lead else "")),
-                  crop=False)
-    if lead:
-        console.print(slice_summary_table(outcome.stats, precision=out.precision, max_rows=max_rows, names=names),
-                      crop=False)
+    for table in compute_tables(outcome, index, out.precision, out.max_rows or None, out.max_cols):
+        console.print(table, crop=False)

@@ -180,23 +180,9 @@ def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutput
 
 
 def _print_tables(result: Any, out: InspectOutputs) -> None:
-    from attnviz.render.summaries import head_stats_table, received_table
-    from attnviz.render.table import stats_table, weights_table
+    from attnviz.render.summaries import inspect_tables
 
-    opened = result.opened
-    li, bi, hi = opened.index
-    lq, lk = opened.weights.shape[-2:]
     console = out_console()
-    console.print(head_stats_table(result.stats, sort=out.sort, reverse=out.reverse, top=out.top,
-                                   padded=result.padded), crop=False)
-    if result.received is not None and result.received["top"]:
-        console.print(received_table(result.received, out.precision), crop=False)
-    where = f"layer {li}, batch {bi}, head {hi}"
-    max_r = out.max_rows or None
-    console.print(weights_table(result.one, q_labels=opened.q_labels, k_labels=opened.k_labels, keep=result.one_keep,
-                                precision=out.precision, max_rows=max_r, max_cols=out.max_cols,
-                                title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
-                                padded=result.one_padded), crop=False)
-    console.print(stats_table(result.rows, q_labels=opened.q_labels, k_labels=opened.k_labels, precision=out.precision,
-                              max_rows=max_r, title=f"per-query statistics, {where}", padded=result.one_padded),
-                  crop=False)
+    for table in inspect_tables(result, out.precision, out.max_rows or None, out.max_cols, sort=out.sort,
+                                reverse=out.reverse, top=out.top):
+        console.print(table, crop=False)
