@@ -79,7 +79,11 @@ def _first(cfg: Mapping[str, Any], *names: str) -> Any:
 def read_json_config(spec: str, paths: list[Path]) -> tuple[dict[str, Any], str]:
     """The config object of ``spec`` (a ``config.json`` or the folder holding it) and its name."""
     from attnviz.formats._base import loads_json, read_text_file
+    from attnviz.io import MEMORY, memory_value
 
+    if spec.startswith(MEMORY):  # a config dict handed over in memory (the Python API)
+        value = memory_value(spec)
+        return dict(value), spec[len(MEMORY):]
     path = Path(spec)
     if path.is_dir():
         path = path / "config.json"

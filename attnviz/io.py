@@ -24,6 +24,8 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +46,9 @@ from attnviz.formats._base import (
 from attnviz.formats.npz import NpzArchive as NpzArchive  # re-exported for callers that import it from here
 
 ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
+#: a spec that starts with NUL (never in a file name) names a value handed over in memory (``in_memory``)
+MEMORY = "\0"
+_MEMORY: ContextVar[Mapping[str, Any] | None] = ContextVar("attnviz_memory", default=None)
 #: bundle keys that are not inputs of a variant
 BUNDLE_EXTRAS = ("mask", "q_labels", "k_labels")
 STDIN = "-"
@@ -88,6 +93,45 @@ class StdinReader:
             raise UsageError("'-' (standard input) can be used for one input only.")
         self._used = True
         return read_stdin(self._stream)
+
+
+class MemoryContainer(Container):
+    """Named arrays handed over in memory (the Python API: a tuple of layers, ``generate()``'s tuple of
+    steps of layers, a dict of parameters), under dotted keys as a ``torch.save`` file's."""
+
+    noun = "value"
+
+    def __init__(self, source: str, arrays: Mapping[str, np.ndarray]) -> None:
+        super().__init__(source, list(arrays))
+        self._arrays = dict(arrays)
+
+    def read(self, key: str) -> np.ndarray:
+        return self.upcast(key, self._arrays[key])
+
+
+@contextmanager
+def in_memory(values: Mapping[str, Any]) -> Iterator[None]:
+    """Make ``values`` (NumPy arrays, ``MemoryContainer``s, label lists, JSON-like dicts) readable as the
+    specs ``memory_spec(name)`` within the block (a context variable: threads and batch jobs keep theirs)."""
+    token = _MEMORY.set({**(_MEMORY.get() or {}), **values})
+    try:
+        yield
+    finally:
+        _MEMORY.reset(token)
+
+
+def memory_spec(name: str) -> str:
+    """The spec of the value ``name`` handed over with ``in_memory``; messages call it ``name``."""
+    return MEMORY + name
+
+
+def memory_value(spec: str) -> Any:
+    """The value a memory spec names."""
+    name = spec[len(MEMORY):]
+    values = _MEMORY.get() or {}
+    if name not in values:
+        raise UsageError(f"{name}: no such value was handed over.")
+    return values[name]
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -340,6 +384,9 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
     if spec == STDIN:
         stdin = stdin or StdinReader()
         return Opened(spec, STDIN_SOURCE, None, None, _parse_json_text(stdin.read(), f"'-' ({STDIN_SOURCE})"))
+    if spec.startswith(MEMORY):
+        name, _, part = spec[len(MEMORY):].partition(":")
+        return Opened(spec, name, None, part or None, memory_value(MEMORY + name))
     path, key = split_spec(spec)
     p = _check_path(path)
     fmt = formats.BY_SUFFIX.get(p.suffix.lower())
@@ -363,6 +410,9 @@ def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
 
     Returns the labels, the file they came from (or None) and how the value was read (for messages).
     """
+    if spec.startswith(MEMORY):
+        value = memory_value(spec)
+        return _labels_from_value(list(value), spec[len(MEMORY):]), None, "a list"
     p = Path(spec)
     special = os.path.lexists(p) and not os.path.isdir(p)  # a FIFO or device is refused, never read as text
     if os.path.isfile(p) or special:  # False (not an error) for a name too long to be a file: a long list

@@ -81,8 +81,16 @@ def read(spec: str) -> tuple[dict[str, np.ndarray], Path]:
     from attnviz.errors import InputError
     from attnviz.formats import CONTAINER_SUFFIXES, Container, describe, open_file
     from attnviz.formats._base import regular_file
-    from attnviz.io import validate_array
+    from attnviz.io import MEMORY, open_spec, validate_array
 
+    if spec.startswith(MEMORY):  # parameters handed over in memory (the Python API)
+        container = open_spec(spec).raw
+        out = {}
+        for key in container.keys:
+            arr = container.get(key)
+            validate_array(arr, f"{container.source}:{key}")
+            out[key] = arr
+        return out, Path(container.source)
     path = Path(spec)
     if path.suffix.lower() not in CONTAINER_SUFFIXES:
         raise UsageError(f"--params {spec}: a parameter file is a .npz archive (numpy.savez), or a file of named "

@@ -34,7 +34,7 @@ from attnviz.captured import prepare as prepare_captured
 from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import AttnvizError, InputError, ParamsError, ShapeError, UsageError
-from attnviz.io import Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
+from attnviz.io import MEMORY, Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
 from attnviz.masks import Mask, Positional, build_mask, describe_rows, fully_masked_rows, key_padding_keep
 from attnviz.run_options import ParamOptions, RunOptions
 from attnviz.scoring import Logits, ModelScoring
@@ -215,7 +215,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
     magnitudes, range_warnings = _check_range(inputs, learned if given is not None else {}, given_path,
                                               options.dtype)
     paths = [lo.path for lo in inputs.values() if lo.path is not None] + list(problem.files) + capture_paths
-    if given_path is not None:
+    if given_path is not None and not (param_options.params or "").startswith(MEMORY):
         paths.append(given_path)
     arrays = {n: lo for n, lo in inputs.items() if not n.endswith("_labels") and n != "mask"}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,11 @@ from attnviz.inspection.heads import HEAD_STATS
 from attnviz.inspection.weights import Weights
 from attnviz.pipeline import Outcome
 from attnviz.stats import RowStats
+
+if TYPE_CHECKING:
+    from attnviz.inspection.compare import CompareResult, CompareRun
+    from attnviz.inspection.inspecting import InspectResult
+    from attnviz.inspection.rollout import RolloutRun
 
 #: past this many values the weights are not written into the JSON document (--save-weights is for that)
 JSON_WEIGHTS_LIMIT = 4_000_000
@@ -169,3 +174,43 @@ def compare_report(a: Weights, b: Weights, result: Comparison, checks: list[Chec
 
 def to_json(doc: dict[str, Any]) -> str:
     return json.dumps(doc, allow_nan=False)
+
+
+def inspect_document(result: InspectResult, files: dict[str, str]) -> dict[str, Any]:
+    """``inspect``'s JSON document of an analysed run (``attnviz.inspection.inspecting.analyse``)."""
+    opened = result.opened
+    assert result.rows is not None  # analysed with row_stats
+    return inspect_report(opened.weights, result.stats, result.rows, opened.index, result.checks, files,
+                          opened.q_labels, opened.k_labels, warnings=result.warnings, mask=opened.masks.described,
+                          padded=result.one_padded, padded_rows=result.padded, notes=result.notes,
+                          received=result.received, words=opened.words)
+
+
+def compare_document(run: CompareRun, result: CompareResult, files: dict[str, str]) -> dict[str, Any]:
+    """``compare``'s JSON document."""
+    return compare_report(run.a, run.b, result.comparison, result.checks, files, warnings=result.warnings,
+                          mask=run.masks.described)
+
+
+def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
+    """``rollout``'s JSON document: the rolled-out maps of every batch entry (and each layer's with
+    ``all_layers``)."""
+    from attnviz.inspection.rollout import cumulative
+
+    options, w, shown = run.options, run.weights, run.results[run.shown]
+    lq, lk = w.shape[-2:]
+    entries = run.entries
+    rollout_doc: dict[str, Any] = {
+        "heads": options.heads, "residual": options.residual, "start_layer": options.start_layer,
+        "layers": shown.layers, "batch": entries,
+        "shape": [len(entries), lq, lk], "data": np.stack([run.results[b].result for b in entries]),
+    }
+    if options.all_layers:
+        rollout_doc["cumulative"] = {
+            "shape": [len(entries), len(shown.layers), lq, lk],
+            "data": np.stack([cumulative(run.results[b]) for b in entries])}
+    return plain({
+        "attnviz": __version__, "command": "rollout", "source": w.source,
+        "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
+        **({"words": run.words} if run.words is not None else {}),
+        "mask": run.masks.described, "rollout": rollout_doc, "files": files})

@@ -97,12 +97,11 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
             save_text(staged["--html"], compare_html(result, fig, out.precision))
             files["html"] = out.html or ""
         if out.document:
-            from attnviz.render.report import compare_report, to_json
+            from attnviz.render.report import compare_document, to_json
 
             if out.json_file:
                 files["json"] = out.json_file
-            text = to_json(compare_report(run.a, run.b, result.comparison, result.checks, files,
-                                          warnings=result.warnings, mask=run.masks.described))
+            text = to_json(compare_document(run, result, files))
             save_json(text, staged)
         staged.commit()
     for what in ("png", "html"):

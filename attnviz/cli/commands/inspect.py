@@ -114,16 +114,11 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
         files = _save_files(result, staged, fig, out)
         document = None
         if out.document and result.rows is not None:
-            from attnviz.render.report import inspect_report, to_json
+            from attnviz.render.report import inspect_document, to_json
 
             if out.json_file:
                 files["json"] = out.json_file
-            li, bi, hi = opened.index
-            document = to_json(inspect_report(w, result.stats, result.rows, opened.index, result.checks, files,
-                                              opened.q_labels, opened.k_labels, warnings=result.warnings,
-                                              mask=opened.masks.described, padded=result.one_padded,
-                                              padded_rows=result.padded, notes=result.notes,
-                                              received=result.received, words=opened.words))
+            document = to_json(inspect_document(result, files))
             save_json(document, staged)
         staged.commit()
         if not out.quiet:

@@ -65,7 +65,7 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
     import numpy as np
 
     from attnviz.cli.commands.inspect import save_json
-    from attnviz.inspection.rollout import cumulative, run_rollout
+    from attnviz.inspection.rollout import run_rollout
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
@@ -92,26 +92,11 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
             files["html"] = out.html or ""
         document = None
         if out.document:
-            from attnviz import __version__
-            from attnviz.render.report import plain, to_json
+            from attnviz.render.report import rollout_document, to_json
 
             if out.json_file:
                 files["json"] = out.json_file
-            entries = run.entries
-            rollout_doc: dict[str, Any] = {
-                "heads": options.heads, "residual": options.residual, "start_layer": options.start_layer,
-                "layers": shown.layers, "batch": entries,
-                "shape": [len(entries), lq, lk], "data": np.stack([run.results[b].result for b in entries]),
-            }
-            if options.all_layers:
-                rollout_doc["cumulative"] = {
-                    "shape": [len(entries), len(shown.layers), lq, lk],
-                    "data": np.stack([cumulative(run.results[b]) for b in entries])}
-            document = to_json(plain({
-                "attnviz": __version__, "command": "rollout", "source": w.source,
-                "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
-                **({"words": run.words} if run.words is not None else {}),
-                "mask": run.masks.described, "rollout": rollout_doc, "files": files}))
+            document = to_json(rollout_document(run, files))
             save_json(document, staged)
         staged.commit()
     if not out.quiet:
