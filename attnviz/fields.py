@@ -10,8 +10,11 @@ values that are not plain numbers or choices: ``size``, ``positions``, ``norm``,
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import MISSING, field
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 # help sections, in the order a command's help usually shows them
 MASKS = "Masks"
@@ -33,3 +36,71 @@ def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **
     if factory is not MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+
+def flat_fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
+    """The fields of ``cls`` with their types, a nested dataclass's fields in its place."""
+    hints = get_type_hints(cls)
+    out: list[tuple[dataclasses.Field[Any], Any]] = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli") is False:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.extend(flat_fields(hints[f.name]))
+        else:
+            out.append((f, hints[f.name]))
+    return out
+
+
+def build(cls: Any, values: Mapping[str, Any], **given: Any) -> Any:
+    """An instance of the dataclass ``cls`` from flat ``values`` (nested dataclasses built from theirs);
+    ``given`` sets fields the command line does not (``weights=...``)."""
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in given:
+            kwargs[f.name] = given[f.name]
+        elif dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = build(hints[f.name], values)
+        elif f.name in values and f.metadata.get("cli") is not False:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs)
+
+
+def flag(f: dataclasses.Field[Any]) -> str:
+    """The option's name on the command line (``--max-rows``)."""
+    return str(f.metadata.get("flag", "--" + f.name.replace("_", "-"))).split("/")[0]
+
+
+def check_value(f: dataclasses.Field[Any], hint: Any, value: Any) -> None:
+    """A value given outside the command line (the Python API) checked as the command line checks it:
+    its choices and bounds; a ``UsageError`` in the command line's words otherwise."""
+    from attnviz.errors import UsageError
+
+    if value is None:
+        return
+    name = flag(f)
+    choices = _choices(hint)
+    if choices and value not in choices:
+        raise UsageError(f"{name} {value!r}: expected one of {', '.join(map(str, choices))}.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    meta = f.metadata
+    if not math.isfinite(value):
+        raise UsageError(f"{name} {value}: must be a finite number.")
+    if "min" in meta and value < meta["min"]:
+        raise UsageError(f"{name} {value}: must be at least {meta['min']}.")
+    if "max" in meta and value > meta["max"]:
+        raise UsageError(f"{name} {value}: must be at most {meta['max']}.")
+    if "above" in meta and value <= meta["above"]:
+        raise UsageError(f"{name} {value}: must be greater than {meta['above']}.")
+
+
+def _choices(hint: Any) -> tuple[Any, ...]:
+    if get_origin(hint) is Literal:
+        return get_args(hint)
+    for arg in get_args(hint):
+        if get_origin(arg) is Literal:
+            return get_args(arg)
+    return ()

@@ -16,30 +16,17 @@ import dataclasses
 import inspect
 from collections.abc import Collection, Mapping, Sequence
 from functools import cache
-from typing import Any, get_type_hints
+from typing import Any
 
 from attnviz.cli.parsers import COMPLETIONS, PARSERS, typed
 from attnviz.errors import UsageError
-from attnviz.fields import CAPTURED, CHECKS, FIGURE, LABELS, MASKS, OUTPUT, PARAMS, ROLLOUT, RUN, SELECT, option
+from attnviz.fields import CAPTURED, CHECKS, FIGURE, LABELS, MASKS, OUTPUT, PARAMS, ROLLOUT, RUN, SELECT, build, option
+from attnviz.fields import flat_fields as _flat_fields
 
 __all__ = ["CAPTURED", "CHECKS", "FIGURE", "LABELS", "MASKS", "OUTPUT", "PARAMS", "ROLLOUT", "RUN", "SELECT",
            "OutputOptions", "TableOptions", "build", "parameters"]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
-
-
-def _flat_fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    """The fields of ``cls`` with their types, a nested dataclass's fields in its place."""
-    hints = get_type_hints(cls)
-    out: list[tuple[dataclasses.Field[Any], Any]] = []
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("cli") is False:
-            continue
-        if dataclasses.is_dataclass(hints[f.name]):
-            out.extend(_flat_fields(hints[f.name]))
-        else:
-            out.append((f, hints[f.name]))
-    return out
 
 
 def parameters(*classes: type, panel: str | None = None, exclude: Collection[str] = (),
@@ -85,21 +72,6 @@ def _parameters(classes: Sequence[type], panel: str | None, exclude: Collection[
     missing = set(found) - set(order)
     assert not missing, f"options left out of the order: {sorted(missing)}"
     return [found[name] for name in order]
-
-
-def build(cls: Any, values: Mapping[str, Any], **given: Any) -> Any:
-    """An instance of the dataclass ``cls`` from a command's ``values`` (nested dataclasses built from
-    theirs); ``given`` sets fields the command line does not (``weights=...``)."""
-    hints = get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in given:
-            kwargs[f.name] = given[f.name]
-        elif dataclasses.is_dataclass(hints[f.name]):
-            kwargs[f.name] = build(hints[f.name], values)
-        elif f.name in values and f.metadata.get("cli") is not False:
-            kwargs[f.name] = values[f.name]
-    return cls(**kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
