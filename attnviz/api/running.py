@@ -1,0 +1,199 @@
+"""The Python API's runs: ``compute`` (and one function per attention type, made from the registry),
+``inspect``, ``compare``, ``rollout`` and ``load``. Options are the commands' options as keyword
+arguments (the field names of the option dataclasses: ``causal=True``, ``max_memory="2G"``,
+``merge_subwords=True``), checked as the command line checks them; arrays, tensors and label lists
+stand where the command line takes a file. The runs are the command line's own library calls."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from attnviz.api.results import Compared, Computed, Inspected, RolledOut
+from attnviz.api.values import option_values, to_value
+from attnviz.errors import UsageError
+
+
+def _split(command: str, options: dict[str, Any], classes: Sequence[type]) -> list[Any]:
+    """One instance of each option dataclass from flat keyword ``options`` (nested dataclasses
+    included), every value checked; an unknown name is a ``UsageError`` listing the known ones."""
+    from attnviz.fields import build, check_value, flat_fields
+
+    known: dict[str, tuple[Any, Any]] = {}
+    for cls in classes:
+        for f, hint in flat_fields(cls):
+            known.setdefault(f.name, (f, hint))
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise UsageError(f"{command}: no option {unknown[0]!r}; its options are {', '.join(sorted(known))}.")
+    for name, value in options.items():
+        check_value(*known[name], value)
+    return [build(cls, options) for cls in classes]
+
+
+def _warn(texts: Sequence[str]) -> None:
+    for text in texts:
+        warnings.warn(text, UserWarning, stacklevel=3)
+
+
+def compute(name: str, *arrays: Any, **options: Any) -> Computed:
+    """Compute the attention type ``name`` (``attnviz.variants()`` lists them) on ``arrays`` (in the order
+    of the command's inputs, e.g. Q, K, V; or as keywords ``q=``, ``k=``, ``v=``) with the command's
+    options as keywords.
+
+    >>> result = attnviz.compute("scaled", q, k, v, causal=True)
+    >>> result.weights.shape
+    (4, 4)
+    """
+    from attnviz.io import in_memory, memory_spec
+    from attnviz.pipeline import execute, prepare
+    from attnviz.run_options import CaptureOptions, ParamOptions, RunOptions
+    from attnviz.variants import REGISTRY
+
+    if name not in REGISTRY:
+        raise UsageError(f"no attention type {name!r}; attnviz has {', '.join(REGISTRY)}.")
+    variant = REGISTRY[name]
+    names = [spec.name for spec in variant.inputs]
+    given = dict(zip(names, arrays))
+    if len(arrays) > len(names):
+        raise UsageError(f"{name} takes at most {len(names)} arrays ({', '.join(names)}); received {len(arrays)}.")
+    for input_name in names:
+        if input_name in options:
+            if input_name in given:
+                raise UsageError(f"{name}: {input_name} given twice.")
+            given[input_name] = options.pop(input_name)
+    memory: dict[str, Any] = {}
+    options = option_values(options, memory)
+    classes: list[type] = [RunOptions, variant.params]
+    if variant.learned:
+        classes.append(ParamOptions)
+    if variant.captured_qkv:
+        classes.append(CaptureOptions)
+    built = dict(zip((c.__name__ for c in classes), _split(name, options, classes)))
+    specs: list[str | None] = []
+    for input_name in names:
+        value = given.get(input_name)
+        if value is None:
+            specs.append(None)
+            continue
+        if isinstance(value, str):
+            specs.append(value)
+            continue
+        memory[input_name] = to_value(value, input_name)
+        specs.append(memory_spec(input_name))
+    while specs and specs[-1] is None:
+        specs.pop()
+    if any(s is None for s in specs):
+        missing = names[specs.index(None)]
+        raise UsageError(f"{name}: {missing} is needed before the inputs given after it.")
+    with in_memory(memory):
+        prepared = prepare(variant, specs, built["RunOptions"], built[variant.params.__name__],
+                           param_options=built.get("ParamOptions"), capture=built.get("CaptureOptions"))
+        outcome = execute(prepared)
+    _warn(outcome.warnings)
+    return Computed(outcome)
+
+
+def variant_function(name: str) -> Callable[..., Computed]:
+    """``attnviz.<name>(...)``: ``compute(name, ...)`` with the variant's inputs as named parameters and its
+    documentation."""
+    from attnviz.variants import REGISTRY
+
+    variant = REGISTRY[name]
+    inputs = [spec.name for spec in variant.inputs]
+
+    def run(*arrays: Any, **options: Any) -> Computed:
+        return compute(name, *arrays, **options)
+
+    run.__name__ = run.__qualname__ = name.replace("-", "_")
+    listed = "\n".join(f"    {spec.name}: {spec.help}" for spec in variant.inputs)
+    run.__doc__ = (f"{variant.summary}.\n\n    {variant.formula}\n\nArrays (NumPy, PyTorch or TensorFlow; in this "
+                   f"order, or as keywords):\n{listed}\n\nOptions: the options of `attnviz {name} --help` as keyword "
+                   f"arguments (field names: causal=True, mask=array, scale=0.5, ...).\nReturns a Computed: weights, "
+                   f"output, stats, to_json(), table(), figure(), save(), shown inline in a notebook.\n\n"
+                   f"    >>> result = attnviz.{run.__name__}({', '.join(inputs[:3])})\n\n{variant.doc}")
+    return run
+
+
+def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> Inspected:
+    """Inspect saved attention weights: an array ``[..., Lq, Lk]`` (read as ``[layers, batch, heads, Lq,
+    Lk]`` by rank, or name the axes with ``layout="batch,q,k"``), a model's ``out.attentions`` (a tuple of
+    layers ``[batch, heads, L, L]``; with ``generation=True`` generate()'s tuple of steps), or a file spec.
+
+    >>> report = attnviz.inspect(out.attentions, labels=tokens, mask=batch["attention_mask"])
+    >>> report.head_stats["entropy"].shape
+    (12, 12)
+    """
+    from attnviz.inspection import inspecting
+    from attnviz.inspection.options import InspectOptions
+    from attnviz.io import in_memory, memory_spec
+
+    memory: dict[str, Any] = {}
+    options = option_values({**options, "labels": labels, "mask": mask}, memory)
+    (built,) = _split("inspect", options, [InspectOptions])
+    spec = weights if isinstance(weights, str) else memory_spec("weights")
+    if not isinstance(weights, str):
+        memory["weights"] = to_value(weights, "weights")
+    from dataclasses import replace
+
+    with in_memory(memory):
+        opened = inspecting.prepare(replace(built, weights=spec))
+        result = inspecting.analyse(opened)
+    _warn(result.warnings)
+    return Inspected(result)
+
+
+def compare(a: Any, b: Any, **options: Any) -> Compared:
+    """Compare two sets of attention weights (arrays, layer tuples or file specs), e.g. attnviz's against
+    a model's own: ``attnviz.compare(ours.weights, out.attentions, atol=1e-5).passed``."""
+    from dataclasses import replace
+
+    from attnviz.inspection import compare as comparing
+    from attnviz.inspection.options import CompareOptions
+    from attnviz.io import in_memory, memory_spec
+
+    memory: dict[str, Any] = {}
+    options = option_values(options, memory)
+    (built,) = _split("compare", options, [CompareOptions])
+    specs = []
+    for name, value in (("a", a), ("b", b)):
+        if isinstance(value, str):
+            specs.append(value)
+        else:
+            memory[name] = to_value(value, name)
+            specs.append(memory_spec(name))
+    with in_memory(memory):
+        run = comparing.prepare_compare(replace(built, a=specs[0], b=specs[1]))
+        result = comparing.run_compare(run)
+    _warn(result.warnings)
+    return Compared(run, result)
+
+
+def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> RolledOut:
+    """Attention rollout (Abnar & Zuidema 2020) of self-attention weights ``[layers, batch, heads, L, L]``
+    (or a model's ``out.attentions``): ``attnviz.rollout(out.attentions, labels=tokens).map``."""
+    from dataclasses import replace
+
+    from attnviz.inspection.options import RolloutOptions
+    from attnviz.inspection.rollout import run_rollout
+    from attnviz.io import in_memory, memory_spec
+
+    memory: dict[str, Any] = {}
+    options = option_values({**options, "labels": labels, "mask": mask}, memory)
+    (built,) = _split("rollout", options, [RolloutOptions])
+    spec = weights if isinstance(weights, str) else memory_spec("weights")
+    if not isinstance(weights, str):
+        memory["weights"] = to_value(weights, "weights")
+    with in_memory(memory):
+        run = run_rollout(replace(built, weights=spec))
+    return RolledOut(run)
+
+
+def load(spec: str, layout: str | None = None, generation: bool = False) -> Any:
+    """Read attention weights as the command line does (every format, ``FILE:KEY``, key globs stacked as
+    layers, ``generation=True`` for generate()'s steps): an ``attnviz.inspection.weights.Weights`` whose
+    ``data`` is ``[layers, batch, heads, Lq, Lk]``."""
+    from attnviz.inspection.weights import load_weights
+
+    return load_weights(spec, layout, generation=generation)

@@ -1,0 +1,102 @@
+"""What the Python API accepts for arrays: NumPy arrays, anything with ``__array__``, PyTorch and
+TensorFlow tensors (bfloat16 included, read as float32), and nested tuples, lists or dicts of them (a
+model's ``out.attentions``; ``generate()``'s tuple of steps of layers; a dict of parameters), turned
+into the values ``attnviz.io`` reads behind in-memory specs. NumPy only (tensors are handled through
+their own methods, never by importing their library)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from attnviz.errors import InputError
+from attnviz.io import MemoryContainer
+
+#: options whose command-line value is a file: the API takes the value itself (arrays, label lists, a
+#: config dict) and hands it over in memory; a string is still a file name (or a spec)
+FILE_OPTIONS = ("mask", "key_padding_mask", "check_mask", "positions", "sinks", "relative_bias_table", "params",
+                "hf_config", "labels", "q_labels", "k_labels")
+LABEL_OPTIONS = ("labels", "q_labels", "k_labels")
+
+
+def to_array(value: Any, name: str) -> np.ndarray:
+    """An array of numbers from a NumPy array, a tensor or anything array-like."""
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif hasattr(value, "detach") and hasattr(value, "cpu"):  # a PyTorch tensor (NumPy has no bfloat16)
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) in ("torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"):
+            tensor = tensor.float()
+        arr = tensor.numpy()
+    else:
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{name}: not an array ({exc}).") from None
+    if arr.dtype.name == "bfloat16":  # TensorFlow's, through ml_dtypes
+        arr = arr.astype(np.float32)
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"{name}: an array of numbers is needed; received one of {arr.dtype}.")
+    return arr
+
+
+def _is_nested(value: Any) -> bool:
+    """A container of arrays (layers, steps), not a nested list of numbers."""
+    if isinstance(value, Mapping):
+        return True
+    if not isinstance(value, (list, tuple)) or not value:
+        return False
+    return any(not isinstance(v, (int, float, list)) for v in value)
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, np.ndarray], name: str) -> None:
+    if isinstance(value, Mapping):
+        items: Any = value.items()
+    elif _is_nested(value):
+        items = enumerate(value)
+    else:
+        out[prefix] = to_array(value, f"{name}:{prefix}" if prefix else name)
+        return
+    for key, item in items:
+        _flatten(item, f"{prefix}.{key}" if prefix else str(key), out, name)
+
+
+def to_value(value: Any, name: str) -> Any:
+    """An array, or a ``MemoryContainer`` of named arrays for a tuple, list or dict of them."""
+    if _is_nested(value):
+        arrays: dict[str, np.ndarray] = {}
+        _flatten(value, "", arrays, name)
+        return MemoryContainer(name, arrays)
+    return to_array(value, name)
+
+
+def labels_value(value: Any, name: str) -> list[str]:
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise InputError(f"{name}: a list of token strings is needed.")
+    return [str(v) for v in value]
+
+
+def option_values(options: dict[str, Any], memory: dict[str, Any]) -> dict[str, Any]:
+    """Options as the library takes them: arrays, label lists and config dicts given for a file option
+    go to ``memory`` under the option's name and the option becomes its in-memory spec; a dict for
+    ``rope_scaling`` becomes its JSON text."""
+    from attnviz.io import memory_spec
+
+    out = dict(options)
+    for name in FILE_OPTIONS:
+        value = out.get(name)
+        if value is None or isinstance(value, str):
+            continue
+        if name in LABEL_OPTIONS:
+            memory[name] = labels_value(value, name)
+        elif name == "hf_config" and isinstance(value, Mapping):
+            memory[name] = dict(value)
+        else:
+            memory[name] = to_value(value, name)
+        out[name] = memory_spec(name)
+    if isinstance(out.get("rope_scaling"), Mapping):
+        out["rope_scaling"] = json.dumps(out["rope_scaling"])
+    return out

@@ -1,0 +1,180 @@
+"""The Python API (issue 21): the same numbers and documents as the command line, from arrays and
+tensors; results that table, draw, save and show themselves inline; errors and warnings as the command
+line's; ``import attnviz`` instant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import attnviz
+from attnviz.cli import app
+from tests.conftest import ROOT
+from tests.test_readme_examples import EXAMPLES, folder, split_shell  # noqa: F401  (the README's inputs)
+
+runner = CliRunner()
+
+
+def test_import_attnviz_imports_neither_numpy_nor_tensorflow():
+    code = ("import sys, attnviz; attnviz.__all__; print(sorted(m for m in ('numpy', 'tensorflow', 'matplotlib', "
+            "'rich', 'typer') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_api_names_every_attention_type():
+    from attnviz.variants import REGISTRY
+
+    assert list(attnviz.VARIANTS) == list(REGISTRY)
+    for name in attnviz.__all__:
+        assert getattr(attnviz, name) is not None
+    assert "scaled dot-product attention" in attnviz.scaled.__doc__ and ">>> result = attnviz.scaled(q, k, v)" in \
+        attnviz.scaled.__doc__
+
+
+def cli_json(argv):
+    r = runner.invoke(app, [*argv, "--json"])
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.strip()
+
+
+OUTPUTS = {"png", "json", "json_file", "html", "save_weights", "save_output", "save_params", "quiet", "no_table",
+           "index", "precision", "max_rows", "max_cols", "title", "cmap", "reduce", "vmin", "vmax", "norm",
+           "scale_per_panel", "show"}
+COMPUTE_EXAMPLES = [line for line in EXAMPLES if split_shell(line)[0][1] in attnviz.VARIANTS and "--help" not in line
+                    and "{" not in line and "acts.npz" not in line and "padding.npy" not in line and "32k" not in line]
+FILE_FLAGS = ("--png", "--html", "--save-weights", "--save-output", "--save-params", "--json-file")
+
+
+def without_outputs(argv):
+    """The command line without the files it writes (the API's document lists none)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in FILE_FLAGS:
+            skip = True
+        elif a not in ("--json", "--quiet", "--no-table"):
+            out.append(a)
+    return out
+
+
+def parsed(argv):
+    """The command's values, as the command line parsed them: (inputs, options)."""
+    from attnviz.cli.console import click_command
+    from attnviz.variants import REGISTRY
+
+    name = argv[0]
+    command = click_command(name).commands[name]
+    with command.make_context(name, list(argv[1:])) as ctx:
+        values = dict(ctx.params)
+    inputs = [values.pop(spec.name) for spec in REGISTRY[name].inputs]
+    options = {k: v for k, v in values.items() if k not in OUTPUTS and v != ctx.command.params[
+        [p.name for p in ctx.command.params].index(k)].default}
+    return inputs, options
+
+
+@pytest.mark.parametrize("line", COMPUTE_EXAMPLES)
+def test_every_attention_type_gives_the_command_s_document(line, folder, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(folder)
+    argv = [a for a in split_shell(line)[0][1:]]
+    inputs, options = parsed(argv)
+    keep = without_outputs(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from_files = attnviz.compute(argv[0], *[s for s in inputs if s is not None], **options)
+    assert from_files.to_json() == cli_json(keep)
+    # the same with arrays instead of the input files
+    arrays = [np.load(s) if s is not None and s.endswith(".npy") else s for s in inputs if s is not None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from_arrays = attnviz.compute(argv[0], *arrays, **options)
+    a, b = from_arrays.document(), json.loads(cli_json(keep))
+    for doc in (a, b):
+        doc.pop("mask", None)
+        if doc.get("learned_params"):
+            doc["learned_params"].pop("source")
+    assert json.loads(json.dumps(a, default=lambda x: x.tolist())) == b or \
+        json.loads(from_arrays.to_json()) | {"mask": None} == b | {"mask": None}
+
+
+def test_tensors_torch_bf16_and_tensorflow(tmp_path):
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 5, 8)).astype(np.float32) for _ in range(3))
+    expected = attnviz.scaled(q, k, v).weights
+    np.testing.assert_allclose(attnviz.scaled(torch.tensor(q), torch.tensor(k), torch.tensor(v)).weights, expected,
+                               atol=1e-6)
+    np.testing.assert_allclose(attnviz.scaled(tf.constant(q), tf.constant(k), tf.constant(v)).weights, expected,
+                               atol=1e-6)
+    bf16 = attnviz.scaled(torch.tensor(q).bfloat16(), torch.tensor(k).bfloat16(), v)
+    assert bf16.weights.dtype == np.float32 and np.abs(bf16.weights - expected).max() < 0.05
+    layers = tuple(torch.tensor(expected)[None] for _ in range(3))  # out.attentions: a tuple of [B, H, L, L]
+    report = attnviz.inspect(layers, labels=list("abcde"), mask=torch.ones(1, 5))
+    assert report.weights.shape == (3, 1, 2, 5, 5) and report.head_stats["entropy"].shape == (3, 2)
+
+
+def test_inspect_compare_rollout_give_the_command_s_documents(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w = np.random.default_rng(1).dirichlet(np.ones(6), size=(2, 1, 3, 6)).astype(np.float32)
+    np.save("w.npy", w)
+    (tmp_path / "tok.txt").write_text("a\nb\nc\nd\ne\nf\n")
+    api = attnviz.inspect("w.npy", labels="tok.txt", check_rows=True)
+    assert api.to_json() == cli_json(["inspect", "w.npy", "--labels", "tok.txt", "--check-rows"])
+    from_arrays = attnviz.inspect(w, labels=list("abcdef"), check_rows=True)
+    assert from_arrays.document()["head_stats"] == json.loads(api.to_json())["head_stats"]
+    assert attnviz.compare("w.npy", "w.npy", atol=1e-6).to_json() == cli_json(["compare", "w.npy", "w.npy", "--atol",
+                                                                               "1e-6"])
+    assert attnviz.rollout("w.npy", labels="tok.txt").to_json() == cli_json(["rollout", "w.npy", "--labels",
+                                                                             "tok.txt"])
+    with pytest.warns(UserWarning, match="does not hold attention weights as distributions"):
+        assert attnviz.compare(w, w * 0.5, atol=1e-3).passed is False
+
+
+def test_results_table_draw_save_and_show_inline(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(2, 4, 6, 8)).astype(np.float32) for _ in range(3))
+    result = attnviz.scaled(q, k, v, causal=True, labels=list("abcdef"))
+    console = Console(width=100, record=True)
+    console.print(result.table(index=(1, 2)))
+    assert "slice [1, 2]" in console.export_text()
+    fig = result.figure(title="mine")
+    assert type(fig).__name__ == "Figure" and fig.axes
+    result.save("a.png", html="a.html", json="a.json", weights="w.npy")
+    assert (tmp_path / "a.png").stat().st_size > 1000 and np.load("w.npy").shape == (2, 4, 6, 6)
+    assert json.loads((tmp_path / "a.json").read_text())["variant"] == "scaled"
+    inline = result._repr_html_()
+    other = attnviz.inspect(result.weights)._repr_html_()
+    assert inline.startswith("<iframe srcdoc=") and other.startswith("<iframe srcdoc=")
+    for page in (inline, other):
+        assert "http://" not in page and "https://" not in page  # offline: no network reference
+    assert repr(result) == "<attnviz scaled: weights [2, 4, 6, 6], CPU:0, float32>"
+
+
+def test_errors_and_warnings_as_the_command_line(tmp_path):
+    q = np.zeros((3, 4), np.float32)
+    with pytest.raises(attnviz.ShapeError, match="d_k differs"):
+        attnviz.scaled(q, np.zeros((3, 5), np.float32), np.zeros((3, 2), np.float32))
+    with pytest.raises(attnviz.UsageError, match="no option 'casual'"):
+        attnviz.scaled(q, q, q, casual=True)
+    with pytest.raises(attnviz.UsageError, match="--dtype 'float8'"):
+        attnviz.scaled(q, q, q, dtype="float8")
+    with pytest.raises(attnviz.UsageError, match="--scale 0: must be greater than 0"):
+        attnviz.scaled(q, q, q, scale=0)
+    mask = np.zeros((3, 3), bool)
+    mask[1:] = True
+    with pytest.warns(UserWarning, match="have every key masked"):
+        attnviz.scaled(q, q, q, mask=mask)
+    with pytest.raises(attnviz.AttnvizError) as info:
+        attnviz.inspect(str(tmp_path / "missing.npy"))
+    assert str(info.value).endswith("no such file.")
