@@ -178,3 +178,52 @@ def test_errors_and_warnings_as_the_command_line(tmp_path):
     with pytest.raises(attnviz.AttnvizError) as info:
         attnviz.inspect(str(tmp_path / "missing.npy"))
     assert str(info.value).endswith("no such file.")
+
+
+def test_the_example_notebook_runs_in_a_real_kernel_offline():
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    notebook = nbformat.read(ROOT / "examples" / "attention.ipynb", as_version=4)
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT)}}).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert sum("<iframe srcdoc=" in h for h in html) == 2  # the two inline reports, each in its own frame
+    assert any("image/png" in o.get("data", {}) for o in outputs)  # the figure
+    text = json.dumps([o for o in outputs])
+    assert "http://" not in text and "https://" not in text  # the saved outputs hold no network reference
+    assert "[2, 4, 6, 6]" in text
+
+
+def test_the_readme_python_section_runs(tmp_path, monkeypatch):
+    """The README's three common uses, on a small Llama with its own attentions and hooked q, k, v."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64)
+    config._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.config.save_pretrained("model")
+    captured = {}
+    attention = model.model.layers[3].self_attn
+    for name in ("q_proj", "k_proj", "v_proj"):
+        getattr(attention, name).register_forward_hook(lambda m, a, o, name=name: captured.update({name: o}))
+    batch = {"input_ids": torch.randint(3, 50, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    with torch.no_grad():
+        out = model(**batch, output_attentions=True)
+    q, k, v = (captured[n].view(2, 7, -1, 8) for n in ("q_proj", "k_proj", "v_proj"))
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python"):text.index("## Recipes")]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    names = {"out": out, "batch": batch, "tokens": [f"t{i}" for i in range(7)], "q": q, "k": k, "v": v}
+    exec(compile(code, "README Python", "exec"), names)
+    assert names["report"].head_stats["entropy"].shape == (4, 4)
+    assert (tmp_path / "attn.png").stat().st_size > 1000
+    checked = attnviz.compare(names["result"].weights, out.attentions[3], mask=batch["attention_mask"], atol=1e-5)
+    assert checked.passed  # the config and hooks reproduce the model's own layer 3

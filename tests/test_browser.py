@@ -248,3 +248,32 @@ def test_the_checks_catch_a_request_and_a_console_error(browser, tmp_path):
     time.sleep(0.5)
     assert any("boom" in e["message"] for e in console_errors(browser))
     assert any("example.invalid" in u for u in requests_made(browser, page))
+
+
+def test_two_inline_python_reports_draw_in_their_own_frames(browser, tmp_path):
+    """``_repr_html_`` of two results in one notebook page: each report draws in its own frame, offline."""
+    import attnviz
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 4, 6, 8)).astype("float32") for _ in range(3))
+    computed = attnviz.scaled(q, k, v, causal=True, labels=["[CLS]", "the", "play", "##ers", "won", "[SEP]"])
+    inspected = attnviz.inspect(computed.weights)
+    page = tmp_path / "notebook.html"
+    page.write_text("<html><body><div>cell 1</div>" + computed._repr_html_() + "<div>cell 2</div>"
+                    + inspected._repr_html_() + "</body></html>")
+    browser.get_log("performance")
+    browser.get(page.as_uri())
+    headings = []
+    for index in range(2):
+        browser.switch_to.default_content()
+        browser.switch_to.frame(index)
+        deadline = time.monotonic() + 30
+        while browser.execute_script("return document.body && document.body.dataset.ready") != "true":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"frame {index} did not finish drawing; console: {browser.get_log('browser')}")
+            time.sleep(0.05)
+        headings.append(browser.execute_script("return document.querySelector('h1').textContent"))
+    browser.switch_to.default_content()
+    assert headings[0].startswith("scaled attention weights [2, 4, 6, 6]")
+    assert headings[1].startswith("attention weights of weights")
+    assert requests_made(browser, page) == []
