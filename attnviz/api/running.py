@@ -6,6 +6,7 @@ stand where the command line takes a file. The runs are the command line's own l
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -108,12 +109,28 @@ def variant_function(name: str) -> Callable[..., Computed]:
 
     run.__name__ = run.__qualname__ = name.replace("-", "_")
     listed = "\n".join(f"    {spec.name}: {spec.help}" for spec in variant.inputs)
+    options = _options_doc(variant)
     run.__doc__ = (f"{variant.summary}.\n\n    {variant.formula}\n\nArrays (NumPy, PyTorch or TensorFlow; in this "
                    f"order, or as keywords):\n{listed}\n\nOptions: the options of `attnviz {name} --help` as keyword "
-                   f"arguments (field names: causal=True, mask=array, scale=0.5, ...).\nReturns a Computed: weights, "
+                   f"arguments (arrays where the command takes a file):\n{options}\n\nReturns a Computed: weights, "
                    f"output, stats, to_json(), table(), figure(), save(), shown inline in a notebook.\n\n"
                    f"    >>> result = attnviz.{run.__name__}({', '.join(inputs[:3])})\n\n{variant.doc}")
     return run
+
+
+def _options_doc(variant: Any) -> str:
+    """``    name=default  help`` for each keyword option of a variant, as its command's help lists them."""
+    from attnviz.fields import flat_fields
+    from attnviz.run_options import CaptureOptions, ParamOptions, RunOptions
+
+    classes = [variant.params, RunOptions, *([ParamOptions] if variant.learned else []),
+               *([CaptureOptions] if variant.captured_qkv else [])]
+    lines = []
+    for cls in classes:
+        for f, _ in flat_fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            lines.append(f"    {f.name}={default!r}: {f.metadata.get('help', '')}")
+    return "\n".join(lines)
 
 
 def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> Inspected:
