@@ -335,16 +335,9 @@ class RolledOut(_Result):
         return rollout_document(self.run, {})
 
     def table(self, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None) -> Any:
-        from attnviz.render.table import weights_table
+        from attnviz.render.summaries import rollout_table
 
-        run = self.run
-        padded = run.padded
-        keep = None if padded is None else ~(padded[:, None] | padded[None, :])
-        lq, lk = self.map.shape
-        return weights_table(np.nan_to_num(self.map), q_labels=run.tokens, k_labels=run.tokens, keep=keep,
-                             precision=precision, max_rows=max_rows, max_cols=max_cols, padded=padded,
-                             axis_names=("output", "input"),
-                             title=f"attention rollout, batch {run.shown} [{lq}, {lk}] ({run.how})")
+        return rollout_table(self.run, precision, max_rows, max_cols)
 
     def figure(self, **options: Any) -> Any:
         from attnviz.render.figures import rollout_figure

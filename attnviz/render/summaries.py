@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from attnviz.inspection.compare import CompareResult
     from attnviz.inspection.inspecting import InspectResult
+    from attnviz.inspection.rollout import RolloutRun
     from attnviz.pipeline import Outcome
     from attnviz.render.table import Fitted
 
@@ -255,3 +256,19 @@ def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | No
     tables.append(stats_table(result.rows, q_labels=opened.q_labels, k_labels=opened.k_labels, precision=precision,
                               max_rows=max_r, title=f"per-query statistics, {where}", padded=result.one_padded))
     return tables
+
+
+def rollout_table(run: RolloutRun, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None) -> Any:
+    """The rolled-out map of the shown batch entry, as ``rollout`` prints it."""
+    import numpy as np
+
+    from attnviz.render.table import weights_table
+
+    shown = run.results[run.shown].result
+    padded = run.padded
+    keep = None if padded is None else ~(padded[:, None] | padded[None, :])
+    lq, lk = shown.shape
+    return weights_table(np.nan_to_num(shown), q_labels=run.tokens, k_labels=run.tokens, keep=keep,
+                         precision=precision, max_rows=max_rows, max_cols=max_cols, padded=padded,
+                         axis_names=("output", "input"),
+                         title=f"attention rollout, batch {run.shown} [{lq}, {lk}] ({run.how})")

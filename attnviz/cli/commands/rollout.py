@@ -62,7 +62,6 @@ rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
 
 def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutputs) -> bool:
     """Roll out, save and print; no check can fail (returns False)."""
-    import numpy as np
 
     from attnviz.cli.commands.inspect import save_json
     from attnviz.inspection.rollout import run_rollout
@@ -73,8 +72,7 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
     check_html_path(out.html)
     fig.check()
     run = run_rollout(options)
-    w, shown = run.weights, run.results[run.shown]
-    lq, lk = w.shape[-2:]
+    w = run.weights
     targets = check_outputs({"--png": out.png, "--json-file": out.json_file, "--html": out.html}, run.paths)
     with staged_outputs(targets) as staged:
         files: dict[str, str] = {}
@@ -109,13 +107,7 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
     if out.json and document is not None:
         stdout().write(document + "\n")
     elif out.tables:
-        from attnviz.render.table import weights_table
+        from attnviz.render.summaries import rollout_table
 
-        padded = run.padded
-        keep = None if padded is None else ~(padded[:, None] | padded[None, :])
-        out_console().print(weights_table(np.nan_to_num(shown.result), q_labels=run.tokens, k_labels=run.tokens,
-                                          keep=keep, precision=out.precision, max_rows=out.max_rows or None,
-                                          max_cols=out.max_cols, padded=padded, axis_names=("output", "input"),
-                                          title=f"attention rollout, batch {run.shown} [{lq}, {lk}] ({run.how})"),
-                            crop=False)
+        out_console().print(rollout_table(run, out.precision, out.max_rows or None, out.max_cols), crop=False)
     return False
