@@ -198,7 +198,7 @@ def test_the_example_notebook_runs_in_a_real_kernel_offline():
 
 
 def test_the_readme_python_section_runs(tmp_path, monkeypatch):
-    """The README's three common uses, on a small Llama with its own attentions and hooked q, k, v."""
+    """The three common uses of docs/python.md, on a small Llama with its own attentions and hooked q, k, v."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import re
@@ -218,11 +218,12 @@ def test_the_readme_python_section_runs(tmp_path, monkeypatch):
     with torch.no_grad():
         out = model(**batch, output_attentions=True)
     q, k, v = (captured[n].view(2, 7, -1, 8) for n in ("q_proj", "k_proj", "v_proj"))
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Python"):text.index("## Recipes")]
+    from tests.docs_text import page
+
+    section = page("python.md")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     names = {"out": out, "batch": batch, "tokens": [f"t{i}" for i in range(7)], "q": q, "k": k, "v": v}
-    exec(compile(code, "README Python", "exec"), names)
+    exec(compile(code, "docs/python.md", "exec"), names)
     assert names["report"].head_stats["entropy"].shape == (4, 4)
     assert (tmp_path / "attn.png").stat().st_size > 1000
     checked = attnviz.compare(names["result"].weights, out.attentions[3], mask=batch["attention_mask"], atol=1e-5)

@@ -1,5 +1,5 @@
-"""The README's "Model families" table, row by row (issue 19): a small randomly initialised model of each
-family is built from its config (eager attention, a padded batch of two), hooked on the modules the row
+"""The "Model families" table (docs/model-families.md), row by row (issue 19): a small randomly initialised
+model of each family is built from its config (eager attention, a padded batch of two), hooked on the modules the row
 names, its hook outputs turned into q, k and v with the row's expression, and attnviz run with
 ``--hf-config`` and the row's options; its weights equal the model's own ``output_attentions`` on the real
 rows and keys to 1e-5. Each row also runs once with the family's special feature left out (the same
@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
-from tests.conftest import ROOT
+from tests.docs_text import page
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,9 +27,7 @@ B, L, PAD, LAYER = 2, 10, 3, 1
 def table() -> dict[str, dict[str, object]]:
     """{row key: {family, hooks, split, options}} from the README's table; the key is the model type, and
     the attention of an encoder-decoder model after a colon (``bart:cross``)."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Model families"):]
-    section = section[:section.index("\n### ", 5)]
+    section = page("model-families.md")
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

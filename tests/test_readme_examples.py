@@ -1,6 +1,9 @@
-"""Docs that run: every example command line of README.md, run as written against sample files.
+"""Docs that run: every example command line of the documentation (the pages of docs/, the README's
+tour among them), run as written against sample files.
 
-How the lines are found (``readme_examples``): README.md is read line by line as Markdown.
+How the lines are found (``readme_examples``): each page is read line by line as Markdown (the recipes
+and model families pages are left out: tests/test_recipes.py and tests/test_families.py run those with
+a model); every line of the README's tour is one of the pages' examples (a test says so).
 
 * Fenced blocks (```` ``` ````) are tracked; lines inside a fence tagged ``sh``, ``bash`` or ``shell``
   are candidates. The first fenced block of the file (the opening install lines, which CI runs) and
@@ -59,8 +62,9 @@ OUTPUT_OPTIONS = {"--png", "--map-png", "--stats-png", "--html", "--json-file", 
                   "--save-params"}
 
 
-def readme_examples(text: str | None = None) -> list[str]:
-    """Every ``attnviz ...`` line in the README's code blocks, in order (see the module docstring)."""
+def readme_examples(text: str | None = None, first_fence_is_install: bool = True) -> list[str]:
+    """Every ``attnviz ...`` line in the code blocks of a page (default the README), in order (see the module
+    docstring); the README's first fenced block (the install commands) is not an example."""
     if text is None:
         text = (ROOT / "README.md").read_text()
     found: list[str] = []
@@ -92,7 +96,8 @@ def readme_examples(text: str | None = None) -> list[str]:
             if opening:
                 fence = opening.group(1)
                 fenced_blocks += 1
-                fence_is_shell = opening.group(2) in SHELL_TAGS and fenced_blocks > 1 and not in_recipes
+                fence_is_shell = opening.group(2) in SHELL_TAGS and (fenced_blocks > 1 or not first_fence_is_install) \
+                    and not in_recipes
                 in_indented = False
                 previous_blank = False
                 continue
@@ -114,7 +119,22 @@ def readme_examples(text: str | None = None) -> list[str]:
     return found
 
 
-EXAMPLES = readme_examples()
+def docs_examples() -> list[str]:
+    """The examples of every docs page but the recipes and model families (their own tests run those, in
+    folders with a model), each once."""
+    from tests.docs_text import pages
+
+    found: list[str] = []
+    for path in pages():
+        if path.name in ("recipes.md", "model-families.md"):
+            continue
+        for line in readme_examples(path.read_text(), first_fence_is_install=False):
+            if line not in found:
+                found.append(line)
+    return found
+
+
+EXAMPLES = docs_examples()
 
 
 def short(line: str, width: int = 70) -> str:
@@ -227,10 +247,8 @@ def folder(tmp_path_factory) -> Path:
     theirs = layers[0] * (1 + rng.normal(scale=1e-6, size=layers[0].shape))  # the same to float32 rounding
     save("theirs.npy", (theirs / theirs.sum(-1, keepdims=True)).astype(np.float32))
 
-    # batch: the README's own jobs file
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### `attnviz batch`"):]
-    section = section[: section.index("\n## ")]
+    # batch: the documentation's own jobs file
+    section = (ROOT / "docs" / "commands" / "batch.md").read_text()
     jobs = [ln.strip() for ln in section.splitlines() if ln.strip().startswith('{"command"')]
     (d / "jobs.jsonl").write_text("\n".join(jobs) + "\n")
 
@@ -300,7 +318,7 @@ def test_the_parser_finds_the_examples():
     assert jq_path({"stats": {"entropy": [1]}}, ".stats.entropy") == [1]
     with pytest.raises(AssertionError):
         jq_path({"stats": {}}, ".stats.entropy")
-    # the real README: the opening install lines and the recipes are left out
+    # the real documentation: the opening install lines and the recipes are left out
     assert len(EXAMPLES) >= 30
     assert not any(".venv" in line for line in EXAMPLES)
     assert EXAMPLES[0] == "attnviz scaled q.npy k.npy v.npy --png attn.png"
@@ -310,7 +328,19 @@ def test_every_command_has_a_readme_example():
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     used = {split_shell(line)[0][1] for line in EXAMPLES}
     missing = sorted(set(commands) - used)
-    assert not missing, f"commands with no example line in README.md: {missing}"
+    assert not missing, f"commands with no example line in the documentation: {missing}"
+
+
+def test_the_readme_tour_shows_examples_the_documentation_runs():
+    """Every command line of the README is an example of a docs page (run here), or of the recipes and
+    model families pages (run by their own tests)."""
+    from tests.docs_text import page
+
+    run_elsewhere = readme_examples(page("recipes.md"), first_fence_is_install=False) + \
+        [line for line in page("model-families.md").splitlines() if line.startswith("attnviz ")]
+    tour = readme_examples()
+    assert len(tour) >= 6
+    assert [line for line in tour if line not in EXAMPLES and line not in run_elsewhere] == []
 
 
 @pytest.mark.parametrize("line", EXAMPLES, ids=[short(x) for x in EXAMPLES])

@@ -1,4 +1,4 @@
-"""The README's recipes, run as written: each recipe's Python block, then its `attnviz` lines.
+"""The recipes (docs/recipes.md), run as written: each recipe's Python block, then its `attnviz` lines.
 
 The Hugging Face recipes name models on the hub; here `from_pretrained` is pointed at a small randomly
 initialised model of the same architecture (and a word-level tokenizer) saved in a local folder, so
@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
-from tests.conftest import ROOT
+from tests.docs_text import page
 
 runner = CliRunner()
 WORDS = "the cat sat on the mat a dog barked hello there".split()
@@ -23,11 +23,9 @@ WORDS = "the cat sat on the mat a dog barked hello there".split()
 
 def recipes() -> dict[str, tuple[str, list[str]]]:
     """{title: (python code, [attnviz command lines])} from the README's recipes section."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Recipes"):]
-    section = section[:section.index("\n## ", 3)]
+    section = page("recipes.md")
     out = {}
-    for part in section.split("\n### ")[1:]:
+    for part in section.split("\n## ")[1:]:
         title = part.splitlines()[0].strip()
         python = re.search(r"```python\n(.*?)```", part, re.S)
         shell = re.search(r"```sh\n(.*?)```", part, re.S)

@@ -651,13 +651,13 @@ def test_per_file_outputs_plan():
 
 
 def test_readme_file_maps_run(tmp_path):
-    """The file-map lines of the README's batch section, run as written in a folder holding what they name
+    """The file-map lines of the batch page (docs/commands/batch.md), run as written in a folder holding what they name
     (the find pipeline through a real shell)."""
     import shlex
 
-    section = (ROOT / "README.md").read_text()
-    section = section[section.index("### `attnviz batch`"):]
-    section = section[:section.index("\n### ")]
+    from tests.docs_text import page
+
+    section = page("commands/batch.md")
     lines = [ln.strip() for ln in section.splitlines() if "--each" in ln and ln.strip().startswith(("attnviz", "find"))]
     assert len(lines) == 3, lines
     acts = make_files(tmp_path / "acts", ["run_1", "run_2"], suffix=".npz")

@@ -39,7 +39,7 @@ def _warn(texts: Sequence[str]) -> None:
 
 
 def compute(name: str, *arrays: Any, **options: Any) -> Computed:
-    """Compute the attention type ``name`` (``attnviz.variants()`` lists them) on ``arrays`` (in the order
+    """Compute the attention type ``name`` (``attnviz.VARIANTS`` lists them) on ``arrays`` (in the order
     of the command's inputs, e.g. Q, K, V; or as keywords ``q=``, ``k=``, ``v=``) with the command's
     options as keywords.
 
