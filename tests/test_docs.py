@@ -55,5 +55,5 @@ def test_command_pages_carry_the_current_help(site, name):
 def test_the_api_reference_is_built_from_the_docstrings(site):
     text = (site / "python.html").read_text()
     for name in ("compute", "inspect", "compare", "rollout", "load", "Computed", "Inspected"):
-        assert f"attnviz.api." in text and name in text
+        assert "attnviz.api." in text and name in text
     assert "Compute the attention type" in text  # compute's docstring
