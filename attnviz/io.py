@@ -12,7 +12,7 @@ matches come in natural order. A single file (or JSON object) holding one array 
 Nothing here unpickles: every ``numpy.load`` passes ``allow_pickle=False``, and ``torch.load`` is
 called with ``weights_only=True``. NumPy only at import time.
 
-Limits (``attnviz.formats._base``, README "Inputs"): only regular files are opened (a directory, device,
+Limits (``attnviz.formats._base``, docs/inputs.md): only regular files are opened (a directory, device,
 FIFO or socket, also behind a symbolic link, is a usage error, exit 2); array sizes are judged from
 headers before anything is allocated; JSON (a file or standard input) is read in pieces, at most
 ``MAX_TEXT_BYTES``, must be UTF-8, and may nest at most ``MAX_JSON_DEPTH`` deep.

@@ -1,7 +1,7 @@
 """What every reader shares: the ``Container`` of named arrays, natural key order, key globs, capped
 key listings for messages, and the limits every input is held to. NumPy only.
 
-The limits (README "Inputs"):
+The limits (docs/inputs.md):
 
 - only regular files are read (``regular_file``): a directory, a device such as ``/dev/zero``, a FIFO
   or a socket, also behind a symbolic link, is refused before it is opened (exit 2, as a missing file);

@@ -20,7 +20,7 @@ cells a side), coarser when the whole report would hold more than ``MAX_VALUES``
 says so wherever a map is aggregated. That bounds the file: 16 MB for the opened maps (float32,
 base64) plus the thumbnails, one colour index a cell (base64; the grid is at most about
 ``canvas.MOSAIC_SIDE`` cells a side up to 123 x 123 maps, 3.4 MB), under 20 MB in all; a BERT-base
-dump (12 layers x 12 heads x 512 tokens) gives 15.8 MB (README, "The HTML report").
+dump (12 layers x 12 heads x 512 tokens) gives 15.8 MB (docs/output.md, "The HTML report").
 
 The data travels as JSON in a ``<script type="application/json">`` element, with ``<``, ``>`` and
 ``&`` written as ``\\u003c`` ... so that no label from a user's file can end the element; the script

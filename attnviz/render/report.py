@@ -1,4 +1,4 @@
-"""The JSON document of a run (``--json``): one object, documented in the README.
+"""The JSON document of a run (``--json``): one object, documented in docs/output.md.
 
 Arrays are nested lists; undefined statistics (those of fully masked rows) are ``null``; the
 document never holds NaN or Infinity.
