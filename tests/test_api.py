@@ -228,3 +228,14 @@ def test_the_readme_python_section_runs(tmp_path, monkeypatch):
     assert (tmp_path / "attn.png").stat().st_size > 1000
     checked = attnviz.compare(names["result"].weights, out.attentions[3], mask=batch["attention_mask"], atol=1e-5)
     assert checked.passed  # the config and hooks reproduce the model's own layer 3
+
+
+def test_bfloat16_tensors_keep_their_stored_dtype_for_the_checks():
+    """A model's bfloat16 attentions, handed over as tensors, are checked with bfloat16's tolerance, as a
+    bfloat16 file is (rows of bfloat16 weights sum to 1 only within ~1e-2)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layers = tuple(torch.softmax(torch.randn(1, 4, 64, 64), -1).bfloat16() for _ in range(2))
+    report = attnviz.inspect(layers, check_rows=True)
+    assert report.passed and report.document()["stored_dtype"] == "bfloat16"
+    assert attnviz.inspect(layers[0], check_rows=True).document()["stored_dtype"] == "bfloat16"

@@ -22,23 +22,33 @@ FILE_OPTIONS = ("mask", "key_padding_mask", "check_mask", "positions", "sinks", 
 LABEL_OPTIONS = ("labels", "q_labels", "k_labels")
 
 
+#: PyTorch's small floats, which NumPy holds through ml_dtypes (as files of them are read)
+SMALL_TORCH = {"torch.bfloat16": ("int16", "bfloat16"), "torch.float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+               "torch.float8_e5m2": ("uint8", "float8_e5m2")}
+
+
 def to_array(value: Any, name: str) -> np.ndarray:
-    """An array of numbers from a NumPy array, a tensor or anything array-like."""
+    """An array of numbers from a NumPy array, a tensor or anything array-like. bfloat16 and 8-bit floats
+    stay as they are (ml_dtypes): reading widens them to float32 and remembers that they were stored so,
+    for the tolerances of checks, as for a file."""
     if isinstance(value, np.ndarray):
         arr = value
-    elif hasattr(value, "detach") and hasattr(value, "cpu"):  # a PyTorch tensor (NumPy has no bfloat16)
+    elif hasattr(value, "detach") and hasattr(value, "cpu"):  # a PyTorch tensor
         tensor = value.detach().cpu()
-        if str(tensor.dtype) in ("torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"):
-            tensor = tensor.float()
-        arr = tensor.numpy()
+        small = SMALL_TORCH.get(str(tensor.dtype))
+        if small is not None:
+            import ml_dtypes
+            import torch
+
+            arr = tensor.view(getattr(torch, small[0])).numpy().view(getattr(ml_dtypes, small[1]))
+        else:
+            arr = tensor.numpy()
     else:
         try:
             arr = np.asarray(value)
         except (TypeError, ValueError) as exc:
             raise InputError(f"{name}: not an array ({exc}).") from None
-    if arr.dtype.name == "bfloat16":  # TensorFlow's, through ml_dtypes
-        arr = arr.astype(np.float32)
-    if arr.dtype.kind not in "biuf":
+    if arr.dtype.kind not in "biuf" and arr.dtype.name not in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         raise InputError(f"{name}: an array of numbers is needed; received one of {arr.dtype}.")
     return arr
 
@@ -70,7 +80,10 @@ def to_value(value: Any, name: str) -> Any:
         arrays: dict[str, np.ndarray] = {}
         _flatten(value, "", arrays, name)
         return MemoryContainer(name, arrays)
-    return to_array(value, name)
+    arr = to_array(value, name)
+    if arr.dtype == np.float16 or arr.dtype.kind not in "biuf":  # widened on reading, its dtype remembered
+        return MemoryContainer(name, {name: arr})
+    return arr
 
 
 def labels_value(value: Any, name: str) -> list[str]:
