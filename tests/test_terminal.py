@@ -483,3 +483,64 @@ def test_a_closed_pipe_through_a_warm_worker(inputs, tmp_path, socket_dir):
         assert code == 3 and "check-rows" in err  # a closed pipe hides no failure
     finally:
         worker.stop()
+
+
+def test_a_table_goes_out_in_pieces_with_the_bytes_rich_writes_at_once():
+    """``print(table, crop=False)`` writes a long table in pieces as it is rendered: the bytes are those
+    rich's own print writes in one go, colours and all."""
+    import io
+
+    from rich.console import Console
+
+    from attnviz.render.table import weights_table
+    from attnviz.streams import MessageConsole
+
+    w = np.random.default_rng(3).dirichlet(np.ones(60), size=60).astype(np.float32)
+    for table, pieces in ((weights_table(w, max_cols=0, title="t"), 3), (weights_table(w, max_rows=8), 0)):
+        for terminal in (False, True):
+            outs = []
+            for kind in (Console, MessageConsole):
+                out = io.StringIO()
+                console = kind(file=out, width=100, highlight=False, markup=False, emoji=False,
+                               force_terminal=terminal, color_system="truecolor" if terminal else None)
+                console.print(table, crop=False, markup=False, emoji=False)
+                outs.append(out.getvalue())
+            assert outs[1] == outs[0]
+            assert len(outs[0]) > pieces * MessageConsole.PIECE  # the whole map: several pieces
+
+
+def test_a_reader_that_goes_away_stops_the_rendering():
+    """Once a piece of a table finds its reader gone, the console is silenced and the rest of the table
+    is neither rendered nor written."""
+    import io
+
+    from rich.segment import Segment
+
+    from attnviz.streams import MessageConsole
+
+    rendered = []
+
+    class Lines:  # a long renderable that counts the lines rendered
+        def __rich_console__(self, console, options):
+            for i in range(10_000):
+                rendered.append(i)
+                yield Segment(f"line {i:5d} " + "x" * 90)
+                yield Segment.line()
+
+    class ClosedAfterOneWrite(io.StringIO):  # a pipe whose reader reads one piece and goes away
+        writes = 0
+
+        def write(self, text):
+            self.writes += 1
+            if self.writes > 1:
+                raise BrokenPipeError
+            return super().write(text)
+
+    out = ClosedAfterOneWrite()
+    console = MessageConsole(file=out, width=100)
+    console.print(Lines(), crop=False)
+    assert console.quiet and out.writes == 2
+    assert out.getvalue().startswith("line     0 xxx") and out.getvalue().endswith("x\n")
+    assert len(rendered) <= 3 * MessageConsole.PIECE // 100  # two pieces of about PIECE characters, of 10 000 lines
+    console.print(Lines(), crop=False)  # a silenced console renders nothing more
+    assert len(rendered) <= 3 * MessageConsole.PIECE // 100
