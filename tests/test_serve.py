@@ -411,8 +411,9 @@ def test_a_worker_that_dies_mid_request(snapshot, folder, socket_dir):
     standard input the worker had already read."""
     w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
     try:
-        data = (folder / "q.json").read_bytes()
-        args = ["scaled", "-", "k.npy", "v.npy", "--json"]
+        # weights as JSON (8 kB) for inspect, which the client then runs without importing TensorFlow
+        data = json.dumps(np.load(folder / "w.npy").tolist()).encode()
+        args = ["inspect", "-", "--json"]
         proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=w.env, cwd=folder,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
