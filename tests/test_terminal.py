@@ -320,10 +320,35 @@ def test_help_fits_80_columns_with_real_metavars(command):
 
 
 def complete(env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """A shell's completion request: ``attnviz`` run with the request in its environment (``env``, and
+    no other variable of attnviz) in ``cwd``. It is answered here by what ``python -m attnviz`` runs for
+    it, ``attnviz.cli.console.run`` (a completion request never goes to a warm worker: see
+    test_completion_runs_here_and_imports_neither_tensorflow_nor_matplotlib, which makes one in a real
+    process, as test_the_bash_script_completes_in_bash does through bash), with its stdout and stderr."""
+    import contextlib
+    import io
+
+    from attnviz.cli.console import run as console_run
+
     full = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNVIZ_", "_ATTNVIZ"))}
     full.update(env)
-    return subprocess.run([sys.executable, "-m", "attnviz"], env=full, cwd=cwd, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    code = None
+    try:
+        os.environ.clear()
+        os.environ.update(full)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                console_run([])
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["attnviz"], code, out.getvalue(), err.getvalue())
 
 
 def bash_request(words: str, spelling: str = "complete_bash", cwd: Path = ROOT) -> list[str]:
