@@ -101,6 +101,12 @@ class Worker:
                 self.proc.wait(timeout=30)
 
 
+#: the prelude of a worker that runs no command (status and stop, the idle timeout, a worker of another attnviz):
+#: it listens without importing what commands need or running its warm-up (TensorFlow, ~6 s of CPU), which
+#: plays no part in what those tests check; the workers that serve commands preload as the product does
+NO_PRELOAD = "from attnviz.worker.server import Worker as _Worker\n_Worker.preload = lambda self: None"
+
+
 @pytest.fixture(scope="module")
 def worker(snapshot, tmp_path_factory):
     w = Worker(snapshot, tmp_path_factory.mktemp("rt") / "run", "--idle-timeout", "10m")
@@ -331,7 +337,7 @@ def test_the_client_imports_only_the_standard_library(worker, folder):
 
 
 def test_status_and_stop(snapshot, tmp_path, socket_dir):
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
     try:
         status = attnviz(["serve", "--status"], w.env, tmp_path)
         assert status.returncode == 0
@@ -354,7 +360,7 @@ def test_status_and_stop(snapshot, tmp_path, socket_dir):
 
 
 def test_idle_timeout(snapshot, socket_dir):
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "1s", wait=False)
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "1s", prelude=NO_PRELOAD, wait=False)
     try:
         assert w.proc.wait(timeout=START) == 0
         log = w.log.read_text()
@@ -381,7 +387,7 @@ def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, socket_dir):
 
 def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path, socket_dir):
     w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m",
-               prelude="import attnviz; attnviz.__version__ = '0.0.0+another'")
+               prelude=f"import attnviz; attnviz.__version__ = '0.0.0+another'\n{NO_PRELOAD}")
     try:
         args = ["inspect", "w.npy"]  # run here as the worker would have run it (without importing TensorFlow)
         r = attnviz(args, w.env, folder)
