@@ -263,8 +263,11 @@ def test_a_closed_pipe_through_a_warm_worker(worker, folder, tmp_path):
 
 def test_a_client_that_goes_away_does_not_hold_the_worker(worker, folder):
     """Ctrl-C on a client whose command waits for its stdin: the worker drops it and serves the next."""
+    # the client takes SIGINT as a terminal's foreground job does, whatever the suite inherited: a job a
+    # shell script starts in the background (`pytest &`) ignores SIGINT, and so would its children
     proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "-"], env=worker.env, cwd=folder,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while worker.status()["client"] != proc.pid:  # its command waits for standard input
@@ -274,7 +277,7 @@ def test_a_client_that_goes_away_does_not_hold_the_worker(worker, folder):
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and err == b"attnviz: interrupted\n"
+    assert proc.returncode == 130 and err == b"attnviz: interrupted\n", err
     before = worker.served()
     warm = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], worker.env, folder)
     assert warm.returncode == 0 and worker.served() == before + 1
