@@ -499,8 +499,8 @@ def test_a_table_goes_out_in_pieces_with_the_bytes_rich_writes_at_once():
     from attnviz.render.table import weights_table
     from attnviz.streams import MessageConsole
 
-    w = np.random.default_rng(3).dirichlet(np.ones(60), size=60).astype(np.float32)
-    for table, pieces in ((weights_table(w, max_cols=0, title="t"), 3), (weights_table(w, max_rows=8), 0)):
+    w = np.random.default_rng(3).dirichlet(np.ones(40), size=40).astype(np.float32)
+    for table, pieces in ((weights_table(w, max_cols=0, title="t"), 1), (weights_table(w, max_rows=8), 0)):
         for terminal in (False, True):
             outs = []
             for kind in (Console, MessageConsole):
@@ -510,7 +510,7 @@ def test_a_table_goes_out_in_pieces_with_the_bytes_rich_writes_at_once():
                 console.print(table, crop=False, markup=False, emoji=False)
                 outs.append(out.getvalue())
             assert outs[1] == outs[0]
-            assert len(outs[0]) > pieces * MessageConsole.PIECE  # the whole map: several pieces
+            assert len(outs[0]) > pieces * MessageConsole.PIECE  # the whole map: more than one piece
 
 
 def test_a_reader_that_goes_away_stops_the_rendering():
