@@ -92,15 +92,51 @@ def stderr() -> IO[str]:
 class MessageConsole(Console):
     """A console whose plain-string messages are inert: control characters in file names and labels
     are shown escaped (``\x1b``), never sent, and rich markup and emoji codes are never read. A
-    closed pipe silences its stream and the console (rich's own answer is to exit with status 1)."""
+    closed pipe silences its stream and the console (rich's own answer is to exit with status 1).
+
+    A table printed uncropped (``print(table, crop=False)``, as the commands print theirs) goes out in
+    whole lines of about ``PIECE`` characters as it is rendered, rather than rendered whole and then
+    written: the same bytes, but a reader that goes away (``attnviz scaled ... --max-cols 0 | head``)
+    stops the rendering of the rest (a 300 x 300 map took seconds to render for nobody)."""
+
+    PIECE = 8192
 
     def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
         if self.quiet:  # its reader went away: nothing to render
             return
         kwargs.setdefault("markup", False)
         kwargs.setdefault("emoji", False)
-        super().print(*(visible(o) if isinstance(o, str) else o for o in objects),
-                      **kwargs)  # type: ignore[arg-type]
+        objects = tuple(visible(o) if isinstance(o, str) else o for o in objects)
+        if self._in_pieces(objects, kwargs):
+            self._print_in_pieces(objects[0], kwargs)
+            return
+        super().print(*objects, **kwargs)  # type: ignore[arg-type]
+
+    def _in_pieces(self, objects: tuple[object, ...], kwargs: dict[str, object]) -> bool:
+        """Whether ``print(*objects, **kwargs)`` renders exactly the segments of the one renderable, as
+        they come: uncropped, nothing else asked for, no style or render hook of the console's own."""
+        return (len(objects) == 1 and hasattr(objects[0], "__rich_console__") and kwargs.get("crop") is False
+                and set(kwargs) <= {"crop", "markup", "emoji"} and not self.soft_wrap and self.style is None
+                and not self._render_hooks)
+
+    def _print_in_pieces(self, renderable: object, kwargs: dict[str, object]) -> None:
+        from rich.segment import Segment, Segments
+
+        # the options Console.print renders with for these arguments
+        options = self.options.update(justify=None, overflow=None, height=None, no_wrap=None,
+                                      markup=kwargs["markup"], highlight=None)  # type: ignore[arg-type]
+        piece: list[Segment] = []
+        size = 0
+        for segment in self.render(renderable, options):  # type: ignore[arg-type]
+            piece.append(segment)
+            size += len(segment.text)
+            if size >= self.PIECE and segment.text.endswith("\n"):
+                super().print(Segments(piece), **kwargs)  # type: ignore[arg-type]
+                if self.quiet:  # the reader went away: the rest is not rendered
+                    return
+                piece, size = [], 0
+        if piece:
+            super().print(Segments(piece), **kwargs)  # type: ignore[arg-type]
 
     def on_broken_pipe(self) -> None:
         self.quiet = True

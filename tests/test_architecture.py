@@ -6,6 +6,7 @@ compute never imports ``attnviz.render``. See ARCHITECTURE.md."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,16 @@ def _type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+@cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of a source file, parsed once per session."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
     """Every module ``name`` imports (absolute names, relative imports resolved), with the line. ``from
     pkg import sub`` imports the submodule ``pkg.sub``; the package itself only for a name it defines."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _type_checking(block.test)
                    for stmt in block.body for n in ast.walk(stmt)}
@@ -50,7 +57,8 @@ def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
     return found
 
 
-GRAPH = {name: {m for m, _ in imports_of(name, path) if m in MODULES and m != name} for name, path in MODULES.items()}
+IMPORTS = {name: imports_of(name, path) for name, path in MODULES.items()}  # each module parsed once
+GRAPH = {name: {m for m, _ in found if m in MODULES and m != name} for name, found in IMPORTS.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -109,9 +117,9 @@ def test_no_import_cycles():
 
 def _offenders(rule: str) -> list[str]:
     bad = []
-    for name, path in MODULES.items():
+    for name, found in IMPORTS.items():
         in_cli = name.startswith("attnviz.cli")
-        for module, line in imports_of(name, path):
+        for module, line in found:
             top = module.split(".")[0]
             where = f"{name} (line {line}) imports {module}"
             if rule == "typer" and top == "typer" and not in_cli:
@@ -133,7 +141,7 @@ def test_layering(rule):
 
 
 def test_every_module_says_what_it_is_for():
-    missing = [name for name, path in MODULES.items() if not ast.get_docstring(ast.parse(path.read_text()))]
+    missing = [name for name, path in MODULES.items() if not ast.get_docstring(parsed(path))]
     assert missing == []
 
 

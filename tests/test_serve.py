@@ -51,6 +51,9 @@ def folder(tmp_path_factory):
         shutil.copy(SAMPLES / name, d / name)
     bad = np.full((2, 4), 0.3, dtype=np.float32)  # rows summing to 1.2: --check-rows fails (exit 3)
     np.save(d / "bad_rows.npy", bad)
+    scores = np.random.default_rng(0).normal(size=(2, 5, 40))  # 40 keys: tables of each width differ
+    w = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    np.save(d / "w.npy", w.astype(np.float32))  # weights for inspect, whose cold run imports no TensorFlow
     return d
 
 
@@ -96,6 +99,12 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
+
+
+#: the prelude of a worker that runs no command (status and stop, the idle timeout, a worker of another attnviz):
+#: it listens without importing what commands need or running its warm-up (TensorFlow, ~6 s of CPU), which
+#: plays no part in what those tests check; the workers that serve commands preload as the product does
+NO_PRELOAD = "from attnviz.worker.server import Worker as _Worker\n_Worker.preload = lambda self: None"
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +187,7 @@ def test_files_are_written_relative_to_the_clients_folder(worker, folder, tmp_pa
 
 
 def test_terminal_width_and_colour_follow_the_client(worker, folder):
-    args = ["scaled", "q.npy", "k.npy", "v.npy"]
+    args = ["inspect", "w.npy"]  # shaded tables laid out for the width (a cold inspect imports no TensorFlow)
     for extra in ({"COLUMNS": "60"}, {"COLUMNS": "140", "FORCE_COLOR": "1"}, {"NO_COLOR": "1", "FORCE_COLOR": "1"}):
         before = worker.served()
         warm = attnviz(args, {**worker.env, **extra}, folder)
@@ -209,7 +218,8 @@ def test_stdin_passes_through(worker, folder):
 
 
 def test_two_clients_at_once(worker, folder):
-    runs = [["scaled", "q.npy", "k.npy", "v.npy", "--json"], ["scaled", "-", "k.npy", "v.npy"]]
+    # a table from files and JSON from stdin: commands whose cold runs are made by the tests above
+    runs = [["scaled", "q.npy", "k.npy", "v.npy"], ["scaled", "-", "k.npy", "v.npy", "--json"]]
     before = worker.served()
     with open(folder / "q.json", "rb") as q_json:
         procs = [subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=worker.env, cwd=folder, stdin=stdin,
@@ -227,10 +237,37 @@ def test_two_clients_at_once(worker, folder):
         assert_same(subprocess.CompletedProcess(args, p.returncode, out, err), expected)
 
 
+def test_a_closed_pipe_through_a_warm_worker(worker, folder, tmp_path):
+    """``attnviz ... | head`` through the worker: the client's stdout is a pipe closed early (after its
+    first line, or before anything is written); the command exits 0 with nothing but its usual line on
+    stderr, and a failed check still fails (tests/test_terminal.py runs the same commands cold)."""
+    from tests.test_terminal import CLOSED_PIPE_CASES, through_pipe
+
+    rng = np.random.default_rng(0)
+    # a 120 x 120 map: 170 kB of table, 360 kB of JSON, more than a pipe holds (the worker renders it whole)
+    np.save(tmp_path / "x.npy", rng.normal(size=(120, 8)).astype(np.float32))
+    scores = rng.normal(size=(12, 1, 24, 64, 64)).astype(np.float32) * 3  # 288 heads of 64 tokens
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    np.save(tmp_path / "w24.npy", (w / w.sum(-1, keepdims=True)).astype(np.float32))
+    before = worker.served()
+    for args, read_first in CLOSED_PIPE_CASES[:3]:
+        args = [a.format(x=tmp_path / "x.npy", w=tmp_path / "w24.npy") for a in args]
+        code, err, _ = through_pipe(args, worker.env, folder, read_first)
+        assert code == 0, err
+        assert all(line.startswith(("scaled:", "inspect:")) for line in err.splitlines()), err
+    assert worker.served() == before + 3  # they went through the worker
+    code, err, _ = through_pipe(["inspect", "bad_rows.npy", "--check-rows"], worker.env, folder, False)
+    assert code == 3 and "check-rows" in err  # a closed pipe hides no failure
+    assert worker.served() == before + 4
+
+
 def test_a_client_that_goes_away_does_not_hold_the_worker(worker, folder):
     """Ctrl-C on a client whose command waits for its stdin: the worker drops it and serves the next."""
+    # the client takes SIGINT as a terminal's foreground job does, whatever the suite inherited: a job a
+    # shell script starts in the background (`pytest &`) ignores SIGINT, and so would its children
     proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "-"], env=worker.env, cwd=folder,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while worker.status()["client"] != proc.pid:  # its command waits for standard input
@@ -240,7 +277,7 @@ def test_a_client_that_goes_away_does_not_hold_the_worker(worker, folder):
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and err == b"attnviz: interrupted\n"
+    assert proc.returncode == 130 and err == b"attnviz: interrupted\n", err
     before = worker.served()
     warm = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], worker.env, folder)
     assert warm.returncode == 0 and worker.served() == before + 1
@@ -248,8 +285,8 @@ def test_a_client_that_goes_away_does_not_hold_the_worker(worker, folder):
 
 def test_bypassed_for_help_version_and_when_asked(worker, folder):
     before = worker.served()
-    for args, env in ((["--no-server", "scaled", "q.npy", "k.npy", "v.npy", "--quiet"], {}),
-                      (["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], {"ATTNVIZ_NO_SERVER": "1"}),
+    for args, env in ((["--no-server", "inspect", "w.npy", "--quiet"], {}),  # commands the worker would serve
+                      (["inspect", "w.npy", "--quiet"], {"ATTNVIZ_NO_SERVER": "1"}),
                       (["scaled", "--help"], {}), (["--version"], {}), (["serve", "--help"], {})):
         r = attnviz(args, {**worker.env, **env}, folder)
         assert r.returncode == 0, r.stderr
@@ -266,7 +303,7 @@ def test_the_socket_is_private(worker, folder):
     before = worker.served()
     runtime.chmod(0o755)
     try:
-        r = attnviz(["scaled", "q.npy", "k.npy", "v.npy", "--quiet"], worker.env, folder)
+        r = attnviz(["inspect", "w.npy", "--quiet"], worker.env, folder)
         assert r.returncode == 0, r.stderr
         assert protocol.private_dir_problem(str(runtime)).startswith("is open to other users")
     finally:
@@ -303,7 +340,7 @@ def test_the_client_imports_only_the_standard_library(worker, folder):
 
 
 def test_status_and_stop(snapshot, tmp_path, socket_dir):
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
     try:
         status = attnviz(["serve", "--status"], w.env, tmp_path)
         assert status.returncode == 0
@@ -326,7 +363,7 @@ def test_status_and_stop(snapshot, tmp_path, socket_dir):
 
 
 def test_idle_timeout(snapshot, socket_dir):
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "1s", wait=False)
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "1s", prelude=NO_PRELOAD, wait=False)
     try:
         assert w.proc.wait(timeout=START) == 0
         log = w.log.read_text()
@@ -344,7 +381,7 @@ def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, socket_dir):
     dead.bind(str(path))  # bound, never listening: what a killed worker leaves
     dead.close()
     env = base_env(snapshot, runtime)
-    args = ["scaled", "q.npy", "k.npy", "v.npy"]
+    args = ["inspect", "w.npy"]  # run here as the worker would have run it (without importing TensorFlow)
     r = attnviz(args, env, folder)
     assert_same(r, cold(args, env, folder))
     assert r.returncode == 0
@@ -353,9 +390,9 @@ def test_a_stale_socket_falls_back_and_is_removed(snapshot, folder, socket_dir):
 
 def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path, socket_dir):
     w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m",
-               prelude="import attnviz; attnviz.__version__ = '0.0.0+another'")
+               prelude=f"import attnviz; attnviz.__version__ = '0.0.0+another'\n{NO_PRELOAD}")
     try:
-        args = ["scaled", "q.npy", "k.npy", "v.npy"]
+        args = ["inspect", "w.npy"]  # run here as the worker would have run it (without importing TensorFlow)
         r = attnviz(args, w.env, folder)
         assert_same(r, cold(args, w, folder))
         assert w.served() == 0
@@ -383,8 +420,9 @@ def test_a_worker_that_dies_mid_request(snapshot, folder, socket_dir):
     standard input the worker had already read."""
     w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
     try:
-        data = (folder / "q.json").read_bytes()
-        args = ["scaled", "-", "k.npy", "v.npy", "--json"]
+        # weights as JSON (8 kB) for inspect, which the client then runs without importing TensorFlow
+        data = json.dumps(np.load(folder / "w.npy").tolist()).encode()
+        args = ["inspect", "-", "--json"]
         proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=w.env, cwd=folder,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:

@@ -320,10 +320,35 @@ def test_help_fits_80_columns_with_real_metavars(command):
 
 
 def complete(env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """A shell's completion request: ``attnviz`` run with the request in its environment (``env``, and
+    no other variable of attnviz) in ``cwd``. It is answered here by what ``python -m attnviz`` runs for
+    it, ``attnviz.cli.console.run`` (a completion request never goes to a warm worker: see
+    test_completion_runs_here_and_imports_neither_tensorflow_nor_matplotlib, which makes one in a real
+    process, as test_the_bash_script_completes_in_bash does through bash), with its stdout and stderr."""
+    import contextlib
+    import io
+
+    from attnviz.cli.console import run as console_run
+
     full = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNVIZ_", "_ATTNVIZ"))}
     full.update(env)
-    return subprocess.run([sys.executable, "-m", "attnviz"], env=full, cwd=cwd, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    code = None
+    try:
+        os.environ.clear()
+        os.environ.update(full)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                console_run([])
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["attnviz"], code, out.getvalue(), err.getvalue())
 
 
 def bash_request(words: str, spelling: str = "complete_bash", cwd: Path = ROOT) -> list[str]:
@@ -456,6 +481,7 @@ CLOSED_PIPE_CASES = [  # (args, whether to read the first line): large tables an
 
 @pytest.mark.parametrize("args, read_first", CLOSED_PIPE_CASES)
 def test_a_closed_pipe_exits_0_quietly(inputs, args, read_first):
+    """Cold runs; through a warm worker: tests/test_serve.py (test_a_closed_pipe_through_a_warm_worker)."""
     args = [a.format(x=inputs / "x300.npy", w=inputs / "w24.npy") for a in args]
     code, err, first = through_pipe(args, quiet_env(ATTNVIZ_NO_SERVER="1"), inputs, read_first)
     assert code == 0, err
@@ -463,23 +489,62 @@ def test_a_closed_pipe_exits_0_quietly(inputs, args, read_first):
     assert not read_first or first.strip()
 
 
-def test_a_closed_pipe_through_a_warm_worker(inputs, tmp_path, socket_dir):
-    from tests.test_serve import Worker
+def test_a_table_goes_out_in_pieces_with_the_bytes_rich_writes_at_once():
+    """``print(table, crop=False)`` writes a long table in pieces as it is rendered: the bytes are those
+    rich's own print writes in one go, colours and all."""
+    import io
 
-    snapshot = tmp_path / "src"
-    shutil.copytree(ROOT / "attnviz", snapshot / "attnviz", ignore=shutil.ignore_patterns("__pycache__"))
-    worker = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
-    try:
-        before = worker.served()
-        for args, read_first in CLOSED_PIPE_CASES[:3]:
-            args = [a.format(x=inputs / "x300.npy", w=inputs / "w24.npy") for a in args]
-            code, err, _ = through_pipe(args, worker.env, inputs, read_first)
-            assert code == 0, err
-            assert all(line.startswith(("scaled:", "inspect:")) for line in err.splitlines()), err
-        assert worker.served() == before + 3  # they went through the worker
-        failing = np.full((2, 4), 0.3, dtype=np.float32)  # rows summing to 1.2: --check-rows fails
-        np.save(inputs / "bad_rows.npy", failing)
-        code, err, _ = through_pipe(["inspect", "bad_rows.npy", "--check-rows"], worker.env, inputs, False)
-        assert code == 3 and "check-rows" in err  # a closed pipe hides no failure
-    finally:
-        worker.stop()
+    from rich.console import Console
+
+    from attnviz.render.table import weights_table
+    from attnviz.streams import MessageConsole
+
+    w = np.random.default_rng(3).dirichlet(np.ones(40), size=40).astype(np.float32)
+    for table, pieces in ((weights_table(w, max_cols=0, title="t"), 1), (weights_table(w, max_rows=8), 0)):
+        for terminal in (False, True):
+            outs = []
+            for kind in (Console, MessageConsole):
+                out = io.StringIO()
+                console = kind(file=out, width=100, highlight=False, markup=False, emoji=False,
+                               force_terminal=terminal, color_system="truecolor" if terminal else None)
+                console.print(table, crop=False, markup=False, emoji=False)
+                outs.append(out.getvalue())
+            assert outs[1] == outs[0]
+            assert len(outs[0]) > pieces * MessageConsole.PIECE  # the whole map: more than one piece
+
+
+def test_a_reader_that_goes_away_stops_the_rendering():
+    """Once a piece of a table finds its reader gone, the console is silenced and the rest of the table
+    is neither rendered nor written."""
+    import io
+
+    from rich.segment import Segment
+
+    from attnviz.streams import MessageConsole
+
+    rendered = []
+
+    class Lines:  # a long renderable that counts the lines rendered
+        def __rich_console__(self, console, options):
+            for i in range(10_000):
+                rendered.append(i)
+                yield Segment(f"line {i:5d} " + "x" * 90)
+                yield Segment.line()
+
+    class ClosedAfterOneWrite(io.StringIO):  # a pipe whose reader reads one piece and goes away
+        writes = 0
+
+        def write(self, text):
+            self.writes += 1
+            if self.writes > 1:
+                raise BrokenPipeError
+            return super().write(text)
+
+    out = ClosedAfterOneWrite()
+    console = MessageConsole(file=out, width=100)
+    console.print(Lines(), crop=False)
+    assert console.quiet and out.writes == 2
+    assert out.getvalue().startswith("line     0 xxx") and out.getvalue().endswith("x\n")
+    assert len(rendered) <= 3 * MessageConsole.PIECE // 100  # two pieces of about PIECE characters, of 10 000 lines
+    console.print(Lines(), crop=False)  # a silenced console renders nothing more
+    assert len(rendered) <= 3 * MessageConsole.PIECE // 100

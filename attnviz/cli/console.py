@@ -7,10 +7,10 @@ faster: Typer coerces every parameter value through a pydantic ``TypeAdapter``, 
 (and reads the installed packages' metadata for its plugins) on every run, about 60 ms. Every
 parameter of attnviz is a ``str``, a ``bool`` flag or a value with attnviz's own parser
 (``attnviz.cli.parsers``), for which that coercion is the identity or a call of the parser; those
-parameters (and variadic arguments of strings, which become a list) get ``_Direct``, which does exactly
-that and hands anything else (a value that is not
-already a ``str``, a parser raising ``ValueError``) to Typer's own coercion, so values and messages
-are Typer's. If Typer's internals change shape, the command is left as Typer built it.
+parameters (and variadic arguments of strings, which become a list) get ``_Direct``, which does
+exactly that and hands anything else (a value that is not already a ``str``, a parser raising
+``ValueError``) to Typer's own coercion, so values and messages are Typer's. If Typer's internals
+change shape, the command is left as Typer built it.
 """
 
 from __future__ import annotations

@@ -165,11 +165,15 @@ def _cells(text: str) -> int:
     return max((cell_len(line) for line in text.split("\n")), default=0)
 
 
+#: the style of each colour of the ramp (styles are immutable: every cell of a colour shares its one)
+_SHADES = tuple(Style(color="black" if i >= 5 else "white", bgcolor=colour) for i, colour in enumerate(_RAMP))
+
+
 def shade(value: float, vmax: float) -> Style:
-    """Background colour for a weight, from the ramp; black text on the light end."""
-    frac = 0.0 if vmax <= 0 else float(np.clip(value / vmax, 0.0, 1.0))
-    i = int(round(frac * (len(_RAMP) - 1)))
-    return Style(color="black" if i >= 5 else "white", bgcolor=_RAMP[i])
+    """Background colour for a weight, from the ramp; black text on the light end. (Called once per cell
+    of a table: a clip in plain Python and a shared style, not ``np.clip`` and a new ``Style``.)"""
+    frac = 0.0 if vmax <= 0 else float(min(max(value / vmax, 0.0), 1.0))
+    return _SHADES[int(round(frac * (len(_RAMP) - 1)))]
 
 
 def pick(n: int, limit: int | None) -> list[int | None]:
