@@ -25,6 +25,7 @@ from contextvars import ContextVar
 from typing import IO, Any, cast
 
 from rich.console import Console
+from rich.text import Text
 
 from attnviz.text import visible
 
@@ -114,10 +115,12 @@ class MessageConsole(Console):
 
     def _in_pieces(self, objects: tuple[object, ...], kwargs: dict[str, object]) -> bool:
         """Whether ``print(*objects, **kwargs)`` renders exactly the segments of the one renderable, as
-        they come: uncropped, nothing else asked for, no style or render hook of the console's own."""
-        return (len(objects) == 1 and hasattr(objects[0], "__rich_console__") and kwargs.get("crop") is False
-                and set(kwargs) <= {"crop", "markup", "emoji"} and not self.soft_wrap and self.style is None
-                and not self._render_hooks)
+        they come: a renderable that is not text (text gets print's ``end``), uncropped, nothing else
+        asked for, no style or render hook of the console's own."""
+        one = objects[0] if len(objects) == 1 else None
+        return (hasattr(one, "__rich_console__") and not isinstance(one, Text) and not hasattr(one, "__rich__")
+                and kwargs.get("crop") is False and set(kwargs) <= {"crop", "markup", "emoji"}
+                and not self.soft_wrap and self.style is None and not self._render_hooks)
 
     def _print_in_pieces(self, renderable: object, kwargs: dict[str, object]) -> None:
         from rich.segment import Segment, Segments

@@ -495,6 +495,7 @@ def test_a_table_goes_out_in_pieces_with_the_bytes_rich_writes_at_once():
     import io
 
     from rich.console import Console
+    from rich.text import Text
 
     from attnviz.render.table import weights_table
     from attnviz.streams import MessageConsole
@@ -511,6 +512,13 @@ def test_a_table_goes_out_in_pieces_with_the_bytes_rich_writes_at_once():
                 outs.append(out.getvalue())
             assert outs[1] == outs[0]
             assert len(outs[0]) > pieces * MessageConsole.PIECE  # the whole map: more than one piece
+    for text in (Text("x" * 20_000, style="bold"), Text("a\nb", end="")):  # text is printed whole, with print's end
+        outs = []
+        for kind in (Console, MessageConsole):
+            out = io.StringIO()
+            kind(file=out, width=100, force_terminal=True, color_system="truecolor").print(text, crop=False)
+            outs.append(out.getvalue())
+        assert outs[1] == outs[0] and outs[0].endswith("\n")
 
 
 def test_a_reader_that_goes_away_stops_the_rendering():
