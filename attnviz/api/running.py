@@ -33,6 +33,16 @@ def _split(command: str, options: dict[str, Any], classes: Sequence[type]) -> li
     return [build(cls, options) for cls in classes]
 
 
+def _spec(value: Any, name: str, memory: dict[str, Any]) -> str:
+    """A file spec as given, or the in-memory spec of an array, tensor or tuple of them (put in ``memory``)."""
+    from attnviz.io import memory_spec
+
+    if isinstance(value, str):
+        return value
+    memory[name] = to_value(value, name)
+    return memory_spec(name)
+
+
 def _warn(texts: Sequence[str]) -> None:
     for text in texts:
         warnings.warn(text, UserWarning, stacklevel=3)
@@ -47,7 +57,7 @@ def compute(name: str, *arrays: Any, **options: Any) -> Computed:
     >>> result.weights.shape
     (4, 4)
     """
-    from attnviz.io import in_memory, memory_spec
+    from attnviz.io import in_memory
     from attnviz.pipeline import execute, prepare
     from attnviz.run_options import CaptureOptions, ParamOptions, RunOptions
     from attnviz.variants import REGISTRY
@@ -78,11 +88,7 @@ def compute(name: str, *arrays: Any, **options: Any) -> Computed:
         if value is None:
             specs.append(None)
             continue
-        if isinstance(value, str):
-            specs.append(value)
-            continue
-        memory[input_name] = to_value(value, input_name)
-        specs.append(memory_spec(input_name))
+        specs.append(_spec(value, input_name, memory))
     while specs and specs[-1] is None:
         specs.pop()
     if any(s is None for s in specs):
@@ -144,14 +150,12 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     """
     from attnviz.inspection import inspecting
     from attnviz.inspection.options import InspectOptions
-    from attnviz.io import in_memory, memory_spec
+    from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
     options = option_values({**options, "labels": labels, "mask": mask}, memory)
     (built,) = _split("inspect", options, [InspectOptions])
-    spec = weights if isinstance(weights, str) else memory_spec("weights")
-    if not isinstance(weights, str):
-        memory["weights"] = to_value(weights, "weights")
+    spec = _spec(weights, "weights", memory)
     from dataclasses import replace
 
     with in_memory(memory):
@@ -168,18 +172,12 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
 
     from attnviz.inspection import compare as comparing
     from attnviz.inspection.options import CompareOptions
-    from attnviz.io import in_memory, memory_spec
+    from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
     options = option_values(options, memory)
     (built,) = _split("compare", options, [CompareOptions])
-    specs = []
-    for name, value in (("a", a), ("b", b)):
-        if isinstance(value, str):
-            specs.append(value)
-        else:
-            memory[name] = to_value(value, name)
-            specs.append(memory_spec(name))
+    specs = [_spec(a, "a", memory), _spec(b, "b", memory)]
     with in_memory(memory):
         run = comparing.prepare_compare(replace(built, a=specs[0], b=specs[1]))
         result = comparing.run_compare(run)
@@ -194,14 +192,12 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
 
     from attnviz.inspection.options import RolloutOptions
     from attnviz.inspection.rollout import run_rollout
-    from attnviz.io import in_memory, memory_spec
+    from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
     options = option_values({**options, "labels": labels, "mask": mask}, memory)
     (built,) = _split("rollout", options, [RolloutOptions])
-    spec = weights if isinstance(weights, str) else memory_spec("weights")
-    if not isinstance(weights, str):
-        memory["weights"] = to_value(weights, "weights")
+    spec = _spec(weights, "weights", memory)
     with in_memory(memory):
         run = run_rollout(replace(built, weights=spec))
     return RolledOut(run)
