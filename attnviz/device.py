@@ -13,6 +13,8 @@ are float32.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,22 +58,92 @@ def tensorflow_chatter_wanted() -> bool:
     return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() in ("0", "1", "2")
 
 
-@cache
+class _KerasLeftOut:
+    """A finder that, while ``import tensorflow`` runs, lets ``keras`` be found but not loaded.
+
+    TensorFlow's ``__init__`` imports Keras 3 eagerly (``keras.src.optimizers``, in a ``try`` that
+    passes over an ImportError), and Keras imports matplotlib's pyplot and every application model:
+    a fifth of TensorFlow's start-up, for an API attnviz never calls (it uses ``tf.linalg``, ``tf.nn``
+    and plain ops). ``tf.keras`` and ``import keras`` still work afterwards: the finder is gone by
+    then, and Keras loads on first use as it would have."""
+
+    class _Refused:
+        def create_module(self, spec: Any) -> None:
+            return None
+
+        def exec_module(self, module: Any) -> None:
+            raise ImportError("keras is loaded on first use, not with tensorflow")
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "keras":
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None:
+            spec.loader = self._Refused()  # type: ignore[assignment]
+        return spec
+
+
+@contextmanager
+def _keras_left_out() -> Iterator[None]:
+    if "keras" in sys.modules:  # already loaded by the caller (a notebook): nothing to save
+        yield
+        return
+    finder = _KerasLeftOut()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n == "keras" or n.startswith("keras.")]:
+            if sys.modules[name] is None:  # a failed import's marker would hide Keras from a later import
+                del sys.modules[name]
+
+
+_IMPORT_LOCK = threading.Lock()
+
+
 def tensorflow() -> Any:
     """The ``tensorflow`` module, imported on first use with its start-up chatter silenced.
 
     Set ``TF_CPP_MIN_LOG_LEVEL`` to 0, 1 or 2 (or ``ATTNVIZ_DEBUG=1``) to see TensorFlow's own messages.
+    One thread imports it; the jobs of ``attnviz batch --jobs N`` that ask at the same time wait for it
+    (two imports at once would each point file descriptor 2 at /dev/null and put back what the other
+    had left there, so that stderr could stay silenced for the rest of the run).
     """
+    tf = _imported
+    if tf is not None:
+        return tf
+    with _IMPORT_LOCK:
+        return _import_tensorflow()
+
+
+_imported: Any = None
+
+
+def _import_tensorflow() -> Any:
+    global _imported
+    if _imported is not None:
+        return _imported
     wanted = tensorflow_chatter_wanted()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     with _silenced_fd2(not wanted):
-        import tensorflow as tf
+        if "tensorflow" in sys.modules:
+            import tensorflow as tf
+        else:
+            try:
+                with _keras_left_out():
+                    import tensorflow as tf
+            except ImportError:  # a TensorFlow that cannot start without Keras: import it as it is
+                import tensorflow as tf
 
     for gpu in tf.config.list_physical_devices("GPU"):
         try:
             tf.config.experimental.set_memory_growth(gpu, True)
         except (RuntimeError, ValueError):  # already initialised: keep going
             pass
+    _imported = tf
     return tf
 
 

@@ -163,3 +163,62 @@ def test_tensorflow_start_up_lines_on_request():
             os.environ.pop(k, None)
             if v is not None:
                 os.environ[k] = v
+
+
+def test_a_compute_run_loads_tensorflow_without_keras_or_matplotlib():
+    """TensorFlow imports Keras 3 eagerly, and Keras imports matplotlib's pyplot and its application models: a
+    fifth of TensorFlow's start-up for an API attnviz never calls. attnviz leaves Keras out of that import (a PNG
+    loads matplotlib itself); Keras still loads when something asks for it afterwards."""
+    code, loaded = probe(["scaled", *(str(SAMPLES / f"{n}.npy") for n in "qkv"), "--quiet"])
+    assert code == 0 and loaded == ["tensorflow"]
+
+
+def test_keras_loads_after_tensorflow_when_asked():
+    from attnviz.device import tensorflow
+
+    tf = tensorflow()
+    import keras
+
+    layer = keras.layers.AdditiveAttention()
+    q = tf.ones((1, 2, 3))
+    assert tuple(layer([q, q]).shape) == (1, 2, 3)
+    assert tf.keras.layers.Dense is keras.layers.Dense
+
+
+def test_threads_asking_for_tensorflow_at_once_import_it_once_and_keep_stderr(monkeypatch):
+    """`batch --jobs N` asks for TensorFlow from N threads at once. Each import points file descriptor 2 at
+    /dev/null for its duration; two at once put back what the other had left, and stderr stayed silenced for the
+    rest of the run (the batch's progress and summary lines were lost). One thread imports; the others wait."""
+    import os
+    import threading
+    import time
+
+    from attnviz import device
+
+    real = device._silenced_fd2
+    entered = []
+
+    def slow(silence):  # the import of a cold process takes seconds: let the threads meet inside it
+        entered.append(threading.get_ident())
+        with real(silence):
+            time.sleep(0.2)
+            yield
+
+    monkeypatch.setattr(device, "_silenced_fd2", device.contextmanager(slow))
+    monkeypatch.setattr(device, "_imported", None)
+    monkeypatch.delenv("ATTNVIZ_DEBUG", raising=False)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    before = os.fstat(2)
+    barrier = threading.Barrier(4)
+    got = []
+
+    def ask():
+        barrier.wait()
+        got.append(device.tensorflow())
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    after = os.fstat(2)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+    assert len(entered) == 1 and len(got) == 4 and len({id(m) for m in got}) == 1
