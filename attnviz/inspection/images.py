@@ -249,11 +249,9 @@ def read_image_input(options: ImageOptions, shape: tuple[int, ...], source: str,
     """The image options of a run over weights ``[layers, batch, heads, Lq, Lk]`` read and checked (None
     when none asks for a picture); the picture's file is appended to ``paths``."""
     if not options.wanted:
-        for flag, value in (("--patch-size", options.patch_size), ("--prefix-tokens", options.prefix_tokens),
-                            ("--keep-mass", options.keep_mass)):
-            if value is not None:
-                raise UsageError(f"{flag} {value}: it places the patches of an image; give --image (or --patch-grid, "
-                                 "--image-tokens).")
+        if options.keep_mass is not None:
+            raise UsageError(f"--keep-mass {options.keep_mass:g}: it outlines patches of an image; give --image (or "
+                             "--patch-grid, --image-tokens).")
         return None
     picture = None
     if options.image is not None:

@@ -84,7 +84,8 @@ class ImageOptions:
     @property
     def wanted(self) -> bool:
         """Whether the run maps attention onto patches at all."""
-        return self.image is not None or self.patch_grid is not None or self.image_tokens is not None
+        return any(value is not None for value in (self.image, self.patch_grid, self.patch_size, self.prefix_tokens,
+                                                   self.image_tokens))
 
 
 @dataclass(frozen=True)
