@@ -58,7 +58,7 @@ SKIP: dict[str, str] = {
 EXPECTED_EXIT: dict[str, int] = {}
 
 # options naming a file the command writes
-OUTPUT_OPTIONS = {"--png", "--map-png", "--stats-png", "--html", "--json-file", "--save-weights", "--save-output",
+OUTPUT_OPTIONS = {"--png", "--map-png", "--stats-png", "--overlay-png", "--html", "--json-file", "--save-weights", "--save-output",
                   "--save-params"}
 
 
