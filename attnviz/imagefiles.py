@@ -38,7 +38,13 @@ class Picture:
 
 
 def read_picture(spec: str) -> Picture:
-    """The picture of ``--image spec`` (see the module's docstring)."""
+    """The picture of ``--image spec`` (see the module's docstring); an array handed over in memory (the
+    Python API's ``image=``) is read as a ``.npy`` file would be."""
+    from attnviz.io import MEMORY, memory_value
+
+    if spec.startswith(MEMORY):
+        name = spec[len(MEMORY):]
+        return Picture(_picture_array(np.asarray(memory_value(spec)), f"image= ({name})"), "image", "array")
     p = Path(spec)
     suffix = p.suffix.lower()
     if suffix not in (*PICTURE_SUFFIXES, ".npy"):
@@ -74,17 +80,21 @@ def _from_array(spec: str, p: Path) -> np.ndarray:
         arr = np.load(p, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise InputError(f"--image {spec}: cannot read it as a .npy array ({str(exc).splitlines()[0]}).") from None
+    return _picture_array(arr, f"--image {spec}")
+
+
+def _picture_array(arr: np.ndarray, where: str) -> np.ndarray:
     shape = arr.shape
     if arr.ndim == 4 and arr.shape[0] == 1:
         arr = arr[0]
     if arr.ndim == 3 and arr.shape[-1] != 3 and arr.shape[0] == 3:
         arr = np.moveaxis(arr, 0, -1)  # a processor's pixel_values, channels first
     if arr.ndim != 3 or arr.shape[-1] != 3 or arr.dtype.kind not in "biuf" or arr.size == 0:
-        raise InputError(f"--image {spec}: an array {shape_str(shape)} of {arr.dtype}; expected a picture "
+        raise InputError(f"{where}: an array {shape_str(shape)} of {arr.dtype}; expected a picture "
                          "[H, W, 3] (or [3, H, W], [1, 3, H, W]) of numbers.")
     values = arr.astype(np.float64)
     if not np.isfinite(values).all():
-        raise InputError(f"--image {spec}: the array holds NaN or infinity.")
+        raise InputError(f"{where}: the array holds NaN or infinity.")
     if arr.dtype == np.uint8:
         return arr.copy()
     low, high = float(values.min()), float(values.max())

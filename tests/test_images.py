@@ -288,3 +288,15 @@ def test_bad_images_grids_and_spans_are_one_line(command, tmp_path, monkeypatch)
         assert "Traceback" not in r.output and len(message.splitlines()) == 1, (args, message)
         assert all(word in message for word in words), (args, message)
         assert not (tmp_path / "out.png").exists() and not (tmp_path / "out.json").exists()
+
+
+def test_the_python_api_takes_the_image_options_and_arrays():
+    import attnviz
+
+    w = hot_weights(17, 0, [[4], [9]])
+    pixels = np.random.default_rng(2).normal(size=(1, 3, 32, 32))  # a processor's pixel_values
+    doc = attnviz.inspect(w, image=pixels, patch_grid="4x4", keep_mass=0.5).document()["overlay"]
+    np.testing.assert_allclose(doc["maps"], w[-1, 0, :, 0, 1:].astype(np.float64).reshape(2, 4, 4), rtol=1e-6)
+    assert doc["image_size"] == [32, 32] and np.array(doc["kept"])[0].sum() == 1  # the hot patch holds the half
+    rolled = attnviz.rollout(w, image=pixels, patch_grid="4x4", heads="min").document()["overlay"]["rollout"]
+    np.testing.assert_allclose(rolled, vit_explain([w[i].astype(np.float64) for i in range(2)], 0.0, "min"), atol=1e-6)
