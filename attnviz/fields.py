@@ -4,7 +4,8 @@ already do. The library reads only the values; the metadata is for the command l
 
 Metadata keys: ``help``; ``flag`` (default ``--field-name``) and ``short`` (``-q``); ``panel`` (the help
 section); ``metavar``; ``min``, ``max``, ``above`` (bounds of a number); ``parse`` (a named parser for
-values that are not plain numbers or choices: ``size``, ``positions``, ``norm``, ``ranges``, ``seed``);
+values that are not plain numbers or choices: ``size``, ``positions``, ``norm``, ``ranges``, ``seed``,
+``grid``, ``span``);
 ``cli=False`` for a field the command line does not set.
 """
 
@@ -28,6 +29,7 @@ FIGURE = "Figure"
 SELECT = "Selection"
 CHECKS = "Checks (exit 3 when one fails)"
 ROLLOUT = "Rollout"
+IMAGE = "Image (ViT patches, vision-language image tokens)"
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **meta: Any) -> Any:  # noqa: A002

@@ -277,3 +277,59 @@ def test_two_inline_python_reports_draw_in_their_own_frames(browser, tmp_path):
     assert headings[0].startswith("scaled attention weights [2, 4, 6, 6]")
     assert headings[1].startswith("attention weights of weights")
     assert requests_made(browser, page) == []
+
+
+def test_the_image_panel_shows_a_hovered_patch_s_attention(browser, tmp_path):
+    """inspect --html with --image: hovering a patch shows its row over the patches (its strongest patch
+    is the one the NumPy weights make hot, in the colour table's top colour), hovering the CLS token shows
+    the CLS row; the picture travels inside the page (a data: URI, no request)."""
+    from PIL import Image
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    rng = np.random.default_rng(11)
+    w = softmax(rng.normal(size=(1, 1, 2, 17, 17))).astype(np.float64)  # CLS + a 4 x 4 grid of patches
+    target = rng.permutation(16)  # patch k attends to patch target[k]
+    for k in range(16):
+        w[0, 0, :, 1 + k, 1 + target[k]] += 20
+    w[0, 0, :, 0, 1 + 5] += 20  # CLS attends to patch 5
+    w /= w.sum(-1, keepdims=True)
+    np.save(tmp_path / "vit.npy", w.astype(np.float32))
+    Image.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)).save(tmp_path / "pic.png")
+    page = tmp_path / "image.html"
+    r = invoke("inspect", tmp_path / "vit.npy", "--image", tmp_path / "pic.png", "--patch-grid", "4x4", "--labels",
+               ",".join(["[CLS]"] + [f"p{k}" for k in range(16)]), "--html", page, "--quiet")
+    assert r.exit_code == 0, r.output
+    open_page(browser, page)
+    deadline = time.monotonic() + 30
+    while browser.execute_script("return document.body.dataset.imageReady") != "true":
+        assert time.monotonic() < deadline, browser.get_log("browser")
+        time.sleep(0.05)
+    best = browser.find_element(By.ID, "image-best")
+    assert best.get_attribute("data-patch") == "5"  # the --query default: CLS
+    marks = browser.find_element(By.ID, "image-mark")
+    cell_w, cell_h = (float(browser.find_element(By.ID, "image-map").get_attribute(f"data-cell{a}")) for a in "wh")
+    top = browser.execute_script(
+        "const t = atob(JSON.parse(document.getElementById('attnviz-data').textContent).scale.lut);"
+        "return [t.charCodeAt(t.length - 3), t.charCodeAt(t.length - 2), t.charCodeAt(t.length - 1)];")
+    for i, j in ((2, 1), (0, 3)):
+        k = i * 4 + j
+        ActionChains(browser).move_to_element_with_offset(
+            marks, round((j + 0.5) * cell_w - marks.rect["width"] / 2),
+            round((i + 0.5) * cell_h - marks.rect["height"] / 2)).perform()
+        assert f"patch ({i}, {j}), position {1 + k}" in browser.find_element(By.ID, "image-query").text
+        hot = int(target[k])
+        shown = browser.find_element(By.ID, "image-best")
+        assert shown.get_attribute("data-patch") == str(hot)
+        assert close(shown.text.split("weight ")[1], float(w[0, 0, :, 1 + k, 1 + hot].mean()))
+        pixel = browser.execute_script(
+            "return Array.from(document.getElementById('image-map').getContext('2d')"
+            ".getImageData(arguments[0], arguments[1], 1, 1).data)",
+            round((hot % 4 + 0.5) * cell_w), round((hot // 4 + 0.5) * cell_h))
+        assert pixel[:3] == top and pixel[3] == 255
+    token = browser.find_element(By.CSS_SELECTOR, '.image-token[data-pos="0"]')
+    assert token.get_attribute("textContent") == "[CLS]"
+    ActionChains(browser).move_to_element(token).perform()
+    assert browser.find_element(By.ID, "image-best").get_attribute("data-patch") == "5"
+    assert console_errors(browser) == []
+    assert requests_made(browser, page) == []

@@ -58,8 +58,8 @@ SKIP: dict[str, str] = {
 EXPECTED_EXIT: dict[str, int] = {}
 
 # options naming a file the command writes
-OUTPUT_OPTIONS = {"--png", "--map-png", "--stats-png", "--html", "--json-file", "--save-weights", "--save-output",
-                  "--save-params"}
+OUTPUT_OPTIONS = {"--png", "--map-png", "--stats-png", "--overlay-png", "--html", "--json-file", "--save-weights",
+                  "--save-output", "--save-params"}
 
 
 def readme_examples(text: str | None = None, first_fence_is_install: bool = True) -> list[str]:

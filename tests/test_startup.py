@@ -45,6 +45,8 @@ def test_help_imports_no_numpy_tensorflow_or_matplotlib(args):
     (["scaled", "missing.npy", "k.npy", "v.npy"], 2),
     (["scaled", str(SAMPLES / "q.npy"), str(SAMPLES / "q.npy"), str(SAMPLES / "v.npy")], 1),  # Lk differs
     (["scaled", str(SAMPLES / "seed_example.npz"), "--mask", str(SAMPLES / "tokens.txt")], 2),
+    (["inspect", str(SAMPLES / "vit_attn.npz"), "--image", str(SAMPLES / "cat.png"), "--patch-grid", "14x15",
+      "--overlay-png", "out.png"], 1),  # a grid that does not fit: no Pillow needed to say so, no matplotlib
 ])
 def test_input_errors_fail_before_tensorflow(args, expected):
     code, loaded = probe(args)

@@ -189,6 +189,33 @@ class Ranges:
         return text
 
 
+@dataclass(frozen=True)
+class GridSpec:
+    """``--patch-grid``: rows x columns of patches (``14x14``, ``16X12``); checked for form here and against
+    the keys by ``attnviz.inspection.images``; returned as ``14x14``."""
+
+    def __call__(self, value: Any) -> str:
+        found = re.fullmatch(r"\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*", str(value), re.ASCII)
+        if found is None or int(found.group(1)) < 1 or int(found.group(2)) < 1:
+            raise OptionValueError(value, "expected rows x columns of patches, e.g. 14x14")
+        return f"{int(found.group(1))}x{int(found.group(2))}"
+
+
+@dataclass(frozen=True)
+class SpanSpec:
+    """``--image-tokens``: ``START:END`` positions (END excluded, START below END); checked against the
+    weights by ``attnviz.inspection.images``."""
+
+    def __call__(self, value: Any) -> str:
+        found = re.fullmatch(r"\s*(\d{1,9})\s*:\s*(\d{1,9})\s*", str(value), re.ASCII)
+        if found is None:
+            raise OptionValueError(value, "expected START:END positions, e.g. 5:581 (END excluded)")
+        start, end = int(found.group(1)), int(found.group(2))
+        if end <= start:
+            raise OptionValueError(value, "END must be after START (END excluded), e.g. 5:581")
+        return f"{start}:{end}"
+
+
 def parser_for(annotation: Any, *, min: float | None = None, max: float | None = None,
                above: float | None = None) -> Any:
     """The parser of an option of this type: ``Number`` for int and float, ``OneOf`` for a
@@ -235,6 +262,8 @@ PARSERS: dict[str, Any] = {
     "positions+": Positions(negative=False),
     "norm": NormSpec(),
     "ranges": Ranges(),
+    "grid": GridSpec(),
+    "span": SpanSpec(),
     "seed": Number(int, min=0, max=SEED_MAX),
 }
 COMPLETIONS: dict[str, Any] = {"norm": _norm_completions}

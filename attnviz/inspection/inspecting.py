@@ -24,6 +24,7 @@ from attnviz.inspection.heads import (
     map_row_stats,
     row_sum_tolerance,
 )
+from attnviz.inspection.images import ImageInput, Overlay, overlay, read_image_input
 from attnviz.inspection.masks import read_masks
 from attnviz.inspection.options import InspectOptions
 from attnviz.inspection.received import received_summary
@@ -50,6 +51,13 @@ class Opened:
     checked: Mask | None  # --check-mask alone
     paths: list[Path]  # every file read: outputs may not replace them
     words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
+    image: ImageInput | None = None  # --image (or --patch-grid, --image-tokens): the patches and the query
+
+    @property
+    def overlay_layer(self) -> int:
+        """The layer drawn over the image: --layer, or the last (as DINO)."""
+        layer = self.options.selection.layer
+        return self.weights.shape[0] - 1 if layer is None else self.index[0]
 
 
 @dataclass
@@ -71,6 +79,7 @@ class InspectResult:
     one_padded: np.ndarray | None = None  # its padded query rows
     drawn_keep: np.ndarray | None = None  # what its picture greys: masked keys and padded rows
     rows: Any = None  # its per-query statistics (RowStats)
+    overlay: Overlay | None = None  # the query's attention over the image's patches
 
     @property
     def failed(self) -> bool:
@@ -108,7 +117,8 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
             raise UsageError(f"{option} {value}: {TOKEN_NOTE}.")
     index = options.selection.index(w.shape)
     grid = grid_choice(options.grid.layers, options.grid.heads, w.shape, options.grid.reduce_heads)
-    return Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths, words)
+    image = read_image_input(options.images, w.shape, w.source, q_labels, paths)
+    return Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths, words, image)
 
 
 def analyse(opened: Opened) -> InspectResult:
@@ -165,4 +175,8 @@ def analyse(opened: Opened) -> InspectResult:
     result.one, result.one_keep, result.one_padded, result.drawn_keep = one, one_keep, one_padded, drawn_keep
     if o.row_stats:
         result.rows = map_row_stats(one, one_keep)
+    if opened.image is not None:
+        layer = opened.overlay_layer
+        result.overlay = overlay(w.data[layer, bi], opened.image.layout, opened.image.query, layer=layer, batch=bi,
+                                 heads=opened.grid.heads, labels=opened.q_labels, share=o.images.keep_mass)
     return result

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from attnviz.choices import CAUSAL_ALIGNS, HEAD_COMBINE, MASK_CONVENTIONS, MASK_KINDS, SUBWORD_STYLES
+from attnviz.choices import CAUSAL_ALIGNS, HEAD_COMBINE, MASK_CONVENTIONS, MASK_KINDS, SUBWORD_STYLES, UPSAMPLING
 from attnviz.errors import UsageError
-from attnviz.fields import CHECKS, FIGURE, LABELS, MASKS, OUTPUT, ROLLOUT, SELECT, option
+from attnviz.fields import CHECKS, FIGURE, IMAGE, LABELS, MASKS, OUTPUT, ROLLOUT, SELECT, option
 
 LAYOUT_HELP = "name the axes when the rank does not say, e.g. batch,q,k (from layer, batch, head, q, k)"
 MERGE_HELP = ("merge sub-word tokens into words (WordPiece ##, SentencePiece ▁, byte-level BPE Ġ, read from the "
@@ -38,18 +38,54 @@ class Selection:
     """The map the tables show: ``--layer``, ``--batch`` (None: every entry counts in the head
     statistics, the first is shown), ``--head``; negative numbers count from the end."""
 
-    layer: int = option(0, "the layer the tables show", panel=SELECT)
+    layer: int | None = option(None, "the layer the tables show (default 0) and the image overlay's (default the "
+                               "last, as DINO draws it)", panel=SELECT)
     head: int = option(0, "the head the tables show", panel=SELECT)
     batch: int | None = option(None, BATCH_HELP, panel=SELECT)
 
     def index(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
         """(layer, batch, head) in weights of ``shape [layers, batch, heads, ...]`` (exit 2 when out of range)."""
         layers, batches, heads = shape[:3]
-        for option_name, value, size in (("--layer", self.layer, layers), ("--batch", self.batch or 0, batches),
+        for option_name, value, size in (("--layer", self.layer or 0, layers), ("--batch", self.batch or 0, batches),
                                          ("--head", self.head, heads)):
             if not -size <= value < size:
                 raise UsageError(f"{option_name} {value}: the weights have {size} ({option_name[2:]} 0..{size - 1}).")
-        return self.layer % layers, (self.batch or 0) % batches, self.head % heads
+        return (self.layer or 0) % layers, (self.batch or 0) % batches, self.head % heads
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """Attention over an image (``attnviz.inspection.images``): the picture, where its patches are among
+    the keys (a ViT's prefix tokens then a patch grid, or a vision-language model's span of image
+    tokens), the query drawn, and how the grid is brought to the picture's pixels."""
+
+    image: str | None = option(None, "the picture the model saw: a PNG or JPEG file, or an array [H, W, 3] (.npy; "
+                               "also [3, H, W] or [1, 3, H, W] pixel_values) after preprocessing; the attention is "
+                               "drawn over it (--overlay-png, the --html image panel)", panel=IMAGE, metavar="FILE")
+    patch_grid: str | None = option(None, "the patch grid, rows x columns, e.g. 14x14 (default: from --patch-size "
+                                    "and the image, or the square that fills the keys)", panel=IMAGE, metavar="HxW",
+                                    parse="grid")
+    patch_size: int | None = option(None, "the patch side in pixels: the grid is the image's height and width "
+                                    "divided by it (the rest cropped, as DINO does)", panel=IMAGE, min=1)
+    prefix_tokens: int | None = option(None, "tokens before the patches (default 1, the CLS token; DeiT's "
+                                       "distillation token makes 2, DINOv2 with 4 registers 5)", panel=IMAGE, min=0)
+    image_tokens: str | None = option(None, "vision-language models: the image's tokens are the positions START to "
+                                      "END - 1 of the sequence (e.g. 5:581 for LLaVA's 576), instead of a prefix",
+                                      panel=IMAGE, metavar="START:END", parse="span")
+    query: str = option("cls", "the query whose attention over the patches is drawn: cls (position 0), a position "
+                        "(negative: from the end) or a token label (--labels; its first occurrence)", panel=IMAGE,
+                        metavar="cls|POS|TOKEN")
+    upsample: Literal[UPSAMPLING] = option(  # type: ignore[valid-type]
+        "nearest", "how the patch grid is brought to the image's pixels: nearest (each patch one flat square, as "
+        "DINO) or bilinear", panel=IMAGE)
+    keep_mass: float | None = option(None, "outline the fewest patches holding this share of the attention (DINO's "
+                                     "--threshold), e.g. 0.6", panel=IMAGE, above=0, max=1, metavar="F")
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the run maps attention onto patches at all."""
+        return any(value is not None for value in (self.image, self.patch_grid, self.patch_size, self.prefix_tokens,
+                                                   self.image_tokens))
 
 
 @dataclass(frozen=True)
@@ -109,6 +145,7 @@ class InspectOptions:
     masks: MaskOptions = field(default_factory=MaskOptions)
     checks: CheckOptions = field(default_factory=CheckOptions)
     grid: GridOptions = field(default_factory=GridOptions)
+    images: ImageOptions = field(default_factory=ImageOptions)
     received: bool = option(True, cli=False)  # compute the attention each token receives
     row_stats: bool = option(True, cli=False)  # compute the shown map's per-query statistics
 
@@ -148,4 +185,8 @@ class RolloutOptions:
     start_layer: int = option(0, "begin the product at this layer", panel=ROLLOUT, min=0)
     all_layers: bool = option(False, "also give the cumulative map after each layer (JSON rollout.cumulative; the PNG "
                               "shows them all)", panel=ROLLOUT)
+    discard_ratio: float = option(0.0, "in each layer's combined map, zero this share of the lowest entries (never "
+                                  "the first token's own, CLS to CLS) before the residual, as vit-explain does (e.g. "
+                                  "0.9)", panel=ROLLOUT, min=0, max=1, metavar="R")
     masks: MaskOptions = field(default_factory=MaskOptions)
+    images: ImageOptions = field(default_factory=ImageOptions)

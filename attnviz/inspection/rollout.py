@@ -1,6 +1,7 @@
 """Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers", section 3).
 
-Each layer's heads are combined into one map ``A`` (mean, as in the paper, or max or min), the residual
+Each layer's heads are combined into one map ``A`` (mean, as in the paper, or max or min), with
+``discard_ratio`` its lowest entries are zeroed but the CLS token's own (jacobgil/vit-explain), the residual
 connection is added as ``A' = (1 - r) A + r I`` (the paper's ``0.5 W_att + 0.5 I`` is ``r = 0.5``),
 each row of ``A'`` is renormalised to sum to 1, and the maps are multiplied from the first layer up:
 ``R_s = A'_s``, ``R_l = A'_l R_{l-1}``. Row ``i`` of ``R_l`` says how much of position ``i``'s
@@ -8,6 +9,11 @@ representation after layer ``l`` comes from each input token, if attention alone
 the residual stream carried a share ``r`` through every layer. It is a model of information flow
 built from the attention weights only: not a gradient attribution, blind to the value vectors, the
 MLPs and layer norms. NumPy only; weights in the standard layout ``[layers, batch, heads, Lq, Lk]``.
+
+For a ViT (``--image``) the result is vit-explain's mask: the query's row (CLS) of ``R`` over the patches,
+reshaped to the patch grid and divided by its maximum. vit-explain divides ``a`` by ``a.sum(dim=-1)``
+without ``keepdim`` (its issue #16), which scales columns; here rows are renormalised, as the paper
+says (the two agree whenever the rows already sum to 1: mean of heads, no discard).
 """
 
 from __future__ import annotations
@@ -38,6 +44,21 @@ def combine_heads(maps: np.ndarray, how: str = "mean") -> np.ndarray:
     return values.mean(axis=0)
 
 
+def discard_lowest(a: np.ndarray, ratio: float) -> np.ndarray:
+    """vit-explain's discard (``vit_rollout.py``): of the ``L x L`` entries of the combined map ``a``, the
+    ``int(L * L * ratio)`` lowest (``topk(largest=False)`` of the flattened map; ties: the lower index
+    first) are set to 0, except the flat index 0, the first token's attention to itself (CLS to CLS),
+    which is never dropped. Returns a new array."""
+    out = np.array(a, dtype=np.float64)
+    count = int(out.size * ratio)
+    if count <= 0:
+        return out
+    flat = out.reshape(-1)
+    lowest = np.argsort(flat, kind="stable")[:count]
+    flat[lowest[lowest != 0]] = 0.0
+    return out
+
+
 def with_residual(a: np.ndarray, residual: float) -> np.ndarray:
     """``(1 - r) A + r I`` with each row renormalised to sum to 1 (a row of zeros becomes the identity
     row when r > 0, and stays zeros when r = 0)."""
@@ -59,8 +80,9 @@ class Rollout:
 
 
 def rollout(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_layer: int = 0,
-            real: np.ndarray | None = None, all_layers: bool = False) -> Rollout:
-    """Attention rollout of ``w [layers, heads, L, L]`` (one batch entry; see the module's docstring).
+            real: np.ndarray | None = None, all_layers: bool = False, discard_ratio: float = 0.0) -> Rollout:
+    """Attention rollout of ``w [layers, heads, L, L]`` (one batch entry; see the module's docstring);
+    ``discard_ratio`` drops the lowest entries of each combined map first (``discard_lowest``).
 
     ``real [L]`` marks the real tokens: the rollout runs over them alone (each head's rows
     renormalised among them first, so the residual keeps its share), and padded rows and columns
@@ -80,7 +102,10 @@ def rollout(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_
             one = np.asarray(one, dtype=np.float64)[:, keep][:, :, keep]
             sums = one.sum(axis=-1, keepdims=True)
             one = np.divide(one, sums, out=np.zeros_like(one), where=sums != 0)
-        step = with_residual(combine_heads(one, heads), residual)
+        combined = combine_heads(one, heads)
+        if discard_ratio > 0:
+            combined = discard_lowest(combined, discard_ratio)
+        step = with_residual(combined, residual)
         current = step @ current
         release_pages(w)
         if all_layers:
@@ -114,13 +139,16 @@ class RolloutRun:
     padded: np.ndarray | None  # the padded tokens of the shown entry
     paths: list[Path]
     words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
+    image: Any = None  # attnviz.inspection.images.ImageInput, with --image (or --patch-grid, --image-tokens)
+    mask: np.ndarray | None = None  # the shown entry's query row over the patches [gh, gw], divided by its max
 
     @property
     def how(self) -> str:
         """heads, residual and layers, as titles and messages say them."""
         layers = self.results[self.shown].layers
         span = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
-        return f"heads {self.options.heads}, residual {self.options.residual:g}, {span}"
+        discard = f", discard {self.options.discard_ratio:g}" if self.options.discard_ratio else ""
+        return f"heads {self.options.heads}, residual {self.options.residual:g}{discard}, {span}"
 
 
 def cumulative(result: Rollout) -> np.ndarray:
@@ -155,6 +183,9 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         w, masks, tokens, words = merged.weights, merged.masks, merged.q_labels, merged.document()
         layers, batches, _, lq, lk = w.shape
     _, bi, _ = Selection(batch=options.batch).index(w.shape)
+    from attnviz.inspection.images import read_image_input
+
+    image = read_image_input(options.images, w.shape, w.source, tokens, paths)
     if not all_finite(w.data, rows=masks.real_rows):
         bad = check_finite(w.data, rows=masks.real_rows).failures
         raise InputError(f"{w.source}: {bad} non-finite value(s); attnviz inspect --check-finite locates them.")
@@ -164,6 +195,18 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
     for b in entries:
         real = None if real_tokens is None else real_tokens[0, b, 0]
         results[b] = rollout(w.data[:, b], heads=options.heads, residual=options.residual,
-                             start_layer=options.start_layer, real=real, all_layers=options.all_layers)
+                             start_layer=options.start_layer, real=real, all_layers=options.all_layers,
+                             discard_ratio=options.discard_ratio)
     padded = None if real_tokens is None else ~real_tokens[0, bi, 0]
-    return RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words)
+    run = RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words, image)
+    if image is not None:
+        run.mask = image_mask(results[bi].result, image.query, image.layout)
+    return run
+
+
+def image_mask(result: np.ndarray, query: int, layout: Any) -> np.ndarray:
+    """vit-explain's mask: row ``query`` of the rollout over the patches of ``layout``, as a grid, divided
+    by its maximum (a padded patch, NaN in the rollout, stays NaN)."""
+    row = np.asarray(result[query, layout.start:layout.stop], dtype=np.float64).reshape(layout.grid)
+    top = np.nanmax(row) if np.isfinite(row).any() else 0.0
+    return row / top if top > 0 else row

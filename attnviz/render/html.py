@@ -173,6 +173,7 @@ def grid_report(
     vmin: float | None = None,
     vmax: float | None = None,
     norm: str = "linear",
+    image: dict[str, Any] | None = None,
 ) -> str:
     """The HTML document of ``rows x cols`` maps of ``shape`` (``get(r, c)`` as for
     ``mosaic.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
@@ -204,6 +205,7 @@ def grid_report(
         "headView": {"max": HEAD_VIEW_MAX,
                      "enabled": total == (1, 1) and max(full) <= HEAD_VIEW_MAX and bool(found.maps)},
         "stats": stats.as_json() if stats is not None else None,
+        "image": image,
     })
 
 
@@ -338,8 +340,11 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src
 
 
 def document(doc: dict[str, Any]) -> str:
-    """The whole page: the style, the data and the script inline."""
+    """The whole page: the style, the data and the scripts inline (the image panel's only when the page
+    has a picture)."""
     css, js = _asset("report.css"), _asset("report.js")
+    if doc.get("image") is not None:
+        js += _asset("images.js")
     for name, text, tag in (("report.css", css, "</style"), ("report.js", js, "</script")):
         if tag in text.lower() or "<!--" in text:  # our own files; a guard against an edit that breaks the page
             raise ValueError(f"{name} must not contain {tag!r} or '<!--'")
@@ -368,7 +373,8 @@ def model_report(w: np.ndarray, *, title: str, subtitle: str = "", q_labels: Seq
                  selected: tuple[int, int] = (0, 0), cmap: str | None = None, reduce: str = "mean",
                  diverging: bool = False, colorbar_label: str = "weight", notes: Sequence[str] = (),
                  layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                 vmin: float | None = None, vmax: float | None = None, norm: str = "linear") -> str:
+                 vmin: float | None = None, vmax: float | None = None, norm: str = "linear",
+                 image: dict[str, Any] | None = None) -> str:
     """The report of a model's ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped), read a layer
     at a time, as ``mosaic.model_grid_figure``: ``keep`` broadcasts to ``w``, ``real_rows``
     (``[layers, heads, Lq]``) greys padded query rows; ``layers`` and ``heads`` choose the maps
@@ -401,7 +407,8 @@ def model_report(w: np.ndarray, *, title: str, subtitle: str = "", q_labels: Seq
                        subtitle=subtitle, row_labels=[str(i) for i in layer_ids], col_labels=[str(i) for i in head_ids],
                        row_name="layer", col_name="head", q_labels=q_labels, k_labels=k_labels, cmap=cmap,
                        reduce=reduce, diverging=diverging, colorbar_label=colorbar_label, stats=stats,
-                       selected=at, notes=notes, after_row=lambda _: release_pages(w), vmin=vmin, vmax=vmax, norm=norm)
+                       selected=at, notes=notes, after_row=lambda _: release_pages(w), vmin=vmin, vmax=vmax, norm=norm,
+                       image=image)
 
 
 def head_stats_table(stats: dict[str, np.ndarray], columns: dict[str, str], *, caption: str = "",
@@ -544,6 +551,7 @@ def inspect_html(result: Any, fig: Any, precision: int) -> str:
         w.data[:, bi], title=f"{name}, batch {bi}", q_labels=opened.q_labels, k_labels=opened.k_labels, keep=keep,
         real_rows=real, stats=table, selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce, layers=grid.layers,
         heads=grid.heads, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm,
+        image=None if result.overlay is None else image_panel(result),
         subtitle=f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
                  f"{shape_str(w.shape)}; batch entry {bi} of {w.shape[1]}")
 
@@ -563,3 +571,52 @@ def compare_html(result: Any, fig: Any, precision: int) -> str:
                  f"batch entry {bi}", keep=keep, real_rows=real, diverging=True, colorbar_label="A - B",
         stats=compare_stats_table(c.diff, c.js, precision), selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce,
         layers=run.grid.layers, heads=run.grid.heads, vmax=fig.vmax, norm=fig.norm)
+
+
+#: the image panel holds at most this many values (float32, base64: about 6 MB): every query row over
+#: the patches for the mean of the heads and each head, or for the mean alone, or the rows of the
+#: query and of the tokens outside the image
+IMAGE_VALUES = 1_500_000
+
+
+def image_panel(result: Any) -> dict[str, Any]:
+    """The image panel of inspect's report (``--image`` or ``--patch-grid``): the picture (a PNG data
+    URI), the patch grid and where the patches are among the keys, and for the overlay's layer the rows
+    of the queries over the patches (the mean of the heads, and each head when they fit in
+    ``IMAGE_VALUES``): hovering a patch shows its row, hovering a token outside the image (CLS,
+    registers, a text token) shows its."""
+    from attnviz.render.heatmap import png_bytes
+
+    opened, found = result.opened, result.overlay
+    image, w = opened.image, opened.weights
+    layout = image.layout
+    lq = w.shape[-2]
+    layer = w.data[found.layer, found.batch][found.heads][:, :, layout.start:layout.stop].astype(np.float64)
+    inside = [p for p in range(lq) if layout.start <= p < layout.stop]
+    outside = [p for p in range(lq) if not layout.start <= p < layout.stop]
+    choices = ["mean of heads"] + [f"head {h}" for h in found.heads] * (len(found.heads) > 1)
+    stacks = [layer.mean(axis=0)] + list(layer) * (len(found.heads) > 1)
+    rows = list(range(lq))
+    notes = []
+    if len(stacks) * lq * layout.count > IMAGE_VALUES:
+        stacks, choices = stacks[:1], choices[:1]
+        notes.append("Only the mean of the heads is in this page (the heads would make it too large).")
+    if lq * layout.count > IMAGE_VALUES:
+        rows = sorted(set(outside) | {image.query})
+        notes.append(f"{layout.count} patches are too many to hover: the page holds the rows of the tokens outside "
+                     "the image only.")
+    data = np.stack([s[rows] for s in stacks]).astype("<f4")
+    src = None
+    if image.picture is not None:
+        rgb = image.picture.rgb
+        rgba = np.concatenate([rgb, np.full(rgb.shape[:2] + (1,), 255, np.uint8)], axis=-1)
+        src = "data:image/png;base64," + base64.b64encode(png_bytes(rgba, level=6)).decode("ascii")
+    labels = opened.q_labels
+    return {"src": src, "size": list(image.size) if image.size else None, "grid": list(layout.grid),
+            "start": layout.start, "count": layout.count, "layer": found.layer, "batch": found.batch,
+            "choices": choices, "rows": rows, "query": image.query,
+            "patchRows": all(p in rows for p in inside) and bool(inside),
+            "tokens": [{"pos": p, "label": inert.label(labels[p], LABEL_WIDTH) if labels else None}
+                       for p in outside if p in rows][:512],
+            "describe": layout.describe(), "notes": notes,
+            "data": base64.b64encode(data.tobytes()).decode("ascii")}

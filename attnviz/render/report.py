@@ -180,10 +180,20 @@ def inspect_document(result: InspectResult, files: dict[str, str]) -> dict[str, 
     """``inspect``'s JSON document of an analysed run (``attnviz.inspection.inspecting.analyse``)."""
     opened = result.opened
     assert result.rows is not None  # analysed with row_stats
-    return inspect_report(opened.weights, result.stats, result.rows, opened.index, result.checks, files,
-                          opened.q_labels, opened.k_labels, warnings=result.warnings, mask=opened.masks.described,
-                          padded=result.one_padded, padded_rows=result.padded, notes=result.notes,
-                          received=result.received, words=opened.words)
+    doc = inspect_report(opened.weights, result.stats, result.rows, opened.index, result.checks, files,
+                         opened.q_labels, opened.k_labels, warnings=result.warnings, mask=opened.masks.described,
+                         padded=result.one_padded, padded_rows=result.padded, notes=result.notes,
+                         received=result.received, words=opened.words)
+    if result.overlay is not None:
+        doc["overlay"] = plain({**_picture(opened.image), **result.overlay.document()})
+    return doc
+
+
+def _picture(image: Any) -> dict[str, Any]:
+    """The picture of an overlay, as the JSON document names it."""
+    picture = image.picture
+    return {"image": None if picture is None else picture.source,
+            "image_size": None if picture is None else list(picture.size), "upsample": image.options.upsample}
 
 
 def compare_document(run: CompareRun, result: CompareResult, files: dict[str, str]) -> dict[str, Any]:
@@ -209,8 +219,16 @@ def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
         rollout_doc["cumulative"] = {
             "shape": [len(entries), len(shown.layers), lq, lk],
             "data": np.stack([cumulative(run.results[b]) for b in entries])}
+    rollout_doc["discard_ratio"] = options.discard_ratio
+    overlay = None
+    if run.image is not None:
+        image = run.image
+        overlay = {**_picture(image), **image.layout.document(), "batch": run.shown, "query": image.query,
+                   "query_label": None if run.tokens is None else run.tokens[image.query], "rollout": run.mask,
+                   "normalised": "divided by its maximum (vit-explain)"}
     return plain({
         "attnviz": __version__, "command": "rollout", "source": w.source,
         "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
         **({"words": run.words} if run.words is not None else {}),
-        "mask": run.masks.described, "rollout": rollout_doc, "files": files})
+        "mask": run.masks.described, "rollout": rollout_doc, **({"overlay": overlay} if overlay else {}),
+        "files": files})

@@ -20,7 +20,9 @@ from attnviz.streams import err_console, out_console, stdout
 
 SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
             "induction", "duplicate")
-FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "json_file", "html")
+FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html")
+OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
+                "head of the layer (--layer; default the last) and their mean; .png, .svg or .pdf")
 
 
 @dataclass
@@ -39,8 +41,10 @@ class InspectOutputs(TableOptions):
         "entropy", "the statistic of --stats-png", panel=OUTPUT)
     received_png: str | None = option(None, "a strip per layer of the attention each key token receives (mean over "
                                       "heads)", panel=OUTPUT, metavar="FILE")
+    overlay_png: str | None = option(None, OVERLAY_HELP, panel=OUTPUT, metavar="FILE")
     html: str | None = option(None, "write an interactive report: one offline HTML file (every map of the batch "
-                              "entry as thumbnails, hover, head view, sortable statistics)", panel=OUTPUT,
+                              "entry as thumbnails, hover, head view, sortable statistics; with --image a panel of "
+                              "the picture: hover a patch to see its attention)", panel=OUTPUT,
                               metavar="FILE.html")
 
 
@@ -48,7 +52,9 @@ ORDER = ("layout", "generation",
          "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "layer", "head", "batch", "sort", "reverse", "top", "check_rows",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
-         "check_finite", "atol", "png", "map_png", "stats_png", "stat", "received_png", "html", "title", "cmap",
+         "check_finite", "atol", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
+         "upsample", "keep_mass", "png", "map_png", "stats_png", "stat", "received_png", "overlay_png", "html",
+         "title", "cmap",
          "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "precision",
          "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
@@ -83,9 +89,10 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
-    for name in ("png", "map_png", "stats_png", "received_png"):
+    for name in ("png", "map_png", "stats_png", "received_png", "overlay_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
     check_html_path(out.html)
+    check_overlay(out.overlay_png, options.images)
     fig.check()
     err = err_console()
     options = replace(options, received=out.document or out.received_png is not None or out.tables,
@@ -93,8 +100,8 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     opened = inspecting.prepare(options, (("--sort", out.sort), ("--stat", out.stat if out.stats_png else None)))
     w = opened.weights
     targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--stats-png": out.stats_png,
-                             "--received-png": out.received_png, "--json-file": out.json_file, "--html": out.html},
-                            opened.paths)
+                             "--received-png": out.received_png, "--overlay-png": out.overlay_png,
+                             "--json-file": out.json_file, "--html": out.html}, opened.paths)
     # the targets are reserved now, before any statistics are computed; every file is written to
     # its staged path and all are put in place together, or none (attnviz.staging.StagedOutputs)
     with staged_outputs(targets) as staged:
@@ -141,6 +148,15 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
         return failed
 
 
+def check_overlay(path: str | None, images: Any) -> None:
+    """--overlay-png draws over patches: it needs --image (or --patch-grid, --image-tokens) (exit 2)."""
+    if path is not None and not images.wanted:
+        from attnviz.errors import UsageError
+
+        raise UsageError(f"--overlay-png {path}: give the picture with --image (and its patches with --patch-grid or "
+                         "--patch-size when the grid is not square).")
+
+
 def save_json(text: str, staged: Any) -> None:
     """The JSON document in its file (--json-file)."""
     if "--json-file" in staged:
@@ -165,6 +181,11 @@ def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutput
         if flag in staged and (name != "received_png" or result.received is not None):
             save_figure(make(result, fig), staged[flag])
             written[name] = getattr(out, name)
+    if "--overlay-png" in staged:
+        from attnviz.render.overlay import inspect_overlay_figure
+
+        save_figure(inspect_overlay_figure(result, fig), staged["--overlay-png"])
+        written["overlay_png"] = out.overlay_png or ""
     if "--html" in staged:
         from attnviz.io import save_text
         from attnviz.render.html import inspect_html

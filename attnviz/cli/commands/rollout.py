@@ -23,27 +23,35 @@ class RolloutOutputs(TableOptions):
     """What rollout prints and saves."""
 
     png: str | None = option(None, "a heatmap of the rollout (.png, .svg or .pdf)", panel=OUTPUT, metavar="FILE")
+    overlay_png: str | None = option(None, "with --image: the rollout's query row (CLS) over the patches, divided by "
+                                     "its maximum, blended over the picture (vit-explain's picture); .png, .svg or "
+                                     ".pdf", panel=OUTPUT, metavar="FILE")
     html: str | None = option(None, "an offline HTML page of the rollout of every batch entry (and each layer's with "
                               "--all-layers): hover a cell to read it", panel=OUTPUT, metavar="FILE.html")
 
 
 ORDER = ("layout", "generation",
          "labels", "merge_subwords", "subword_style",
-         "batch", "heads", "residual", "start_layer", "all_layers", "mask", "key_padding_mask",
-         "mask_convention", "mask_kind", "png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
+         "batch", "heads", "residual", "discard_ratio", "start_layer", "all_layers", "mask", "key_padding_mask",
+         "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
+         "upsample", "keep_mass", "png", "overlay_png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
          "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
 
 def rollout_command(**values: Any) -> None:
     """Attention rollout across layers (Abnar & Zuidema 2020).
 
-    Per layer the heads are combined (--heads), the residual connection is added as
+    Per layer the heads are combined (--heads), the lowest entries dropped (--discard-ratio, but never
+    the first token's own: vit-explain), the residual connection is added as
     A' = (1 - r) A + r I (--residual r), rows are renormalised, and the layers are multiplied from
     the first (or --start-layer) up: R = A'_last ... A'_first. Row i of R estimates how much of
     position i's representation after the last layer comes from each input token, if attention alone
     mixed tokens. It is a model of information flow from the attention weights only (no value
     vectors, MLPs or layer norms), not a gradient attribution. Padded tokens (--mask,
     --key-padding-mask) are left out and the rows renormalised among the real ones.
+
+    With --image (a ViT's patches after --prefix-tokens, or --image-tokens) the result is also the
+    query's row (CLS) over the patches, divided by its maximum (JSON overlay.rollout; --overlay-png).
     """
     options: RolloutOptions = build(RolloutOptions, values, weights=values["weights"])
     fig: FigureOptions = build(FigureOptions, values)
@@ -63,17 +71,20 @@ rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
 def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutputs) -> bool:
     """Roll out, save and print; no check can fail (returns False)."""
 
-    from attnviz.cli.commands.inspect import save_json
+    from attnviz.cli.commands.inspect import check_overlay, save_json
     from attnviz.inspection.rollout import run_rollout
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
     check_png_path(out.png)
+    check_png_path(out.overlay_png, "--overlay-png")
     check_html_path(out.html)
+    check_overlay(out.overlay_png, options.images)
     fig.check()
     run = run_rollout(options)
     w = run.weights
-    targets = check_outputs({"--png": out.png, "--json-file": out.json_file, "--html": out.html}, run.paths)
+    targets = check_outputs({"--png": out.png, "--overlay-png": out.overlay_png, "--json-file": out.json_file,
+                             "--html": out.html}, run.paths)
     with staged_outputs(targets) as staged:
         files: dict[str, str] = {}
         if "--png" in staged:
@@ -82,6 +93,12 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
 
             save_figure(rollout_figure(run, fig), staged["--png"])
             files["png"] = out.png or ""
+        if "--overlay-png" in staged:
+            from attnviz.render.heatmap import save_figure
+            from attnviz.render.overlay import rollout_overlay_figure
+
+            save_figure(rollout_overlay_figure(run, fig), staged["--overlay-png"])
+            files["overlay_png"] = out.overlay_png or ""
         if "--html" in staged:
             from attnviz.io import save_text
             from attnviz.render.figures import rollout_html
