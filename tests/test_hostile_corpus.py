@@ -17,8 +17,9 @@ expected words, stdout is empty; never "Traceback" or "internal error"; no contr
 line feed, DEL, C1) on stdout or stderr, which must be UTF-8; every file of the folder byte-identical
 afterwards, and no new file on failure (on success, exactly the outputs the case names).
 
-The processes run four at a time from one module-scoped fixture; each case is then one test asserting
-on its stored result. A case that shows a bug in attnviz stays as it is, marked ``xfail(strict=True)``
+The processes run four at a time from one module-scoped fixture, forked from one process that has
+imported the command line (``tests/forked_runs.py``); each case is then one test asserting on its stored
+result. A case that shows a bug in attnviz stays as it is, marked ``xfail(strict=True)``
 with the bug as reason.
 """
 
@@ -28,7 +29,6 @@ import hashlib
 import io
 import json
 import os
-import resource
 import socket
 import stat
 import struct
@@ -37,7 +37,6 @@ import sys
 import time
 import zipfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +88,7 @@ class Result:
     after: dict[str, tuple]
     seconds: float
     timed_out: bool = False
+    cpu: float = 0.0  # seconds of CPU the process took
 
     @property
     def out(self) -> str:
@@ -140,30 +140,34 @@ def snapshot(folder: Path) -> dict[str, tuple]:
     return out
 
 
-def _limits(fsize: int | None) -> Callable[[], None]:
-    def apply() -> None:  # in the child, before exec: nothing imported, only system calls
-        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-        if fsize is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-    return apply
-
-
-# this process computes (never a warm worker, which the limits above would not bind); warnings would show
+# this process computes (never a warm worker, which the limits of forked_runs.py would not bind); warnings show
 ENV = {**{k: v for k, v in os.environ.items() if k != "ATTNVIZ_DEBUG"}, "PYTHONPATH": str(ROOT), "COLUMNS": "160",
        "PYTHONWARNINGS": "default", "ATTNVIZ_NO_SERVER": "1"}
 
 
-def run_case(case: Case, folder: Path) -> Result:
-    before = snapshot(folder)
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "attnviz", *case.argv], cwd=folder, input=case.stdin,
-                              capture_output=True, timeout=TIMEOUT, env=ENV, preexec_fn=_limits(case.fsize))
-        code, out, err, timed_out = proc.returncode, proc.stdout, proc.stderr, False
-    except subprocess.TimeoutExpired as exc:
-        code, out, err, timed_out = None, exc.stdout or b"", exc.stderr or b"", True
-    return Result(code, out, err, before, snapshot(folder), time.perf_counter() - start, timed_out)
+def run_cases(cases: list[Case], folders: dict[str, Path], io_folder: Path) -> dict[str, Result]:
+    """Run the cases, WORKERS at a time, each ``python -m attnviz ARGV`` in its folder with its standard input,
+    as processes forked from one that has imported the command line once (``tests/forked_runs.py``: the same
+    process but for the ~0.4 s of CPU of starting Python and importing the command line, 134 times)."""
+    plan = {"workers": WORKERS, "timeout": TIMEOUT, "address_space": ADDRESS_SPACE, "jobs": []}
+    for case in cases:
+        stdin = io_folder / f"{case.name}.in"
+        stdin.write_bytes(case.stdin)
+        plan["jobs"].append({"argv": [os.fsdecode(a) for a in case.argv], "cwd": str(folders[case.name]),
+                             "stdin": str(stdin), "stdout": str(io_folder / f"{case.name}.out"),
+                             "stderr": str(io_folder / f"{case.name}.err"), "fsize": case.fsize})
+    (io_folder / "plan.json").write_text(json.dumps(plan))
+    before = {case.name: snapshot(folders[case.name]) for case in cases}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "forked_runs.py"), str(io_folder / "plan.json")],
+                          cwd=io_folder, input=b"", capture_output=True, env=ENV, timeout=TIMEOUT * len(cases))
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode(errors="replace")[-3000:]
+    results = {}
+    for case, run in zip(cases, json.loads(proc.stdout), strict=True):
+        out, err = (io_folder / f"{case.name}.{ext}" for ext in ("out", "err"))
+        results[case.name] = Result(run["code"], out.read_bytes(), err.read_bytes(), before[case.name],
+                                    snapshot(folders[case.name]), run.get("seconds", TIMEOUT),
+                                    run["timed_out"], run.get("cpu", 0.0))
+    return results
 
 
 # ----------------------------------------------------------------------------------------------
@@ -786,16 +790,16 @@ def results(request, tmp_path_factory) -> dict[str, tuple[Result, Path]]:
             folders[case.name].mkdir()
             if case.build is not None:
                 case.build(folders[case.name])
+    io_folder = tmp_path_factory.mktemp("hostile-io")
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        # the few slow cases (TensorFlow, torch) first, so that the quick ones fill the gaps
-        order = sorted(folders, key=lambda name: (not BY_NAME[name].tf, ".pt" not in str(BY_NAME[name].argv)))
-        futures = {name: pool.submit(run_case, BY_NAME[name], folders[name]) for name in order}
-        out = {name: (future.result(), folders[name]) for name, future in futures.items()}
+    # the few slow cases (TensorFlow, torch) first, so that the quick ones fill the gaps
+    order = sorted(folders, key=lambda name: (not BY_NAME[name].tf, ".pt" not in str(BY_NAME[name].argv)))
+    results = run_cases([BY_NAME[name] for name in order], folders, io_folder)
+    out = {name: (results[name], folders[name]) for name in folders}
     wall = time.perf_counter() - start
-    slowest = sorted(out.items(), key=lambda kv: -kv[1][0].seconds)[:int(os.environ.get("HOSTILE_SLOWEST", 5))]
-    print(f"\nhostile corpus: {len(out)} cases in {wall:.1f} s wall; slowest: "
-          + ", ".join(f"{name} {r.seconds:.1f} s" for name, (r, _) in slowest))
+    slowest = sorted(out.items(), key=lambda kv: -kv[1][0].cpu)[:int(os.environ.get("HOSTILE_SLOWEST", 5))]
+    print(f"\nhostile corpus: {len(out)} cases in {wall:.1f} s wall, {sum(r.cpu for r, _ in out.values()):.1f} s CPU; "
+          "most CPU: " + ", ".join(f"{name} {r.cpu:.1f} s" for name, (r, _) in slowest))
     return out
 
 
@@ -856,3 +860,26 @@ def test_the_corpus_covers_the_issue():
     commands = {c.argv[0] for c in CASES if c.argv}
     assert commands >= {"scaled", "dot", "multihead", "self", "local", "sparse", "hard", "structured", "pooling",
                         "coattention", "hierarchical", "bidirectional", "inspect", "compare", "batch"}
+
+
+def test_a_forked_run_is_what_a_fresh_process_gives(tmp_path):
+    """The harness (tests/forked_runs.py) against ``subprocess.run([python, "-m", "attnviz", ...])``: the same exit
+    code, stdout and stderr, for a success, bad data, bad usage, and a case reading standard input."""
+    picks = [next(c for c in CASES if not c.tf and c.code == code and ".pt" not in str(c.argv) and c.build)
+             for code in (0, 1, 2)]
+    picks.append(next(c for c in CASES if not c.tf and c.stdin and c.code != 0))
+    folders = {}
+    for case in picks:
+        for how in ("forked", "fresh"):
+            (tmp_path / how / case.name).mkdir(parents=True)
+            if case.build is not None:
+                case.build(tmp_path / how / case.name)
+        folders[case.name] = tmp_path / "forked" / case.name
+    (tmp_path / "io").mkdir()
+    forked = run_cases(picks, folders, tmp_path / "io")
+    for case in picks:
+        fresh = subprocess.run([sys.executable, "-m", "attnviz", *case.argv], cwd=tmp_path / "fresh" / case.name,
+                               input=case.stdin, capture_output=True, timeout=TIMEOUT, env=ENV)
+        got = forked[case.name]
+        assert (got.code, got.stdout, got.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr), case.name
+        assert got.code == case.code
