@@ -52,6 +52,7 @@ UPPER, LOWER = "▀", "▄"
 RAMP = " .:-=+*#%@"  # plain characters from the bottom of the scale to its top
 MASKED_CHAR = "x"  # a masked cell in plain characters
 BAD = (217, 217, 217)  # the colour maps' "bad" colour (#d9d9d9): masked and padded cells
+CURSOR = (255, 0, 255)  # the viewer's cursor cell
 MAX_SCALE = 8  # a short map's cell is drawn as at most this many pixels a side
 LABEL_CELLS = 12  # a row label (token, layer) takes at most this many cells
 DEFAULT_HEIGHT = 40  # text rows a picture may take when the terminal's height is unknown
@@ -94,6 +95,10 @@ class TermPicture:
     colorbar_label: str = "weight"
     plain: bool = False  # RAMP characters instead of colours
     height: int | None = None  # text rows the picture may take (None: DEFAULT_HEIGHT)
+    marked: int | None = None  # a panel whose row and column labels are shown reversed (the viewer's choice)
+    cursor: tuple[int, int] | None = None  # a single map's cell (of its cells as drawn) drawn in CURSOR
+    placed: list[Placed | None] = field(default_factory=list, repr=False)  # as last laid out
+    origin: tuple[int, int] = (0, 0)  # where the first panel's top-left pixel was drawn: (text row, cell)
 
     @property
     def single(self) -> bool:
@@ -240,6 +245,7 @@ class _Drawing:
         out += self.title_lines(live, shown_cols)
         if not p.single:
             out.append(self.header(margin, pw, gap, shown_cols))
+        p.placed, p.origin = placed, (len(out), margin)
         legend: list[str] = []
         for r in range(p.rows):
             row = placed[r * cols:r * cols + shown_cols]
@@ -301,7 +307,13 @@ class _Drawing:
         name = _narrow(inert.label(p.col_name, LABEL_CELLS))
         if name and end + len(name) + 1 <= self.width and self.width - len(name) >= end + 1:
             line[self.width - len(name):] = list(name)
-        return [Segment("".join(line).rstrip())]
+        text = "".join(line).rstrip()
+        if p.marked is not None and p.marked % p.cols < shown:
+            c = p.marked % p.cols
+            x0 = margin + c * (pw + gap)
+            return [Segment(text[:x0]), Segment(text[x0:x0 + pw].ljust(pw), Style(reverse=True)),
+                    Segment(text[x0 + pw:])]
+        return [Segment(text)]
 
     # -- the maps ------------------------------------------------------------------------------
     def band(self, r: int, row: list[Placed | None], margin: int, pw: int, gap: int) -> list[list[Segment]]:
@@ -313,13 +325,17 @@ class _Drawing:
             self.row_label(r, nrows, margin)
         out = []
         for t in range(nrows):
-            line: list[Segment] = [Segment(left[t])]
+            line: list[Segment] = [Segment(left[t], Style(reverse=True) if self.marked_row(r) and
+                                           left[t].strip() else None)]
             for c, x in enumerate(row):
                 if c:
                     line.append(Segment(" " * gap))
                 line += self.panel_row(x, t, pw)
             out.append(_trim(line))
         return out
+
+    def marked_row(self, r: int) -> bool:
+        return self.p.marked is not None and not self.p.single and self.p.marked // self.p.cols == r
 
     def row_label(self, r: int, nrows: int, margin: int) -> list[str]:
         labels = list(self.p.row_labels)
@@ -353,11 +369,16 @@ class _Drawing:
         rows, cols = x.pixels
         top, bottom = 2 * t, 2 * t + 1
         segments: list[Segment] = []
+        cursor = self.p.cursor if self.p.single else None
         if top < rows:
             upper = x.positions[top // x.s]
             lower = x.positions[bottom // x.s] if bottom < rows else None
             for j in range(cols):
-                segments.append(self.cell(upper[j // x.s], None if lower is None else lower[j // x.s]))
+                segment = self.cell(upper[j // x.s], None if lower is None else lower[j // x.s])
+                if cursor is not None and cursor[1] == j // x.s and cursor[0] in (top // x.s, bottom // x.s):
+                    segment = self.with_cursor(segment, cursor[0] == top // x.s, bottom < rows and
+                                               cursor[0] == bottom // x.s)
+                segments.append(segment)
         used = cols if top < rows else 0
         segments.append(Segment(" " * (pw - used)))
         return segments
@@ -375,6 +396,15 @@ class _Drawing:
         if lower is None:
             return Segment(UPPER, Style(color=fg))
         return Segment(UPPER, Style(color=fg, bgcolor=self.colour(lower)))
+
+    def with_cursor(self, segment: Segment, upper: bool, lower: bool) -> Segment:
+        """A character with its upper or lower pixel (or both) in the cursor's colour."""
+        mark = Color.from_rgb(*CURSOR)
+        if self.p.plain:
+            return Segment("#", Style(reverse=True))
+        style = segment.style or Style()
+        return Segment(segment.text, Style(color=mark if upper else style.color,
+                                           bgcolor=mark if lower else style.bgcolor))
 
     def colour(self, position: float) -> Color:
         r, g, b = (BAD if math.isnan(position) else
