@@ -95,6 +95,7 @@ class TermPicture:
     colorbar_label: str = "weight"
     plain: bool = False  # RAMP characters instead of colours
     height: int | None = None  # text rows the picture may take (None: DEFAULT_HEIGHT)
+    blocks: int = 1  # the maps handed over are already in blocks of this many positions a side (the viewer's)
     marked: int | None = None  # a panel whose row and column labels are shown reversed (the viewer's choice)
     cursor: tuple[int, int] | None = None  # a single map's cell (of its cells as drawn) drawn in CURSOR
     placed: list[Placed | None] = field(default_factory=list, repr=False)  # as last laid out
@@ -274,7 +275,7 @@ class _Drawing:
     def title_lines(self, live: list[Placed], shown_cols: int) -> list[list[Segment]]:
         p = self.p
         notes = []
-        factors = sorted({x.f for x in live})
+        factors = sorted({x.f * p.blocks for x in live})
         if factors and factors != [1]:
             notes.append(f"blocks of {'/'.join(f'{f}x{f}' for f in factors)}, {p.reduce}")
         if shown_cols < p.cols:
@@ -570,7 +571,8 @@ def slices_picture(maps: np.ndarray | None, *, title: str, names: Sequence[str] 
                         row_name=row_name, col_name=col_name, **look)
 
 
-def compute_picture(outcome: Outcome, fig: FigureOptions, plain: bool = False, height: int | None = None) -> TermPicture:
+def compute_picture(outcome: Outcome, fig: FigureOptions, plain: bool = False,
+                    height: int | None = None) -> TermPicture:
     """A compute run's picture (``figures.compute_figure``): the slices as a grid when there are
     ``MOSAIC_PANELS`` or more, else each slice (and each further map a variant draws) as a panel."""
     from attnviz.render.heatmap import slice_panels
@@ -601,10 +603,12 @@ def compute_picture(outcome: Outcome, fig: FigureOptions, plain: bool = False, h
                               k_labels=prep.k_labels, **axes, **look)
     cols = math.ceil(math.sqrt(len(panels)))
     rows = math.ceil(len(panels) / cols)
-    terms = [TermPanel((lambda p=p: (p.data, p.keep)), (int(p.data.shape[0]), int(p.data.shape[1])),
-                       caption=p.title) for p in panels]
+    terms: list[TermPanel | None] = [_fixed(np.asarray(p.data), p.keep) for p in panels]
+    for term, p in zip(terms, panels):
+        assert term is not None
+        term.caption = p.title
     return TermPicture(title, [*terms, *[None] * (rows * cols - len(terms))], rows, cols, [""] * rows, [""] * cols,
-                       **axes, **look)
+                       ylabel=axes["ylabel"], xlabel=axes["xlabel"], **look)
 
 
 def inspect_picture(result: InspectResult, fig: FigureOptions, plain: bool = False,

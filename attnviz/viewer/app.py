@@ -22,6 +22,17 @@ from textual.widgets import Footer, Input, Static
 from attnviz.viewer.model import ViewerModel
 
 
+def _text(lines: list[list[Any]]) -> Group:
+    """Lines of rich segments as texts Textual draws."""
+    out = []
+    for line in lines:
+        text = Text(no_wrap=True, overflow="crop")
+        for segment in line:
+            text.append(segment.text, segment.style)
+        out.append(text)
+    return Group(*out)
+
+
 class MapView(Widget):
     """The selected map, laid out for the widget's size."""
 
@@ -33,7 +44,7 @@ class MapView(Widget):
     def render(self) -> Any:
         width, height = max(self.size.width, 12), max(self.size.height, 4)
         self.picture = self.model.picture(width, height)
-        return Group(*[Text.assemble(*[(s.text, s.style) for s in line]) for line in self.picture.lines(width)])
+        return _text(self.picture.lines(width))
 
     def on_mouse_move(self, event: Any) -> None:
         """The cursor follows the mouse over the map's cells."""
@@ -59,7 +70,7 @@ class Thumbnails(Widget):
     def render(self) -> Any:
         width, height = max(self.size.width, 12), max(self.size.height, 4)
         picture = self.model.thumbnails(width, height)
-        return Group(*[Text.assemble(*[(s.text, s.style) for s in line]) for line in picture.lines(width)])
+        return _text(picture.lines(width))
 
 
 class ViewerApp(App[None]):

@@ -104,7 +104,7 @@ class ViewerModel:
                 data, keep = self.rollout_map(), None
             else:
                 data, keep = self.get(self.layer, self.head)
-            f = max(block_factors(*data.shape, MAX_SIDE))
+            f = max(block_factors(int(data.shape[0]), int(data.shape[1]), MAX_SIDE))
             self._maps[key] = (reduce_blocks(data, keep, f, f, self.fig.reduce), f)
         return self._maps[key]
 
@@ -117,7 +117,7 @@ class ViewerModel:
             if self.shape[0] != self.shape[1]:
                 raise ValueError("rollout needs square maps (self-attention)")
             real = None if self.real is None else np.broadcast_to(self.real, (*w.shape[:1], *w.shape[2:-1]))
-            tokens = None if real is None else np.asarray(real).all(axis=(0, 1))
+            tokens = None if real is None else np.asarray(np.asarray(real).all(axis=(0, 1)))
             self._rollout = rollout(w.data[:, self.batch], real=tokens).result
         return self._rollout
 
@@ -137,11 +137,11 @@ class ViewerModel:
         if f > 1:  # already in blocks: the labels of each block's first position
             q_labels = None if q_labels is None else list(q_labels[::f])
             k_labels = None if k_labels is None else list(k_labels[::f])
-        title = ("rollout (heads mean, residual 0.5)" if self.rollout else
-                 f"layer {self.layer}, head {self.head}") + (f" (blocks of {f}x{f} first)" if f > 1 else "")
+        title = "rollout (heads mean, residual 0.5)" if self.rollout else f"layer {self.layer}, head {self.head}"
         picture = single_picture(cells, None, title=title, q_labels=q_labels, k_labels=k_labels,
                                  cmap=self.fig.cmap, reduce=self.fig.reduce, scale=self.fig.scale(), plain=plain,
                                  height=height, colorbar_label="rollout" if self.rollout else "weight")
+        picture.blocks = f
         picture.cursor = self.cursor_cell(picture, width)
         return picture
 
@@ -162,7 +162,7 @@ class ViewerModel:
         marked."""
         from attnviz.render.terminal import grid_picture
 
-        f = max(block_factors(*self.shape, THUMB))
+        f = max(block_factors(self.shape[0], self.shape[1], THUMB))
         for li in self.layers:
             for hi in self.heads:
                 if (li, hi) not in self._thumbs:
@@ -177,6 +177,7 @@ class ViewerModel:
                                row_labels=[str(x) for x in self.layers], col_labels=[str(h) for h in self.heads],
                                row_name="L", col_name="H", cmap=self.fig.cmap, reduce=self.fig.reduce,
                                scale=self.fig.scale(), plain=plain, height=height)
+        picture.blocks = f
         picture.marked = self.layers.index(self.layer) * len(self.heads) + self.heads.index(self.head)
         return picture
 

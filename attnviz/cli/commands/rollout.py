@@ -65,7 +65,6 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
                  show: ShowOptions | None = None) -> bool:
     """Roll out, save and print; no check can fail (returns False)."""
     from attnviz.cli import show as shown
-
     from attnviz.cli.commands.inspect import save_json
     from attnviz.inspection.rollout import run_rollout
     from attnviz.io import check_outputs
