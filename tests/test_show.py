@@ -293,8 +293,9 @@ def test_no_escape_code_in_a_pipe(files):
     for env, graphics_args in (({}, []), ({"NO_COLOR": "1"}, ["--graphics", "blocks"]),
                                ({"ATTNVIZ_GRAPHICS": "auto", "TERM": "xterm-kitty"}, [])):
         out = invoke("inspect", files / "dump.npy", "--show", *graphics_args, env=env).stdout
-        assert "\x1b" not in out and "layers x heads" in out and "head statistics" in out
-        assert out.index("head statistics") < out.index("layers x heads")  # after the tables
+        words = " ".join(out.split())
+        assert "\x1b" not in out and "layers x heads, maps [12, 12]" in words and "head statistics" in out
+        assert words.index("head statistics") < words.index("layers x heads")  # after the tables
     out = invoke("inspect", files / "dump.npy", "--show", "--graphics", "blocks", "--no-table").stdout
     assert "\x1b[" in out and "▀" in out and "head statistics" not in out
     assert invoke("inspect", files / "dump.npy", "--show", "--graphics", "none", "--no-table").stdout == ""
@@ -444,7 +445,7 @@ def test_tmux_shows_half_blocks_and_runs_the_viewer(tmux, files):
                                                           "--quiet") + "; echo DO''NE", "Enter")
     screen = wait_for(lambda: (s := tmux("capture-pane", "-p", "-e", "-t", "t")) and "\nDONE" in s and s)
     plain = SGR.sub("", screen)
-    assert "layers x heads" in plain and "▀" in plain and "\x1bPtmux" not in screen
+    assert "layers x heads, maps [12, 12]" in " ".join(plain.split()) and "▀" in plain and "\x1bPtmux" not in screen
     coloured = [c for line in cells_of(screen) for c in line if c[0] == "▀" and c[1] is not None]
     assert len(coloured) > 100  # inside tmux, auto draws half-blocks in colour
     tmux("send-keys", "-t", "t", "clear; " + command_line("view", files / "dump.npy", "--labels",
