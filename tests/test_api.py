@@ -60,7 +60,7 @@ def without_outputs(argv):
             skip = False
         elif a in FILE_FLAGS:
             skip = True
-        elif a not in ("--json", "--quiet", "--no-table"):
+        elif a not in ("--json", "--quiet", "--no-table", "--show"):
             out.append(a)
     return out
 

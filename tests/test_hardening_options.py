@@ -296,7 +296,7 @@ BASE = {"scaled": QKV, "dot": QKV, "general": QKV, "additive": QKV, "multihead":
         "hard": QKV, "sparse": QKV, "structured": ["q.npy", "--adjacency", "adj.npy"], "hierarchical": ["doc.npy"],
         "bidirectional": ["q.npy", "k.npy"], "inspect": ["weights.npy"], "compare": ["weights.npy", "w2.npy"],
         "batch": ["jobs.jsonl"], "variants": [], "serve": ["--status"], "rollout": ["weights.npy"],
-        "repeat-test": ["5", "--vocab-size", "10"]}
+        "repeat-test": ["5", "--vocab-size", "10"], "view": ["weights.npy"]}
 NUMERIC = _options(int) + _options(float)
 
 

@@ -13,7 +13,7 @@ import pytest
 from attnviz.cli import app
 from tests.conftest import ROOT, SAMPLES
 
-HEAVY = ("tensorflow", "matplotlib", "keras")
+HEAVY = ("tensorflow", "matplotlib", "keras", "textual")
 
 PROBE = """
 import contextlib, io, sys
@@ -35,7 +35,7 @@ def probe(args, heavy=HEAVY):
     return int(code), loaded.split()
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["scaled", "--help"], ["variants"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["scaled", "--help"], ["variants"], ["view", "--help"]])
 def test_help_imports_no_numpy_tensorflow_or_matplotlib(args):
     code, loaded = probe(args, heavy=(*HEAVY, "numpy"))
     assert code == 0 and loaded == []

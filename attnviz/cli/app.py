@@ -1,7 +1,7 @@
 """The ``attnviz`` application: the Typer app, its command group (usage errors in attnviz's one-line
 form, shell completion) and the one place where every command is registered: one compute command per
 registered variant, then ``variants``, ``inspect``, ``compare``, ``rollout``, ``repeat-test``,
-``batch`` and ``serve``. Each command lives in its own module under ``attnviz.cli.commands``.
+``batch``, ``serve`` and ``view``. Each command lives in its own module under ``attnviz.cli.commands``.
 
 Results go to stdout (tables, or JSON with ``--json``); everything else (device, saved files,
 warnings, errors) to stderr. Errors meant for users end the run with a one- or two-line message and
@@ -25,6 +25,7 @@ from attnviz.cli.commands.repeat_test import repeat_test_command
 from attnviz.cli.commands.rollout import rollout_command
 from attnviz.cli.commands.serve import serve_command
 from attnviz.cli.commands.variants import variants_command
+from attnviz.cli.commands.view import view_command
 from attnviz.cli.completion import SHELL_CHOICES
 from attnviz.cli.errors import usage_errors
 from attnviz.cli.parsers import checked_option
@@ -146,3 +147,4 @@ app.command("batch")(batch_command)
 app.command("serve")(serve_command)
 app.command("rollout")(rollout_command)
 app.command("repeat-test")(repeat_test_command)
+app.command("view")(view_command)

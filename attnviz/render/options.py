@@ -73,3 +73,32 @@ def figure_scale(vmin: float | None, vmax: float | None, norm: str | None, per_p
     return ColourScale.from_options(vmin, vmax, norm, per_panel)
 
 
+
+
+#: how --show draws: a graphics protocol, half-blocks, or nothing (``attnviz.render.graphics``)
+GRAPHICS = ("auto", "kitty", "iterm", "sixel", "blocks", "none")
+GRAPHICS_ENV = "ATTNVIZ_GRAPHICS"
+
+
+@dataclass(frozen=True)
+class ShowOptions:
+    """Whether and how a command draws its picture in the terminal (``--show``, ``--graphics``)."""
+
+    show: bool = option(False, "draw the picture of --png in the terminal too, after the tables (alone with "
+                        "--no-table)", panel=FIGURE)
+    graphics: Literal[GRAPHICS] | None = option(  # type: ignore[valid-type]
+        None, "how --show draws: auto (a graphics protocol the terminal has, else coloured half-blocks; plain "
+        "characters in a pipe), kitty, iterm, sixel, blocks or none (default: ATTNVIZ_GRAPHICS, else auto)",
+        panel=FIGURE)
+
+    def mode(self, environ: Any = None) -> str:
+        """The ``--graphics`` word asked for: the option, else ``ATTNVIZ_GRAPHICS``, else ``auto``; a bad
+        ``ATTNVIZ_GRAPHICS`` is a usage error."""
+        import os
+
+        if self.graphics is not None:
+            return str(self.graphics)
+        value = (os.environ if environ is None else environ).get(GRAPHICS_ENV, "").strip().lower()
+        if value and value not in GRAPHICS:
+            raise UsageError(f"{GRAPHICS_ENV}={value!r}: expected one of {', '.join(GRAPHICS)}.")
+        return value or "auto"

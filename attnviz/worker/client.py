@@ -52,6 +52,8 @@ def bypass_reason(args: list[str], environ: Any = None) -> str | None:
         return "global options"
     if args[0] == "serve":
         return "attnviz serve"
+    if args[0] == "view":
+        return "attnviz view (an application in this terminal)"
     if "--help" in args:
         return "help"
     if "-" in args[1:] and _isatty(0):  # typed by hand: a worker would wait for it, and every other client too

@@ -41,7 +41,10 @@ PROTOCOL = 1
 RUNTIME_ENV = "ATTNVIZ_RUNTIME_DIR"
 #: the client's variables a command may read, set in the worker for each request (any ATTNVIZ_* too)
 FORWARDED = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "COLORTERM", "TTY_COMPATIBLE",
-             "TTY_INTERACTIVE", "CLICOLOR", "CLICOLOR_FORCE", "JUPYTER_COLUMNS", "JUPYTER_LINES")
+             "TTY_INTERACTIVE", "CLICOLOR", "CLICOLOR_FORCE", "JUPYTER_COLUMNS", "JUPYTER_LINES",
+             # the terminal --show draws in (attnviz.render.graphics.detect)
+             "TERM_PROGRAM", "LC_TERMINAL", "KITTY_WINDOW_ID", "WT_SESSION", "KONSOLE_VERSION", "WEZTERM_EXECUTABLE",
+             "TMUX", "STY")
 FORWARDED_PREFIX = "ATTNVIZ_"
 #: variables read when TensorFlow, matplotlib or Python start: a worker serves only clients with the same
 FIXED_PREFIXES = ("TF_", "CUDA_", "XLA_", "KERAS_", "MPL", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "PYTHONPATH",

@@ -14,7 +14,7 @@ from attnviz.cli.checked import report_checks, run_checked
 from attnviz.cli.options import FIGURE, OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
 from attnviz.inspection.options import CompareOptions
-from attnviz.render.options import FigureOptions
+from attnviz.render.options import FigureOptions, ShowOptions
 from attnviz.streams import err_console, out_console, stdout
 
 
@@ -40,7 +40,7 @@ FIGURE_OVERRIDES = {
 ORDER = ("layout", "generation",
          "atol", "rtol", "worst", "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention",
          "mask_kind", "png", "html", "title", "cmap", "reduce", "vmax", "norm", "scale_per_panel", "layers", "heads",
-         "reduce_heads", "max_panels", "precision", "json", "json_file", "no_table", "quiet")
+         "reduce_heads", "max_panels", "show", "graphics", "precision", "json", "json_file", "no_table", "quiet")
 
 
 def compare_command(**values: Any) -> None:
@@ -48,7 +48,8 @@ def compare_command(**values: Any) -> None:
     options: CompareOptions = build(CompareOptions, values, a=values["a"], b=values["b"])
     fig: FigureOptions = build(FigureOptions, values)
     out: CompareOutputs = build(CompareOutputs, values)
-    run_checked(lambda: compare_files(options, fig, out))
+    show: ShowOptions = build(ShowOptions, values)
+    run_checked(lambda: compare_files(options, fig, out, show))
 
 
 compare_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
@@ -56,12 +57,14 @@ compare_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
         metavar="A", show_default=False, help="attention weights (as for inspect)")]),
     inspect.Parameter("b", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
         metavar="B", show_default=False, help="weights of the same shape")]),
-    *parameters(CompareOptions, FigureOptions, CompareOutputs, order=ORDER, overrides=FIGURE_OVERRIDES,
+    *parameters(CompareOptions, FigureOptions, CompareOutputs, ShowOptions, order=ORDER, overrides=FIGURE_OVERRIDES,
                 exclude=("vmin", "check_mask", "max_rows", "max_cols"))])
 
 
-def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutputs) -> bool:
+def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutputs,
+                  show: ShowOptions | None = None) -> bool:
     """Returns whether the tolerance check failed."""
+    from attnviz.cli import show as shown
     from attnviz.cli.commands.inspect import save_json
     from attnviz.inspection import compare
     from attnviz.io import check_outputs
@@ -70,6 +73,8 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
     check_png_path(out.png)
     check_html_path(out.html)
     fig.check(diverging=True)
+    show = show or ShowOptions()
+    shown.check(show, out.json)
     run = compare.prepare_compare(options)
     targets = check_outputs({"--png": out.png, "--json-file": out.json_file, "--html": out.html}, run.paths)
     err = err_console()
@@ -115,4 +120,9 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
         console = out_console()
         for table in compare_tables(result, out.precision):
             console.print(table, crop=False)
+    from attnviz.render.figures import compare_figure
+    from attnviz.render.terminal import compare_picture
+
+    shown.draw(show, lambda: compare_figure(result, fig, out.max_panels),
+               lambda plain, height: compare_picture(result, fig, out.max_panels, plain, height))
     return failed

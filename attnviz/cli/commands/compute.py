@@ -16,8 +16,10 @@ import typer
 
 from attnviz.cli.errors import user_errors
 from attnviz.cli.options import OutputOptions, check_save_params, parameters, parse_index
+from attnviz.cli.show import check as show_check
+from attnviz.cli.show import draw
 from attnviz.errors import AttnvizError, ParamsError, shape_str
-from attnviz.render.options import FigureOptions
+from attnviz.render.options import FigureOptions, ShowOptions
 from attnviz.run_options import CaptureOptions, ParamOptions, RunOptions
 from attnviz.staging import StagedOutputs, staged_outputs
 from attnviz.streams import err_console, out_console, stdout
@@ -53,7 +55,7 @@ def make_command(variant: Variant) -> Callable[..., None]:
 
     parameters_ = [*_variant_parameters(variant), *(parameters(ParamOptions) if variant.learned else []),
                    *(parameters(CaptureOptions) if variant.captured_qkv else []), *parameters(RunOptions),
-                   *parameters(OutputOptions), *parameters(FigureOptions)]
+                   *parameters(OutputOptions), *parameters(FigureOptions), *parameters(ShowOptions)]
     command.__signature__ = inspect.Signature(parameters_)  # type: ignore[attr-defined]
     command.__name__ = f"{variant.name}_command"
     command.__doc__ = f"{variant.summary}.\n\n{variant.formula}"
@@ -67,6 +69,8 @@ def _take(kwargs: dict[str, Any], cls: type) -> Any:
 def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     from attnviz.io import check_outputs
     from attnviz.pipeline import execute, prepare
+    from attnviz.render.figures import compute_figure
+    from attnviz.render.terminal import compute_picture
 
     kwargs = dict(kwargs)
     specs = [kwargs.pop(spec.name) for spec in variant.inputs]
@@ -76,8 +80,10 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     params = _take(kwargs, variant.params)
     out: OutputOptions = _take(kwargs, OutputOptions)
     fig: FigureOptions = _take(kwargs, FigureOptions)
+    show: ShowOptions = _take(kwargs, ShowOptions)
     out.check()
     fig.check()
+    show_check(show, out.json)
     check_save_params(param_options.save_params)
 
     try:
@@ -128,6 +134,8 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
         stdout().write(text)
     if not (out.json or out.no_table or out.quiet):
         print_tables(outcome, index, out)
+    draw(show, lambda: compute_figure(outcome, fig),
+         lambda plain, height: compute_picture(outcome, fig, plain, height))
 
 
 def name_params_file(message: str, params_file: str | None, params: Any) -> str:

@@ -15,7 +15,7 @@ from attnviz.cli.checked import report_checks, run_each
 from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
 from attnviz.inspection.options import InspectOptions
-from attnviz.render.options import FigureOptions
+from attnviz.render.options import FigureOptions, ShowOptions
 from attnviz.streams import err_console, out_console, stdout
 
 SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
@@ -55,8 +55,8 @@ ORDER = ("layout", "generation",
          "check_finite", "atol", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
          "upsample", "keep_mass", "png", "map_png", "stats_png", "stat", "received_png", "overlay_png", "html",
          "title", "cmap",
-         "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "precision",
-         "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
+         "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "show", "graphics",
+         "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
 
 def inspect_command(**values: Any) -> None:
@@ -65,9 +65,10 @@ def inspect_command(**values: Any) -> None:
     options: InspectOptions = build(InspectOptions, values)
     fig: FigureOptions = build(FigureOptions, values)
     out: InspectOutputs = build(InspectOutputs, values)
+    show: ShowOptions = build(ShowOptions, values)
 
     def one(path: str, names: dict[str, Any], source: str | None) -> bool:
-        return inspect_file(replace(options, weights=path), fig, replace(out, **names), source)
+        return inspect_file(replace(options, weights=path), fig, replace(out, **names), source, show)
 
     run_each(files, {"--" + o.replace("_", "-"): getattr(out, o) for o in FILE_OUTPUTS}, lambda path, plan, source:
              one(path, {o: plan["--" + o.replace("_", "-")] for o in FILE_OUTPUTS}, source), "WEIGHTS", out.tables)
@@ -79,12 +80,14 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
         help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, -); an .npz of one array per layer is "
              "stacked; several files are inspected in turn, output names then need a placeholder ({stem}, {name}, "
              "{dir}, {index}, {})")]),
-    *parameters(InspectOptions, FigureOptions, InspectOutputs, order=ORDER, overrides={"cmap": {
+    *parameters(InspectOptions, FigureOptions, InspectOutputs, ShowOptions, order=ORDER, overrides={"cmap": {
         "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}})])
 
 
-def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None) -> bool:
+def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,
+                 show: ShowOptions | None = None) -> bool:
     """One file of weights: returns whether a check failed."""
+    from attnviz.cli import show as shown
     from attnviz.inspection import inspecting
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
@@ -94,6 +97,8 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     check_html_path(out.html)
     check_overlay(out.overlay_png, options.images)
     fig.check()
+    show = show or ShowOptions()
+    shown.check(show, out.json)
     err = err_console()
     options = replace(options, received=out.document or out.received_png is not None or out.tables,
                       row_stats=out.document or out.tables)
@@ -145,6 +150,7 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             stdout().write(document + "\n")
         if not out.json and result.rows is not None and out.tables:
             _print_tables(result, out)
+        _draw(show, result, fig)
         return failed
 
 
@@ -193,6 +199,16 @@ def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutput
         save_text(staged["--html"], inspect_html(result, fig, out.precision))
         written["html"] = out.html or ""
     return written
+
+
+def _draw(show: ShowOptions, result: Any, fig: FigureOptions) -> None:
+    """--show: the picture of --png in the terminal."""
+    from attnviz.cli.show import draw
+    from attnviz.render.figures import inspect_grid_figure
+    from attnviz.render.terminal import inspect_picture
+
+    draw(show, lambda: inspect_grid_figure(result, fig), lambda plain, height: inspect_picture(result, fig, plain,
+                                                                                                 height))
 
 
 def _print_tables(result: Any, out: InspectOutputs) -> None:

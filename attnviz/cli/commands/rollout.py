@@ -14,7 +14,7 @@ from attnviz.cli.checked import run_checked
 from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
 from attnviz.inspection.options import RolloutOptions
-from attnviz.render.options import FigureOptions
+from attnviz.render.options import FigureOptions, ShowOptions
 from attnviz.streams import err_console, out_console, stdout
 
 
@@ -35,7 +35,7 @@ ORDER = ("layout", "generation",
          "batch", "heads", "residual", "discard_ratio", "start_layer", "all_layers", "mask", "key_padding_mask",
          "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
          "upsample", "keep_mass", "png", "overlay_png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
-         "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
+         "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
 
 def rollout_command(**values: Any) -> None:
@@ -56,7 +56,8 @@ def rollout_command(**values: Any) -> None:
     options: RolloutOptions = build(RolloutOptions, values, weights=values["weights"])
     fig: FigureOptions = build(FigureOptions, values)
     out: RolloutOutputs = build(RolloutOutputs, values)
-    run_checked(lambda: rollout_file(options, fig, out))
+    show: ShowOptions = build(ShowOptions, values)
+    run_checked(lambda: rollout_file(options, fig, out, show))
 
 
 rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
@@ -64,13 +65,14 @@ rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
         metavar="WEIGHTS", show_default=False,
         help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] (.npy, .npz of "
              "one array per layer, FILE:KEY with a glob over layers, ...)")]),
-    *parameters(RolloutOptions, FigureOptions, RolloutOutputs, order=ORDER,
+    *parameters(RolloutOptions, FigureOptions, RolloutOutputs, ShowOptions, order=ORDER,
                 exclude=("check_mask", "scale_per_panel"))])
 
 
-def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutputs) -> bool:
+def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutputs,
+                 show: ShowOptions | None = None) -> bool:
     """Roll out, save and print; no check can fail (returns False)."""
-
+    from attnviz.cli import show as shown
     from attnviz.cli.commands.inspect import check_overlay, save_json
     from attnviz.inspection.rollout import run_rollout
     from attnviz.io import check_outputs
@@ -81,6 +83,8 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
     check_html_path(out.html)
     check_overlay(out.overlay_png, options.images)
     fig.check()
+    show = show or ShowOptions()
+    shown.check(show, out.json)
     run = run_rollout(options)
     w = run.weights
     targets = check_outputs({"--png": out.png, "--overlay-png": out.overlay_png, "--json-file": out.json_file,
@@ -127,4 +131,8 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
         from attnviz.render.summaries import rollout_table
 
         out_console().print(rollout_table(run, out.precision, out.max_rows or None, out.max_cols), crop=False)
+    from attnviz.render.figures import rollout_figure
+    from attnviz.render.terminal import rollout_picture
+
+    shown.draw(show, lambda: rollout_figure(run, fig), lambda plain, height: rollout_picture(run, fig, plain, height))
     return False

@@ -1,0 +1,71 @@
+"""``attnviz view``: an interactive viewer of saved attention weights in the terminal. The same inputs
+and options as ``inspect`` (``InspectOptions``: layouts, globs, labels, masks, the layers and heads;
+``FigureOptions``: the colours); the run is ``inspect``'s (``attnviz.inspection.inspecting``), the
+application is ``attnviz.viewer`` (Textual, imported only here, when the command runs).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from typing import Annotated, Any
+
+import typer
+
+from attnviz.cli.errors import user_errors
+from attnviz.cli.options import build, parameters
+from attnviz.errors import UsageError
+from attnviz.inspection.options import CheckOptions, InspectOptions
+from attnviz.render.options import FigureOptions
+from attnviz.streams import err_console
+
+#: inspect's checks are not the viewer's business
+LEFT_OUT = (*(f for f in CheckOptions.__dataclass_fields__), "check_mask", "title", "scale_per_panel")
+ORDER = ("layout", "generation", "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
+         "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention", "mask_kind", "layers", "heads",
+         "reduce_heads", "cmap", "reduce", "vmin", "vmax", "norm")
+
+
+def view_command(**values: Any) -> None:
+    """Walk every layer and head of attention weights in the terminal (arrows or h/j/k/l; shift+arrows or
+    H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; r shows the rollout; q quits)."""
+    with user_errors():
+        options: InspectOptions = build(InspectOptions, values, weights=values["weights"])
+        fig: FigureOptions = build(FigureOptions, values)
+        view(options, fig)
+
+
+view_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
+        metavar="WEIGHTS", show_default=False, help="attention weights, as inspect reads them (.npy, .npz, "
+        ".npz:KEY, a glob over layers, .safetensors, .pt, .h5, .json)")]),
+    *parameters(InspectOptions, FigureOptions, order=ORDER, exclude=LEFT_OUT)])
+
+
+def view(options: InspectOptions, fig: FigureOptions, *, run: bool = True) -> Any:
+    """Read, analyse and open the viewer (returns the application unstarted when ``run`` is False: the
+    tests drive it)."""
+    import sys
+
+    from attnviz.inspection import inspecting
+
+    fig.check()
+    if run and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("attnviz view needs a terminal (standard input and output); use inspect --show in a "
+                         "pipe or a script.")
+    options = replace(options, received=False, row_stats=False)
+    opened = inspecting.prepare(options)
+    result = inspecting.analyse(opened)
+    if not result.finite:  # analyse raised for it unless --check-finite, which view does not take
+        return None
+    for text in result.warnings:
+        err_console().print(f"warning: {text}", markup=False, style="yellow")
+    from attnviz.viewer.app import ViewerApp
+    from attnviz.viewer.model import ViewerModel
+
+    model = ViewerModel(result, fig)
+    w = opened.weights
+    app = ViewerApp(model, f"attnviz view: {w.read_as()}")
+    if run:
+        app.run()
+    return app

@@ -1,0 +1,214 @@
+"""What the viewer shows, without Textual: an ``inspect`` run's weights of one batch entry, their head
+statistics and tags, the selected layer and head, the cursor, token search, the order heads are walked in
+(``sort``) and the rollout; pictures as ``attnviz.render.terminal.TermPicture``.
+
+Maps are reduced before they are drawn: every head's thumbnail once (``THUMB`` cells a side at most),
+and the selected map once to at most ``MAX_SIDE`` cells a side (blocks of ``prefactor``), so that a key
+press redraws small arrays only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnviz.blocks import MAX_SIDE, block_factors, reduce_blocks
+from attnviz.inspection.heads import HEAD_STATS
+from attnviz.render.terminal import TermPanel, TermPicture
+
+THUMB = 16  # a thumbnail is at most this many cells a side
+SORTS = ("head", *HEAD_STATS)  # what 's' cycles through: natural order, then each statistic (largest first)
+
+
+@dataclass
+class ViewerModel:
+    """The state of the viewer over ``result`` (an ``InspectResult`` of ``inspecting.analyse``)."""
+
+    result: Any
+    fig: Any  # FigureOptions
+    layer: int = 0
+    head: int = 0
+    sort: str = "head"
+    rollout: bool = False
+    cursor: tuple[int, int] = (0, 0)  # (query, key) position in the map
+    _maps: dict[tuple[int, int], tuple[np.ndarray, int]] = field(default_factory=dict)
+    _thumbs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    _rollout: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        from attnviz.inspection.masks import grid_masks
+        from attnviz.render.mosaic import grid_getter
+
+        opened = self.result.opened
+        w = opened.weights
+        _, bi, _ = opened.index
+        self.batch = bi
+        self.layers, self.heads = list(opened.grid.layers), list(opened.grid.heads)
+        self.keep, self.real = grid_masks(opened.masks, w.shape, bi)
+        self.get = grid_getter(w.data[:, bi], self.keep, self.real)
+        self.shape = (int(w.shape[-2]), int(w.shape[-1]))
+        li, _, hi = opened.index
+        self.layer = li if li in self.layers else self.layers[0]
+        self.head = hi if hi in self.heads else self.heads[0]
+
+    # -- walking ---------------------------------------------------------------------------------
+    def order(self) -> list[int]:
+        """The heads of the layer in the order ``sort`` says (a statistic: largest first)."""
+        if self.sort == "head":
+            return list(self.heads)
+        values = np.asarray(self.result.stats[self.sort])[self.layer]
+        return sorted(self.heads, key=lambda h: (-float(values[h]), h))
+
+    def move_head(self, step: int) -> None:
+        order = self.order()
+        self.head = order[(order.index(self.head) + step) % len(order)]
+
+    def move_layer(self, step: int) -> None:
+        self.layer = self.layers[(self.layers.index(self.layer) + step) % len(self.layers)]
+
+    def next_sort(self) -> str:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        return self.sort
+
+    def move_cursor(self, dq: int, dk: int, step: tuple[int, int] = (1, 1)) -> None:
+        lq, lk = self.shape
+        q, k = self.cursor
+        self.cursor = (min(max(q + dq * step[0], 0), lq - 1), min(max(k + dk * step[1], 0), lk - 1))
+
+    def find(self, text: str) -> bool:
+        """Move the cursor's query (and key, when the keys carry the same labels) to the next token whose
+        label contains ``text`` (case ignored), after the cursor's; whether one was found."""
+        labels = self.result.opened.q_labels
+        if not text or labels is None:
+            return False
+        needle = text.lower()
+        n = len(labels)
+        start = self.cursor[0]
+        for i in range(1, n + 1):
+            q = (start + i) % n
+            if needle in str(labels[q]).lower():
+                k = q if self.result.opened.k_labels == labels else self.cursor[1]
+                self.cursor = (q, min(k, self.shape[1] - 1))
+                return True
+        return False
+
+    # -- what is drawn ---------------------------------------------------------------------------
+    def map(self) -> tuple[np.ndarray, int]:
+        """The map shown (the head's, or the rollout), reduced once to at most ``MAX_SIDE`` cells a side:
+        (cells, block size)."""
+        key = (-1, -1) if self.rollout else (self.layer, self.head)
+        if key not in self._maps:
+            if self.rollout:
+                data, keep = self.rollout_map(), None
+            else:
+                data, keep = self.get(self.layer, self.head)
+            f = max(block_factors(int(data.shape[0]), int(data.shape[1]), MAX_SIDE))
+            self._maps[key] = (reduce_blocks(data, keep, f, f, self.fig.reduce), f)
+        return self._maps[key]
+
+    def rollout_map(self) -> np.ndarray:
+        """The rollout of the batch entry (heads mean, residual 0.5, every layer), padded tokens NaN."""
+        if self._rollout is None:
+            from attnviz.inspection.rollout import rollout
+
+            w = self.result.opened.weights
+            if self.shape[0] != self.shape[1]:
+                raise ValueError("rollout needs square maps (self-attention)")
+            real = None if self.real is None else np.broadcast_to(self.real, (*w.shape[:1], *w.shape[2:-1]))
+            tokens = None if real is None else np.asarray(np.asarray(real).all(axis=(0, 1)))
+            self._rollout = rollout(w.data[:, self.batch], real=tokens).result
+        return self._rollout
+
+    def value(self) -> float:
+        """The weight under the cursor (the block's, when the map is drawn in blocks), NaN when masked."""
+        cells, f = self.map()
+        q, k = self.cursor
+        return float(cells[q // f, k // f])
+
+    def picture(self, width: int, height: int, plain: bool = False) -> TermPicture:
+        """The selected map (or the rollout) with its labels and the cursor, for ``width x height``."""
+        from attnviz.render.terminal import single_picture
+
+        cells, f = self.map()
+        opened = self.result.opened
+        q_labels, k_labels = opened.q_labels, opened.k_labels
+        if f > 1:  # already in blocks: the labels of each block's first position
+            q_labels = None if q_labels is None else list(q_labels[::f])
+            k_labels = None if k_labels is None else list(k_labels[::f])
+        title = "rollout (heads mean, residual 0.5)" if self.rollout else f"layer {self.layer}, head {self.head}"
+        picture = single_picture(cells, None, title=title, q_labels=q_labels, k_labels=k_labels,
+                                 cmap=self.fig.cmap, reduce=self.fig.reduce, scale=self.fig.scale(), plain=plain,
+                                 height=height, colorbar_label="rollout" if self.rollout else "weight")
+        picture.blocks = f
+        picture.cursor = self.cursor_cell(picture, width)
+        return picture
+
+    def cursor_cell(self, picture: TermPicture, width: int) -> tuple[int, int]:
+        """The cursor in the cells ``picture`` draws at ``width`` (laid out once to know its blocks)."""
+        picture.lines(width)
+        placed = picture.placed[0]
+        _, f = self.map()
+        g = (placed.f if placed is not None else 1) * f
+        return self.cursor[0] // g, self.cursor[1] // g
+
+    def drawn_blocks(self, picture: TermPicture) -> int:
+        placed = picture.placed[0] if picture.placed else None
+        return (placed.f if placed is not None else 1) * self.map()[1]
+
+    def thumbnails(self, width: int, height: int, plain: bool = False) -> TermPicture:
+        """The layer x head grid, each head's map reduced once to ``THUMB`` cells a side; the selected head
+        marked."""
+        from attnviz.render.terminal import grid_picture
+
+        f = max(block_factors(self.shape[0], self.shape[1], THUMB))
+        for li in self.layers:
+            for hi in self.heads:
+                if (li, hi) not in self._thumbs:
+                    data, keep = self.get(li, hi)
+                    self._thumbs[(li, hi)] = reduce_blocks(data, keep, f, f, self.fig.reduce)
+
+        def panel(r: int, c: int) -> TermPanel:
+            cells = self._thumbs[(self.layers[r], self.heads[c])]
+            return TermPanel(lambda: (cells, None), (int(cells.shape[0]), int(cells.shape[1])))
+
+        picture = grid_picture(panel, len(self.layers), len(self.heads), title="layers x heads",
+                               row_labels=[str(x) for x in self.layers], col_labels=[str(h) for h in self.heads],
+                               row_name="L", col_name="H", cmap=self.fig.cmap, reduce=self.fig.reduce,
+                               scale=self.fig.scale(), plain=plain, height=height)
+        picture.blocks = f
+        picture.marked = self.layers.index(self.layer) * len(self.heads) + self.heads.index(self.head)
+        return picture
+
+    def stats_lines(self) -> list[str]:
+        """The selected head's statistics and tag, then the heads of the layer in the walking order."""
+        stats = self.result.stats
+        li, hi = self.layer, self.head
+        tag = str(stats["tag"][li, hi]) if "tag" in stats else ""
+        lines = [f"layer {li}  head {hi}" + (f"  [{tag}]" if tag else "")]
+        for name in HEAD_STATS:
+            lines.append(f"{name:<13}{float(stats[name][li, hi]):8.3f}")
+        key = self.sort
+        lines.append(f"order: {key}" + (" (largest first)" if key != "head" else ""))
+        order = self.order()
+        shown = []
+        for h in order:
+            mark = ">" if h == hi else " "
+            value = "" if key == "head" else f" {float(stats[key][li, h]):.3f}"
+            shown.append(f"{mark}H{h}{value}")
+        lines.append(" ".join(shown))
+        return lines
+
+    def cursor_line(self) -> str:
+        """The query token, key token and weight under the cursor."""
+        opened = self.result.opened
+        q, k = self.cursor
+        _, f = self.map()
+        qname = f"{q}" + (f" {opened.q_labels[q]!r}" if opened.q_labels is not None else "")
+        kname = f"{k}" + (f" {opened.k_labels[k]!r}" if opened.k_labels is not None else "")
+        value = self.value()
+        weight = "masked" if np.isnan(value) else f"{value:.4f}"
+        what = "rollout" if self.rollout else "weight"
+        block = f" ({self.fig.reduce} of a {f}x{f} block)" if f > 1 else ""
+        return f"query {qname}  key {kname}  {what} {weight}{block}"
