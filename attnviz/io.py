@@ -161,6 +161,8 @@ def supported() -> str:
 def _check_path(path: str) -> Path:
     """A path that names a regular file of a type attnviz reads (exit 2 otherwise): a directory, device,
     FIFO or socket is refused before it is opened, also behind a symbolic link."""
+    if not path:  # Path("") is the working folder
+        raise UsageError("'': an empty file name.")
     p = Path(path)
     if os.path.lexists(p) or "\0" in path:
         regular_file(p, path)  # exists: it must be a regular file

@@ -104,8 +104,9 @@ def read_scoring(opts: CaptureOptions, heads: int | None, config: ConfigReading 
     d = s.described
     if scale is not None:
         d["scale"] = scale
-    needs_heads = [o for o, v in (("--alibi", opts.alibi or opts.alibi_max_bias is not None), ("--sinks", opts.sinks),
-                                  ("--relative-bias-table", opts.relative_bias_table)) if v]
+    needs_heads = [o for o, v in (("--alibi", opts.alibi or opts.alibi_max_bias is not None),
+                                  ("--sinks", opts.sinks is not None),
+                                  ("--relative-bias-table", opts.relative_bias_table is not None)) if v]
     if needs_heads and heads is None:
         raise UsageError(f"{needs_heads[0]} is per head: Q, K and V need a head axis ([batch, heads, L, d], or "
                          "--layout naming head).")

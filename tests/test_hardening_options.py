@@ -540,3 +540,22 @@ def test_fuzz_option_values(fuzz_folder, argv):
             for name in before:
                 if after.get(name) != before[name] and (pristine / name).is_file():
                     shutil.copy(pristine / name, folder / name)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["scaled", "q.npy", "k.npy", "v.npy", "--sinks", ""], "--sinks is per head"),  # found by the fuzz test
+    (["scaled", "q.npy", "k.npy", "v.npy", "--relative-bias-table", ""], "--relative-bias-table is per head"),
+    (["scaled", "q4.npy", "q4.npy", "q4.npy", "--sinks", ""], "'': an empty file name."),
+    (["scaled", "q.npy", "k.npy", "v.npy", "--mask", ""], "'': an empty file name."),
+    (["inspect", ""], "'': an empty file name."),
+])
+def test_empty_file_names_are_one_line(tmp_path, monkeypatch, argv, expected):
+    """An empty file name once passed the per-head check of --sinks (an empty name is false) and ended in an
+    internal error; and Path('') is the working folder, which read as 'is a directory'."""
+    for name in "qkv":
+        shutil.copy(SAMPLES / f"{name}.npy", tmp_path)
+    np.save(tmp_path / "q4.npy", np.ones((1, 2, 3, 4), np.float32))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"attnviz: error: {expected}") and result.stderr.count("\n") == 1, result.stderr

@@ -15,12 +15,13 @@ import typer
 from attnviz.cli.errors import user_errors
 from attnviz.cli.options import build, parameters
 from attnviz.errors import UsageError
-from attnviz.inspection.options import CheckOptions, InspectOptions
+from attnviz.inspection.options import CheckOptions, ImageOptions, InspectOptions
 from attnviz.render.options import FigureOptions
 from attnviz.streams import err_console
 
-#: inspect's checks are not the viewer's business
-LEFT_OUT = (*(f for f in CheckOptions.__dataclass_fields__), "check_mask", "title", "scale_per_panel")
+#: inspect's checks are not the viewer's business; nor, yet, the picture a ViT's patches came from (--overlay-png)
+LEFT_OUT = (*CheckOptions.__dataclass_fields__, *ImageOptions.__dataclass_fields__, "check_mask", "title",
+            "scale_per_panel")
 ORDER = ("layout", "generation", "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention", "mask_kind", "layers", "heads",
          "reduce_heads", "cmap", "reduce", "vmin", "vmax", "norm")
