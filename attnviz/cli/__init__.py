@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 class _Package(types.ModuleType):
     """``attnviz.cli.app`` is the Typer application, also once the module of the same name is imported
-    (the import system binds a submodule to its package's attribute: here it binds the app instead)."""
+    (the import system binds a submodule to its package's attribute: here it does not, and the attribute is
+    the app, made on first use)."""
 
     def __getattr__(self, name: str) -> Any:
         if name == "app":
@@ -42,7 +43,7 @@ class _Package(types.ModuleType):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "app" and isinstance(value, types.ModuleType):
-            value = value.app
+            return  # the module, bound by its import: leave ``app`` to __getattr__ (the app, made on first use)
         super().__setattr__(name, value)
 
 

@@ -10,6 +10,8 @@ exit code 1 (bad data, run-time failure) or 2 (bad usage); nothing reaches the u
 
 from __future__ import annotations
 
+import importlib
+import threading
 import warnings
 from typing import Annotated, Any, Literal
 
@@ -17,19 +19,9 @@ import typer
 from typer.core import TyperGroup
 
 from attnviz import __version__
-from attnviz.cli.commands.batch import batch_command
-from attnviz.cli.commands.compare import compare_command
-from attnviz.cli.commands.compute import make_command
-from attnviz.cli.commands.inspect import inspect_command
-from attnviz.cli.commands.repeat_test import repeat_test_command
-from attnviz.cli.commands.rollout import rollout_command
-from attnviz.cli.commands.serve import serve_command
-from attnviz.cli.commands.variants import variants_command
-from attnviz.cli.commands.view import view_command
 from attnviz.cli.completion import SHELL_CHOICES
 from attnviz.cli.errors import usage_errors
 from attnviz.cli.parsers import checked_option
-from attnviz.variants import REGISTRY
 
 # NumPy's floating-point RuntimeWarnings ("invalid value encountered in cast") would reach users' stderr
 # as Python warnings; attnviz checks non-finite values itself and says what they mean. Process-wide, as
@@ -82,16 +74,20 @@ class AttnvizTyper(typer.Typer):
         return super().command(*args, cls=cls or AttnvizCommand, **kwargs)
 
 
-app = AttnvizTyper(
-    name="attnviz",
-    cls=AttnvizGroup,
-    help="Compute, inspect and visualise attention from the command line: tables, statistics, "
-    "heatmap PNGs and JSON.",
-    no_args_is_help=False,  # `attnviz` alone: one usage line naming --help (exit 2), not 40 lines of help
-    add_completion=False,  # attnviz's own --install-completion/--show-completion [SHELL] (attnviz.cli.completion)
-    rich_markup_mode=None,  # plain help: fast (no rich.markdown import) and brackets print as written
-    pretty_exceptions_enable=False,
-)
+def new_app() -> AttnvizTyper:
+    """An ``attnviz`` app with its options (``--version``, ``--no-server``, completion) and no command yet."""
+    made = AttnvizTyper(
+        name="attnviz",
+        cls=AttnvizGroup,
+        help="Compute, inspect and visualise attention from the command line: tables, statistics, "
+        "heatmap PNGs and JSON.",
+        no_args_is_help=False,  # `attnviz` alone: one usage line naming --help (exit 2), not 40 lines of help
+        add_completion=False,  # attnviz's own --install-completion/--show-completion [SHELL] (attnviz.cli.completion)
+        rich_markup_mode=None,  # plain help: fast (no rich.markdown import) and brackets print as written
+        pretty_exceptions_enable=False,
+    )
+    made.callback()(main)
+    return made
 
 
 def _completion(what: str, value: str | None) -> None:
@@ -112,7 +108,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
@@ -137,14 +132,54 @@ def main(
 # ----------------------------------------------------------------------------------------------
 # Every command, registered here and only here
 
-app.command("variants")(variants_command)
-for _variant in REGISTRY.values():
-    _command = make_command(_variant)
-    app.command(_variant.name, help=_command.__doc__, short_help=_variant.summary)(_command)
-app.command("inspect")(inspect_command)
-app.command("compare")(compare_command)
-app.command("batch")(batch_command)
-app.command("serve")(serve_command)
-app.command("rollout")(rollout_command)
-app.command("repeat-test")(repeat_test_command)
-app.command("view")(view_command)
+#: the commands after the compute commands, in the order of ``attnviz --help``: name -> (module, function)
+COMMANDS = {
+    "inspect": ("inspect", "inspect_command"),
+    "compare": ("compare", "compare_command"),
+    "batch": ("batch", "batch_command"),
+    "serve": ("serve", "serve_command"),
+    "rollout": ("rollout", "rollout_command"),
+    "repeat-test": ("repeat_test", "repeat_test_command"),
+    "view": ("view", "view_command"),
+}
+
+
+def register(target: AttnvizTyper, only: str | None = None) -> bool:
+    """Register every command on ``target``: ``variants``, one compute command per registered variant,
+    then COMMANDS. With ``only``, that command alone, importing its module only (a cold run of one
+    command; ``attnviz.cli.console``). Whether anything was registered."""
+    def command(module: str, function: str) -> Any:
+        return getattr(importlib.import_module(f"attnviz.cli.commands.{module}"), function)
+
+    found = False
+    if only in (None, "variants"):
+        target.command("variants")(command("variants", "variants_command"))
+        found = True
+    from attnviz.variants import REGISTRY
+
+    for variant in REGISTRY.values():
+        if only in (None, variant.name):
+            made = command("compute", "make_command")(variant)
+            target.command(variant.name, help=made.__doc__, short_help=variant.summary)(made)
+            found = True
+    for name, (module, function) in COMMANDS.items():
+        if only in (None, name):
+            target.command(name)(command(module, function))
+            found = True
+    return found
+
+
+_BUILDING = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    """``app``, the application with every command, made on first use: a cold run of one command makes an
+    app of that command alone (``attnviz.cli.console``) and imports no other command's module."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _BUILDING:
+        if "app" not in globals():
+            made = new_app()
+            register(made)
+            globals()["app"] = made
+    return globals()["app"]
