@@ -146,3 +146,15 @@ def pytest_sessionstart(session) -> None:
         compileall.compile_dir(ROOT / "attnviz", quiet=2)  # a module that does not compile fails its tests
     except OSError:  # a folder we may not write: each process compiles for itself, as before
         pass
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the cores this process may use. Many tests wait on the processes they
+    start (cold runs, warm workers, batch shards, a browser); the extra worker keeps the cores busy meanwhile
+    (on 2 cores: 3 workers, about a sixth less wall time than 2)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores + 1

@@ -57,8 +57,15 @@ def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
     return found
 
 
-IMPORTS = {name: imports_of(name, path) for name, path in MODULES.items()}  # each module parsed once
-GRAPH = {name: {m for m, _ in found if m in MODULES and m != name} for name, found in IMPORTS.items()}
+@cache
+def imports() -> dict[str, list[tuple[str, int]]]:
+    """Every module's imports (each module parsed once, when a test first asks: not while every worker collects)."""
+    return {name: imports_of(name, path) for name, path in MODULES.items()}
+
+
+@cache
+def graph() -> dict[str, set[str]]:
+    return {name: {m for m, _ in found if m in MODULES and m != name} for name, found in imports().items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -102,8 +109,8 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
-    assert "attnviz.cli.app" in GRAPH["attnviz.cli.console"]  # imported inside click_command
-    assert "attnviz.errors" in GRAPH["attnviz.masks"]
+    assert "attnviz.cli.app" in graph()["attnviz.cli.console"]  # imported inside click_command
+    assert "attnviz.errors" in graph()["attnviz.masks"]
     source = tmp_path / "probe.py"
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import attnviz.pipeline\n"
                       "def f():\n    from . import errors\n    from .render import table\n")
@@ -112,12 +119,12 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
 
 
 def test_no_import_cycles():
-    assert cycles(GRAPH) == []
+    assert cycles(graph()) == []
 
 
 def _offenders(rule: str) -> list[str]:
     bad = []
-    for name, found in IMPORTS.items():
+    for name, found in imports().items():
         in_cli = name.startswith("attnviz.cli")
         for module, line in found:
             top = module.split(".")[0]

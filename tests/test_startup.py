@@ -125,34 +125,51 @@ def test_direct_coercion_is_typers(args):
         assert invoke(click_command(args[0])) == expected
 
 
-def _run_scaled(env_extra):
+#: ``python -m attnviz ARGV``, which then writes the heavy modules it loaded to the file named by ``$LOADED``
+LOADED_AT_EXIT = """
+import atexit, os, runpy, sys
+atexit.register(lambda: open(os.environ["LOADED"], "w").write(" ".join(m for m in {heavy!r} if m in sys.modules)))
+sys.argv = ["attnviz", *{args!r}]
+runpy.run_module("attnviz", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run_scaled(env_extra, tmp_path):
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "ATTNVIZ_DEBUG")}
     env["ATTNVIZ_NO_SERVER"] = "1"  # a cold run, whatever worker the user runs
+    env["LOADED"] = str(tmp_path / "loaded")
     env.update(env_extra)
     args = ["scaled", *(str(SAMPLES / f"{n}.npy") for n in "qkv"), "--quiet"]
-    return subprocess.run([sys.executable, "-m", "attnviz", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180, env=env)
+    out = subprocess.run([sys.executable, "-c", LOADED_AT_EXIT.format(heavy=HEAVY, args=args)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=180, env=env)
+    return out, (tmp_path / "loaded").read_text().split() if out.returncode == 0 else None
 
 
 TF_CHATTER = ("absl::InitializeLog", "oneDNN", "cuda drivers", "cudart_stub")
 
 
 @pytest.mark.parametrize("env", [{}, {"TF_CPP_MIN_LOG_LEVEL": "3"}])
-def test_tensorflow_start_up_lines_never_reach_the_user(env):
+def test_tensorflow_start_up_lines_never_reach_the_user(env, tmp_path):
     """People export TF_CPP_MIN_LOG_LEVEL=3 to silence TensorFlow; some start-up lines are written
-    before TensorFlow reads it, so attnviz silences them itself unless they are asked for."""
-    out = _run_scaled(env)
+    before TensorFlow reads it, so attnviz silences them itself unless they are asked for.
+
+    And TensorFlow comes without Keras and matplotlib: TensorFlow imports Keras 3 eagerly, and Keras
+    imports matplotlib's pyplot and its application models, a fifth of TensorFlow's start-up for an API
+    attnviz never calls (a PNG loads matplotlib itself; Keras loads when asked afterwards:
+    test_keras_loads_after_tensorflow_when_asked)."""
+    out, loaded = _run_scaled(env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert not any(s in out.stderr for s in TF_CHATTER), out.stderr
+    assert loaded == ["tensorflow"]
 
 
-def test_tensorflow_start_up_lines_on_request():
+def test_tensorflow_start_up_lines_on_request(tmp_path):
     """ATTNVIZ_DEBUG=1 (or a TF_CPP_MIN_LOG_LEVEL of 0 to 2) lets TensorFlow speak: nothing is hidden then."""
     from attnviz.device import tensorflow_chatter_wanted
 
-    out = _run_scaled({"ATTNVIZ_DEBUG": "1"})
+    out, _ = _run_scaled({"ATTNVIZ_DEBUG": "1"}, tmp_path)
     assert out.returncode == 0, out.stderr
     import os
 
@@ -170,14 +187,6 @@ def test_tensorflow_start_up_lines_on_request():
             os.environ.pop(k, None)
             if v is not None:
                 os.environ[k] = v
-
-
-def test_a_compute_run_loads_tensorflow_without_keras_or_matplotlib():
-    """TensorFlow imports Keras 3 eagerly, and Keras imports matplotlib's pyplot and its application models: a
-    fifth of TensorFlow's start-up for an API attnviz never calls. attnviz leaves Keras out of that import (a PNG
-    loads matplotlib itself); Keras still loads when something asks for it afterwards."""
-    code, loaded = probe(["scaled", *(str(SAMPLES / f"{n}.npy") for n in "qkv"), "--quiet"])
-    assert code == 0 and loaded == ["tensorflow"]
 
 
 def test_keras_loads_after_tensorflow_when_asked():
