@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from attnviz.errors import AttnvizError, OutputError
+from attnviz.interrupts import deferred
 
 
 class StagedOutputs:
@@ -31,6 +32,10 @@ class StagedOutputs:
         self.committed: list[Path] = []
 
     def reserve(self) -> None:
+        with deferred():  # Ctrl-C or SIGTERM: never between creating a staged file and recording it
+            self._reserve()
+
+    def _reserve(self) -> None:
         for option, path in self.targets.items():
             if path.exists() and not path.is_file():  # a FIFO, a device: never replaced by a file
                 self.discard()
@@ -55,7 +60,12 @@ class StagedOutputs:
 
     def commit(self) -> None:
         """Put every staged file in place. Should a rename fail, the files already put in place by
-        this commit are removed too (they replaced any older ones: those are gone)."""
+        this commit are removed too (they replaced any older ones: those are gone). A signal waits until the
+        files are in place, or removed."""
+        with deferred():
+            self._commit()
+
+    def _commit(self) -> None:
         for option, stage in list(self.staged.items()):
             try:
                 os.replace(stage, self.targets[option])
@@ -68,13 +78,14 @@ class StagedOutputs:
 
     def discard(self) -> None:
         """Remove the staged files (and what a failed commit already put in place)."""
-        for path in [*self.staged.values(), *self.committed]:
-            try:
-                path.unlink()
-            except OSError:
-                pass
-        self.staged.clear()
-        self.committed.clear()
+        with deferred():
+            for path in [*self.staged.values(), *self.committed]:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            self.staged.clear()
+            self.committed.clear()
 
     def real_names(self, text: str) -> str:
         """A message about a staged file, naming the target instead."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnviz import interrupts
 from attnviz.batch import Runner
 from attnviz.batch.jobs import Job, plan_jobs
 from attnviz.batch.results import JobResult, results_record
@@ -73,10 +74,15 @@ def _identity(path: str) -> tuple[int, int, int] | None:
 def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
             progress: Callable[[], object] | None) -> Iterator[JobResult]:
     """The results of ``jobs`` as they finish (``workers`` threads: in the order they finish);
-    ``progress`` is called once per job finished. With ``fail_fast``, no job starts after one failed."""
+    ``progress`` is called once per job finished. With ``fail_fast``, no job starts after one failed.
+
+    Ctrl-C or SIGTERM (``attnviz.interrupts``) ends the batch: no job starts after it; the job it cut short
+    gives no result (its command removed what it had staged; ``--resume`` runs it again); jobs running in
+    other threads finish and give theirs; then the interruption is raised again."""
     if workers <= 1:
         for job in jobs:
             result = run_job(runner, job)
+            interrupts.raise_received()  # the job was cut short: its command worded it, the batch ends
             if progress is not None:
                 progress()
             yield result
@@ -88,13 +94,19 @@ def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
     pending: set[Future[JobResult]] = set()
     queue = list(jobs)
     stop = False
+    interrupted: KeyboardInterrupt | None = None
     with ThreadPoolExecutor(max_workers=workers) as pool:
         while queue or pending:
             while queue and not stop and len(pending) < workers:
                 pending.add(pool.submit(run_job, runner, queue.pop(0)))
             if not pending:
                 break
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            try:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt as exc:  # in the main thread: the jobs running in threads finish
+                interrupted, stop = exc, True
+                queue.clear()
+                continue
             for future in done:
                 result = future.result()
                 if progress is not None:
@@ -103,6 +115,8 @@ def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
                 yield result
             if stop:
                 queue.clear()
+    if interrupted is not None:
+        raise interrupted
 
 
 def _same_file(a: str, b: str) -> bool:

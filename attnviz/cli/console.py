@@ -104,9 +104,27 @@ RUNNER = Runner(click_command)
 
 
 def run(argv: list[str]) -> NoReturn:
-    """Run the command line in this process, as ``attnviz ARGV``, and exit with its status."""
+    """Run the command line in this process, as ``attnviz ARGV``, and exit with its status. Ctrl-C and
+    SIGTERM end it as exceptions (``attnviz.interrupts``): what it staged is removed, exit 130 or 143."""
+    from attnviz import interrupts
+
     try:
-        code = RUNNER.execute(argv)
+        with interrupts.handled():
+            code = RUNNER.execute(argv)
+    except KeyboardInterrupt as exc:  # outside a command's own handling (while reading the options)
+        code = interrupts.exit_code(exc)
+        _say_interrupted(exc)
     finally:
         flush_quietly()
     raise SystemExit(code)
+
+
+def _say_interrupted(exc: BaseException) -> None:
+    import sys
+
+    from attnviz.interrupts import Terminated
+
+    try:
+        sys.stderr.write(f"attnviz: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}\n")
+    except (OSError, ValueError):
+        pass

@@ -149,9 +149,11 @@ def user_errors() -> Iterator[None]:
     except AttnvizError as exc:
         stderr().write(error_line(exc.message))
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        err_console().print("attnviz: interrupted", markup=False)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (attnviz.interrupts.Terminated): staged files are gone
+        from attnviz.interrupts import Terminated, exit_code
+
+        err_console().print(f"attnviz: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", markup=False)
+        raise typer.Exit(exit_code(exc)) from None
     except (typer.Exit, typer.Abort):
         raise
     except BrokenPipeError:  # a write past attnviz.streams' guards: the output ends, not as an error

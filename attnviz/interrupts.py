@@ -1,0 +1,93 @@
+"""Ctrl-C (SIGINT) and SIGTERM during a run: the run ends as an exception, so that what it staged is removed.
+
+Python turns SIGINT into ``KeyboardInterrupt``; SIGTERM (what schedulers, ``kill`` and ``timeout`` send)
+ends the process on the spot by default, leaving a run's staged files behind and a batch's current job
+half done. While ``handled()`` is in force (the console script's run: ``attnviz.cli.console.run``), both
+raise in the main thread: ``KeyboardInterrupt`` for SIGINT, ``Terminated`` (a ``KeyboardInterrupt``) for
+SIGTERM, and ``received()`` says which arrived, so that code that catches the exception (a batch job, whose
+command words it as "interrupted") can tell that the whole run is to end. The command line exits 130 or
+143 (128 + the signal), as a shell reports a process ended by it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_received: int | None = None
+_deferring = 0  # deferred() blocks open in the main thread
+_pending = False  # a signal arrived in one: raised when the outermost ends
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread while ``handled()`` is in force."""
+
+
+def received() -> int | None:
+    """The signal (SIGINT or SIGTERM) that arrived while ``handled()`` was in force, or None."""
+    return _received
+
+
+def exit_code(exc: BaseException) -> int:
+    """What the command line exits with after ``exc`` (a KeyboardInterrupt): 143 for SIGTERM, else 130."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def raise_received() -> None:
+    """Raise the exception of the signal that arrived, if one did."""
+    if _received == signal.SIGTERM:
+        raise Terminated()
+    if _received == signal.SIGINT:
+        raise KeyboardInterrupt()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    global _received, _pending
+    _received = signum
+    if _deferring:
+        _pending = True
+        return
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A few steps that must not be cut in two (a file created and then recorded as one to remove; a file
+    renamed into place and recorded as such): a signal that arrives meanwhile is raised once they are done.
+    Only the main thread receives signals; elsewhere this changes nothing."""
+    global _deferring, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        if not _deferring and _pending:
+            _pending = False
+            raise_received()
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """SIGINT and SIGTERM as exceptions in the main thread for the duration (elsewhere: nothing changes, as
+    only the main thread may set handlers). A signal a parent process ignores (SIGINT in a shell's
+    background job) stays ignored."""
+    global _received, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, _on_signal)
+    _received, _pending = None, False
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,92 @@
+"""Ctrl-C (SIGINT) and SIGTERM in the middle of a run (issue 24, "Signals"): real processes, signalled while
+they work. A cold run removes what it staged and exits 130 or 143 with one line; a batch ends after the job it
+cut short, its results manifest holds a whole line for every job that finished and none for that one, and
+``--resume`` then completes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnviz.cli import app
+from tests.conftest import ROOT
+
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("ATTNVIZ_")}, "ATTNVIZ_NO_SERVER": "1",
+       "PYTHONPATH": str(ROOT)}
+CODES = {signal.SIGINT: (130, "attnviz: interrupted"), signal.SIGTERM: (143, "attnviz: terminated")}
+
+
+def weights(path: Path, shape: tuple[int, ...]) -> None:
+    w = np.random.default_rng(0).random(shape, dtype=np.float32)
+    np.save(path, w / w.sum(-1, keepdims=True))
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "attnviz", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+
+
+def signal_when(proc: subprocess.Popen, ready, sig: int, timeout: float = 60) -> None:
+    """Send ``sig`` as soon as ``ready()`` holds (polled every 5 ms); fail if the process ends first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"ended before the signal: {proc.communicate()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(sig)
+
+
+def staged(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".staged" in p.name)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_cold_run_signalled_while_it_draws_leaves_nothing(tmp_path, sig):
+    weights(tmp_path / "w.npy", (12, 12, 64, 64))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = start(["inspect", "w.npy", "--png", "grid.png", "--json-file", "d.json", "--quiet"], tmp_path)
+    signal_when(proc, lambda: staged(tmp_path), sig)  # its outputs are reserved: it is drawing
+    out, err = proc.communicate(timeout=60)
+    code, line = CODES[sig]
+    assert (proc.returncode, err.decode(), out) == (code, line + "\n", b"")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, nothing staged left
+
+
+def records(path: Path) -> list[dict]:
+    text = path.read_text() if path.exists() else ""
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]  # every line whole
+
+
+@pytest.mark.parametrize("sig, jobs", [(signal.SIGTERM, 1), (signal.SIGINT, 3)])
+def test_a_batch_signalled_between_jobs_keeps_whole_lines_and_resumes(tmp_path, monkeypatch, sig, jobs):
+    weights(tmp_path / "w.npy", (2, 4, 48, 48))
+    n = 10
+    job = {"command": "inspect", "args": ["w.npy"]}
+    (tmp_path / "jobs.jsonl").write_text("".join(
+        json.dumps({**job, "options": {"png": f"o{i}.png", "json-file": f"d{i}.json"}}) + "\n" for i in range(n)))
+    results = tmp_path / "results.jsonl"
+    proc = start(["batch", "jobs.jsonl", "--results", "results.jsonl", "--jobs", str(jobs), "--quiet"], tmp_path)
+    signal_when(proc, lambda: results.exists() and results.read_text().count("\n") >= 2, sig)
+    out, err = proc.communicate(timeout=60)
+    code, line = CODES[sig]
+    assert proc.returncode == code and err.decode().endswith(line + "\n"), err
+    finished = records(results)
+    assert 2 <= len(finished) < n and all(r["exit_code"] == 0 for r in finished)
+    outputs = sorted(p.name for p in tmp_path.glob("[od]*.*"))
+    assert outputs == sorted(f"{p}{r['index']}.{ext}" for r in finished for p, ext in (("o", "png"), ("d", "json")))
+    assert staged(tmp_path) == []
+    monkeypatch.chdir(tmp_path)  # --resume in this process: what is left to do is plain work
+    resumed = CliRunner().invoke(app, ["batch", "jobs.jsonl", "--results", "results.jsonl", "--resume", "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    assert sorted(r["index"] for r in records(results)) == list(range(n))
+    assert len(list(tmp_path.glob("o*.png"))) == n and staged(tmp_path) == []
