@@ -21,6 +21,23 @@ CPU = Device("CPU:0", "/CPU:0")
 os.environ.setdefault("COLUMNS", "120")
 
 
+class LazyModule:
+    """A module imported on first use of one of its attributes (a test that uses it is skipped where it is not
+    installed, as with pytest.importorskip): torch and transformers cost every xdist worker ~4 s to import
+    while it collects, though one worker runs the tests that need them (SHARED_UNITS)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._module = None
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_") or attr.startswith("pytest"):  # what collection asks every module-level name
+            raise AttributeError(attr)
+        if self._module is None:
+            self._module = pytest.importorskip(self._name)
+        return getattr(self._module, attr)
+
+
 def compute(name, q_array=None, k_array=None, v_array=None, /, *, inputs=None, keep=None, bias=None,
             dtype="float32", causal=False, causal_align="top-left", learned=None, seed=None, **params):
     """Run a registered variant on arrays, with masks built the way the command line builds them.
@@ -109,6 +126,12 @@ ONE_WORKER = {
 }
 
 
+# Modules that run as one unit of work together, on one worker: each builds small models from transformers configs,
+# and importing transformers' model classes costs a worker ~4-8 s of CPU; one worker pays it instead of every one.
+SHARED_UNITS = {name: "transformers models" for name in
+                ("test_families", "test_generation_words", "test_model_attention", "test_recipes")}
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` (pyproject.toml's default): the modules of ONE_WORKER each as one unit of work,
@@ -127,7 +150,8 @@ def pytest_xdist_make_scheduler(config, log):
             if marked and not any(c in group for c in "[]:/"):  # test_x[id]@group
                 return group
             path = nodeid.split("::", 1)[0]
-            return path if Path(path).stem in ONE_WORKER else nodeid
+            stem = Path(path).stem
+            return path if stem in ONE_WORKER else SHARED_UNITS.get(stem, nodeid)
 
     return Scheduling(config, log)
 

@@ -15,10 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
+from tests.conftest import LazyModule
 from tests.docs_text import page
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 runner = CliRunner()
 B, L, PAD, LAYER = 2, 10, 3, 1

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from attnviz.cli import app
 from attnviz.subwords import merge, words
+from tests.conftest import LazyModule
 
 runner = CliRunner()
 
@@ -121,8 +122,8 @@ def test_compute_command_merges_its_weights(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # Generation dumps against the model's full forward pass
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 
 def save_forms(attentions, folder):

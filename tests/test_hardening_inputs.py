@@ -13,6 +13,7 @@ fuzz over every format, through ``open_spec`` and the command line.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -35,7 +36,7 @@ from attnviz.cli import app
 from attnviz.errors import AttnvizError, InputError, UsageError
 from attnviz.formats import _base
 from attnviz.io import StdinReader, load_labels, open_spec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, LazyModule
 
 h5py = pytest.importorskip("h5py")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -44,11 +45,8 @@ runner = CliRunner()
 A = np.random.default_rng(3).random((2, 3, 4)).astype(np.float32)
 QKV = {"q": A[0], "k": A[1], "v": A[1] * 2}
 GB = 2**30
-TORCH = True
-try:
-    import torch
-except ImportError:  # pragma: no cover - torch is a test dependency
-    TORCH = False
+TORCH = importlib.util.find_spec("torch") is not None  # torch is a test dependency
+torch = LazyModule("torch")  # imported by the tests that use it, not while every worker collects
 
 
 def _limit_memory() -> None:  # in the child: at most 2 GB of address space

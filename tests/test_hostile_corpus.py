@@ -43,11 +43,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, LazyModule
 
-h5py = pytest.importorskip("h5py")
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
-torch = pytest.importorskip("torch")
+# imported when the corpus builds its files, in the worker that runs it (not while every worker collects)
+h5py = LazyModule("h5py")
+safetensors_numpy = LazyModule("safetensors.numpy")
+torch = LazyModule("torch")
 
 GB = 2**30
 ADDRESS_SPACE = 3 * GB  # RLIMIT_AS of every case
