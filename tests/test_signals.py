@@ -30,9 +30,13 @@ def weights(path: Path, shape: tuple[int, ...]) -> None:
     np.save(path, w / w.sum(-1, keepdims=True))
 
 
+def _default_sigint() -> None:  # in the child: as a terminal starts a command (a test runner may ignore SIGINT,
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # and an ignored SIGINT stays ignored, in Python as in attnviz)
+
+
 def start(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "attnviz", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=_default_sigint)
 
 
 def signal_when(proc: subprocess.Popen, ready, sig: int, timeout: float = 60) -> None:
@@ -70,7 +74,7 @@ def records(path: Path) -> list[dict]:
 @pytest.mark.parametrize("sig, jobs", [(signal.SIGTERM, 1), (signal.SIGINT, 3)])
 def test_a_batch_signalled_between_jobs_keeps_whole_lines_and_resumes(tmp_path, monkeypatch, sig, jobs):
     weights(tmp_path / "w.npy", (2, 4, 48, 48))
-    n = 10
+    n = 16
     job = {"command": "inspect", "args": ["w.npy"]}
     (tmp_path / "jobs.jsonl").write_text("".join(
         json.dumps({**job, "options": {"png": f"o{i}.png", "json-file": f"d{i}.json"}}) + "\n" for i in range(n)))
