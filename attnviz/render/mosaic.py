@@ -44,6 +44,27 @@ from attnviz.render.scale import (
 MOSAIC_PANELS = 5  # compute commands draw this many slices or more as one mosaic
 
 
+def slices_layout(lead: tuple[int, ...], names: Sequence[str],
+                  offset: str = "+ offset in the row") -> tuple[int, int, list[str], list[str], str, str]:
+    """How the slices of leading axes ``lead`` are laid out, in a picture or in the terminal: the last axis
+    across and the others down; one axis of more than 16 wraps into rows. (rows, cols, row labels, column
+    labels, the rows' name, the columns' name.)"""
+    axis = lead_axis_names(len(lead), names)
+    count = int(np.prod(lead))
+    if len(lead) == 1:
+        cols = lead[0] if lead[0] <= 16 else math.ceil(math.sqrt(lead[0]))
+        rows = math.ceil(lead[0] / cols)
+        col_labels = [str(c) if rows == 1 else f"+{c}" for c in range(cols)]
+        row_labels = [""] if rows == 1 else [f"{r * cols}-{min(count, (r + 1) * cols) - 1}" for r in range(rows)]
+        row_name, col_name = ("", axis[0]) if rows == 1 else (f"{axis[0]}s", offset)
+    else:
+        cols, rows = lead[-1], count // lead[-1]
+        col_labels = [str(c) for c in range(cols)]
+        row_labels = [", ".join(str(i) for i in index) for index in np.ndindex(*lead[:-1])]
+        row_name, col_name = ", ".join(axis[:-1]), axis[-1]
+    return rows, cols, row_labels, col_labels, row_name, col_name
+
+
 def lead_axis_names(n: int, names: Sequence[str] = ()) -> list[str]:
     """Names of ``n`` leading axes, as ``slice_label`` names them: the last from ``names``, the
     first ``batch`` (one left over) or ``dim i``."""
@@ -376,19 +397,8 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
         assert grids is not None and lead is not None
         shape = (grids[0].shape[0], grids[0].shape[1])
         full_keep = None
-    axis = lead_axis_names(len(lead), names)
     count = int(np.prod(lead))
-    if len(lead) == 1:
-        cols = lead[0] if lead[0] <= 16 else math.ceil(math.sqrt(lead[0]))
-        rows = math.ceil(lead[0] / cols)
-        col_labels = [str(c) if rows == 1 else f"+{c}" for c in range(cols)]
-        row_labels = [""] if rows == 1 else [f"{r * cols}-{min(count, (r + 1) * cols) - 1}" for r in range(rows)]
-        row_name, col_name = ("", axis[0]) if rows == 1 else (f"{axis[0]}s", "+ offset in the row")
-    else:
-        cols, rows = lead[-1], count // lead[-1]
-        col_labels = [str(c) for c in range(cols)]
-        row_labels = [", ".join(str(i) for i in index) for index in np.ndindex(*lead[:-1])]
-        row_name, col_name = ", ".join(axis[:-1]), axis[-1]
+    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names)
 
     def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         n = r * cols + c

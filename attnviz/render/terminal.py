@@ -537,25 +537,14 @@ def slices_picture(maps: np.ndarray | None, *, title: str, names: Sequence[str] 
     """The slices of ``maps [..., Lq, Lk]`` laid out as ``attnviz.render.mosaic.slices_mosaic`` lays them:
     the last leading axis across, the others down; one axis of more than 16 wraps into rows. Or a
     blockwise run's aggregated ``grids`` of the slices of ``lead``."""
-    from attnviz.render.mosaic import lead_axis_names
+    from attnviz.render.mosaic import slices_layout
 
     if maps is not None:
         lead = tuple(maps.shape[:-2])
         full_keep = None if keep is None else np.broadcast_to(keep, maps.shape)
     assert lead is not None
-    axis = lead_axis_names(len(lead), names)
     count = int(np.prod(lead))
-    if len(lead) == 1:
-        cols = lead[0] if lead[0] <= 16 else math.ceil(math.sqrt(lead[0]))
-        rows = math.ceil(lead[0] / cols)
-        col_labels = [str(c) if rows == 1 else f"+{c}" for c in range(cols)]
-        row_labels = [""] if rows == 1 else [f"{r * cols}-{min(count, (r + 1) * cols) - 1}" for r in range(rows)]
-        row_name, col_name = ("", axis[0]) if rows == 1 else (f"{axis[0]}s", "+ offset")
-    else:
-        cols, rows = lead[-1], count // lead[-1]
-        col_labels = [str(c) for c in range(cols)]
-        row_labels = [", ".join(str(i) for i in index) for index in np.ndindex(*lead[:-1])]
-        row_name, col_name = ", ".join(axis[:-1]), axis[-1]
+    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names, "+ offset")
 
     def get(r: int, c: int) -> TermPanel | None:
         n = r * cols + c
