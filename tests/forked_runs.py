@@ -5,7 +5,8 @@ fresh process would.
 
     python tests/forked_runs.py PLAN.json
 
-PLAN: ``{"workers": 4, "timeout": 90, "address_space": BYTES, "jobs": [{"argv": [...], "cwd": FOLDER,
+PLAN: ``{"workers": 4, "timeout": 90, "address_space": BYTES, "preload": ["tensorflow"],
+"jobs": [{"argv": [...], "cwd": FOLDER,
 "stdin": FILE, "stdout": FILE, "stderr": FILE, "fsize": BYTES or null}, ...]}``. The results go to stdout as
 JSON, one per job in order: ``{"code", "timed_out", "seconds", "cpu"}`` (``code`` as ``subprocess`` gives it:
 negative for a signal).
@@ -16,6 +17,12 @@ own; it runs in its folder with the folder first on ``sys.path`` (``-m`` puts it
 file sizes are limited; ``attnviz/__main__.py`` runs as ``__main__`` with ``sys.argv`` as Python decodes it;
 and it ends as a process ends (``SystemExit`` through the interpreter's own shutdown: exit handlers, flushing
 the streams). It saves each case the ~0.4 s of CPU of starting Python and importing the command line.
+
+With ``"preload": ["tensorflow"]`` (the plan of the cases that compute), this process also imports TensorFlow,
+as a run does (``attnviz.device.tensorflow``: its start-up messages silenced, Keras left out) before it forks:
+that saves each of those cases ~4 s of CPU. Forking after TensorFlow's import and before its first operation
+is safe (its thread pools start with the first operation, in the child); the test of this harness runs a
+computing case both ways.
 """
 
 from __future__ import annotations
@@ -77,6 +84,12 @@ def main(plan_path: str) -> None:
     with open(plan_path) as f:
         plan = json.load(f)
     jobs, workers, timeout, address_space = plan["jobs"], plan["workers"], plan["timeout"], plan["address_space"]
+    for name in plan.get("preload", []):
+        if name != "tensorflow":
+            raise SystemExit(f"forked_runs.py: cannot preload {name!r}")
+        from attnviz.device import tensorflow
+
+        tensorflow()
     results: list[dict | None] = [None] * len(jobs)
     running: dict[int, tuple[int, float, list[threading.Thread]]] = {}  # pid -> (job, start, pumps)
     waiting = list(range(len(jobs)))

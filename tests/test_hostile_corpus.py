@@ -54,6 +54,7 @@ GB = 2**30
 ADDRESS_SPACE = 3 * GB  # RLIMIT_AS of every case
 TIMEOUT = 90  # seconds, per case
 WORKERS = 4
+TF_WORKERS = 2  # the cases that compute, forked from a process that has imported TensorFlow
 ERROR = "attnviz: error: "
 
 Builder = Callable[[Path], object]
@@ -147,27 +148,45 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "ATTNVIZ_DEBUG"}, "PYTHONP
 
 
 def run_cases(cases: list[Case], folders: dict[str, Path], io_folder: Path) -> dict[str, Result]:
-    """Run the cases, WORKERS at a time, each ``python -m attnviz ARGV`` in its folder with its standard input,
-    as processes forked from one that has imported the command line once (``tests/forked_runs.py``: the same
-    process but for the ~0.4 s of CPU of starting Python and importing the command line, 134 times)."""
-    plan = {"workers": WORKERS, "timeout": TIMEOUT, "address_space": ADDRESS_SPACE, "jobs": []}
-    for case in cases:
-        stdin = io_folder / f"{case.name}.in"
-        stdin.write_bytes(case.stdin)
-        plan["jobs"].append({"argv": [os.fsdecode(a) for a in case.argv], "cwd": str(folders[case.name]),
-                             "stdin": str(stdin), "stdout": str(io_folder / f"{case.name}.out"),
-                             "stderr": str(io_folder / f"{case.name}.err"), "fsize": case.fsize})
-    (io_folder / "plan.json").write_text(json.dumps(plan))
+    """Run the cases, each ``python -m attnviz ARGV`` in its folder with its standard input, as processes forked
+    from one that has imported the command line once (``tests/forked_runs.py``: the same process but for the
+    ~0.4 s of CPU of starting Python and importing the command line, 134 times). The cases that compute are
+    forked from a second such process, which has also imported TensorFlow as a run does (~4 s each); the two
+    run at once, WORKERS and TF_WORKERS cases at a time."""
     before = {case.name: snapshot(folders[case.name]) for case in cases}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "forked_runs.py"), str(io_folder / "plan.json")],
-                          cwd=io_folder, input=b"", capture_output=True, env=ENV, timeout=TIMEOUT * len(cases))
-    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode(errors="replace")[-3000:]
+    procs = []
+    for tf in (True, False):
+        part = [case for case in cases if case.tf == tf]
+        if not part:
+            continue
+        plan = {"workers": TF_WORKERS if tf else WORKERS, "timeout": TIMEOUT, "address_space": ADDRESS_SPACE,
+                "preload": ["tensorflow"] if tf else [], "jobs": []}
+        for case in part:
+            stdin = io_folder / f"{case.name}.in"
+            stdin.write_bytes(case.stdin)
+            plan["jobs"].append({"argv": [os.fsdecode(a) for a in case.argv], "cwd": str(folders[case.name]),
+                                 "stdin": str(stdin), "stdout": str(io_folder / f"{case.name}.out"),
+                                 "stderr": str(io_folder / f"{case.name}.err"), "fsize": case.fsize})
+        plan_file = io_folder / f"plan-{'tf' if tf else 'plain'}.json"
+        plan_file.write_text(json.dumps(plan))
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "forked_runs.py"), str(plan_file)],
+                                cwd=io_folder, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=ENV)
+        procs.append((part, proc))
     results = {}
-    for case, run in zip(cases, json.loads(proc.stdout), strict=True):
-        out, err = (io_folder / f"{case.name}.{ext}" for ext in ("out", "err"))
-        results[case.name] = Result(run["code"], out.read_bytes(), err.read_bytes(), before[case.name],
-                                    snapshot(folders[case.name]), run.get("seconds", TIMEOUT),
-                                    run["timed_out"], run.get("cpu", 0.0))
+    try:
+        for part, proc in procs:
+            out, err = proc.communicate(timeout=TIMEOUT * len(cases))
+            assert proc.returncode == 0 and err == b"", err.decode(errors="replace")[-3000:]
+            for case, run in zip(part, json.loads(out), strict=True):
+                stdout, stderr = (io_folder / f"{case.name}.{ext}" for ext in ("out", "err"))
+                results[case.name] = Result(run["code"], stdout.read_bytes(), stderr.read_bytes(), before[case.name],
+                                            snapshot(folders[case.name]), run.get("seconds", TIMEOUT),
+                                            run["timed_out"], run.get("cpu", 0.0))
+    finally:
+        for _, proc in procs:
+            proc.kill()
+            proc.wait()
     return results
 
 
@@ -865,10 +884,12 @@ def test_the_corpus_covers_the_issue():
 
 def test_a_forked_run_is_what_a_fresh_process_gives(tmp_path):
     """The harness (tests/forked_runs.py) against ``subprocess.run([python, "-m", "attnviz", ...])``: the same exit
-    code, stdout and stderr, for a success, bad data, bad usage, and a case reading standard input."""
+    code, stdout and stderr, for a success, bad data, bad usage, a case reading standard input, and a case that
+    computes (forked from the process that has imported TensorFlow)."""
     picks = [next(c for c in CASES if not c.tf and c.code == code and ".pt" not in str(c.argv) and c.build)
              for code in (0, 1, 2)]
     picks.append(next(c for c in CASES if not c.tf and c.stdin and c.code != 0))
+    picks.append(min((c for c in CASES if c.tf and c.code == 0), key=lambda c: len(c.outputs)))  # forked after TF
     folders = {}
     for case in picks:
         for how in ("forked", "fresh"):
