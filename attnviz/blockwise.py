@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 from attnviz.blocks import block_factors, reduce_blocks
 from attnviz.errors import OutputError
 from attnviz.masks import Mask
+from attnviz.staging import forget, hidden_file
 from attnviz.stats import RowStats, fused_row_stats
 from attnviz.variants._base import Context, NumericError, Result, Variant
 
@@ -115,12 +115,13 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
 
     memmap, tmp = None, None
     if save_weights is not None:
-        fd, tmp = tempfile.mkstemp(dir=save_weights.parent, prefix=f".{save_weights.name}.", suffix=".part")
+        fd, tmp = hidden_file(save_weights.parent, f".{save_weights.name}.", ".part")
         os.close(fd)
         try:
             memmap = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=weights_shape)
         except OSError as exc:
             os.unlink(tmp)
+            forget(tmp)
             raise OutputError(f"--save-weights {save_weights}: cannot write ({exc.strerror or exc}).") from None
     ctx.hold(*(arr for name, arr in full.items() if name != query))  # keys, values: one tensor each for all blocks
     try:
@@ -180,10 +181,13 @@ def run(variant: Variant, ctx: Context, arrays: Mapping[str, np.ndarray], mask: 
             del memmap
             os.chmod(tmp, 0o644)
             os.replace(tmp, save_weights)  # type: ignore[arg-type]
+            forget(tmp)
             tmp = None
     finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp is not None:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            forget(tmp)
     placeholder = np.zeros((0,), np.float32)
     merged = Result(placeholder, output, params=result.params, maps=maps,
                     views=[v for v in result.views if v.name in maps], warnings=result.warnings)

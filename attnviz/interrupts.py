@@ -44,13 +44,26 @@ def raise_received() -> None:
         raise KeyboardInterrupt()
 
 
-def _on_signal(signum: int, frame: Any) -> None:
+def deliver(signum: int) -> None:
+    """The signal ``signum`` (SIGINT or SIGTERM) arrived for the run in the main thread: raise its exception
+    now, or, inside ``deferred()``, when that block ends. The handler of ``handled()`` calls this; so does the
+    warm worker's own handler for the command it runs (its client went away, or the worker is stopped)."""
     global _received, _pending
     _received = signum
     if _deferring:
         _pending = True
         return
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def reset() -> None:
+    """Forget a signal of an earlier run in this process (the warm worker runs one command after another)."""
+    global _received, _pending
+    _received, _pending = None, False
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    deliver(signum)
 
 
 @contextmanager

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -44,6 +43,7 @@ from attnviz.formats._base import (
     regular_file,
 )
 from attnviz.formats.npz import NpzArchive as NpzArchive  # re-exported for callers that import it from here
+from attnviz.staging import forget, hidden_file
 
 ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
 #: a spec that starts with NUL (never in a file name) names a value handed over in memory (``in_memory``)
@@ -450,7 +450,7 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     never leaves a half-written file at ``path``."""
     folder = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
+        fd, tmp = hidden_file(folder, f".{path.name}.", ".part")
     except OSError as exc:
         raise OutputError(f"{path}: cannot write ({exc.strerror or exc}).") from None
     try:
@@ -458,11 +458,13 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
             write(fh)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+        forget(tmp)
     except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        forget(tmp)
         if isinstance(exc, OSError):
             raise OutputError(f"{path}: cannot write ({exc.strerror or exc}).") from None
         raise

@@ -1,18 +1,74 @@
 """A run's output files, all or nothing (``StagedOutputs``): every output is written to a staged file
 next to its target and all are put in place together once every one is written; a failed run leaves
 no file behind and changes no file that was there before. Every command writes its files through here.
+
+A process that could be killed outright while it holds staged files (the warm worker) hands a ledger to
+``set_ledger``: each staged file is recorded there before it is created and dropped once renamed or removed,
+so that whoever finds the process dead removes them (``attnviz.worker.ledger``).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from attnviz.errors import AttnvizError, OutputError
 from attnviz.interrupts import deferred
+
+
+class Ledger(Protocol):
+    """Where a process records the staged files it holds (``attnviz.worker.ledger.Ledger``)."""
+
+    def add(self, staged: str) -> None: ...
+
+    def remove(self, staged: str) -> None: ...
+
+
+_ledger: Ledger | None = None
+
+
+def set_ledger(ledger: Ledger | None) -> None:
+    """Record every staged file of this process in ``ledger`` from now on (None: nowhere)."""
+    global _ledger
+    _ledger = ledger
+
+
+_NAME_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"  # those of tempfile.mkstemp
+
+
+def hidden_file(folder: Path | str, prefix: str, suffix: str) -> tuple[int, str]:
+    """``tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)`` (a new file, mode 0600, created
+    exclusively): (its open descriptor, its name). With a ledger, the name is recorded before the file
+    exists; ``forget`` it once it is renamed or removed."""
+    ledger = _ledger
+    if ledger is None:
+        return tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+    pick = random.SystemRandom()
+    for _ in range(100):
+        name = os.path.join(folder, prefix + "".join(pick.choices(_NAME_CHARACTERS, k=8)) + suffix)
+        ledger.add(name)
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            ledger.remove(name)
+            continue
+        except BaseException:
+            ledger.remove(name)
+            raise
+        return fd, name
+    raise FileExistsError(f"no free name for a hidden file in {folder}")
+
+
+def forget(name: Path | str) -> None:
+    """``name`` (a ``hidden_file``) was renamed into place or removed: drop it from the ledger."""
+    ledger = _ledger
+    if ledger is not None:
+        ledger.remove(str(name))
 
 
 class StagedOutputs:
@@ -42,7 +98,7 @@ class StagedOutputs:
                 raise OutputError(f"{option} {path}: exists and is not a regular file; refusing to replace it.")
             folder = path.parent if str(path.parent) else Path(".")
             try:
-                fd, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name[:60]}.", suffix=f".staged{path.suffix}")
+                fd, name = hidden_file(folder, f".{path.name[:60]}.", f".staged{path.suffix}")
             except OSError as exc:
                 self.discard()
                 raise OutputError(f"{option} {path}: cannot write into {folder} ({exc.strerror or exc}).") from None
@@ -74,6 +130,7 @@ class StagedOutputs:
                 raise OutputError(f"{option} {self.targets[option]}: cannot write ({exc.strerror or exc}).") from None
             self.committed.append(self.targets[option])
             del self.staged[option]
+            forget(stage)
         self.committed.clear()
 
     def discard(self) -> None:
@@ -84,6 +141,8 @@ class StagedOutputs:
                     path.unlink()
                 except OSError:
                     pass
+            for path in self.staged.values():
+                forget(path)
             self.staged.clear()
             self.committed.clear()
 

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from attnviz.worker import client, protocol
+from attnviz.worker.ledger import ledger_path
 from tests.conftest import ROOT, SAMPLES
 
 TIMEOUT = 180  # seconds for any one command (a cold run imports TensorFlow)
@@ -496,3 +497,318 @@ def test_idle_timeout_values():
         with pytest.raises(OptionValueError, match=problem):
             d(bad)
     assert [duration_text(s) for s in (900, 7200, 90, 0, 1)] == ["15 min", "2 h", "90 s", "never", "1 s"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Load and faults: many clients at once, a worker killed or stopped mid-request, signals to a client, the
+# runtime folder removed or read-only under a running worker
+
+#: a worker whose commands, asked by a client with ATTNVIZ_TEST_SLOW_COMMIT=SECONDS (forwarded, as every
+#: ATTNVIZ_ variable is), wait that long before putting their staged outputs in place: the window in which
+#: these tests kill, stop or signal. It preloads nothing (its commands are inspect and batch of inspect)
+SLOW_COMMIT = NO_PRELOAD + """
+import os as _os, time as _time
+import attnviz.staging as _staging
+_commit = _staging.StagedOutputs.commit
+def _slow_commit(self):
+    _time.sleep(float(_os.environ.get("ATTNVIZ_TEST_SLOW_COMMIT", "0")))
+    _commit(self)
+_staging.StagedOutputs.commit = _slow_commit
+"""
+OUTPUTS = ["--png", "a.png", "--json-file", "d.json", "--html", "r.html"]
+
+
+def softmax_rows(scores: np.ndarray) -> np.ndarray:
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.02)
+
+
+def inputs_folder(folder: Path, seed: int = 0, n: int = 24) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "w.npy", softmax_rows(np.random.default_rng(seed).normal(size=(2, n, n)) * 3))
+    return folder
+
+
+def staged_in(folder: Path) -> bool:
+    return any(".staged" in name for name in hidden(folder))
+
+
+@pytest.fixture(scope="module")
+def slow_worker(snapshot, tmp_path_factory):
+    w = Worker(snapshot, tmp_path_factory.mktemp("slow") / "run", "--idle-timeout", "10m", prelude=SLOW_COMMIT)
+    yield w
+    w.stop()
+
+
+def test_sixteen_clients_at_once(worker, tmp_path):
+    """16 clients at once, each in its own folder with its own weights, terminal width, umask and standard
+    input (four read their weights from it): each gets its own complete answer, and its own files."""
+    rng = np.random.default_rng(16)
+    umasks = (0o022, 0o077, 0o027, 0o002)
+    clients = []
+    for i in range(16):
+        folder = tmp_path / f"client{i}"
+        folder.mkdir()
+        w = softmax_rows(rng.normal(size=(2, 6 + i, 7 + i)) * 2)  # each its own shape
+        np.save(folder / "w.npy", w)
+        stdin = json.dumps(w.tolist()).encode() if i % 4 == 3 else None
+        args = ["inspect", "-" if stdin else "w.npy", "--json", "--png", "a.png"]
+        env = {**worker.env, "COLUMNS": str(60 + 7 * i)}
+        clients.append((folder, w, stdin, args, env, umasks[i % 4]))
+    before = worker.served()
+    procs = [subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=env, cwd=folder, umask=umask,
+                              stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+             for folder, _, stdin, args, env, umask in clients]
+    try:  # all at once: the worker serves them in turn, and one waiting for its stdin holds the others
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16) as pool:
+            outs = list(pool.map(lambda pc: pc[0].communicate(pc[1][2], timeout=TIMEOUT), zip(procs, clients)))
+    finally:
+        for p in procs:
+            p.kill()
+    assert worker.served() == before + 16  # all through the worker
+    for p, (out, err), (folder, w, stdin, _, _, umask) in zip(procs, outs, clients):
+        assert p.returncode == 0, err
+        doc = json.loads(out)
+        assert doc["file_shape"] == list(w.shape) and doc["source"] == ("<stdin>" if stdin else "w.npy")
+        p_log_p = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
+        entropy = -p_log_p.sum(-1).mean(-1)  # per head: the mean over its queries
+        np.testing.assert_allclose([h["entropy"] for h in doc["head_stats"]], entropy, rtol=1e-5)
+        assert err.decode().startswith("inspect: ") and b"a.png" in err
+        png = folder / "a.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and hidden(folder) == []
+        assert stat.S_IMODE(png.stat().st_mode) == 0o666 & ~umask
+    # two of them, byte for byte, against the same command run cold in a folder of its own
+    for i in (0, 3):
+        folder, w, stdin, args, env, umask = clients[i]
+        twin = tmp_path / f"cold{i}"
+        twin.mkdir()
+        shutil.copy(folder / "w.npy", twin / "w.npy")
+        expected = attnviz(args, {**env, "ATTNVIZ_NO_SERVER": "1"}, twin, stdin)
+        assert (outs[i][0], outs[i][1]) == (expected.stdout, expected.stderr)
+        assert (twin / "a.png").read_bytes() == (folder / "a.png").read_bytes()
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_to_a_client_ends_its_command_on_the_worker(slow_worker, tmp_path, sig, code, word):
+    """Ctrl-C or SIGTERM to a client whose command runs on the worker: by the time the client exits (130 or
+    143, one line, as a cold run), the worker has ended the command and removed what it staged; no output is
+    left, and the worker serves the next client."""
+    folder = inputs_folder(tmp_path / "in")
+    env = {**slow_worker.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}
+    before = slow_worker.served()
+    proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "w.npy", *OUTPUTS], env=env, cwd=folder,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_for(lambda: slow_worker.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (code, b"", f"attnviz: {word}\n".encode())
+    assert sorted(p.name for p in folder.iterdir()) == ["w.npy"]  # nothing staged, nothing written
+    assert slow_worker.served() == before
+    r = attnviz(["inspect", "w.npy", "--quiet"], slow_worker.env, folder)
+    assert r.returncode == 0 and slow_worker.served() == before + 1
+
+
+def test_a_batch_on_the_worker_terminated_keeps_whole_lines_and_resumes(slow_worker, tmp_path):
+    """SIGTERM to the client of a batch the worker runs: the manifest holds a whole line for each job that
+    finished and none for the one cut short, whose outputs are not left; exit 143; --resume completes it."""
+    folder = tmp_path / "batch"
+    for i in range(4):
+        inputs_folder(folder / "acts", seed=i).joinpath("w.npy").rename(folder / "acts" / f"w{i}.npy")
+    (folder / "out").mkdir()
+    args = ["batch", "--results", "results.jsonl", "--each", "acts/*.npy", "--", "inspect", "{}", "--png",
+            "out/{stem}.png", "--json-file", "out/{stem}.json"]
+    env = {**slow_worker.env, "ATTNVIZ_TEST_SLOW_COMMIT": "1"}
+    before = slow_worker.served()
+    proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=env, cwd=folder, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    manifest = folder / "results.jsonl"
+    try:
+        wait_for(lambda: manifest.exists() and manifest.read_bytes().count(b"\n") >= 2 and staged_in(folder / "out"),
+                 "two jobs done and the third staging")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and err.endswith(b"attnviz: terminated\n"), err
+    lines = manifest.read_bytes().split(b"\n")
+    assert lines[-1] == b""  # every line whole
+    done = [json.loads(line) for line in lines[:-1]]
+    assert 2 <= len(done) <= 3 and all(d["exit_code"] == 0 for d in done)
+    assert hidden(folder / "out") == [] and len(list((folder / "out").glob("*.png"))) == len(done)
+    assert slow_worker.served() == before
+    r = attnviz([*args[:1], "--resume", *args[1:]], slow_worker.env, folder)
+    assert r.returncode == 0, r.stderr
+    assert len(manifest.read_bytes().splitlines()) == 4 and len(list((folder / "out").glob("*.json"))) == 4
+
+
+def test_a_worker_killed_mid_request_leaves_nothing_and_the_next_call_starts_cleanly(snapshot, socket_dir, tmp_path):
+    """SIGKILL to the worker while the command has its outputs staged: the client removes what the worker had
+    staged (recorded in its ledger), runs the command itself, and gives what a cold run gives; the dead
+    worker's socket is cleared by the next call, and a new worker starts and serves in the same folder."""
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
+    folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
+    args = ["inspect", "w.npy", *OUTPUTS]
+    try:
+        slow = {**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}
+        proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=slow, cwd=folder,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
+            staged_by_worker = hidden(folder)
+            w.proc.kill()
+            w.proc.wait(timeout=30)
+            out, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()
+        expected = attnviz(args, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, twin)
+        assert (proc.returncode, out, err) == (expected.returncode, expected.stdout, expected.stderr)
+        assert proc.returncode == 0 and len(staged_by_worker) == 3
+        assert hidden(folder) == []  # the worker's staged files are gone; the outputs are the client's own
+        assert sorted(p.name for p in folder.iterdir()) == ["a.png", "d.json", "r.html", "w.npy"]
+        assert not os.path.exists(ledger_path(w.path))
+        assert os.path.exists(w.path)  # the dead worker's socket: the next call clears it, and runs here
+        r = attnviz(["inspect", "w.npy", "--quiet"], w.env, folder)
+        assert r.returncode == 0 and not os.path.exists(w.path)
+        again = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
+        try:
+            r = attnviz(["inspect", "w.npy", "--quiet"], again.env, folder)
+            assert r.returncode == 0 and again.served() == 1
+        finally:
+            again.stop()
+    finally:
+        w.stop()
+
+
+def test_a_worker_killed_with_its_client_is_cleaned_up_by_the_next_worker(snapshot, socket_dir, tmp_path):
+    """Worker and client both killed (nobody left to clean up): the next worker removes the staged files the
+    dead one had recorded, and says so in its log."""
+    folder = inputs_folder(tmp_path / "in")
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "w.npy", *OUTPUTS],
+                                env={**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}, cwd=folder,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
+            proc.kill()
+            w.proc.kill()
+            w.proc.wait(timeout=30)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert len(hidden(folder)) == 3 and os.path.exists(ledger_path(w.path))
+    finally:
+        w.stop()
+    # (a client finding the dead worker's socket would remove them too: here the socket is gone as well)
+    os.unlink(w.path)
+    again = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
+    try:
+        assert hidden(folder) == [] and sorted(p.name for p in folder.iterdir()) == ["w.npy"]
+        assert "removed 3 staged file(s) a killed worker had left" in again.log.read_text()
+    finally:
+        again.stop()
+
+
+def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_dir, tmp_path):
+    """SIGTERM to the worker while it runs a command: the command ends as a cold run would (its staged files
+    removed), the worker exits 0, and the client runs the command itself: complete output, exit 0."""
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
+    folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
+    args = ["inspect", "w.npy", *OUTPUTS]
+    try:
+        slow = {**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}
+        proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=slow, cwd=folder,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
+            w.proc.send_signal(signal.SIGTERM)
+            assert w.proc.wait(timeout=60) == 0
+            out, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()
+        expected = attnviz(args, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, twin)
+        assert (proc.returncode, out, err) == (0, expected.stdout, expected.stderr)
+        assert hidden(folder) == [] and not os.path.exists(w.path) and not os.path.exists(ledger_path(w.path))
+        assert "stopping (SIGTERM)" in w.log.read_text()
+    finally:
+        w.stop()
+
+
+def test_the_runtime_folder_removed_under_a_running_worker(snapshot, socket_dir, tmp_path):
+    """rm -rf of the runtime folder: clients run their commands themselves at once, the worker (unreachable
+    now) stops within about a second, and a new one starts there."""
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "10m", prelude=NO_PRELOAD)
+    folder = inputs_folder(tmp_path / "in")
+    try:
+        shutil.rmtree(w.runtime)
+        r = attnviz(["inspect", "w.npy", "--quiet"], w.env, folder)
+        assert r.returncode == 0 and r.stderr == b""
+        assert w.proc.wait(timeout=60) == 0
+        assert "was removed or replaced: stopping" in w.log.read_text()
+    finally:
+        w.stop()
+    again = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
+    try:
+        r = attnviz(["inspect", "w.npy", "--quiet"], again.env, folder)
+        assert r.returncode == 0 and again.served() == 1
+    finally:
+        again.stop()
+
+
+def test_the_runtime_folder_made_unwritable_under_a_running_worker(snapshot, socket_dir, tmp_path):
+    """The runtime folder stops taking new entries (``chattr +i``: root ignores permission bits): the worker
+    goes on serving (its ledger is best effort), `serve --stop` still stops it, the socket it could not remove
+    is passed over (the command runs here), and a new `attnviz serve` there fails with one line."""
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
+    runtime = w.runtime
+    try:
+        if subprocess.run(["chattr", "+i", str(runtime)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not available here (it needs root and a file system that has it)")
+        try:
+            folder = inputs_folder(tmp_path / "in")
+            args = ["inspect", "w.npy", "--png", "a.png"]
+            r = attnviz(args, w.env, folder)
+            assert r.returncode == 0 and w.served() == 1 and hidden(folder) == []
+            stop = attnviz(["serve", "--stop"], w.env, tmp_path)
+            assert stop.returncode == 0 and w.proc.wait(timeout=30) == 0
+            assert os.path.exists(w.path)  # it could not remove its socket: nobody listens there now
+            again = attnviz(args, w.env, folder)
+            assert (again.returncode, again.stdout, again.stderr) == (0, r.stdout, r.stderr)
+            serve = attnviz(["serve"], w.env, tmp_path)
+            assert serve.stderr == f"attnviz: error: {runtime}: cannot create the worker's socket (Operation not " \
+                                   "permitted); set ATTNVIZ_RUNTIME_DIR to a folder you can write.\n".encode()
+            assert serve.returncode == 1
+        finally:
+            subprocess.run(["chattr", "-i", str(runtime)], capture_output=True)
+    finally:
+        w.stop()
+
+
+def test_a_worker_of_another_python_serves_no_one(monkeypatch):
+    """The worker's identity names the Python that runs it: another version, executable or environment
+    (a second virtual environment of the same sources) is another attnviz to a client."""
+    mine = protocol.identity()
+    for name, value in (("version", sys.version + " (another)"), ("executable", "/another/bin/python"),
+                        ("prefix", "/another/venv")):
+        with monkeypatch.context() as m:
+            m.setattr(sys, name, value)
+            assert protocol.identity() != mine and value in protocol.identity()
+    assert protocol.identity() == mine

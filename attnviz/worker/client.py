@@ -33,8 +33,11 @@ from attnviz.worker.protocol import (
     hello,
     matches,
     recv_frame,
+    runtime_dir,
     send_frame,
     send_json,
+    socket_path,
+    sweep_dead,
 )
 
 NO_SERVER_ENV = "ATTNVIZ_NO_SERVER"
@@ -103,20 +106,34 @@ def _read_stdin(n: int) -> tuple[bytes, int]:
         return b"", exc.errno or errno.EIO
 
 
-def through_worker(args: list[str], forwarded: bytearray) -> tuple[int, list[tuple[bytes, bytes]]] | None:
+#: seconds a client interrupted here waits for the worker to end the command (and remove what it staged)
+CANCEL_WAIT = 10.0
+
+
+def through_worker(args: list[str], forwarded: bytearray,
+                   sock_path: str | None = None) -> tuple[int, list[tuple[bytes, bytes]]] | None:
     """Run ``args`` on the worker: (exit code, output chunks), or None when there is no worker to
-    run it (the caller runs it itself). Standard input passed to the worker is kept in ``forwarded``."""
-    sock = connect()
+    run it (the caller runs it itself). Standard input passed to the worker is kept in ``forwarded``.
+
+    A worker that goes away after it was sent the request (killed) leaves staged files only a dead worker's
+    ledger knows of: they are removed here (``protocol.sweep_dead``) before the caller runs the command.
+    Ctrl-C or SIGTERM here (``KeyboardInterrupt``, while ``attnviz.interrupts.handled()`` is in force) is
+    passed on by closing this side of the connection; the worker interrupts the command as a cold run is
+    interrupted, and this process waits (``CANCEL_WAIT`` at most) until it has, then raises again."""
+    sock_path = sock_path or socket_path(runtime_dir())
+    sock = connect(sock_path)
     if sock is None:
         return None
     import json
 
+    sent = False
     with sock:
         said = hello(sock)
         if said is None or not matches(said):
             return None
         try:
             send_json(sock, b"Q", request(args))
+            sent = True
             sock.settimeout(None)  # a command takes as long as it takes
             chunks: list[tuple[bytes, bytes]] = []
             while True:
@@ -134,8 +151,28 @@ def through_worker(args: list[str], forwarded: bytearray) -> tuple[int, list[tup
                     return int(json.loads(payload)["exit"]), chunks
                 else:  # declined ("N"), or not a frame this client knows
                     return None
+        except KeyboardInterrupt:
+            if sent:
+                _cancel(sock)
+            raise
         except (OSError, EOFError, ValueError, KeyError, TypeError):  # the worker died or spoke nonsense
+            if sent:
+                sweep_dead(sock_path)
             return None
+
+
+def _cancel(sock: Any) -> None:
+    """Tell the worker that this client is going away (the end of its side of the connection) and wait until
+    the worker closes the connection, once it has ended the command; a second signal stops the wait."""
+    import socket
+
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(CANCEL_WAIT)
+        while sock.recv(1 << 16):
+            pass
+    except (OSError, KeyboardInterrupt):
+        pass
 
 
 def _write(stream: IO[str], data: bytes, info: dict[str, Any] | None) -> None:
@@ -226,22 +263,31 @@ def replayed_stdin(prefix: bytes) -> IO[str]:
 def run_on_worker(args: list[str]) -> int | None:
     """Run ``attnviz ARGS`` on a warm worker when one should and can (``bypass_reason``,
     ``through_worker``): its output is written to this process's stdout and stderr and its exit status
-    returned (130 when interrupted here). None: run the command in this process, as before; standard
-    input the worker had read is then replayed to it (``sys.stdin`` is set to ``replayed_stdin``)."""
+    returned (130 or 143 when Ctrl-C or SIGTERM ends it here, as for a cold run: ``attnviz.interrupts``).
+    None: run the command in this process, as before; standard input the worker had read is then replayed
+    to it (``sys.stdin`` is set to ``replayed_stdin``)."""
     if bypass_reason(args) is not None:
         return None
+    from attnviz import interrupts
+
     forwarded = bytearray()
     try:
-        served = through_worker(args, forwarded)
-    except KeyboardInterrupt:
-        sys.stderr.write("attnviz: interrupted\n")
-        return 130
-    except Exception:  # never let the worker's path break the command line: run it here
-        served = None
-    if served is not None:
-        code, chunks = served
-        emit(chunks)  # a reader that went away (`| head`) is no error: the command's own status stands
-        return code
+        with interrupts.handled():
+            try:
+                served = through_worker(args, forwarded)
+            except Exception:  # never let the worker's path break the command line: run it here
+                served = None
+            if served is not None:
+                code, chunks = served
+                emit(chunks)  # a reader that went away (`| head`) is no error: the command's own status stands
+                return code
+    except KeyboardInterrupt as exc:
+        try:
+            sys.stderr.write(f"attnviz: {'terminated' if isinstance(exc, interrupts.Terminated) else 'interrupted'}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        return interrupts.exit_code(exc)
     if forwarded:
         sys.stdin = replayed_stdin(bytes(forwarded))
     return None

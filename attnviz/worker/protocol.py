@@ -111,8 +111,9 @@ def side_path(sock: str, suffix: str) -> str:
 
 
 def identity() -> str:
-    """This attnviz: its version, where it is installed, and its source files (count and newest
-    modification), so a worker started before an upgrade or an edit serves no one."""
+    """This attnviz: its version, where it is installed, its source files (count and newest modification),
+    and the Python running it (version, executable, environment), so that a worker started before an
+    upgrade or an edit, or by another Python or virtual environment, serves no one."""
     import attnviz
 
     count, newest = 0, 0
@@ -126,7 +127,8 @@ def identity() -> str:
                 elif entry.name.endswith(".py"):
                     count += 1
                     newest = max(newest, entry.stat().st_mtime_ns)
-    return f"attnviz {attnviz.__version__} at {package_dir()} ({count} files, newest {newest})"
+    return (f"attnviz {attnviz.__version__} at {package_dir()} ({count} files, newest {newest}); "
+            f"Python {sys.version} at {sys.executable} in {sys.prefix}")
 
 
 def fixed_environment(environ: Any = None) -> dict[str, str]:
@@ -218,8 +220,11 @@ def lock_is_free(sock_path: str) -> bool:
 
 
 def remove_stale(sock_path: str, seen: os.stat_result) -> None:
-    """Remove a socket file nobody listens on, unless a worker is starting (it holds the lock)."""
+    """Remove a socket file nobody listens on, and the staged files its dead worker left (``ledger``), unless
+    a worker is starting (it holds the lock)."""
     import fcntl
+
+    from attnviz.worker.ledger import ledger_path, sweep
 
     try:
         fd = os.open(side_path(sock_path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -230,8 +235,29 @@ def remove_stale(sock_path: str, seen: os.stat_result) -> None:
         st = os.lstat(sock_path)
         if stat.S_ISSOCK(st.st_mode) and (st.st_ino, st.st_dev) == (seen.st_ino, seen.st_dev):
             os.unlink(sock_path)
+        sweep(ledger_path(sock_path))
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+def sweep_dead(sock_path: str) -> list[str]:
+    """The worker of ``sock_path`` went away mid-request: if it is dead (its lock is free), remove the staged
+    files it left (``attnviz.worker.ledger``); the paths removed. A worker still alive removes its own."""
+    import fcntl
+
+    from attnviz.worker.ledger import ledger_path, sweep
+
+    try:
+        fd = os.open(side_path(sock_path, ".lock"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return sweep(ledger_path(sock_path))
+    except OSError:
+        return []
     finally:
         os.close(fd)
 

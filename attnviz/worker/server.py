@@ -26,9 +26,13 @@ so ``attnviz scaled -`` with JSON on a pipe, an interactive terminal, or an endl
 cold run.
 
 **Stopping.** After the idle timeout without a request (default 15 minutes; 0: never), on ``attnviz
-serve --stop``, on SIGTERM or Ctrl-C. A request cut short (a signal mid-command) sends no output: its
+serve --stop``, on SIGTERM or Ctrl-C, and when its socket file is removed or replaced (its runtime folder
+deleted: no client could reach it any more). A request cut short (a signal mid-command) sends no output: its
 client runs the command itself. A client that goes away mid-request (Ctrl-C) has its command
-interrupted as Ctrl-C interrupts a cold run, and nothing is sent.
+interrupted as Ctrl-C interrupts a cold run (``attnviz.interrupts.deliver``: never between creating a staged
+file and recording it), and nothing is sent. The staged files of the running command are recorded beside
+the socket (``attnviz.worker.ledger``): a worker killed outright (SIGKILL) leaves them to its client, which
+removes them before it runs the command itself, or to the next worker.
 
 **Security.** The socket is created inside the private directory (``protocol.runtime_dir``: owned by
 the user, mode 0700, checked, never a symbolic link; refused otherwise), bound under umask 077 to a
@@ -56,9 +60,11 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attnviz import interrupts, staging
 from attnviz.errors import AttnvizError
 from attnviz.worker import protocol
 from attnviz.worker.control import duration_text
+from attnviz.worker.ledger import Ledger, ledger_path, sweep
 
 if TYPE_CHECKING:  # imported where used: importing the worker must not cost a socket module
     import socket
@@ -305,6 +311,7 @@ def run_request(req: dict[str, Any], execute: Execute,
                                  encoding=str(info.get("encoding") or "utf-8"),
                                  errors=str(info.get("errors") or "strict"), newline="\n")
     with _client_process(req, stdin, out, err):
+        interrupts.reset()
         if request is not None:
             request.running = True
         try:
@@ -361,8 +368,10 @@ class Worker:
         self.current: _Request | None = None
         self.cancel_for: int | None = None
         self.listener: socket.socket | None = None
+        self.bound: str | None = None  # the socket's temporary name, until listen() puts it in place
         self.socket_id: tuple[int, int] | None = None
         self.lock_fd: int | None = None
+        self.ledger: Ledger | None = None  # the staged files of the command running (made by prepare)
         self.accepter: threading.Thread | None = None
         # what this worker runs, taken before anything is imported (TensorFlow sets variables of its own)
         self.identity = protocol.identity()
@@ -380,6 +389,8 @@ class Worker:
     def run(self) -> None:
         self.prepare()
         try:
+            staging.set_ledger(self.ledger)
+            self.bind()  # before the preload's seconds: a folder that takes no socket fails at once
             self.preload()
             self.listen()
             self.log(f"listening on {self.path} (pid {os.getpid()}, idle timeout {duration_text(self.idle_timeout)}); "
@@ -401,8 +412,12 @@ class Worker:
             raise AttnvizError(f"{self.path}: too long for a Unix socket; set ATTNVIZ_RUNTIME_DIR to a shorter folder.")
         import fcntl
 
-        fd = os.open(protocol.side_path(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        try:
+            fd = os.open(protocol.side_path(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except OSError as exc:
+            raise AttnvizError(f"{self.directory}: cannot create the worker's lock file ({exc.strerror}); "
+                               "set ATTNVIZ_RUNTIME_DIR to a folder you can write.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -410,6 +425,10 @@ class Worker:
             raise AttnvizError(f"another worker is running or starting ({self.path}); "
                                "attnviz serve --status says which.") from None
         self.lock_fd = fd
+        left = sweep(ledger_path(self.path))  # a worker killed mid-request (SIGKILL) left these
+        if left:
+            self.log(f"removed {len(left)} staged file(s) a killed worker had left: {', '.join(left[:3])}")
+        self.ledger = Ledger(ledger_path(self.path))
 
     def preload(self) -> None:
         """Import what commands need (the handed ``preload``), then run a few (``warm_up``)."""
@@ -439,27 +458,46 @@ class Worker:
                     self.log(f"warm-up run {' '.join(argv)} failed (exit {code}): {message[-300:]}")
         self.log(f"warmed up in {time.perf_counter() - start:.1f} s")
 
-    def listen(self) -> None:
+    def bind(self) -> None:
+        """Bind the socket under a hidden temporary name in the worker's folder (``listen`` puts it in place)."""
         tmp = os.path.join(self.directory, f".{os.path.basename(self.path)}.{os.getpid()}")
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        except OSError:
+            pass  # bind says what is wrong
         import socket
 
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o077)
         try:
             sock.bind(tmp)
+            os.chmod(tmp, 0o600)
+        except OSError as exc:
+            sock.close()
+            raise AttnvizError(f"{self.directory}: cannot create the worker's socket ({exc.strerror}); "
+                               "set ATTNVIZ_RUNTIME_DIR to a folder you can write.") from None
         finally:
             os.umask(old)
-        os.chmod(tmp, 0o600)
-        sock.listen(64)
-        os.rename(tmp, self.path)  # atomically: a client never sees a socket that does not listen yet
+        self.bound = tmp
+        self.listener = sock
+
+    def listen(self) -> None:
+        """Listen, and rename the bound socket into place: atomically, so a client never sees a socket that
+        does not listen yet."""
+        sock, tmp = self.listener, self.bound
+        assert sock is not None and tmp is not None
+        try:
+            sock.listen(64)
+            os.rename(tmp, self.path)
+        except OSError as exc:
+            raise AttnvizError(f"{self.directory}: cannot create the worker's socket ({exc.strerror}); "
+                               "set ATTNVIZ_RUNTIME_DIR to a folder you can write.") from None
+        self.bound = None
         st = os.lstat(self.path)
         self.socket_id = (st.st_ino, st.st_dev)
         sock.settimeout(0.25)
-        self.listener = sock
 
     # -- serve
 
@@ -484,6 +522,9 @@ class Worker:
                 try:
                     item = self.queue.get(timeout=wait)
                 except queue.Empty:
+                    if not self.socket_is_ours():
+                        self.log(f"{self.path} was removed or replaced: stopping (no client can reach this worker)")
+                        break
                     continue
                 if item is not None:
                     self.serve_one(*item)
@@ -498,12 +539,13 @@ class Worker:
         r = self.current
         if target is not None and signum == signal.SIGINT:  # sent by a watcher: its client went away
             if r is not None and r.number == target and r.running:
-                raise KeyboardInterrupt
+                interrupts.deliver(signal.SIGINT)  # as Ctrl-C in a cold run: staged files removed
             return
         self.signalled = True
         self.begin_stop(signal.Signals(signum).name)
         if r is not None and r.running:
-            raise KeyboardInterrupt  # the command ends as on Ctrl-C; its output is not sent
+            interrupts.deliver(signum)  # the command ends as a cold run would; its output is not sent
+            return
         raise _Stop
 
     def accept_loop(self) -> None:
@@ -635,6 +677,17 @@ class Worker:
         self.remove_socket()  # new clients run their commands themselves from now on
         self.queue.put(None)
 
+    def socket_is_ours(self) -> bool:
+        """Whether clients still find this worker: its socket file is the one it made (not removed with its
+        folder, nor replaced)."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # cannot tell (a folder made unreadable): keep serving those already connected
+        return (st.st_ino, st.st_dev) == self.socket_id
+
     def remove_socket(self) -> None:
         try:
             st = os.lstat(self.path)
@@ -650,6 +703,11 @@ class Worker:
             self.accepter.join(timeout=2)
         if self.listener is not None:
             self.listener.close()
+        if self.bound is not None:  # bound, never put in place
+            try:
+                os.unlink(self.bound)
+            except OSError:
+                pass
         while True:  # clients still waiting run their commands themselves
             try:
                 item = self.queue.get_nowait()
@@ -657,6 +715,7 @@ class Worker:
                 break
             if item is not None:
                 item[0].close()
+        staging.set_ledger(None)
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None
