@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -482,30 +480,5 @@ def test_figure_text_never_goes_through_mathtext(tmp_path):
     assert not fig._suptitle.get_parse_math() and "\\x1b" in fig._suptitle.get_text()
 
 
-def _subprocess(args, cwd):
-    env = {**os.environ, "COLUMNS": "120", "PYTHONWARNINGS": "default"}  # warnings would show, were any left
-    return subprocess.run([sys.executable, "-m", "attnviz", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, timeout=300)
-
-
-def test_png_with_hostile_labels_in_a_real_process(tmp_path):
-    """A real process (filters and stderr as users have them): exotic scripts with no glyph in the
-    font, mathtext, ESC and a 1 MB label; stdout and stderr hold no control characters and no
-    matplotlib warning; the label is shortened before matplotlib sees it."""
-    labels = ["$\\frac{1}{2}$", "你好", "😀 grin", "\x1b[31mred", "\u202eevil", "x" * 2**20, "ok"]
-    n = len(labels)
-    files = [save(tmp_path, "q.npy", normal(n, 3)), save(tmp_path, "k.npy", normal(n, 3)),
-             save(tmp_path, "v.npy", normal(n, 2))]
-    (tmp_path / "labels.txt").write_text("\n".join(labels) + "\n")
-    r = _subprocess(["scaled", *files, "--labels", tmp_path / "labels.txt", "--png", tmp_path / "a.png",
-                     "--title", "$x$ :smile: [bold]\x1b[2J"], tmp_path)
-    out, err = r.stdout.decode(), r.stderr.decode()
-    assert r.returncode == 0, err
-    assert not raw_controls(out) and not raw_controls(err), (out[-500:], err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("scaled: ") and lines[1].startswith("saved png to"), err
-    assert "Warning" not in err and "Glyph" not in err
-    from matplotlib.image import imread
-
-    img = imread(tmp_path / "a.png")
-    assert img.shape[0] > 200 and img[..., :3].std() > 0.1
+# A real process drawing hostile labels from a labels file (exotic scripts, mathtext, ESC, a 1 MB label):
+# tests/test_hostile_corpus.py, case labels-file-glyphs-mathtext-1MB.

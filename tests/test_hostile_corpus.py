@@ -582,6 +582,18 @@ HOSTILE_LABELS = ["a\x1b[31mred\x1b[0m", "b:smile:", "[bold red]c", "cr\rx", "be
 N = len(HOSTILE_LABELS)
 NO_RAW = ("\\x1b[31m", ":smile:", "[bold red]c")  # escaped, and emoji codes and markup as written
 MEGA = "\x1b]0;title\x07" + "m" * 2**20
+GLYPH_LABELS = ["$\\frac{1}{2}$", "你好", "😀 grin", "\x1b[31mred", "\u202eevil", "x" * 2**20, "ok"]
+
+
+def quiet_picture(result: Result, folder: Path) -> None:
+    """A computing run's two usual lines on stderr and nothing else (no matplotlib warning), and a picture."""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("scaled: ") and lines[1].startswith("saved png to"), result.err
+    assert "Warning" not in result.err and "Glyph" not in result.err
+    from matplotlib.image import imread
+
+    img = imread(folder / "a.png")
+    assert img.shape[0] > 200 and img[..., :3].std() > 0.1
 
 
 FORGED = "w\nattnviz: error: forged"  # a file name that would forge a line of its own
@@ -642,6 +654,13 @@ CLASS_5 = [
              q_labels=np.array([*HOSTILE_LABELS[:-1], MEGA]), k_labels=np.array(HOSTILE_LABELS)),
          ["scaled", "b.npz", "--png", "a.png", "--max-cols", "20", "--title", "$x$ :smile: [bold]\x1b[2J"], 0,
          NO_RAW, outputs=("a.png",), tf=True),
+    # exotic scripts with no glyph in the font, mathtext, ESC and a 1 MB label in a labels file: no matplotlib
+    # warning reaches stderr, and the label is shortened before matplotlib sees it
+    Case("labels-file-glyphs-mathtext-1MB", 5,
+         all_of(npy("q.npy", normal(len(GLYPH_LABELS), 3)), npy("k.npy", normal(len(GLYPH_LABELS), 3, seed=1)),
+                npy("v.npy", normal(len(GLYPH_LABELS), 2, seed=2)), text("labels.txt", "\n".join(GLYPH_LABELS) + "\n")),
+         ["scaled", *QKV, "--labels", "labels.txt", "--png", "a.png", "--title", "$x$ :smile: [bold]\x1b[2J"], 0,
+         outputs=("a.png",), check=lambda r, f: quiet_picture(r, f), tf=True),
 ]
 
 

@@ -102,9 +102,10 @@ class Worker:
                 self.proc.wait(timeout=30)
 
 
-#: the prelude of a worker that runs no command (status and stop, the idle timeout, a worker of another attnviz):
-#: it listens without importing what commands need or running its warm-up (TensorFlow, ~6 s of CPU), which
-#: plays no part in what those tests check; the workers that serve commands preload as the product does
+#: the prelude of a worker that runs no command, or only commands that need no TensorFlow (status and stop, the
+#: idle timeout, a worker of another attnviz, the faults below): it listens without importing what commands need
+#: or running its warm-up (TensorFlow, ~6 s of CPU), which plays no part in what those tests check; the worker
+#: that serves the commands compared with cold runs preloads as the product does
 NO_PRELOAD = "from attnviz.worker.server import Worker as _Worker\n_Worker.preload = lambda self: None"
 
 
@@ -419,7 +420,7 @@ def test_another_version_is_not_used_and_is_replaced(snapshot, folder, tmp_path,
 def test_a_worker_that_dies_mid_request(snapshot, folder, socket_dir):
     """The worker is killed while the command reads stdin: the client runs it itself, replaying the
     standard input the worker had already read."""
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m")
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)  # inspect: no TensorFlow
     try:
         # weights as JSON (8 kB) for inspect, which the client then runs without importing TensorFlow
         data = json.dumps(np.load(folder / "w.npy").tolist()).encode()
