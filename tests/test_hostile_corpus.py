@@ -147,27 +147,36 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "ATTNVIZ_DEBUG"}, "PYTHONP
        "PYTHONWARNINGS": "default", "ATTNVIZ_NO_SERVER": "1"}
 
 
+def preload_for(case: Case) -> str | None:
+    """What the process a case is forked from imports beyond the command line: TensorFlow for the cases that
+    compute, torch for those reading .pt files."""
+    if case.tf:
+        return "tensorflow"
+    return "torch" if any(str(a).endswith(".pt") for a in case.argv) else None
+
+
 def run_cases(cases: list[Case], folders: dict[str, Path], io_folder: Path) -> dict[str, Result]:
     """Run the cases, each ``python -m attnviz ARGV`` in its folder with its standard input, as processes forked
     from one that has imported the command line once (``tests/forked_runs.py``: the same process but for the
     ~0.4 s of CPU of starting Python and importing the command line, 134 times). The cases that compute are
-    forked from a second such process, which has also imported TensorFlow as a run does (~4 s each); the two
-    run at once, WORKERS and TF_WORKERS cases at a time."""
+    forked from a second such process, which has also imported TensorFlow as a run does (~4 s each), and those
+    reading .pt files from a third, which has imported torch (~2.5 s each); the three run at once, WORKERS,
+    TF_WORKERS and one case at a time."""
     before = {case.name: snapshot(folders[case.name]) for case in cases}
     procs = []
-    for tf in (True, False):
-        part = [case for case in cases if case.tf == tf]
+    for preload, workers in (("tensorflow", TF_WORKERS), ("torch", 1), (None, WORKERS)):
+        part = [case for case in cases if preload_for(case) == preload]
         if not part:
             continue
-        plan = {"workers": TF_WORKERS if tf else WORKERS, "timeout": TIMEOUT, "address_space": ADDRESS_SPACE,
-                "preload": ["tensorflow"] if tf else [], "jobs": []}
+        plan = {"workers": workers, "timeout": TIMEOUT, "address_space": ADDRESS_SPACE,
+                "preload": [preload] if preload else [], "jobs": []}
         for case in part:
             stdin = io_folder / f"{case.name}.in"
             stdin.write_bytes(case.stdin)
             plan["jobs"].append({"argv": [os.fsdecode(a) for a in case.argv], "cwd": str(folders[case.name]),
                                  "stdin": str(stdin), "stdout": str(io_folder / f"{case.name}.out"),
                                  "stderr": str(io_folder / f"{case.name}.err"), "fsize": case.fsize})
-        plan_file = io_folder / f"plan-{'tf' if tf else 'plain'}.json"
+        plan_file = io_folder / f"plan-{preload or 'plain'}.json"
         plan_file.write_text(json.dumps(plan))
         proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "forked_runs.py"), str(plan_file)],
                                 cwd=io_folder, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
