@@ -12,6 +12,7 @@ fuzz over every format, through ``open_spec`` and the command line.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import io
@@ -456,7 +457,13 @@ def test_jobs_files_that_are_not_text_or_not_files(tmp_path):
 # Fuzz: random bytes, truncated and mutated valid files of every format
 
 
-def _seeds() -> dict[str, bytes]:
+SEED_NAMES = [".npy", ".json", ".npz", "c.npz", ".safetensors", ".h5", *([".pt"] if TORCH else [])]
+
+
+@functools.cache
+def seeds() -> dict[str, bytes]:
+    """A valid file of each format (made when a fuzz test first asks, not while every worker collects: the .pt
+    one imports torch)."""
     out: dict[str, bytes] = {".npy": npy_bytes(A), ".json": json.dumps({"data": A[0].tolist(),
                                                                          "labels": ["a", "b", "c"]}).encode()}
     buf = io.BytesIO()
@@ -475,10 +482,8 @@ def _seeds() -> dict[str, bytes]:
         if TORCH:
             torch.save({"attn": torch.from_numpy(A), "layers": [torch.ones(2, 2)]}, Path(tmp) / "a.pt")
             out[".pt"] = (Path(tmp) / "a.pt").read_bytes()
+    assert sorted(out) == sorted(SEED_NAMES)
     return out
-
-
-SEEDS = _seeds()
 
 
 @st.composite
@@ -524,9 +529,9 @@ FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCh
                                                                         HealthCheck.too_slow])
 
 
-@pytest.mark.parametrize("name", sorted(SEEDS))
+@pytest.mark.parametrize("name", sorted(SEED_NAMES))
 def test_fuzz_loaders(name, small_memory):
-    seed = SEEDS[name]
+    seed = seeds()[name]
 
     @FUZZ
     @given(data=damaged(seed))
@@ -544,9 +549,9 @@ def test_fuzz_loaders(name, small_memory):
     check()
 
 
-@pytest.mark.parametrize("name", sorted(SEEDS))
+@pytest.mark.parametrize("name", sorted(SEED_NAMES))
 def test_fuzz_command_line(name, small_memory):
-    seed = SEEDS[name]
+    seed = seeds()[name]
 
     @settings(FUZZ, max_examples=30)
     @given(data=damaged(seed), command=st.sampled_from(["scaled", "inspect"]))
