@@ -803,10 +803,16 @@ def test_the_runtime_folder_made_unwritable_under_a_running_worker(snapshot, soc
         w.stop()
 
 
-def test_a_worker_of_another_python_serves_no_one(monkeypatch):
+def test_a_worker_of_another_python_or_installation_serves_no_one(monkeypatch, tmp_path):
     """The worker's identity names the Python that runs it: another version, executable or environment
-    (a second virtual environment of the same sources) is another attnviz to a client."""
-    mine = protocol.identity()
+    (a second virtual environment of the same sources) is another attnviz to a client. Another installation
+    of attnviz has a socket of its own, and its identity differs too."""
+    mine, my_socket = protocol.identity(), protocol.socket_path(str(tmp_path))
+    other = tmp_path / "site-packages" / "attnviz"
+    shutil.copytree(ROOT / "attnviz" / "worker", other / "worker")
+    with monkeypatch.context() as m:
+        m.setattr(protocol, "package_dir", lambda: str(other))
+        assert protocol.socket_path(str(tmp_path)) != my_socket and protocol.identity() != mine
     for name, value in (("version", sys.version + " (another)"), ("executable", "/another/bin/python"),
                         ("prefix", "/another/venv")):
         with monkeypatch.context() as m:
