@@ -242,10 +242,17 @@ def remove_stale(sock_path: str, seen: os.stat_result) -> None:
         os.close(fd)
 
 
-def sweep_dead(sock_path: str) -> list[str]:
-    """The worker of ``sock_path`` went away mid-request: if it is dead (its lock is free), remove the staged
-    files it left (``attnviz.worker.ledger``); the paths removed. A worker still alive removes its own."""
+#: seconds a client whose worker went away mid-request waits for the worker's lock (a killed process lets go
+#: of its files one after another: the connection may end a moment before the lock does)
+DEAD_WAIT = 2.0
+
+
+def sweep_dead(sock_path: str, wait: float = DEAD_WAIT) -> list[str]:
+    """The worker of ``sock_path`` went away mid-request: once it is dead (its lock free, waiting ``wait``
+    seconds at most), remove the staged files it left (``attnviz.worker.ledger``); the paths removed. A worker
+    still alive after that removes its own."""
     import fcntl
+    import time
 
     from attnviz.worker.ledger import ledger_path, sweep
 
@@ -254,7 +261,15 @@ def sweep_dead(sock_path: str) -> list[str]:
     except OSError:
         return []
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return []
+                time.sleep(0.01)
         return sweep(ledger_path(sock_path))
     except OSError:
         return []
