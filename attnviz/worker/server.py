@@ -367,6 +367,7 @@ class Worker:
         self.last_active = time.monotonic()
         self.current: _Request | None = None
         self.cancel_for: int | None = None
+        self.postponed: dict[int, int] = {}  # request number -> the signal to end it with, after an import
         self.listener: socket.socket | None = None
         self.bound: str | None = None  # the socket's temporary name, until listen() puts it in place
         self.socket_id: tuple[int, int] | None = None
@@ -537,16 +538,36 @@ class Worker:
     def on_signal(self, signum: int, frame: Any) -> None:
         target, self.cancel_for = self.cancel_for, None
         r = self.current
-        if target is not None and signum == signal.SIGINT:  # sent by a watcher: its client went away
+        if target is not None and signum == signal.SIGINT:  # sent by send_cancel: its client went away
             if r is not None and r.number == target and r.running:
-                interrupts.deliver(signal.SIGINT)  # as Ctrl-C in a cold run: staged files removed
+                self.interrupt(r, self.postponed.pop(target, signal.SIGINT))  # as Ctrl-C in a cold run
             return
         self.signalled = True
         self.begin_stop(signal.Signals(signum).name)
         if r is not None and r.running:
-            interrupts.deliver(signum)  # the command ends as a cold run would; its output is not sent
+            self.interrupt(r, signum)  # the command ends as a cold run would; its output is not sent
             return
         raise _Stop
+
+    def interrupt(self, r: _Request, signum: int) -> None:
+        """End the running command of ``r`` as ``signum`` ends a cold run (``attnviz.interrupts.deliver``: its
+        staged files are removed), but never in the middle of an import: a module cut short is left half made
+        for every later request (``AttributeError`` on names it had yet to define). Then it is tried again
+        a moment later, once the import is done."""
+        if _importing():
+            self.postponed[r.number] = signum
+            timer = threading.Timer(0.02, self.send_cancel, args=(r,))
+            timer.daemon = True
+            timer.start()
+            return
+        interrupts.deliver(signum)
+
+    def send_cancel(self, r: _Request) -> None:
+        """Interrupt ``r``'s command from another thread: SIGINT to the main thread, marked as meant for it."""
+        if r.done or not threading.main_thread().is_alive() or signal.getsignal(signal.SIGINT) != self.on_signal:
+            return
+        self.cancel_for = r.number
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     def accept_loop(self) -> None:
         listener = self.listener
@@ -663,9 +684,7 @@ class Worker:
             return
         r.gone = True
         r.incoming.put((None, b""))
-        if threading.main_thread().is_alive() and signal.getsignal(signal.SIGINT) == self.on_signal:
-            self.cancel_for = r.number
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        self.send_cancel(r)
 
     # -- stop
 
@@ -719,6 +738,15 @@ class Worker:
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None
+
+
+def _importing() -> bool:
+    """Whether a module is being imported in this process now (its body running: the import system marks
+    its spec ``_initializing`` meanwhile)."""
+    for module in list(sys.modules.values()):
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return True
+    return False
 
 
 def _closed(conn: socket.socket) -> bool:
