@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +99,159 @@ def test_a_results_manifest_on_a_full_disk_is_one_line(disks, monkeypatch):
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip("\n").split("\n")
     assert len(lines) == 1 and "results.jsonl" in lines[0] and "No space left on device" in lines[0], lines
+
+
+# ----------------------------------------------------------------------------------------------
+# Every output of the computing commands, compare and rollout; EFBIG (RLIMIT_FSIZE) in a real process; EDQUOT;
+# outputs through a symbolic link to a folder and on another file system than the working folder
+
+COMPUTE_OUTPUTS = [("--png", "a.png"), ("--png", "a.svg"), ("--png", "a.pdf"), ("--json-file", "d.json"),
+                   ("--html", "r.html"), ("--save-weights", "w.npy"), ("--save-output", "o.npy"),
+                   ("--save-params", "p.npz")]
+
+
+def one_line_naming(result, path: Path, reason: str) -> None:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("attnviz: error: ") and str(path) in lines[0], lines
+    assert reason in lines[0], lines
+
+
+@pytest.fixture
+def qkv(disks):
+    work = disks[0]
+    rng = np.random.default_rng(1)
+    for name, shape in (("q", (2, 5, 4)), ("k", (2, 6, 4)), ("v", (2, 6, 3))):
+        np.save(work / f"{name}.npy", rng.normal(size=shape).astype(np.float32))
+    return disks
+
+
+@pytest.mark.parametrize("where", ["full", "readonly"])
+def test_every_output_of_a_computing_command(qkv, monkeypatch, where):
+    """`general` (it has every output a computing command has, --save-params too): each output on the full or
+    read-only disk, beside another output on the normal disk, in turn; then all of them at once."""
+    work, full, readonly = qkv
+    folder = {"full": full, "readonly": readonly}[where]
+    reason = "No space left on device" if where == "full" else "Read-only file system"
+    monkeypatch.chdir(work)
+    (work / "old.json").write_text("{}\n")  # a target that exists: left as it was
+    before = listing(work, full, readonly)
+    runner = CliRunner()
+    for option, name in COMPUTE_OUTPUTS:
+        other = ("--json-file", "old.json") if option != "--json-file" else ("--save-weights", "ok.npy")
+        result = runner.invoke(app, ["general", "q.npy", "k.npy", "v.npy", option, str(folder / name), *other,
+                                     "--seed", "0", "--quiet"])
+        one_line_naming(result, folder / name, reason)
+        assert listing(work, full, readonly) == before, option
+    rest = [a for option, name in COMPUTE_OUTPUTS if option != "--png" for a in (option, name)]
+    result = runner.invoke(app, ["general", "q.npy", "k.npy", "v.npy", "--png", str(folder / "b.png"), *rest,
+                                 "--seed", "0", "--quiet"])  # the picture alone cannot be written: nothing is
+    one_line_naming(result, folder / "b.png", reason)
+    assert listing(work, full, readonly) == before
+    result = runner.invoke(app, ["general", "q.npy", "k.npy", "v.npy", "--png", "a.png", *rest, "--seed", "0",
+                                 "--quiet"])
+    assert result.exit_code == 0, result.output  # the same outputs on the normal disk: all written
+    assert {p.name for p in work.iterdir()} >= {"a.png", *rest[1::2]}
+
+
+@pytest.mark.parametrize("where", ["full", "readonly"])
+def test_every_output_of_compare_and_rollout(disks, monkeypatch, where):
+    work, full, readonly = disks
+    folder = {"full": full, "readonly": readonly}[where]
+    reason = "No space left on device" if where == "full" else "Read-only file system"
+    monkeypatch.chdir(work)
+    w = np.load(work / "w.npy")
+    np.save(work / "w2.npy", np.flip(w, axis=-1).copy())
+    np.save(work / "layers.npy", np.stack([w[:1], w[1:]]))  # [layers, batch, heads, L, L]
+    before = listing(work, full, readonly)
+    runner = CliRunner()
+    for command in (["compare", "w.npy", "w2.npy"], ["rollout", "layers.npy"]):
+        for option, name in (("--png", "a.png"), ("--json-file", "d.json"), ("--html", "r.html")):
+            other = ("--json-file", "ok.json") if option != "--json-file" else ("--png", "ok.png")
+            result = runner.invoke(app, [*command, option, str(folder / name), *other, "--quiet"])
+            one_line_naming(result, folder / name, reason)
+            assert listing(work, full, readonly) == before, (command, option)
+
+
+def test_a_file_too_large_for_rlimit_fsize_in_a_real_process(tmp_path):
+    """RLIMIT_FSIZE (a scheduler's file-size limit): writing past it fails with EFBIG (Python ignores
+    SIGXFSZ), in a real process: one line naming the file, exit 1, neither output left."""
+    w = np.random.default_rng(0).random((2, 4, 64, 64)).astype(np.float32)
+    np.save(tmp_path / "w.npy", w / w.sum(-1, keepdims=True))
+    limit = 8192  # the input is read, not written: only outputs meet the limit
+    before = listing(tmp_path)
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run([sys.executable, "-m", "attnviz", "inspect", "w.npy", "--json-file", "d.json", "--png",
+                        "a.png", "--quiet"], cwd=tmp_path, capture_output=True, timeout=300, preexec_fn=limited,
+                       env={**os.environ, "ATTNVIZ_NO_SERVER": "1"})
+    lines = r.stderr.decode().strip("\n").split("\n")
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("attnviz: error: ") and "a.png" in lines[0] and "File too large" in lines[0], lines
+    assert listing(tmp_path) == before
+
+
+def test_a_quota_exceeded_is_one_line(tmp_path, monkeypatch):
+    """EDQUOT (no quota-enabled file system here: this kernel's tmpfs has no quotas, and root may exceed
+    ext4's): the JSON file's write fails as a quota would make it fail, at the file's write."""
+    import errno as errnos
+
+    import attnviz.io as aio
+
+    w = np.random.default_rng(0).random((2, 4, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "w.npy", w / w.sum(-1, keepdims=True))
+    monkeypatch.chdir(tmp_path)
+
+    class Quota:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            raise OSError(errnos.EDQUOT, os.strerror(errnos.EDQUOT))
+
+    class QuotaOs:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def fdopen(self, fd, *args, **kwargs):
+            return Quota(os.fdopen(fd, *args, **kwargs))
+
+    monkeypatch.setattr(aio, "os", QuotaOs())
+    before = listing(tmp_path)
+    result = CliRunner().invoke(app, ["inspect", "w.npy", "--json-file", "d.json", "--quiet"])
+    one_line_naming(result, Path("d.json"), "Disk quota exceeded")
+    assert listing(tmp_path) == before
+
+
+def test_outputs_through_a_symlinked_folder_and_on_another_file_system(qkv, monkeypatch):
+    """A folder reached through a symbolic link, and a tmpfs that is not the working folder's file system
+    (staged files live beside their targets, so the final renames never cross file systems): written."""
+    work, _, _ = qkv
+    other = work / "other"
+    other.mkdir()
+    if not _mount(other, "size=4m"):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (work / "real").mkdir()
+        (work / "linked").symlink_to(work / "real")
+        monkeypatch.chdir(work)
+        result = CliRunner().invoke(app, ["inspect", "w.npy", "--png", "linked/a.png", "--json-file",
+                                          str(other / "d.json"), "--html", "linked/r.html", "--quiet"])
+        assert result.exit_code == 0, result.output
+        assert sorted(p.name for p in (work / "real").iterdir()) == ["a.png", "r.html"]
+        assert json.loads((other / "d.json").read_text())["command"] == "inspect"
+        assert (work / "linked").is_symlink() and sorted(p.name for p in other.iterdir()) == ["d.json"]
+        result = CliRunner().invoke(app, ["scaled", "q.npy", "k.npy", "v.npy", "--save-weights",
+                                          str(other / "w.npy"), "--png", "linked/s.png", "--quiet"])
+        assert result.exit_code == 0, result.output
+        assert np.load(other / "w.npy").shape == (2, 5, 6) and (work / "real" / "s.png").stat().st_size > 0
+    finally:
+        subprocess.run(["umount", str(other)], capture_output=True)
