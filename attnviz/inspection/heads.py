@@ -4,6 +4,7 @@ the per-query statistics of one map. Read a block of rows at a time (memory-mapp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -172,6 +173,38 @@ def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slic
         yield (slice(li, li + 1), slice(bi, bi + 1), slice(hi, hi + 1)), start, block[None, None, None]
 
 
+#: threads that work on blocks at once (NumPy lets go of the GIL in the sums): each holds a block of CHUNK values
+THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
+def _in_threads(work: Any, items: Any) -> Iterator[Any]:
+    """``work(item)`` for each of ``items``, in order, THREADS at a time: at most THREADS blocks are in memory,
+    and the results are added up in the same order as one at a time (the same sums to the last bit)."""
+    items = iter(items)
+    first = next(items, None)
+    if first is None:
+        return
+    second = next(items, None)
+    if second is None or THREADS == 1:  # one block (a small file) or one core: no threads
+        yield work(first)
+        if second is not None:
+            yield work(second)
+            for item in items:
+                yield work(item)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="attnviz-heads") as pool:
+        pending = deque([pool.submit(work, first), pool.submit(work, second)])
+        for item in items:
+            if len(pending) >= THREADS:
+                yield pending.popleft().result()
+            pending.append(pool.submit(work, item))
+        while pending:
+            yield pending.popleft().result()
+
+
 def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
                     real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
                     stored: str | None = None) -> dict[str, np.ndarray]:
@@ -226,11 +259,15 @@ def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarr
     extremes = {"sum_min": np.full((layers, heads), np.inf), "sum_max": np.full((layers, heads), -np.inf),
                 "value_min": np.full((layers, heads), np.inf)}
     above = False
-    for sl, start, block in blocks:
+
+    def sums_of(item: tuple[Any, int, np.ndarray]) -> tuple[Any, Any]:
+        sl, start, block = item
         span = slice(start, start + block.shape[-2])
-        got, ext, up = _head_sums(block, start, None if full_keep is None else full_keep[sl + (span,)],
-                                  None if full_real is None else full_real[sl + (span,)],
-                                  first_key[sl], last_key[sl], first_row[sl], tol)
+        return sl, _head_sums(block, start, None if full_keep is None else full_keep[sl + (span,)],
+                              None if full_real is None else full_real[sl + (span,)],
+                              first_key[sl], last_key[sl], first_row[sl], tol)
+
+    for sl, (got, ext, up) in _in_threads(sums_of, blocks):
         where = (sl[0], sl[2])
         for name in _SUMS:
             sums[name][where] += got[name]
