@@ -546,6 +546,20 @@ def staged_in(folder: Path, n: int = len(OUTPUTS) // 2) -> bool:
     return sum(".staged" in name for name in hidden(folder)) >= n
 
 
+def staging_client(w: Worker, folder: Path, args: list[str], **popen) -> subprocess.Popen:
+    """A client whose command, on ``w``, waits 60 s before putting its staged outputs in place: returned once
+    the worker runs it and all three outputs are staged."""
+    popen = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env={**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"},
+                            cwd=folder, **popen)
+    try:
+        wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 @pytest.fixture(scope="module")
 def slow_worker(snapshot, tmp_path_factory):
     w = Worker(snapshot, tmp_path_factory.mktemp("slow") / "run", "--idle-timeout", "10m", prelude=SLOW_COMMIT)
@@ -610,13 +624,10 @@ def test_a_signal_to_a_client_ends_its_command_on_the_worker(slow_worker, tmp_pa
     143, one line, as a cold run), the worker has ended the command and removed what it staged; no output is
     left, and the worker serves the next client."""
     folder = inputs_folder(tmp_path / "in")
-    env = {**slow_worker.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}
     before = slow_worker.served()
-    proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "w.npy", *OUTPUTS], env=env, cwd=folder,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = staging_client(slow_worker, folder, ["inspect", "w.npy", *OUTPUTS],
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        wait_for(lambda: slow_worker.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -669,11 +680,8 @@ def test_a_worker_killed_mid_request_leaves_nothing_and_the_next_call_starts_cle
     folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
     args = ["inspect", "w.npy", *OUTPUTS]
     try:
-        slow = {**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}
-        proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=slow, cwd=folder,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = staging_client(w, folder, args)
         try:
-            wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
             staged_by_worker = hidden(folder)
             w.proc.kill()
             w.proc.wait(timeout=30)
@@ -705,11 +713,9 @@ def test_a_worker_killed_with_its_client_is_cleaned_up_by_the_next_worker(snapsh
     folder = inputs_folder(tmp_path / "in")
     w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "w.npy", *OUTPUTS],
-                                env={**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}, cwd=folder,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = staging_client(w, folder, ["inspect", "w.npy", *OUTPUTS], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
         try:
-            wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
             proc.send_signal(signal.SIGSTOP)  # the client can do nothing now (and the worker sees it still there)
             w.proc.kill()
             w.proc.wait(timeout=30)
@@ -737,11 +743,8 @@ def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_di
     folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
     args = ["inspect", "w.npy", *OUTPUTS]
     try:
-        slow = {**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"}
-        proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=slow, cwd=folder,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = staging_client(w, folder, args)
         try:
-            wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
             w.proc.send_signal(signal.SIGTERM)
             assert w.proc.wait(timeout=60) == 0
             out, err = proc.communicate(timeout=TIMEOUT)
