@@ -758,6 +758,45 @@ def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_di
         w.stop()
 
 
+def test_a_worker_stopped_mid_batch_hands_back_what_a_terminated_batch_gives(snapshot, socket_dir, tmp_path):
+    """SIGTERM to the worker in the middle of a batch: the batch is not run again from its start (its finished
+    jobs have their lines and files); the client gets what a batch terminated in its own process gives (143,
+    a whole line per finished job, none for the one cut short), and --resume completes it."""
+    folder = tmp_path / "batch"
+    (folder / "acts").mkdir(parents=True)
+    for i, stem in enumerate(["w0", "w1", "w2slow", "w3"]):
+        np.save(folder / "acts" / f"{stem}.npy", softmax_rows(np.random.default_rng(i).normal(size=(2, 16, 16))))
+    (folder / "out").mkdir()
+    args = ["batch", "--results", "results.jsonl", "--each", "acts/*.npy", "--", "inspect", "{}", "--png",
+            "out/{stem}.png", "--json-file", "out/{stem}.json"]
+    manifest = folder / "results.jsonl"
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT.replace(
+        '_time.sleep(float(_os.environ.get("ATTNVIZ_TEST_SLOW_COMMIT", "0")))',
+        'any("slow" in str(t) for t in self.targets.values()) and _time.sleep(60)'))
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=w.env, cwd=folder,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: manifest.exists() and manifest.read_bytes().count(b"\n") == 2
+                     and staged_in(folder / "out", 2), "two jobs done and the third staging")
+            w.proc.send_signal(signal.SIGTERM)
+            assert w.proc.wait(timeout=60) == 0
+            _, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()
+        assert proc.returncode == 143 and err.endswith(b"attnviz: terminated\n"), err
+        done = [json.loads(line) for line in manifest.read_bytes().splitlines()]
+        assert [d["path"] for d in done] == ["acts/w0.npy", "acts/w1.npy"] and all(d["exit_code"] == 0 for d in done)
+        assert hidden(folder / "out") == [] and sorted(p.name for p in (folder / "out").glob("*.png")) == \
+            ["w0.png", "w1.png"]
+        r = attnviz([*args[:1], "--resume", *args[1:]], w.env, folder)  # no worker now: in its own process
+        assert r.returncode == 0, r.stderr
+        assert sorted(json.loads(line)["path"] for line in manifest.read_bytes().splitlines()) == \
+            [f"acts/{s}.npy" for s in ("w0", "w1", "w2slow", "w3")]
+    finally:
+        w.stop()
+
+
 def test_the_runtime_folder_removed_under_a_running_worker(snapshot, socket_dir, tmp_path):
     """rm -rf of the runtime folder: clients run their commands themselves at once, the worker (unreachable
     now) stops within about a second, and a new one starts there."""

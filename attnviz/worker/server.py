@@ -28,7 +28,9 @@ cold run.
 **Stopping.** After the idle timeout without a request (default 15 minutes; 0: never), on ``attnviz
 serve --stop``, on SIGTERM or Ctrl-C, and when its socket file is removed or replaced (its runtime folder
 deleted: no client could reach it any more). A request cut short (a signal mid-command) sends no output: its
-client runs the command itself. A client that goes away mid-request (Ctrl-C) has its command
+client runs the command itself (a command's files are all or nothing, so nothing is done twice); but a
+``batch`` cut short sends what it printed and its exit status (143 or 130), as a batch terminated in its own
+process would, since its finished jobs are done (``--resume`` completes it). A client that goes away mid-request (Ctrl-C) has its command
 interrupted as Ctrl-C interrupts a cold run (``attnviz.interrupts.deliver``: never between creating a staged
 file and recording it), and nothing is sent. The staged files of the running command are recorded beside
 the socket (``attnviz.worker.ledger``): a worker killed outright (SIGKILL) leaves them to its client, which
@@ -646,8 +648,13 @@ class Worker:
             except _Declined as exc:
                 protocol.send_json(conn, b"N", {"reason": str(exc)})
                 return
-            if r.gone or self.signalled:
+            if r.gone:
                 return
+            if self.signalled and req["argv"][:1] != ["batch"]:  # cut short: the client runs it itself
+                return
+            # a batch cut short is not run again from its start (its finished jobs have their files and their
+            # lines in the results file): the client gets what a batch terminated in its own process gives,
+            # and --resume completes it
             for kind, data in _merged(chunks):
                 protocol.send_frame(conn, kind, data)
             protocol.send_json(conn, b"X", {"exit": code})
