@@ -30,9 +30,10 @@ serve --stop``, on SIGTERM or Ctrl-C, and when its socket file is removed or rep
 deleted: no client could reach it any more). A request cut short (a signal mid-command) sends no output: its
 client runs the command itself (a command's files are all or nothing, so nothing is done twice); but a
 ``batch`` cut short sends what it printed and its exit status (143 or 130), as a batch terminated in its own
-process would, since its finished jobs are done (``--resume`` completes it). A client that goes away mid-request (Ctrl-C) has its command
-interrupted as Ctrl-C interrupts a cold run (``attnviz.interrupts.deliver``: never between creating a staged
-file and recording it), and nothing is sent. The staged files of the running command are recorded beside
+process would, since its finished jobs are done (``--resume`` completes it). A client that goes away
+mid-request (Ctrl-C) has its command interrupted as Ctrl-C interrupts a cold run
+(``attnviz.interrupts.deliver``: never between creating a staged file and recording it, never in the middle
+of an import), and nothing is sent. The staged files of the running command are recorded beside
 the socket (``attnviz.worker.ledger``): a worker killed outright (SIGKILL) leaves them to its client, which
 removes them before it runs the command itself, or to the next worker.
 
