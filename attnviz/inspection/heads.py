@@ -173,8 +173,16 @@ def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slic
         yield (slice(li, li + 1), slice(bi, bi + 1), slice(hi, hi + 1)), start, block[None, None, None]
 
 
+def _cores() -> int:
+    """The cores this process may run on (a Slurm or container CPU set, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 #: threads that work on blocks at once (NumPy lets go of the GIL in the sums): each holds a block of CHUNK values
-THREADS = max(1, min(4, os.cpu_count() or 1))
+THREADS = max(1, min(4, _cores()))
 
 
 def _in_threads(work: Any, items: Any) -> Iterator[Any]:
