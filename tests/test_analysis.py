@@ -271,3 +271,33 @@ def test_received_a_few_rows_at_a_time(monkeypatch, chunk):
     for li in range(2):
         for h in range(2):
             np.testing.assert_allclose(got[li, 0, h], received_oracle(w[li, 0, h], allowed), atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("chunk", [6, 40, 2**22])  # a row, a few rows and whole maps per block
+def test_received_from_the_head_pass_column_sums_equals_the_oracle(causal, chunk):
+    """inspect reads the weights once: received attention comes from the head pass's column sums (masked
+    keys and padded rows as 0) and counts worked out from the masks. Causal weights (as the pass found them:
+    nothing above the diagonal) count only the queries at or after each key."""
+    from attnviz.inspection.heads import head_pass
+    from attnviz.inspection.received import received_from_columns
+
+    rng = np.random.default_rng(7)
+    length = 6
+    tril = np.tril(np.ones((length, length), bool))
+    scores = rng.normal(size=(2, 2, 3, length, length))
+    w = rows_softmax(np.where(tril, scores, -np.inf) if causal else scores).astype(np.float32)
+    keep = np.ones((length, length), bool)
+    keep[:, 1] = False
+    real = np.ones((1, 2, 1, length), bool)
+    real[0, 1, 0, :2] = False  # entry 1 left-padded
+    for k, r in ((None, None), (keep, real)):
+        passed = head_pass(w, k, chunk, real_rows=r)
+        assert bool(passed.stats["causal"]) == causal and passed.finite
+        got = received_from_columns(passed.columns, w.shape, k, r, causal)
+        for li, bi, hi in np.ndindex(2, 2, 3):
+            allowed = (tril if causal else np.ones((length, length), bool)) & (True if k is None else k)
+            if r is not None:
+                allowed = allowed & r[0, bi, 0][:, None]
+            np.testing.assert_allclose(got[li, bi, hi], received_oracle(w[li, bi, hi].astype(np.float64), allowed),
+                                       rtol=1e-6, atol=1e-7)

@@ -260,3 +260,55 @@ def test_inspect_reads_npy_memory_mapped(tmp_path):
     np.save(tmp_path / "w.npy", w)
     loaded = load_weights(str(tmp_path / "w.npy"))
     assert isinstance(loaded.data.base, np.memmap) or isinstance(loaded.data, np.memmap)
+
+
+def head_stats_oracle(w: np.ndarray) -> dict[str, np.ndarray]:
+    """The head statistics of unmasked weights ``[L, B, H, Lq, Lk]``, row by row in float64 with plain Python
+    loops (the definitions in ``head_statistics``' docstring)."""
+    layers, batches, heads, lq, lk = w.shape
+    w = w.astype(np.float64)
+    causal = all(w[idx][i, j] == 0 for idx in np.ndindex(layers, batches, heads) for i in range(lq)
+                 for j in range(i + 1, lk))
+    out = {name: np.zeros((layers, heads)) for name in
+           ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max")}
+    for li, hi in np.ndindex(layers, heads):
+        rows = [(bi, i) for bi in range(batches) for i in range(lq)]
+        acc = {name: [] for name in out}
+        for bi, i in rows:
+            row = w[li, bi, hi, i]
+            h = -sum(p * np.log(p) for p in row if p > 0)
+            n = min(i + 1, lk) if causal else lk
+            acc["entropy"].append(h)
+            if n > 1:
+                acc["entropy_norm"].append(h / np.log(n))
+            acc["distance"].append(sum(p * abs(i - j) for j, p in enumerate(row)))
+            acc["diagonal"].append(row[i] if i < lk else 0.0)
+            acc["last"].append(row[lk - 1])
+            acc["max"].append(row.max())
+            if i >= 1:
+                acc["previous"].append(row[i - 1])
+                acc["first"].append(row[0])
+        for name in out:
+            out[name][li, hi] = np.mean(acc[name])
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("chunk", [50, 2**22])  # blocks of rows of one head (in threads), or all at once
+def test_head_statistics_of_float32_weights_agree_with_a_float64_oracle(causal, chunk):
+    """float32 weights are summarised in float32 a row at a time and added up in float64: the statistics agree
+    with the float64 oracle to float32 tolerance, exact zeros included (a causal map's upper triangle, a
+    head that never looks at some keys)."""
+    rng = np.random.default_rng(11)
+    n = 24
+    scores = rng.normal(size=(2, 2, 3, n, n)) * 3
+    scores[0, :, 1, :, 5:9] = -np.inf  # keys this head never looks at: exact zeros
+    if causal:
+        scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w = (w / w.sum(-1, keepdims=True)).astype(np.float32)
+    got = head_statistics(w, chunk=chunk)
+    expected = head_stats_oracle(w)
+    assert bool(got["causal"]) == causal
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=2e-6, atol=1e-6, err_msg=name)

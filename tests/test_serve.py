@@ -862,6 +862,12 @@ def test_a_worker_of_another_python_or_installation_serves_no_one(monkeypatch, t
         with monkeypatch.context() as m:
             m.setattr(sys, name, value)
             assert protocol.identity() != mine and value in protocol.identity()
+    # the same interpreter by another name (a virtual environment's python3, the console script's): the same
+    alias = tmp_path / "python3"
+    alias.symlink_to(sys.executable)
+    with monkeypatch.context() as m:
+        m.setattr(sys, "executable", str(alias))
+        assert protocol.identity() == mine
     assert protocol.identity() == mine
 
 

@@ -51,7 +51,8 @@ def check_finite(w: np.ndarray, chunk: int = CHUNK, rows: np.ndarray | None = No
 
 def all_finite(w: np.ndarray, chunk: int = CHUNK, rows: np.ndarray | None = None) -> bool:
     if rows is None:
-        return all(np.isfinite(block).all() for _, _, _, block in row_blocks(w, chunk))
+        return all(np.isfinite(block).all()
+                   for _, _, _, block in row_blocks(w, chunk, None if w.dtype.kind == "f" else np.float64))
     return check_finite(w, chunk, rows).passed
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,18 +35,20 @@ BROAD_THRESHOLD = 0.9  # normalised entropy at or above this: the head spreads i
 ROW_SUM_TOL = 1e-3
 
 
-CHUNK = 2**22  # values handled at a time on large inputs (32 MiB in float64)
+CHUNK = 2**22  # values handled at a time on large inputs (16 MiB in float32)
 
 
-def row_blocks(w: np.ndarray, chunk: int = CHUNK) -> Iterator[tuple[tuple[int, ...], int, int, np.ndarray]]:
-    """((layer, batch, head), first row, end row, float64 block) over ``w [L, B, H, Lq, Lk]`` in pieces
-    of about ``chunk`` values: a memory-mapped file is read a block at a time."""
+def row_blocks(w: np.ndarray, chunk: int = CHUNK,
+               dtype: Any = np.float64) -> Iterator[tuple[tuple[int, ...], int, int, np.ndarray]]:
+    """((layer, batch, head), first row, end row, block in ``dtype``; None: as stored) over
+    ``w [L, B, H, Lq, Lk]`` in pieces of about ``chunk`` values: a memory-mapped file is read a block at
+    a time."""
     lq, lk = w.shape[-2:]
     rows = max(1, chunk // max(lk, 1))
     for idx in np.ndindex(*w.shape[:-2]):
         for start in range(0, lq, rows):
             stop = min(start + rows, lq)
-            yield idx, start, stop, np.asarray(w[idx][start:stop], dtype=np.float64)
+            yield idx, start, stop, np.asarray(w[idx][start:stop], dtype=dtype)
             release_pages(w)
 
 
@@ -85,34 +87,95 @@ _SUMS = ("rows", "later", "entropy", "distance", "max", "last", "diagonal", "pre
          "norm_full", "count_full", "norm_causal", "count_causal", "off_rows", "negative")
 
 
+def work_dtype(dtype: np.dtype[Any]) -> type:
+    """What the head statistics compute in: float32 for weights of 32 bits or fewer (each row's sums in
+    float32, summed over rows in float64: float32 tolerance, as the weights themselves), float64 for
+    float64 weights."""
+    return np.float64 if np.dtype(dtype).itemsize > 4 else np.float32
+
+
+class _Grids:
+    """``|i - j|`` and ``j > i`` for a block of rows (``start``, ``rows``, ``Lk``, dtype), made once per
+    pass and shared by its blocks (and threads: a grid made twice is the same grid)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, int, int, Any], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, start: int, rows: int, lk: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+        key = (start, rows, lk, dtype)
+        if key not in self._made:
+            offset = np.arange(lk)[None, :] - np.arange(start, start + rows)[:, None]
+            self._made[key] = (np.abs(offset).astype(dtype), (offset > 0).astype(dtype))
+        return self._made[key]
+
+
+_TINY: dict[Any, Any] = {np.float32: np.float32(np.finfo(np.float32).tiny), np.float64: np.finfo(np.float64).tiny}
+
+
+class _Sums(NamedTuple):
+    """What ``_head_sums`` finds in a block ``[l, b, h, r, Lk]``."""
+
+    sums: dict[str, np.ndarray]  # ``_SUMS``, each ``[l, h]``
+    extremes: dict[str, np.ndarray]  # the least and largest row sums and values, ``[l, h]``
+    above: bool  # a weight lies above the diagonal
+    columns: np.ndarray  # ``[l, b, h, Lk]``: the block's weights summed over its rows (masked ones 0)
+    finite: bool  # the sums of the real rows are finite
+
+
 def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.ndarray | None,
                first_key: np.ndarray, last_key: np.ndarray, first_row: np.ndarray,
-               tol: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool]:
+               tol: float, grids: _Grids | None = None, above_known: bool = False) -> _Sums:
     """Sums over batch entries and query rows of one block ``[l, b, h, r, Lk]`` (rows ``start`` on):
     ``[l, h]`` arrays, the least and largest row sums and values ``[l, h]``, and whether a weight
-    lies above the diagonal. ``keep`` (bool, the block's shape), ``real`` (bool,
-    ``[l, b, h, r]``) and the ``[l, b, h]`` positions are the block's share of the masks. Masked keys
-    and padded rows count as weight 0; only rows that are real and may attend somewhere are counted."""
-    lk = block.shape[-1]
-    i = np.arange(start, start + block.shape[-2])
+    lies above the diagonal; also the weights summed over the rows (per key: received attention) and
+    whether the real rows' sums are finite (a row holding NaN or infinity is not). ``keep`` (bool, the
+    block's shape), ``real`` (bool, ``[l, b, h, r]``) and the ``[l, b, h]`` positions are the block's
+    share of the masks. Masked keys
+    and padded rows count as weight 0; only rows that are real and may attend somewhere are counted.
+
+    Each row's sums are taken in the block's dtype (``work_dtype``) and added over rows in float64.
+    Non-negative weights (distributions) take the quick way: a logarithm clamped at the smallest normal
+    number (a zero weight adds 0 to the entropy), and the weight above the diagonal as one weighted
+    sum (a sum of non-negative numbers is 0 only if each is); ``above_known`` (a weight above the
+    diagonal was found in another block) skips that sum."""
+    grids = grids or _Grids()
+    lk, nrows = block.shape[-1], block.shape[-2]
+    i = np.arange(start, start + nrows)
     j = np.arange(lk)
+    plain = keep is None and real is None
     live = np.ones(block.shape[:-1], dtype=bool) if real is None else np.broadcast_to(real, block.shape[:-1])
     if keep is not None:
         live = live & keep.any(axis=-1)
     # are these distributions? Judged on the rows as the file holds them (masked keys included)
-    row_sum = block.sum(axis=-1)
+    row_sum = block.sum(axis=-1).astype(np.float64)
+    row_min = block.min(axis=-1)
     near = (np.abs(row_sum - 1.0) <= tol) | (np.abs(row_sum) <= tol)
-    negative = np.where(live, (block < 0).sum(axis=-1), 0)
+    if bool(np.any(live & (row_min < 0))):
+        negative = np.where(live, (block < 0).sum(axis=-1), 0)
+    else:
+        negative = np.zeros(live.shape, dtype=np.int64)
     extremes = {"sum_min": np.where(live, row_sum, np.inf).min(axis=(1, 3)),
                 "sum_max": np.where(live, row_sum, -np.inf).max(axis=(1, 3)),
-                "value_min": np.where(live, block.min(axis=-1), np.inf).min(axis=(1, 3))}
-    if keep is not None or real is not None:
-        x = np.where(live[..., None] if keep is None else keep & live[..., None], block, 0.0)
-    else:
+                "value_min": np.where(live, row_min.astype(np.float64), np.inf).min(axis=(1, 3))}
+    if plain:
         x = block
-    above = bool(np.any((x != 0) & (j[None, :] > i[:, None])))
-    logs = np.log(x, out=np.zeros_like(x), where=x > 0)
-    h = 0.0 - np.einsum("...k,...k->...", x, logs)
+        non_negative = not bool(np.any(row_min < 0))
+    else:
+        x = np.where(live[..., None] if keep is None else keep & live[..., None], block, block.dtype.type(0))
+        non_negative = bool(x.min(initial=0) >= 0)
+    distance_grid, above_grid = grids(start, nrows, lk, x.dtype.type)
+    if above_known:
+        above = True
+    elif non_negative:  # a sum of non-negative numbers is 0 only when each of them is
+        above = bool(np.any(np.einsum("...k,...k->...", x, above_grid) > 0))
+    else:
+        above = bool(np.any((x != 0) & (j[None, :] > i[:, None])))
+    if non_negative:
+        logs = np.maximum(x, _TINY[x.dtype.type])
+        np.log(logs, out=logs)
+    else:
+        logs = np.log(x, out=np.zeros_like(x), where=x > 0)
+    h = 0.0 - np.einsum("...k,...k->...", x, logs).astype(np.float64)
     n_full = np.broadcast_to(lk if keep is None else keep.sum(axis=-1), live.shape)
     n_causal = np.broadcast_to(np.minimum(i + 1, lk) if keep is None else
                                (keep & (j[None, :] <= i[:, None])).sum(axis=-1), live.shape)
@@ -127,8 +190,9 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
     after = (i >= 1) & (i - 1 < lk)
     previous[..., after] = x[..., np.flatnonzero(after), i[after] - 1]
 
-    def total(values: np.ndarray, where: np.ndarray = live) -> np.ndarray:
-        return np.where(where, values, 0.0).sum(axis=(1, 3))
+    def total(values: np.ndarray, where: np.ndarray | None = live) -> np.ndarray:
+        values = values.astype(np.float64, copy=False)
+        return (values if where is None or plain and where is live else np.where(where, values, 0.0)).sum(axis=(1, 3))
 
     with np.errstate(divide="ignore", invalid="ignore"):
         normed = {name: np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0)
@@ -137,7 +201,7 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
         "rows": live.sum(axis=(1, 3)).astype(np.float64),
         "later": later.sum(axis=(1, 3)).astype(np.float64),
         "entropy": total(h),
-        "distance": total(np.einsum("...k,...k->...", x, np.abs(i[:, None] - j[None, :]).astype(np.float64))),
+        "distance": total(np.einsum("...k,...k->...", x, distance_grid)),
         "max": total(top),
         "last": total(last),
         "diagonal": total(diagonal),
@@ -151,14 +215,16 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
         "off_rows": (live & ~near).sum(axis=(1, 3)).astype(np.float64),
         "negative": negative.sum(axis=(1, 3)).astype(np.float64),
     }
-    return sums, extremes, above
+    finite = bool(np.isfinite(row_sum if real is None else row_sum[np.broadcast_to(real, row_sum.shape)]).all())
+    return _Sums(sums, extremes, above, x.sum(axis=-2, dtype=np.float64 if x.dtype.itemsize > 4 else None), finite)
 
 
 def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slice], int, np.ndarray]]:
-    """((layer, batch, head) slices, first row, float64 block ``[1, 1, h, r, Lk]``) over ``w`` in
-    pieces of about ``chunk`` values: several heads at a time when their maps are small, else a
+    """((layer, batch, head) slices, first row, block ``[1, 1, h, r, Lk]`` in ``work_dtype``) over ``w``
+    in pieces of about ``chunk`` values: several heads at a time when their maps are small, else a
     block of rows of one head."""
     layers, batches, heads, lq, lk = w.shape
+    dtype = work_dtype(w.dtype)
     per_map = max(1, lq * lk)
     if per_map <= chunk:
         group = max(1, chunk // per_map)
@@ -166,10 +232,10 @@ def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slic
             for h0 in range(0, heads, group):
                 h1 = min(h0 + group, heads)
                 yield ((slice(li, li + 1), slice(bi, bi + 1), slice(h0, h1)), 0,
-                       np.asarray(w[li:li + 1, bi:bi + 1, h0:h1], dtype=np.float64))
+                       np.asarray(w[li:li + 1, bi:bi + 1, h0:h1], dtype=dtype))
                 release_pages(w)
         return
-    for (li, bi, hi), start, _, block in row_blocks(w, chunk):
+    for (li, bi, hi), start, _, block in row_blocks(w, chunk, dtype):
         yield (slice(li, li + 1), slice(bi, bi + 1), slice(hi, hi + 1)), start, block[None, None, None]
 
 
@@ -240,22 +306,43 @@ def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = 
     distributions). Inputs larger than ``chunk`` values are summarised a block at a time
     (``head_statistics_blocked``), with the same result.
     """
-    if w.size > chunk:
-        return head_statistics_blocked(w, keep, chunk, real_rows=real_rows, real_keys=real_keys, stored=stored)
-    return _head_statistics(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, np.float64))],
-                            stored or w.dtype.name)
+    return head_pass(w, keep, chunk, real_rows=real_rows, real_keys=real_keys, stored=stored).stats
 
 
 def head_statistics_blocked(w: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK, *,
                             real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
                             stored: str | None = None) -> dict[str, np.ndarray]:
     """``head_statistics`` a block at a time: the same sums, in bounded memory."""
-    return _head_statistics(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name)
+    return _head_pass(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name).stats
 
 
-def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | None,
-                     real_keys: np.ndarray | None,
-                     blocks: Any, stored: str) -> dict[str, np.ndarray]:
+@dataclass
+class HeadPass:
+    """One pass over the weights (``head_pass``): the head statistics, and what the same reading gives
+    for free."""
+
+    stats: dict[str, np.ndarray]
+    #: ``[L, B, H, Lk]``: each key's weights summed over the query rows counted (masked keys and padded
+    #: rows as 0): the numerators of received attention (``attnviz.inspection.received``)
+    columns: np.ndarray
+    #: the real rows' sums are all finite; False when a row holds NaN or infinity (or its sum overflows:
+    #: ``checks.all_finite`` tells which)
+    finite: bool
+
+
+def head_pass(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
+              real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
+              stored: str | None = None) -> HeadPass:
+    """``head_statistics`` (the same arguments), with the column sums and the finiteness of the rows
+    found in the same reading of ``w``."""
+    if w.size > chunk:
+        return _head_pass(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name)
+    return _head_pass(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, work_dtype(w.dtype)))],
+                      stored or w.dtype.name)
+
+
+def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | None, real_keys: np.ndarray | None,
+               blocks: Any, stored: str) -> HeadPass:
     layers, batches, heads, lq, lk = w.shape
     lead = (layers, batches, heads)
     first_key, last_key = _first_last(real_keys, lead, lk)
@@ -266,23 +353,35 @@ def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarr
     sums = {n: np.zeros((layers, heads)) for n in _SUMS}
     extremes = {"sum_min": np.full((layers, heads), np.inf), "sum_max": np.full((layers, heads), -np.inf),
                 "value_min": np.full((layers, heads), np.inf)}
+    columns = np.zeros((layers, batches, heads, lk))
+    finite = True
     above = False
+    grids = _Grids()
+    found_above: list[bool] = []  # once a weight above the diagonal is found, no block need look for one
 
-    def sums_of(item: tuple[Any, int, np.ndarray]) -> tuple[Any, Any]:
+    def sums_of(item: tuple[Any, int, np.ndarray]) -> tuple[Any, _Sums]:
         sl, start, block = item
         span = slice(start, start + block.shape[-2])
-        return sl, _head_sums(block, start, None if full_keep is None else full_keep[sl + (span,)],
-                              None if full_real is None else full_real[sl + (span,)],
-                              first_key[sl], last_key[sl], first_row[sl], tol)
+        with np.errstate(all="ignore"):  # NaN or infinity in the weights: ``finite`` says so, the caller decides
+            got = _head_sums(block, start, None if full_keep is None else full_keep[sl + (span,)],
+                             None if full_real is None else full_real[sl + (span,)],
+                             first_key[sl], last_key[sl], first_row[sl], tol, grids, bool(found_above))
+        if got.above:
+            found_above.append(True)
+        return sl, got
 
-    for sl, (got, ext, up) in _in_threads(sums_of, blocks):
-        where = (sl[0], sl[2])
-        for name in _SUMS:
-            sums[name][where] += got[name]
-        extremes["sum_min"][where] = np.minimum(extremes["sum_min"][where], ext["sum_min"])
-        extremes["sum_max"][where] = np.maximum(extremes["sum_max"][where], ext["sum_max"])
-        extremes["value_min"][where] = np.minimum(extremes["value_min"][where], ext["value_min"])
-        above = above or up
+    with np.errstate(all="ignore"):  # (each thread has its own error state)
+        for sl, got in _in_threads(sums_of, blocks):
+            where = (sl[0], sl[2])
+            for name in _SUMS:
+                sums[name][where] += got.sums[name]
+            ext = got.extremes
+            extremes["sum_min"][where] = np.minimum(extremes["sum_min"][where], ext["sum_min"])
+            extremes["sum_max"][where] = np.maximum(extremes["sum_max"][where], ext["sum_max"])
+            extremes["value_min"][where] = np.minimum(extremes["value_min"][where], ext["value_min"])
+            columns[sl] += got.columns
+            above = above or got.above
+            finite = finite and got.finite
     rows = sums["rows"]
     with np.errstate(divide="ignore", invalid="ignore"):
         stats = {name: np.where(rows > 0, sums[name] / rows, np.nan)
@@ -302,7 +401,7 @@ def _head_statistics(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarr
     stats["tag"] = head_tags(stats)
     if not distributions(stats, tol).ok:
         stats["tag"][...] = ""
-    return stats
+    return HeadPass(stats, columns, finite)
 
 
 @dataclass

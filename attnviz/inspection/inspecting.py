@@ -20,7 +20,7 @@ from attnviz.inspection.heads import (
     Distributions,
     default_atol,
     distributions,
-    head_statistics,
+    head_pass,
     map_row_stats,
     row_sum_tolerance,
 )
@@ -132,7 +132,15 @@ def analyse(opened: Opened) -> InspectResult:
     keep, real = masks.keep, masks.real_rows
     lq, lk = w.shape[-2:]
     atol = o.checks.atol if o.checks.atol is not None else default_atol(w.stored_dtype)
-    finite = all_finite(w.data, rows=real)
+    li, bi, hi = opened.index
+    batch = o.selection.batch
+    chosen = masks if batch is None else masks.batch(bi)
+    data = w.data if batch is None else w.data[:, bi:bi + 1]
+    # one reading of the weights: the head statistics, each key's column sums (received attention) and
+    # whether the real rows are finite; when one is not (or --batch chose a part), look closer
+    passed = head_pass(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
+                       stored=w.stored_dtype)
+    finite = (passed.finite and batch is None) or all_finite(w.data, rows=real)
     checks: list[CheckResult] = []
     if o.checks.check_finite:
         checks.append(check_finite(w.data, rows=real))
@@ -150,17 +158,13 @@ def analyse(opened: Opened) -> InspectResult:
         checks.append(check_masked(w.data, causal_keep(lq, lk, o.checks.causal_align), atol, "check-causal",
                                    rows=real))
 
-    li, bi, hi = opened.index
-    batch = o.selection.batch
-    chosen = masks if batch is None else masks.batch(bi)
-    data = w.data if batch is None else w.data[:, bi:bi + 1]
-    stats = head_statistics(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
-                            stored=w.stored_dtype)
+    stats = passed.stats
     found = distributions(stats, row_sum_tolerance(w.stored_dtype))
     note = add_token_scores(stats, data, opened.tokens, chosen.real_rows, found.ok)
     if o.received:
         result.received = received_summary(data, chosen.keep, chosen.real_rows, opened.k_labels,
-                                           lq == lk and bool(stats["causal"]), list(range(w.shape[0])))
+                                           lq == lk and bool(stats["causal"]), list(range(w.shape[0])),
+                                           columns=passed.columns)
     result.stats, result.distributions, result.chosen, result.data_shape = stats, found, chosen, data.shape
     result.notes = [note] if note else []
     result.warnings = [text for text in (found.warning(w.source),) if text]

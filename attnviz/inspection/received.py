@@ -48,17 +48,44 @@ def received(w: np.ndarray, keep: np.ndarray | None = None, real_rows: np.ndarra
 
 
 
+def allowed_counts(shape: tuple[int, ...], keep: np.ndarray | None = None, real_rows: np.ndarray | None = None,
+                   causal: bool = False) -> np.ndarray:
+    """``[L, B, H, Lk]`` (or a shape that broadcasts to it): per key, the query rows of ``shape [L, B, H, Lq, Lk]``
+    allowed to see it (``received``'s denominators), worked out from the masks alone."""
+    lq, lk = shape[-2:]
+    allowed: np.ndarray = np.ones((lq, lk), bool)
+    if causal:
+        allowed = np.arange(lk)[None, :] <= np.arange(lq)[:, None]
+    if keep is not None:
+        allowed = allowed & keep
+    if real_rows is not None:
+        allowed = allowed & np.asarray(real_rows)[..., None]
+    return np.asarray(allowed.sum(axis=-2))
+
+
+def received_from_columns(columns: np.ndarray, shape: tuple[int, ...], keep: np.ndarray | None = None,
+                          real_rows: np.ndarray | None = None, causal: bool = False) -> np.ndarray:
+    """``received`` from the weights already summed over the query rows (``heads.head_pass``'s columns:
+    masked keys and padded rows as 0). With ``causal`` the weights must hold nothing above the diagonal in
+    the rows counted (as ``head_statistics`` found), so that those sums are the sums over the rows allowed."""
+    count = np.broadcast_to(allowed_counts(shape, keep, real_rows, causal), columns.shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, columns / np.maximum(count, 1), np.nan)
+
+
 TOP_RECEIVERS = 8  # tokens listed in the received-attention table and JSON
 
 
 def received_summary(data: np.ndarray, keep: Any, real_rows: Any, tokens: Sequence[str] | None, causal: bool,
-                     layer_ids: list[int]) -> dict[str, Any]:
+                     layer_ids: list[int], columns: np.ndarray | None = None) -> dict[str, Any]:
     """The attention each key token receives (``received``) of ``data [L, B, H, Lq, Lk]``, averaged over
     batch entries: ``per_head [L, H, Lk]``, ``per_layer [L, Lk]`` (mean over heads), ``mean [Lk]`` (over
-    layers and heads), and the ``top`` receivers by ``mean``."""
+    layers and heads), and the ``top`` receivers by ``mean``. ``columns``: the weights already summed over
+    the rows (``received_from_columns``), so that ``data`` is not read again."""
     import warnings
 
-    values = received(data, keep, real_rows, causal)
+    values = (received(data, keep, real_rows, causal) if columns is None
+              else received_from_columns(columns, data.shape, keep, real_rows, causal))
     with warnings.catch_warnings():  # a token no query may see is NaN everywhere: the mean stays NaN
         warnings.simplefilter("ignore", RuntimeWarning)
         per_head = np.nanmean(values, axis=1)

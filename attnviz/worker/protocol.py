@@ -113,7 +113,9 @@ def side_path(sock: str, suffix: str) -> str:
 def identity() -> str:
     """This attnviz: its version, where it is installed, its source files (count and newest modification),
     and the Python running it (version, executable, environment), so that a worker started before an
-    upgrade or an edit, or by another Python or virtual environment, serves no one."""
+    upgrade or an edit, or by another Python or virtual environment, serves no one. The executable is
+    named by its real path: a virtual environment's ``python`` and ``python3`` (the console script's) are
+    one interpreter."""
     import attnviz
 
     count, newest = 0, 0
@@ -128,7 +130,7 @@ def identity() -> str:
                     count += 1
                     newest = max(newest, entry.stat().st_mtime_ns)
     return (f"attnviz {attnviz.__version__} at {package_dir()} ({count} files, newest {newest}); "
-            f"Python {sys.version} at {sys.executable} in {sys.prefix}")
+            f"Python {sys.version} at {os.path.realpath(sys.executable)} in {sys.prefix}")
 
 
 def fixed_environment(environ: Any = None) -> dict[str, str]:
