@@ -70,19 +70,21 @@ def reduce_blocks(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, r
 
 def _strided_reduce(values: np.ndarray, fr: int, fc: int, reduce: str) -> np.ndarray:
     """``values [rows, cols]`` in blocks of ``fr x fc`` (the last ones may be partial), mean or max of
-    each, in float32: one strided pass per offset within a block, each over the whole map at once
-    (much faster than reducing the short axes of a reshaped array, and no float64 copy)."""
+    each, in float32: one pass per offset within a block, each over the whole map at once (much faster
+    than reducing the short axes of a reshaped array, and no float64 copy). Rows first: each of those
+    passes reads whole rows, one ``fr``-th of the map, so that the map is read once; the columns are
+    then reduced in the ``fr`` times smaller result."""
     op = np.maximum if reduce == "max" else np.add
     rows, cols = values.shape
     out_r, out_c = math.ceil(rows / fr), math.ceil(cols / fc)
-    acc = np.array(values[:, 0::fc], dtype=np.float32)
-    for j in range(1, fc):
-        part = values[:, j::fc]
-        op(acc[:, :part.shape[1]], part, out=acc[:, :part.shape[1]])
-    out = np.array(acc[0::fr], dtype=np.float32)
+    acc = np.array(values[0::fr], dtype=np.float32)
     for i in range(1, fr):
-        part = acc[i::fr]
-        op(out[:part.shape[0]], part, out=out[:part.shape[0]])
+        part = values[i::fr]
+        op(acc[:part.shape[0]], part, out=acc[:part.shape[0]])
+    out = np.array(acc[:, 0::fc], dtype=np.float32)
+    for j in range(1, fc):
+        part = acc[:, j::fc]
+        op(out[:, :part.shape[1]], part, out=out[:, :part.shape[1]])
     if reduce != "max" and fr * fc > 1:
         count_r = np.full(out_r, fr, np.float32)
         count_r[-1] = rows - fr * (out_r - 1)

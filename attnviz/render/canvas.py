@@ -139,16 +139,43 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
 
 
 def _picture_axes(fig: Any, picture: np.ndarray, cmap: Any, norm: Any) -> Any:
-    """An axes with the picture in it as one image, frameless (a frame would be drawn over the
-    outermost cells); placed later."""
+    """An axes with the picture in it as one image (``pixel_image``), frameless (a frame would be drawn
+    over the outermost cells); placed later."""
     height, width = picture.shape
     ax = fig.add_axes((0, 0, 1, 1))
-    # one image, exactly its size in pixels: "nearest" at the same size copies each cell to one pixel
-    ax.imshow(picture, cmap=cmap, norm=norm, interpolation="nearest", interpolation_stage="data", aspect="auto")
+    image = pixel_image(ax, cmap, norm)
+    image.set_data(picture)
+    image.set_extent((-0.5, width - 0.5, height - 0.5, -0.5))
+    ax.add_image(image)
     ax.set_xlim(-0.5, width - 0.5)
     ax.set_ylim(height - 0.5, -0.5)
     ax.spines[:].set_visible(False)
     return ax
+
+
+def pixel_image(ax: Any, cmap: Any, norm: Any) -> Any:
+    """An image for ``ax`` that puts each cell of its data on one pixel (nearest, at the same size).
+    Where it lands on whole pixels of an Agg canvas (a PNG) at its own size, as a mosaic's picture does,
+    it is coloured once (``cmap(norm(data))``, what matplotlib's resampling at that size gives, to the
+    bit) and drawn as it is, without resampling; elsewhere (SVG, PDF, another size) it is matplotlib's
+    image."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.image import AxesImage
+    from matplotlib.transforms import IdentityTransform
+
+    class PixelImage(AxesImage):
+        def make_image(self, renderer: Any, magnification: float = 1.0, unsampled: bool = False) -> Any:
+            data = self.get_array()
+            if isinstance(renderer, RendererAgg) and magnification == 1.0 and not unsampled and data is not None:
+                box = self.get_window_extent(renderer)
+                rows, cols = data.shape[:2]
+                x0, y0 = round(box.x0), round(box.y0)
+                if max(abs(box.x0 - x0), abs(box.y0 - y0), abs(box.width - cols), abs(box.height - rows)) < 1e-3:
+                    # matplotlib's images come bottom row first
+                    return self.to_rgba(data, bytes=True)[::-1], x0, y0, IdentityTransform()
+            return super().make_image(renderer, magnification, unsampled)
+
+    return PixelImage(ax, cmap=cmap, norm=norm, interpolation="nearest", interpolation_stage="data", origin="upper")
 
 
 def _label_picture(ax: Any, layout: MosaicLayout, row_labels: Sequence[str], col_labels: Sequence[str],
