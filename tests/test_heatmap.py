@@ -82,3 +82,27 @@ def test_long_maps_are_block_aggregated_with_honest_axes():
     ax = fig.axes[0]
     assert ax.get_images()[0].get_array().shape == (500, 500)  # 1500 in blocks of 3
     assert ax.get_xlim() == (-0.5, 1499.5) and "blocks of 3x3, max" in fig._suptitle.get_text()
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_a_picture_compressed_in_pieces_is_the_same_picture(monkeypatch, count):
+    """A large PNG is deflated in pieces at once (``deflate``): a valid zlib stream whose bytes are the
+    picture's, whatever the threads."""
+    import zlib
+
+    from attnviz import threads
+    from attnviz.render import heatmap
+
+    monkeypatch.setattr(threads, "THREADS", count)
+    monkeypatch.setattr(heatmap, "PIECE", 1000)
+    rng = np.random.default_rng(0)
+    raw = np.repeat(rng.integers(0, 256, size=(40, 301), dtype=np.uint8), 3, axis=1)  # runs and noise
+    packed = heatmap.deflate(raw)
+    assert zlib.decompress(packed) == raw.tobytes()
+    rgba = np.dstack([raw[:, :300].reshape(40, 100, 3).repeat(1, axis=0), np.full((40, 100, 1), 255, np.uint8)])
+    import io
+
+    from PIL import Image
+
+    picture = Image.open(io.BytesIO(heatmap.png_bytes(rgba)))
+    assert np.array_equal(np.asarray(picture.convert("RGBA")), rgba)

@@ -237,17 +237,18 @@ def test_blocked_head_statistics_and_checks_equal_the_whole_array_ones():
         np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=1e-12)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_head_statistics_in_threads_are_the_same_to_the_last_bit(monkeypatch, threads):
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_head_statistics_in_threads_are_the_same_to_the_last_bit(monkeypatch, count):
     """Blocks worked on in threads are added up in the same order as one at a time: identical sums."""
+    from attnviz import threads
     from attnviz.inspection import heads
 
     rng = np.random.default_rng(5)
     w = rng.dirichlet(np.ones(11), size=(3, 1, 4, 10))
     keep = rng.random((10, 11)) > 0.2
-    monkeypatch.setattr(heads, "THREADS", 1)
+    monkeypatch.setattr(threads, "THREADS", 1)
     alone = [heads.head_statistics_blocked(w, k, chunk=c) for k in (None, keep) for c in (20, 200)]
-    monkeypatch.setattr(heads, "THREADS", threads)
+    monkeypatch.setattr(threads, "THREADS", count)
     together = [heads.head_statistics_blocked(w, k, chunk=c) for k in (None, keep) for c in (20, 200)]
     for a, b in zip(alone, together):
         assert a.keys() == b.keys()

@@ -4,7 +4,6 @@ the per-query statistics of one map. Read a block of rows at a time (memory-mapp
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -13,6 +12,7 @@ import numpy as np
 
 from attnviz.inspection.weights import ROUNDOFF
 from attnviz.io import release_pages
+from attnviz.threads import in_threads
 
 # What the heads do
 
@@ -239,46 +239,6 @@ def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slic
         yield (slice(li, li + 1), slice(bi, bi + 1), slice(hi, hi + 1)), start, block[None, None, None]
 
 
-def _cores() -> int:
-    """The cores this process may run on (a Slurm or container CPU set, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-#: threads that work on blocks at once (NumPy lets go of the GIL in the sums): each holds a block of CHUNK values
-THREADS = max(1, min(4, _cores()))
-
-
-def _in_threads(work: Any, items: Any) -> Iterator[Any]:
-    """``work(item)`` for each of ``items``, in order, THREADS at a time: at most THREADS blocks are in memory,
-    and the results are added up in the same order as one at a time (the same sums to the last bit)."""
-    items = iter(items)
-    first = next(items, None)
-    if first is None:
-        return
-    second = next(items, None)
-    if second is None or THREADS == 1:  # one block (a small file) or one core: no threads
-        yield work(first)
-        if second is not None:
-            yield work(second)
-            for item in items:
-                yield work(item)
-        return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(THREADS, thread_name_prefix="attnviz-heads") as pool:
-        pending = deque([pool.submit(work, first), pool.submit(work, second)])
-        for item in items:
-            if len(pending) >= THREADS:
-                yield pending.popleft().result()
-            pending.append(pool.submit(work, item))
-        while pending:
-            yield pending.popleft().result()
-
-
 def head_statistics(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
                     real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
                     stored: str | None = None) -> dict[str, np.ndarray]:
@@ -371,7 +331,7 @@ def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | N
         return sl, got
 
     with np.errstate(all="ignore"):  # (each thread has its own error state)
-        for sl, got in _in_threads(sums_of, blocks):
+        for sl, got in in_threads(sums_of, blocks):
             where = (sl[0], sl[2])
             for name in _SUMS:
                 sums[name][where] += got.sums[name]

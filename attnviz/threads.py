@@ -1,0 +1,51 @@
+"""Work on blocks in a few threads at once: NumPy and zlib let go of the GIL in their loops, so the
+head statistics' blocks, a mosaic's panels and a PNG's pieces use the cores this process may run on.
+Standard library only."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+def cores() -> int:
+    """The cores this process may run on (a Slurm or container CPU set, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+#: threads that work at once (each holds one block: a few MiB)
+THREADS = max(1, min(4, cores()))
+
+
+def in_threads(work: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+    """``work(item)`` for each of ``items``, in order, THREADS at a time: at most THREADS items are in
+    hand, and the results come in the order of the items (added up in that order, sums are the same to
+    the last bit as one at a time)."""
+    items = iter(items)
+    first = next(items, None)
+    if first is None:
+        return
+    second = next(items, None)
+    threads = THREADS
+    if second is None or threads == 1:  # one item (a small file) or one core: no threads
+        yield work(first)
+        if second is not None:
+            yield work(second)
+            for item in items:
+                yield work(item)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="attnviz-blocks") as pool:
+        pending = deque([pool.submit(work, first), pool.submit(work, second)])
+        for item in items:
+            if len(pending) >= threads:
+                yield pending.popleft().result()
+            pending.append(pool.submit(work, item))
+        while pending:
+            yield pending.popleft().result()
