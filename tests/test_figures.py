@@ -90,7 +90,7 @@ def test_scale_per_panel_makes_the_uniform_head_bright_and_says_each_maximum(tmp
     img, _, _ = saved(fig, tmp_path / "api.png")
     np.testing.assert_array_equal(read(out), img)
     assert panel_pixel(img, fig, 0, 0) == rgb("viridis", 1.0)  # its own maximum: the top colour
-    captions = [t.get_text() for t in fig.axes[0].texts]
+    captions = [t.get_text() for t in fig.mosaic_labels.captions]
     assert captions == ["max 0.125", "max 1"]
     assert "per panel" in fig.axes[1].get_ylabel()
     # heatmap_figure: each panel's title says its maximum, the colour bar says per panel
@@ -203,9 +203,8 @@ def test_layers_and_heads_choose_the_panels_and_label_them(tmp_path):
     for r_, layer in enumerate([3, 0]):
         for c, head in enumerate([1, 2, 4]):
             assert close(panel_pixel(img, fig, r_, c), rgb("viridis", values[layer, head] / top), tol=1), (layer, head)
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["3", "0"]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    assert [t.get_text() for t in fig.mosaic_labels.rows] == ["3", "0"]
+    assert [t.get_text() for t in fig.mosaic_labels.cols] == ["1", "2", "4"]
     assert "(layers 3,0 of 4, heads 1-2,4 of 5)" in fig.texts[0].get_text().replace("\n", " ")
     # --stats-png draws the same choice, labelled with the real numbers
     stats = tmp_path / "s.png"
@@ -252,7 +251,7 @@ def test_compare_draws_the_largest_differences_first(tmp_path):
                           str(tmp_path / "d.png"), "--max-panels", "3", "--quiet"])
     heading = fig.texts[0].get_text().replace("\n", " ")
     assert "the 3 of 12 (layer, head) maps, ordered by largest difference" in heading
-    assert [t.get_text() for t in fig.axes[0].texts] == ["L1 H3 0.3", "L0 H2 0.2", "L2 H0 0.1"]
+    assert [t.get_text() for t in fig.mosaic_labels.captions] == ["L1 H3 0.3", "L0 H2 0.2", "L2 H0 0.1"]
     img = read(tmp_path / "d.png")
     lim = 0.3
     assert close(panel_pixel(img, fig, 0, 0, 2, 1), rgb("RdBu_r", 0.0))  # A - B = -0.3, first
@@ -289,7 +288,7 @@ def test_reduce_heads_draws_the_mean_of_each_layer(tmp_path):
                               "--reduce-heads", how, "--quiet"])
         img = read(tmp_path / f"{how}.png")
         assert fig.mosaic_layout.rows == 1 and fig.mosaic_layout.cols == 3  # one column per layer
-        assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2"]
+        assert [t.get_text() for t in fig.mosaic_labels.cols] == ["0", "1", "2"]
         top = oracle.max()
         for layer in range(3):
             for i in range(6):
@@ -303,7 +302,7 @@ def test_reduce_heads_draws_the_mean_of_each_layer(tmp_path):
     np.save(tmp_path / "b.npy", b[:, None])
     fig = capture_figure(["compare", str(tmp_path / "w.npy"), str(tmp_path / "b.npy"), "--png",
                           str(tmp_path / "c.png"), "--reduce-heads", "mean", "--quiet"])
-    first = fig.axes[0].texts[0].get_text()
+    first = fig.mosaic_labels.captions[0].get_text()
     assert first.startswith("L2 mean ") and float(first.split()[-1]) == pytest.approx(
         np.abs((w - b)[2].astype(np.float64).mean(axis=0)).max(), rel=1e-2)
 
@@ -313,7 +312,10 @@ def test_reduce_heads_draws_the_mean_of_each_layer(tmp_path):
 
 
 def drawn_tick_labels(axis):
-    """The tick labels an axis draws: those of ticks within its view (matplotlib keeps others)."""
+    """The tick labels an axis draws: those of ticks within its view (matplotlib keeps others); none when
+    its axes draws no axis (a mosaic's picture: its labels are texts)."""
+    if not axis.axes.axison:
+        return []
     low, high = sorted(axis.get_view_interval())
     span = (high - low) * 1e-6
     return [t for t, loc in zip(axis.get_ticklabels(), axis.get_majorticklocs()) if low - span <= loc <= high + span]
@@ -324,7 +326,7 @@ def texts_of(fig):
     if fig._suptitle is not None:
         found.append(fig._suptitle)
     for ax in fig.axes:
-        found += [ax.title, ax.xaxis.label, ax.yaxis.label, *drawn_tick_labels(ax.xaxis),
+        found += [ax.title, *([ax.xaxis.label, ax.yaxis.label] if ax.axison else []), *drawn_tick_labels(ax.xaxis),
                   *drawn_tick_labels(ax.yaxis), *ax.texts]
     return [t for t in found if t.get_visible() and t.get_text()]
 
@@ -380,7 +382,7 @@ def test_grids_keep_their_text_inside(layers, heads, scale):
     if scale.per_panel:  # every caption fits its panel
         renderer = fig.canvas.get_renderer()
         pw = fig.mosaic_layout.panel[1]
-        assert all(t.get_window_extent(renderer).width <= pw + 1 for t in fig.axes[0].texts)
+        assert all(t.get_window_extent(renderer).width <= pw + 1 for t in fig.mosaic_labels.captions)
 
 
 def test_ranked_compare_grid_keeps_its_text_inside():
@@ -389,7 +391,7 @@ def test_ranked_compare_grid_keeps_its_text_inside():
     fig = ranked_grid_figure(diff, ranked, title=LONG, total=144)
     assert_nothing_clipped_or_overlapping(fig)
     pw = fig.mosaic_layout.panel[1]
-    assert all(t.get_window_extent(fig.canvas.get_renderer()).width <= pw + 1 for t in fig.axes[0].texts)
+    assert all(t.get_window_extent(fig.canvas.get_renderer()).width <= pw + 1 for t in fig.mosaic_labels.captions)
 
 
 def test_coattention_two_panels_and_a_16_head_run_fit(tmp_path):

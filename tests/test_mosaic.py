@@ -122,10 +122,10 @@ def test_separators_masked_cells_and_labels(tmp_path):
     y, x = layout.origin(2, 3)
     assert pixel(img, origin, y + ph // 2, x + pw - 1) == GREY  # a masked key
     assert pixel(img, origin, y + ph // 2, x) == rgb("viridis", 1 / 6)
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["10", "11", "12"]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "3"]
-    assert ax.get_ylabel() == "layer" and ax.get_xlabel() == "head"
+    labels = fig.mosaic_labels
+    assert [t.get_text() for t in labels.rows] == ["10", "11", "12"]
+    assert [t.get_text() for t in labels.cols] == ["0", "1", "2", "3"]
+    assert labels.row_name.get_text() == "layer" and labels.col_name.get_text() == "head"
     assert "grey: masked" in fig.texts[0].get_text()
 
 
@@ -138,8 +138,9 @@ def test_nothing_is_clipped_and_labels_never_overlap(layers, heads, title):
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     page = fig.bbox
-    texts = [fig.texts[0], *[t for ax in fig.axes for t in (*ax.get_xticklabels(), *ax.get_yticklabels(),
-                                                             ax.xaxis.label, ax.yaxis.label) if t.get_text()]]
+    labels = fig.mosaic_labels
+    texts = [fig.texts[0], *labels.rows, *labels.cols, labels.row_name, labels.col_name,
+             *[t for t in (fig.axes[1].yaxis.label, *fig.axes[1].get_yticklabels()) if t.get_text()]]
     for text in texts:
         box = text.get_window_extent(renderer)
         assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, text.get_text()
@@ -147,9 +148,12 @@ def test_nothing_is_clipped_and_labels_never_overlap(layers, heads, title):
         box = ax.get_tightbbox(renderer)
         assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
     ax = fig.axes[0]
-    for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
-        boxes = [t.get_window_extent(renderer) for t in labels if t.get_text()]
+    for drawn in (labels.cols, labels.rows):
+        boxes = [t.get_window_extent(renderer) for t in drawn]
         assert all(not a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+    # the axes' names clear their labels
+    assert labels.row_name.get_window_extent(renderer).x1 <= min(t.get_window_extent(renderer).x0 for t in labels.rows)
+    assert labels.col_name.get_window_extent(renderer).y0 >= max(t.get_window_extent(renderer).y1 for t in labels.cols)
     heading = fig.texts[0].get_window_extent(renderer)
     assert heading.y0 > ax.get_tightbbox(renderer).y1  # above the column labels, not over them
 
@@ -180,13 +184,13 @@ def test_compute_command_grids_use_the_mosaic(tmp_path):
     r = runner.invoke(app, ["scaled", str(tmp_path / "qkv.npz"), "--causal", "--png", str(out), "--quiet"])
     assert r.exit_code == 0, r.stderr
     fig = slices_mosaic(np.zeros((2, 4, 6, 6), np.float32), title="x")
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1"] and ax.get_ylabel() == "dim 0"
+    labels = fig.mosaic_labels
+    assert [t.get_text() for t in labels.rows] == ["0", "1"] and labels.row_name.get_text() == "dim 0"
     img = read(out)
     grey = np.all(img == GREY, axis=-1)
     assert grey.sum() > 8 * 15 * 100  # every panel's masked upper triangle (15 cells of many pixels each)
     multi = slices_mosaic(np.zeros((20, 3, 3), np.float32), title="heads", names=("head",))
-    labels = [t.get_text() for t in multi.axes[0].get_yticklabels()]
+    labels = [t.get_text() for t in multi.mosaic_labels.rows]
     assert labels == ["0-4", "5-9", "10-14", "15-19"]
 
 
@@ -214,7 +218,7 @@ def test_compare_grid_shows_every_head_on_a_symmetric_scale(tmp_path):
     sq, _ = layout.scale
     assert pixel(img, origin, 0, 0) == rgb("RdBu_r", 0.0)  # -0.5: layer 2, head 5, ranked first
     assert pixel(img, origin, sq, 0) == rgb("RdBu_r", 0.5)  # no difference
-    assert "L2 H5" in [t.get_text().split(" 0.5")[0] for t in fig.axes[0].texts]
+    assert "L2 H5" in [t.get_text().split(" 0.5")[0] for t in fig.mosaic_labels.captions]
 
 
 def test_inspect_png_is_the_mosaic_of_every_layer_and_head(tmp_path):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -111,10 +111,10 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
     fig: Any = Figure(figsize=((width + 2 * spare) / DPI, (height + 2 * spare) / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
     ax = _picture_axes(fig, picture, picture_map or mappable.cmap, mappable.norm)
-    _label_picture(ax, layout, row_labels, col_labels, row_name, col_name)
-    cax = _mosaic_colour_bar(fig, mappable, colorbar_label, extend, per_panel)
     renderer = fig.canvas.get_renderer()
-    _write_captions(ax, layout, captions, renderer)
+    labels = _label_picture(ax, layout, row_labels, col_labels, row_name, col_name, renderer)
+    cax = _mosaic_colour_bar(fig, mappable, colorbar_label, extend, per_panel)
+    labels.captions = _write_captions(ax, layout, captions, renderer)
     _place(ax, cax, (spare, spare), picture.shape, (width + 2 * spare, height + 2 * spare))
     left, right, below, above = _margins(ax, cax, renderer, spare, picture.shape)
     content_w = math.ceil(left + width + right)
@@ -135,6 +135,7 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
     _place(ax, cax, (x0, y0), picture.shape, (fig_w_in * DPI, fig_h_in * DPI))
     text.set_position((0.5, 1 - PAD / (fig_h_in * DPI)))
     fig.mosaic_layout = layout  # where each panel is in the picture (tests read pixels by it)
+    fig.mosaic_labels = labels  # its row and column labels and their names
     return fig
 
 
@@ -178,10 +179,27 @@ def pixel_image(ax: Any, cmap: Any, norm: Any) -> Any:
     return PixelImage(ax, cmap=cmap, norm=norm, interpolation="nearest", interpolation_stage="data", origin="upper")
 
 
+@dataclass
+class MosaicLabels:
+    """The texts that name a mosaic's rows and columns of panels: the labels drawn (thinned where they
+    would touch; empty ones left out) and the names of the two axes (None when empty)."""
+
+    rows: list[Any]
+    cols: list[Any]
+    row_name: Any
+    col_name: Any
+    captions: list[Any] = field(default_factory=list)  # the panels' captions, row-major (empty ones left out)
+
+
 def _label_picture(ax: Any, layout: MosaicLayout, row_labels: Sequence[str], col_labels: Sequence[str],
-                   row_name: str, col_name: str) -> None:
+                   row_name: str, col_name: str, renderer: Any) -> MosaicLabels:
     """The rows of panels labelled on the left and the columns on top, every one or every ``step``-th
-    so that labels never touch (the axis name then says which), and the axes named."""
+    so that labels never touch (the axis name then says which), and the axes named. Plain texts placed
+    in pixels from the picture's edges, as tick labels and axis labels would be (3 points out, the
+    names 4 points beyond the labels): the picture's axes has no ticks and no axis artists, which cost
+    more to make and to draw than all of the rest of the figure."""
+    from matplotlib.transforms import blended_transform_factory, offset_copy
+
     ph, pw = layout.panel
     row_text = [inert.label(t, PANEL_TITLE_WIDTH) for t in row_labels]
     col_text = [inert.label(t, PANEL_TITLE_WIDTH) for t in col_labels]
@@ -189,20 +207,31 @@ def _label_picture(ax: Any, layout: MosaicLayout, row_labels: Sequence[str], col
     row_step = _thin(layout.rows, ph + layout.gap, 1.3 * line)
     widest = max((len(t) for t in col_text), default=1)
     col_step = _thin(layout.cols, pw + layout.gap, 0.65 * line * widest + 0.8 * line)
-    rows_shown = range(0, layout.rows, row_step)
-    cols_shown = range(0, layout.cols, col_step)
-    ax.set_yticks([layout.origin(r, 0)[0] + (ph - 1) / 2 for r in rows_shown])
-    ax.set_yticklabels([row_text[r] for r in rows_shown], fontsize=TICK_FONT, **PLAIN)
-    ax.xaxis.tick_top()
-    ax.xaxis.set_label_position("top")
-    ax.set_xticks([layout.origin(0, c)[1] + (pw - 1) / 2 for c in cols_shown])
-    ax.set_xticklabels([col_text[c] for c in cols_shown], fontsize=TICK_FONT, **PLAIN)
-    ax.tick_params(length=0, pad=3)  # labels alone: a tick mark would spill into the outermost cells
+    ax.set_axis_off()
+    fig = ax.figure
+    pad, name_pad = 3 * DPI / 72, 4 * DPI / 72  # pixels: matplotlib's tick label and axis label pads
+    left = offset_copy(blended_transform_factory(ax.transAxes, ax.transData), fig=fig, x=-pad, units="dots")
+    top = offset_copy(blended_transform_factory(ax.transData, ax.transAxes), fig=fig, y=pad, units="dots")
+    rows = [ax.text(0, layout.origin(r, 0)[0] + (ph - 1) / 2, row_text[r], transform=left, ha="right",
+                    va="center_baseline", fontsize=TICK_FONT, **PLAIN)
+            for r in range(0, layout.rows, row_step) if row_text[r]]
+    cols = [ax.text(layout.origin(0, c)[1] + (pw - 1) / 2, 1, col_text[c], transform=top, ha="center", va="bottom",
+                    fontsize=TICK_FONT, **PLAIN)
+            for c in range(0, layout.cols, col_step) if col_text[c]]
     thinned = " (every %d)"
-    ax.set_ylabel(inert.label(row_name, PANEL_TITLE_WIDTH) + (thinned % row_step if row_step > 1 else ""),
-                  fontsize=AXIS_FONT, **PLAIN)
-    ax.set_xlabel(inert.label(col_name, PANEL_TITLE_WIDTH) + (thinned % col_step if col_step > 1 else ""),
-                  fontsize=AXIS_FONT, **PLAIN)
+    row_title = inert.label(row_name, PANEL_TITLE_WIDTH) + (thinned % row_step if row_step > 1 else "")
+    col_title = inert.label(col_name, PANEL_TITLE_WIDTH) + (thinned % col_step if col_step > 1 else "")
+    row_named = col_named = None
+    if row_title:
+        out = pad + max((t.get_window_extent(renderer).width for t in rows), default=0.0) + name_pad
+        row_named = ax.text(0, 0.5, row_title, transform=offset_copy(ax.transAxes, fig=fig, x=-out, units="dots"),
+                            rotation=90, rotation_mode="anchor", ha="center", va="bottom", fontsize=AXIS_FONT,
+                            **PLAIN)
+    if col_title:
+        up = pad + max((t.get_window_extent(renderer).height for t in cols), default=0.0) + name_pad
+        col_named = ax.text(0.5, 1, col_title, transform=offset_copy(ax.transAxes, fig=fig, y=up, units="dots"),
+                            ha="center", va="bottom", fontsize=AXIS_FONT, **PLAIN)
+    return MosaicLabels(rows, cols, row_named, col_named)
 
 
 def _mosaic_colour_bar(fig: Any, mappable: Any, label: str, extend: str,
@@ -218,10 +247,11 @@ def _mosaic_colour_bar(fig: Any, mappable: Any, label: str, extend: str,
     return cax
 
 
-def _write_captions(ax: Any, layout: MosaicLayout, captions: Sequence[Sequence[str]], renderer: Any) -> None:
+def _write_captions(ax: Any, layout: MosaicLayout, captions: Sequence[Sequence[str]], renderer: Any) -> list[Any]:
     """Each panel's caption (row-major) under it, within the picture's own pixels: in the strip under
     its row, in a smaller font when it is wider than the panel."""
     ph, pw = layout.panel
+    written = []
     for r, row in enumerate(captions):
         for c, words in enumerate(row):
             if not words:
@@ -231,6 +261,8 @@ def _write_captions(ax: Any, layout: MosaicLayout, captions: Sequence[Sequence[s
                            ha="center", va="center", fontsize=CAPTION_FONT, **PLAIN)
             while text.get_window_extent(renderer).width > pw and text.get_fontsize() > 4:
                 text.set_fontsize(text.get_fontsize() - 0.5)
+            written.append(text)
+    return written
 
 
 def _place(ax: Any, cax: Any, at: tuple[float, float], shape: tuple[int, int], figure: tuple[float, float]) -> None:
