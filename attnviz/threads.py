@@ -21,16 +21,16 @@ def cores() -> int:
 THREADS = max(1, min(4, cores()))
 
 
-def in_threads(work: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
-    """``work(item)`` for each of ``items``, in order, THREADS at a time: at most THREADS items are in
-    hand, and the results come in the order of the items (added up in that order, sums are the same to
-    the last bit as one at a time)."""
+def in_threads(work: Callable[[Any], Any], items: Iterable[Any], threads: int | None = None) -> Iterator[Any]:
+    """``work(item)`` for each of ``items``, in order, ``threads`` (default THREADS) at a time: at most that
+    many items are in hand, and the results come in the order of the items (added up in that order, sums
+    are the same to the last bit as one at a time)."""
     items = iter(items)
     first = next(items, None)
     if first is None:
         return
     second = next(items, None)
-    threads = THREADS
+    threads = THREADS if threads is None else max(1, threads)
     if second is None or threads == 1:  # one item (a small file) or one core: no threads
         yield work(first)
         if second is not None:

@@ -224,17 +224,17 @@ def test_one_chosen_map_is_drawn_with_its_axes(tmp_path):
 
 def capture_figure(args):
     captured = []
-    original = hm.save_figure
+    original = hm.figure_file  # what save_figure calls too
 
-    def keep(fig, path):
+    def keep(fig, suffix):
         captured.append(fig)
-        original(fig, path)
+        return original(fig, suffix)
 
-    hm.save_figure = keep
+    hm.figure_file = keep
     try:
         r = runner.invoke(app, args)
     finally:
-        hm.save_figure = original
+        hm.figure_file = original
     assert r.exit_code == 0, r.stderr
     return captured[0]
 

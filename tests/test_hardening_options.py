@@ -370,10 +370,10 @@ def test_batch_jobs_report_usage_errors_in_the_same_words(folder):
 def _fail_figures(monkeypatch):
     import attnviz.render.heatmap as heatmap
 
-    def broken(fig, path):
+    def broken(path, write):
         raise OutputError(f"{path}: cannot write (No space left on device).")
 
-    monkeypatch.setattr(heatmap, "save_figure", broken)
+    monkeypatch.setattr(heatmap, "write_atomic", broken)  # every figure's file goes through it
 
 
 def test_a_failure_after_some_outputs_were_written_leaves_none(folder, monkeypatch):

@@ -313,3 +313,45 @@ def test_head_statistics_of_float32_weights_agree_with_a_float64_oracle(causal, 
     assert bool(got["causal"]) == causal
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=2e-6, atol=1e-6, err_msg=name)
+
+
+def test_the_picture_drawn_while_the_statistics_are_summed_never_hides_a_bad_input(tmp_path):
+    """--png is drawn while the head statistics are summed: weights with NaN or infinity still end in the one
+    clear line (exit 1) or the failed check (--check-finite, exit 3), and no picture is left."""
+    w = np.full((2, 1, 2, 6, 6), 1 / 6, np.float32)
+    w[1, 0, 1, 2, 3] = np.nan
+    w[0, 0, 0, 4, 4] = np.inf
+    np.save(tmp_path / "bad.npy", w)
+    r = invoke("inspect", tmp_path / "bad.npy", "--png", tmp_path / "g.png")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "non-finite value(s)" in r.stderr, r.stderr
+    r = invoke("inspect", tmp_path / "bad.npy", "--png", tmp_path / "g.png", "--check-finite")
+    assert r.exit_code == 3 and "Traceback" not in r.stderr, r.stderr
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".*"))
+
+
+def test_what_is_drawn_meanwhile_fails_only_on_finite_weights(tmp_path):
+    """``analyse``'s ``meanwhile`` runs beside the head pass: its result is handed over; its error is raised
+    once the weights are known to be finite, and NaN in the weights is reported instead of it."""
+    from attnviz.errors import InputError
+    from attnviz.inspection import inspecting
+    from attnviz.inspection.options import InspectOptions
+
+    good = np.full((1, 1, 2, 4, 4), 0.25, np.float32)
+    np.save(tmp_path / "good.npy", good)
+    bad = good.copy()
+    bad[0, 0, 1, 1, 1] = np.nan
+    np.save(tmp_path / "bad.npy", bad)
+
+    def opened(name):
+        return inspecting.prepare(InspectOptions(weights=str(tmp_path / name)))
+
+    result = inspecting.analyse(opened("good.npy"), lambda: "drawn")
+    assert result.meanwhile == "drawn" and result.stats["entropy"][0, 0] == pytest.approx(np.log(4))
+
+    def broken():
+        raise ValueError("a picture of NaN")
+
+    with pytest.raises(ValueError, match="a picture of NaN"):
+        inspecting.analyse(opened("good.npy"), broken)
+    with pytest.raises(InputError, match="non-finite"):
+        inspecting.analyse(opened("bad.npy"), broken)

@@ -292,17 +292,17 @@ class HeadPass:
 
 def head_pass(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
               real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
-              stored: str | None = None) -> HeadPass:
+              stored: str | None = None, threads: int | None = None) -> HeadPass:
     """``head_statistics`` (the same arguments), with the column sums and the finiteness of the rows
-    found in the same reading of ``w``."""
+    found in the same reading of ``w``; its blocks ``threads`` at a time (default ``attnviz.threads``')."""
     if w.size > chunk:
-        return _head_pass(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name)
+        return _head_pass(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name, threads)
     return _head_pass(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, work_dtype(w.dtype)))],
-                      stored or w.dtype.name)
+                      stored or w.dtype.name, threads)
 
 
 def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | None, real_keys: np.ndarray | None,
-               blocks: Any, stored: str) -> HeadPass:
+               blocks: Any, stored: str, threads: int | None = None) -> HeadPass:
     layers, batches, heads, lq, lk = w.shape
     lead = (layers, batches, heads)
     first_key, last_key = _first_last(real_keys, lead, lk)
@@ -331,7 +331,7 @@ def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | N
         return sl, got
 
     with np.errstate(all="ignore"):  # (each thread has its own error state)
-        for sl, got in in_threads(sums_of, blocks):
+        for sl, got in in_threads(sums_of, blocks, threads):
             where = (sl[0], sl[2])
             for name in _SUMS:
                 sums[name][where] += got.sums[name]

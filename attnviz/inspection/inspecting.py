@@ -9,6 +9,7 @@ scores, received attention and the shown map's per-query statistics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 from attnviz.inspection.checks import CheckResult, all_finite, check_finite, check_masked, check_rows
 from attnviz.inspection.heads import (
     Distributions,
+    HeadPass,
     default_atol,
     distributions,
     head_pass,
@@ -80,6 +82,7 @@ class InspectResult:
     drawn_keep: np.ndarray | None = None  # what its picture greys: masked keys and padded rows
     rows: Any = None  # its per-query statistics (RowStats)
     overlay: Overlay | None = None  # the query's attention over the image's patches
+    meanwhile: Any = None  # what ``analyse``'s ``meanwhile`` made while the statistics were summed
 
     @property
     def failed(self) -> bool:
@@ -121,10 +124,52 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
     return Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths, words, image)
 
 
-def analyse(opened: Opened) -> InspectResult:
+def analyse(opened: Opened, meanwhile: Callable[[], Any] | None = None) -> InspectResult:
     """Checks, head statistics, token scores, received attention, and the shown map. Weights with
     NaN or infinity are an error unless ``--check-finite`` asked for them (then the result holds the
-    failed check and nothing else)."""
+    failed check and nothing else).
+
+    ``meanwhile``: work for this thread while the head statistics are summed in another (a picture drawn
+    from ``opened`` alone: matplotlib's Python and NumPy's loops share the cores, the head pass letting
+    go of the GIL); what it returns is ``result.meanwhile``. An exception it raises is raised once the
+    weights are known to be finite (weights with NaN or infinity are reported as such instead)."""
+    passed, made = _pass_and_meanwhile(opened, meanwhile)
+    result = _analyse(opened, passed)
+    if result.finite and isinstance(made, BaseException):
+        raise made
+    result.meanwhile = None if isinstance(made, BaseException) else made
+    return result
+
+
+def _pass_and_meanwhile(opened: Opened, meanwhile: Callable[[], Any] | None) -> tuple[HeadPass, Any]:
+    """The head pass over the weights the statistics read (``head_pass``), and what ``meanwhile`` made
+    (or raised) while it ran in a thread of its own."""
+    o, w, masks = opened.options, opened.weights, opened.masks
+    bi = opened.index[1]
+    chosen = masks if o.selection.batch is None else masks.batch(bi)
+    data = w.data if o.selection.batch is None else w.data[:, bi:bi + 1]
+
+    def summed(threads: int | None = None) -> HeadPass:
+        return head_pass(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
+                         stored=w.stored_dtype, threads=threads)
+
+    if meanwhile is None:
+        return summed(), None
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attnviz.threads import THREADS
+
+    with ThreadPoolExecutor(1, thread_name_prefix="attnviz-pass") as pool:
+        # this thread is busy with ``meanwhile``: the pass takes the other cores
+        future = pool.submit(summed, max(1, THREADS - 1))
+        try:
+            made: Any = meanwhile()
+        except Exception as exc:  # noqa: BLE001 - raised by ``analyse`` once the weights are known finite
+            made = exc
+        return future.result(), made
+
+
+def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
     from attnviz.errors import InputError
     from attnviz.masks import causal_keep
 
@@ -136,10 +181,8 @@ def analyse(opened: Opened) -> InspectResult:
     batch = o.selection.batch
     chosen = masks if batch is None else masks.batch(bi)
     data = w.data if batch is None else w.data[:, bi:bi + 1]
-    # one reading of the weights: the head statistics, each key's column sums (received attention) and
-    # whether the real rows are finite; when one is not (or --batch chose a part), look closer
-    passed = head_pass(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
-                       stored=w.stored_dtype)
+    # one reading of the weights (``passed``): the head statistics, each key's column sums (received
+    # attention) and whether the real rows are finite; when one is not (or --batch chose a part), look closer
     finite = (passed.finite and batch is None) or all_finite(w.data, rows=real)
     checks: list[CheckResult] = []
     if o.checks.check_finite:

@@ -15,7 +15,7 @@ from attnviz.render.options import FigureOptions
 
 if TYPE_CHECKING:
     from attnviz.inspection.compare import CompareResult
-    from attnviz.inspection.inspecting import InspectResult
+    from attnviz.inspection.inspecting import InspectResult, Opened
     from attnviz.inspection.rollout import RolloutRun
     from attnviz.pipeline import Outcome
 
@@ -68,19 +68,28 @@ def compute_figure(outcome: Outcome, fig: FigureOptions) -> Any:
 
 
 def inspect_name(result: InspectResult, fig: FigureOptions) -> str:
-    return fig.title or f"attention weights of {result.opened.weights.source}"
+    return opened_name(result.opened, fig)
+
+
+def opened_name(opened: Opened, fig: FigureOptions) -> str:
+    return fig.title or f"attention weights of {opened.weights.source}"
 
 
 def inspect_grid_figure(result: InspectResult, fig: FigureOptions) -> Any:
     """inspect's --png: a layer x head grid of the batch entry's maps (read a layer at a time; masked
     cells grey), or the one map with its labels."""
+    return opened_grid_figure(result.opened, fig)
+
+
+def opened_grid_figure(opened: Opened, fig: FigureOptions) -> Any:
+    """``inspect_grid_figure`` from the opened weights alone (no statistics needed: it can be drawn while
+    they are summed)."""
     from attnviz.inspection.masks import grid_masks
     from attnviz.render.heatmap import heatmap_figure
     from attnviz.render.mosaic import grid_getter, model_grid_figure
 
-    opened = result.opened
     w, (_, bi, _), grid = opened.weights, opened.index, opened.grid
-    name = inspect_name(result, fig)
+    name = opened_name(opened, fig)
     keep, real = grid_masks(opened.masks, w.shape, bi)
     if grid.reduce_heads or len(grid.layers) * len(grid.heads) > 1:
         return model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=fig.cmap, reduce=fig.reduce,

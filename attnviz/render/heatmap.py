@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -398,11 +398,17 @@ def deflate(raw: np.ndarray, level: int = PNG_LEVEL) -> bytes:
 def save_figure(fig: Any, path: Path) -> None:
     """Write a figure as PNG/SVG/PDF by extension, through a temporary file and a rename. PNG: drawn
     on the Agg canvas at ``DPI`` and encoded by ``png_bytes``."""
-    fmt = path.suffix.lower().lstrip(".")
+    figure_file(fig, path.suffix)(path)
+
+
+def figure_file(fig: Any, suffix: str) -> Callable[[Path], None]:
+    """``save_figure`` in two steps: what can be made now, and a function that writes it to a path (ending
+    in ``suffix``) later. A PNG is drawn and encoded now (its bytes are in hand); SVG and PDF are drawn
+    as they are written."""
+    fmt = suffix.lower().lstrip(".")
     quiet_matplotlib()
     if fmt != "png":
-        write_atomic(path, lambda fh: fig.savefig(fh, format=fmt, dpi=DPI))
-        return
+        return lambda path: write_atomic(path, lambda fh: fig.savefig(fh, format=fmt, dpi=DPI))
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
@@ -413,4 +419,4 @@ def save_figure(fig: Any, path: Path) -> None:
     def write(fh: Any) -> None:
         fh.write(data)
 
-    write_atomic(path, write)
+    return lambda path: write_atomic(path, write)

@@ -117,7 +117,7 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             if atol > 1e-5:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
                 err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
                           "(--atol to choose)", markup=False, style="dim")
-        result = inspecting.analyse(opened)
+        result = inspecting.analyse(opened, _grid_meanwhile(opened, staged, fig, options))
         failed = report_checks(result.checks, err, source) if result.checks else False
         if not result.finite:
             return True
@@ -171,6 +171,23 @@ def save_json(text: str, staged: Any) -> None:
         save_text(staged["--json-file"], text + "\n")
 
 
+def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: InspectOptions) -> Any:
+    """--png's picture needs the weights, not their statistics: it is drawn (and a PNG encoded) while the
+    statistics are summed (``inspecting.analyse``'s ``meanwhile``). Not when --check-finite asked to
+    locate NaN and infinity (nothing is drawn then)."""
+    if "--png" not in staged or options.checks.check_finite:
+        return None
+    target = staged["--png"]
+
+    def draw() -> Any:
+        from attnviz.render.figures import opened_grid_figure
+        from attnviz.render.heatmap import figure_file
+
+        return figure_file(opened_grid_figure(opened, fig), target.suffix)
+
+    return draw
+
+
 def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs) -> dict[str, str]:
     """Every figure and the HTML report asked for, written to their staged paths."""
     from attnviz.render import figures
@@ -185,7 +202,10 @@ def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutput
                                ("--stats-png", "stats_png", lambda r, f: figures.inspect_stat_figure(r, f, out.stat)),
                                ("--received-png", "received_png", figures.inspect_received_figure)):
         if flag in staged and (name != "received_png" or result.received is not None):
-            save_figure(make(result, fig), staged[flag])
+            if flag == "--png" and result.meanwhile is not None:  # drawn while the statistics were summed
+                result.meanwhile(staged[flag])
+            else:
+                save_figure(make(result, fig), staged[flag])
             written[name] = getattr(out, name)
     if "--overlay-png" in staged:
         from attnviz.render.overlay import inspect_overlay_figure
