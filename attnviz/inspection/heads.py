@@ -170,7 +170,9 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
         above = bool(np.any(np.einsum("...k,...k->...", x, above_grid) > 0))
     else:
         above = bool(np.any((x != 0) & (j[None, :] > i[:, None])))
-    if non_negative:
+    if plain and bool(np.all(row_min > 0)):  # no weight is 0 (a softmax over every key): the logarithm as it is
+        logs = np.log(x)
+    elif non_negative:
         logs = np.maximum(x, _TINY[x.dtype.type])
         np.log(logs, out=logs)
     else:

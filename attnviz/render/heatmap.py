@@ -347,9 +347,11 @@ def png_bytes(rgba: np.ndarray, dpi: float = DPI, level: int = PNG_LEVEL) -> byt
 
     height, width = rgba.shape[:2]
     opaque = bool((rgba[..., 3] == 255).all())
-    pixels = rgba[..., :3] if opaque else rgba
-    raw = np.zeros((height, 1 + width * pixels.shape[2]), np.uint8)  # a leading 0 per row: no filter
-    raw[:, 1:] = pixels.reshape(height, -1)
+    channels = 3 if opaque else 4
+    raw = np.empty((height, 1 + width * channels), np.uint8)
+    raw[:, 0] = 0  # a leading 0 per row: no filter
+    for c in range(channels):  # a channel at a time: NumPy copies 3-byte pixels one by one, and slowly
+        raw[:, 1 + c::channels] = rgba[..., c]
 
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
