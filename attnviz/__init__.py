@@ -24,7 +24,10 @@ through ``warnings``.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: the console script's first steps stay quick
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: the console script's first steps stay quick
+if TYPE_CHECKING:
+    from typing import Any
 
 _received: int | None = None
 _deferring = 0  # deferred() blocks open in the main thread
@@ -66,41 +67,43 @@ def _on_signal(signum: int, frame: Any) -> None:
     deliver(signum)
 
 
-@contextmanager
-def deferred() -> Iterator[None]:
+class deferred:  # noqa: N801 - used as a function: ``with deferred():``
     """A few steps that must not be cut in two (a file created and then recorded as one to remove; a file
     renamed into place and recorded as such): a signal that arrives meanwhile is raised once they are done.
-    Only the main thread receives signals; elsewhere this changes nothing."""
-    global _deferring, _pending
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _deferring += 1
-    try:
-        yield
-    finally:
+    Only the main thread receives signals; elsewhere this changes nothing. (Context managers as classes, not
+    ``contextlib``'s: the console script's client imports this module, and contextlib costs it time.)"""
+
+    def __enter__(self) -> None:
+        global _deferring
+        self.main = threading.current_thread() is threading.main_thread()
+        if self.main:
+            _deferring += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _deferring, _pending
+        if not self.main:
+            return
         _deferring -= 1
         if not _deferring and _pending:
             _pending = False
             raise_received()
 
 
-@contextmanager
-def handled() -> Iterator[None]:
+class handled:  # noqa: N801 - used as a function: ``with handled():``
     """SIGINT and SIGTERM as exceptions in the main thread for the duration (elsewhere: nothing changes, as
     only the main thread may set handlers). A signal a parent process ignores (SIGINT in a shell's
     background job) stays ignored."""
-    global _received, _pending
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            previous[sig] = signal.signal(sig, _on_signal)
-    _received, _pending = None, False
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
+
+    def __enter__(self) -> None:
+        global _received, _pending
+        self.previous: dict[Any, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                self.previous[sig] = signal.signal(sig, _on_signal)
+        _received, _pending = None, False
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
             signal.signal(sig, handler)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False  # typing is not imported at run time: the console script's first steps stay quick
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 __all__ = ["app", "main"]
 

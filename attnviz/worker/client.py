@@ -24,7 +24,6 @@ import errno
 import io
 import os
 import sys
-from typing import IO, Any
 
 from attnviz.worker.protocol import (
     STDIN_PIECE,
@@ -39,6 +38,10 @@ from attnviz.worker.protocol import (
     socket_path,
     sweep_dead,
 )
+
+TYPE_CHECKING = False  # typing is not imported at run time: the console script's first steps stay quick
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 NO_SERVER_ENV = "ATTNVIZ_NO_SERVER"
 COMPLETE_ENV = "_ATTNVIZ_COMPLETE"  # set by the shell completion scripts

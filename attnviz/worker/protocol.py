@@ -32,7 +32,10 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: the console script's first steps stay quick
+if TYPE_CHECKING:
+    from typing import Any
 
 if TYPE_CHECKING:  # socket, json and struct are imported when a worker's socket is there to talk to
     import socket
