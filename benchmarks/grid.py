@@ -81,8 +81,11 @@ w.flush()
 """
 
 
+#: every run with its modules' bytecode written and reused, as an installed package has it (pip compiles it):
+#: an environment that forbids writing it (PYTHONDONTWRITEBYTECODE) would have each process compile them again
+BASE = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 #: cold runs: each its own process, whatever worker the user has running
-COLD = {**os.environ, "ATTNVIZ_NO_SERVER": "1"}
+COLD = {**BASE, "ATTNVIZ_NO_SERVER": "1"}
 
 
 def run(cmd: list[str], env: dict[str, str] = COLD) -> tuple[float, float]:
@@ -110,7 +113,7 @@ def warm(folder: Path, ours: list[str], repeat: int) -> list[float]:
     first request are not timed."""
     runtime = folder / "runtime"
     runtime.mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if k != "ATTNVIZ_NO_SERVER"}
+    env = {k: v for k, v in BASE.items() if k != "ATTNVIZ_NO_SERVER"}
     env["ATTNVIZ_RUNTIME_DIR"] = str(runtime)
     subprocess.run([sys.executable, "-m", "attnviz", "serve", "--detach", "--idle-timeout", "10m"], env=env,
                    check=True, capture_output=True)
