@@ -154,22 +154,27 @@ def _fill_picture(get: MapGetter, layout: MosaicLayout, reduce: str, scale: Colo
     masked = False
     values = ValueRange()
     for r in range(layout.rows):
+        shown = []  # the row's cells, for the shared scale: one look at the row rather than at each panel
         for c in range(layout.cols):
             got = get(r, c)
             if got is None:
                 continue
             data, keep = got
             cells = reduce_panel(data, keep, *layout.blocks, reduce)
-            masked = masked or bool(np.isnan(cells).any())
             if scale.per_panel:  # positions 0..1 on the panel's own scale
+                masked = masked or bool(np.isnan(cells).any())
                 cells, top = own_scale(cells, scale, diverging)
                 texts[r][c] = " ".join(t for t in (texts[r][c], f"max {number(top)}") if t)
             else:
-                values.add(cells, diverging)
+                shown.append(cells)
             if sq > 1 or sk > 1:
                 cells = np.repeat(np.repeat(cells, sq, axis=0), sk, axis=1)
             y, x = layout.origin(r, c)
             picture[y:y + ph, x:x + pw] = cells
+        if shown:
+            row = np.stack(shown)
+            masked = masked or bool(np.isnan(row).any())
+            values.add(row, diverging)
         if after_row is not None:
             after_row(r)
     return picture, values, masked
