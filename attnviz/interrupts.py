@@ -37,6 +37,21 @@ def exit_code(exc: BaseException) -> int:
     return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
 
 
+def interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind ``exc``, if one is: Python wraps an exception raised while a class is
+    made (``__set_name__``: "Error calling __set_name__") or an extension module is initialised ("initialization
+    failed") in another, so a signal that lands in the middle of an import reaches the command as a
+    RuntimeError or ImportError caused by it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def raise_received() -> None:
     """Raise the exception of the signal that arrived, if one did."""
     if _received == signal.SIGTERM:
@@ -64,7 +79,34 @@ def reset() -> None:
 
 
 def _on_signal(signum: int, frame: Any) -> None:
+    if importing():  # never in the middle of an import: a module cut short is left half made (a class whose
+        _deliver_later(signum)  # __set_name__ was cut short, an extension that "failed" to initialise)
+        return
     deliver(signum)
+
+
+def importing() -> bool:
+    """Whether a module is being imported in this process now (its body running: the import system marks
+    its spec ``_initializing`` meanwhile)."""
+    import sys
+
+    for module in list(sys.modules.values()):
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return True
+    return False
+
+
+def _deliver_later(signum: int) -> None:
+    """The signal again, to the main thread, in 20 ms (an import is over by then, or it is put off again),
+    while ``handled()`` is still in force."""
+    def again() -> None:
+        main = threading.main_thread()
+        if main.is_alive() and signal.getsignal(signum) is _on_signal:
+            signal.pthread_kill(main.ident or 0, signum)
+
+    timer = threading.Timer(0.02, again)
+    timer.daemon = True
+    timer.start()
 
 
 class deferred:  # noqa: N801 - used as a function: ``with deferred():``

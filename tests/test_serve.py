@@ -875,28 +875,27 @@ def test_a_command_is_never_interrupted_in_the_middle_of_an_import(tmp_path, mon
     """A client going away while the worker's command imports a module (matplotlib on a first --png): the
     interruption waits for the import to end, since a module cut short stays half made for every later
     request (it was seen as "module 'matplotlib' has no attribute 'get_data_path'")."""
+    from attnviz import interrupts
     from attnviz.worker import server
 
     (tmp_path / "probe_importing.py").write_text(
-        "from attnviz.worker import server\nSEEN = server._importing()\n")
+        "from attnviz import interrupts\nSEEN = interrupts.importing()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import probe_importing
 
-    assert probe_importing.SEEN is True and server._importing() is False
+    assert probe_importing.SEEN is True and interrupts.importing() is False
     # and while one is, the worker postpones the interruption and sends it again
     w = server.Worker(0, str(tmp_path / "w.sock"), execute=lambda argv: 0, preload=lambda: None)
     r = server._Request(7, None, None, running=True)  # type: ignore[arg-type]
     sent = []
-    monkeypatch.setattr(server, "_importing", lambda: True)
+    monkeypatch.setattr(interrupts, "importing", lambda: True)
     monkeypatch.setattr(w, "send_cancel", lambda req: sent.append(req.number))
     w.interrupt(r, signal.SIGTERM)  # no exception now
     deadline = time.monotonic() + 5
     while not sent and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sent == [7] and w.postponed == {7: signal.SIGTERM}
-    monkeypatch.setattr(server, "_importing", lambda: False)
-    from attnviz import interrupts
-
+    monkeypatch.setattr(interrupts, "importing", lambda: False)
     try:
         with pytest.raises(interrupts.Terminated):
             w.interrupt(r, w.postponed.pop(7))

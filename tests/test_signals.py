@@ -94,3 +94,54 @@ def test_a_batch_signalled_between_jobs_keeps_whole_lines_and_resumes(tmp_path, 
     assert resumed.exit_code == 0, resumed.output
     assert sorted(r["index"] for r in records(results)) == list(range(n))
     assert len(list(tmp_path.glob("o*.png"))) == n and staged(tmp_path) == []
+
+
+def test_a_signal_that_lands_in_an_import_waits_for_it_to_end(tmp_path):
+    """Ctrl-C in the middle of an import (matplotlib's, on a first --png) is raised once the import is over:
+    a module cut short is left half made (Python 3.11 reported one as "Error calling __set_name__", and an
+    extension as "initialization failed")."""
+    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(0.8)\nDONE = True\n")
+    code = ("import sys, time\n"
+            f"sys.path.insert(0, {str(tmp_path)!r})\n"
+            "from attnviz import interrupts\n"
+            "try:\n"
+            "    with interrupts.handled():\n"
+            "        print('importing', flush=True)\n"
+            "        import slow_module\n"
+            "        time.sleep(10)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted; the module is whole:', getattr(sys.modules.get('slow_module'), 'DONE', False))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    assert proc.stdout is not None and proc.stdout.readline() == "importing\n"
+    time.sleep(0.3)  # in the module's body
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (0, "interrupted; the module is whole: True\n", "")
+
+
+def test_a_signal_turned_into_another_error_still_ends_the_run_as_interrupted(tmp_path, monkeypatch):
+    """A compiled library may take the KeyboardInterrupt of a Ctrl-C for a failed conversion of its arguments
+    (pybind11's "incompatible function arguments": a TypeError, the signal lost on the way), and Python wraps
+    one raised while a class is made: the run still ends as interrupted (130, one line), not as a bug."""
+    from attnviz import interrupts
+    from attnviz.inspection import inspecting
+
+    weights(tmp_path / "w.npy", (1, 2, 4, 4))
+
+    def wrapped(*args, **kwargs):
+        interrupts._received = signal.SIGINT  # what deliver() records as it raises
+        raise TypeError("affine_transform(): incompatible function arguments")
+
+    def from_class(*args, **kwargs):
+        raise RuntimeError("Error calling __set_name__") from interrupts.Terminated()
+
+    runner = CliRunner()
+    try:
+        for broken, code, line in ((wrapped, 130, "attnviz: interrupted"), (from_class, 143, "attnviz: terminated")):
+            monkeypatch.setattr(inspecting, "analyse", broken)
+            r = runner.invoke(app, ["inspect", str(tmp_path / "w.npy")])
+            assert (r.exit_code, r.stderr) == (code, line + "\n")
+            interrupts.reset()
+    finally:
+        interrupts.reset()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -160,6 +161,19 @@ def user_errors() -> Iterator[None]:
         silence(sys.stdout)
         raise typer.Exit(0) from None
     except Exception as exc:  # a bug: say so briefly, keep the traceback for those who ask
+        from attnviz.interrupts import interruption, received
+
+        # Ctrl-C or SIGTERM turned into another error on its way: by Python (while a class was made or an
+        # extension module initialised: the signal is the cause) or by a compiled library that took it for a
+        # failed conversion of its arguments (pybind11: a TypeError, the cause lost; the signal was received)
+        signum = received()
+        signalled = interruption(exc)
+        if signalled is not None or signum is not None:
+            from attnviz.interrupts import Terminated
+
+            term = isinstance(signalled, Terminated) if signalled is not None else signum == signal.SIGTERM
+            err_console().print(f"attnviz: {'terminated' if term else 'interrupted'}", markup=False)
+            raise typer.Exit(128 + (signal.SIGTERM if term else signal.SIGINT)) from None
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
         stderr().write(error_line(f"{type(exc).__name__}: {exc}", "internal error")

@@ -155,18 +155,38 @@ def _pass_and_meanwhile(opened: Opened, meanwhile: Callable[[], Any] | None) -> 
 
     if meanwhile is None:
         return summed(), None
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
 
     from attnviz.threads import THREADS
 
-    with ThreadPoolExecutor(1, thread_name_prefix="attnviz-pass") as pool:
-        # this thread is busy with ``meanwhile``: the pass takes the other cores
-        future = pool.submit(summed, max(1, THREADS - 1))
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            got["pass"] = summed(max(1, THREADS - 1))  # this thread is busy with ``meanwhile``: the other cores
+        except BaseException as exc:  # noqa: BLE001 - raised in the calling thread
+            got["error"] = exc
+
+    worker = threading.Thread(target=run, name="attnviz-pass")
+    worker.start()
+    try:
         try:
             made: Any = meanwhile()
         except Exception as exc:  # noqa: BLE001 - raised by ``analyse`` once the weights are known finite
             made = exc
-        return future.result(), made
+        while worker.is_alive():  # in short waits: this thread stays ready for Ctrl-C and SIGTERM
+            worker.join(0.05)
+    finally:
+        # Ctrl-C or SIGTERM here: the pass ends first (a few tenths of a second at most), so that no thread
+        # of this run outlives it (a process that ends with one still summing may crash in its finalisation)
+        while worker.is_alive():
+            try:
+                worker.join(0.05)
+            except KeyboardInterrupt:
+                pass  # a second one while the first ends the run
+    if "error" in got:
+        raise got["error"]
+    return got["pass"], made
 
 
 def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:

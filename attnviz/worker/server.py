@@ -562,7 +562,7 @@ class Worker:
         staged files are removed), but never in the middle of an import: a module cut short is left half made
         for every later request (``AttributeError`` on names it had yet to define). Then it is tried again
         a moment later, once the import is done."""
-        if _importing():
+        if interrupts.importing():
             self.postponed[r.number] = signum
             timer = threading.Timer(0.02, self.send_cancel, args=(r,))
             timer.daemon = True
@@ -753,15 +753,6 @@ class Worker:
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None
-
-
-def _importing() -> bool:
-    """Whether a module is being imported in this process now (its body running: the import system marks
-    its spec ``_initializing`` meanwhile)."""
-    for module in list(sys.modules.values()):
-        if getattr(getattr(module, "__spec__", None), "_initializing", False):
-            return True
-    return False
 
 
 def _closed(conn: socket.socket) -> bool:
