@@ -138,14 +138,36 @@ class handled:  # noqa: N801 - used as a function: ``with handled():``
 
     def __enter__(self) -> None:
         global _received, _pending
+        import sys
+
         self.previous: dict[Any, Any] = {}
+        self.hook = None
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self.previous[sig] = signal.signal(sig, _on_signal)
         _received, _pending = None, False
+        self.hook = sys.unraisablehook
+        sys.unraisablehook = _unraisable(self.hook)
 
     def __exit__(self, *exc: object) -> None:
+        import sys
+
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        if self.hook is not None:
+            sys.unraisablehook = self.hook
+
+
+def _unraisable(previous: Any) -> Any:
+    """A hook for exceptions Python cannot raise (in a finaliser, ``__del__``, a weak reference's callback)
+    that does not let the exception of a signal end there, printed and forgotten: the signal is raised again
+    a moment later, in the run itself."""
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _deliver_later(signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT)
+            return
+        previous(unraisable)
+
+    return hook

@@ -145,3 +145,24 @@ def test_a_signal_turned_into_another_error_still_ends_the_run_as_interrupted(tm
             interrupts.reset()
     finally:
         interrupts.reset()
+
+
+def test_a_signal_raised_in_a_finaliser_is_raised_again_in_the_run(tmp_path):
+    """A signal whose exception Python cannot raise where it lands (in a finaliser: ``__del__``, a weak
+    reference's callback) is neither printed as "Exception ignored" nor lost: it ends the run a moment later."""
+    code = ("import gc, signal, sys, time\n"
+            "from attnviz import interrupts\n"
+            "class Finalised:\n"
+            "    def __del__(self):\n"
+            "        interrupts.deliver(signal.SIGTERM)  # what the handler does when the signal lands here\n"
+            "try:\n"
+            "    with interrupts.handled():\n"
+            "        x = Finalised()\n"
+            "        del x\n"
+            "        print('finalised', flush=True)\n"
+            "        time.sleep(10)\n"
+            "except interrupts.Terminated:\n"
+            "    print('terminated in the run')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                         timeout=60, preexec_fn=_default_sigint)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "finalised\nterminated in the run\n", "")
