@@ -12,6 +12,7 @@ values that are not plain numbers or choices: ``size``, ``positions``, ``norm``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import MISSING, field
@@ -41,9 +42,15 @@ def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **
 
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s type hints, resolved once (each run builds its options from them)."""
+    return get_type_hints(cls)
+
+
 def flat_fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
     """The fields of ``cls`` with their types, a nested dataclass's fields in its place."""
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     out: list[tuple[dataclasses.Field[Any], Any]] = []
     for f in dataclasses.fields(cls):
         if f.metadata.get("cli") is False:
@@ -58,7 +65,7 @@ def flat_fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
 def build(cls: Any, values: Mapping[str, Any], **given: Any) -> Any:
     """An instance of the dataclass ``cls`` from flat ``values`` (nested dataclasses built from theirs);
     ``given`` sets fields the command line does not (``weights=...``)."""
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in given:

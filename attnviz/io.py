@@ -213,15 +213,24 @@ def array_max(arr: np.ndarray) -> float:
     return max(float(np.max(chunk)) for _, chunk in flat_chunks(arr)) if arr.size else 0.0
 
 
+#: bytes: a memory-mapped input of at most this size keeps its pages while it is read (``release_pages``)
+KEEP_MAPPED = 256 * 2**20
+
+
 def release_pages(arr: np.ndarray) -> None:
     """Let the kernel drop the pages of a memory-mapped input read so far (they are read again from
-    the page cache if needed), so that a pass over a long file does not hold it all as resident memory."""
+    the page cache if needed), so that a pass over a long file does not hold it all as resident memory.
+    A file of at most ``KEEP_MAPPED`` bytes keeps them: its pages cost less memory than mapping them
+    again costs time, above all when two threads read it (the head pass and the picture drawn beside it
+    would each drop the pages the other is reading)."""
     import mmap
 
     base: Any = arr
     while base is not None and not isinstance(base, mmap.mmap):
         base = getattr(base, "base", None)
-    if base is not None and hasattr(base, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+    if base is None or len(base) <= KEEP_MAPPED:
+        return
+    if hasattr(base, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
         try:
             base.madvise(mmap.MADV_DONTNEED)
         except (OSError, ValueError):

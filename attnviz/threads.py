@@ -5,6 +5,8 @@ Standard library only."""
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -49,3 +51,36 @@ def in_threads(work: Callable[[Any], Any], items: Iterable[Any], threads: int | 
             pending.append(pool.submit(work, item))
         while pending:
             yield pending.popleft().result()
+
+
+#: seconds a thread runs Python before another that waits for the GIL gets it, while ``quick_switching``
+#: is in force (Python's default is 0.005)
+QUICK_SWITCH = 0.0002
+
+
+class quick_switching:  # noqa: N801 - used as a function: ``with quick_switching():``
+    """Python code in one thread (drawing a figure) beside NumPy work in another (the head pass): the
+    NumPy thread lets go of the GIL for each operation and must get it back to start the next, which
+    takes up to the switch interval while the other thread runs Python. A shorter interval for the
+    time the two run side by side keeps the NumPy thread's core busy (about a tenth off the BERT-base
+    grid's overlap, ``benchmarks/grid.py``). Nested and concurrent uses (``batch --jobs``) share it: the
+    interval is put back when the last one ends."""
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved = 0.0
+
+    def __enter__(self) -> None:
+        cls = quick_switching
+        with cls._lock:
+            if cls._depth == 0:
+                cls._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(QUICK_SWITCH, cls._saved))
+            cls._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        cls = quick_switching
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                sys.setswitchinterval(cls._saved)

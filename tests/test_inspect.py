@@ -355,3 +355,33 @@ def test_what_is_drawn_meanwhile_fails_only_on_finite_weights(tmp_path):
         inspecting.analyse(opened("good.npy"), broken)
     with pytest.raises(InputError, match="non-finite"):
         inspecting.analyse(opened("bad.npy"), broken)
+
+
+def test_quick_switching_is_put_back_once_the_last_user_ends():
+    """The shorter switch interval while the head pass runs beside a figure (``threads.quick_switching``) is in
+    force for as long as one user holds it, nested or from several threads, and Python's own comes back after."""
+    import threading
+
+    from attnviz.threads import QUICK_SWITCH, quick_switching
+
+    before = sys.getswitchinterval()
+    assert before > QUICK_SWITCH
+    started, release = threading.Barrier(3), threading.Event()
+
+    def hold():
+        with quick_switching():
+            started.wait()
+            release.wait()
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait()
+    with quick_switching():
+        with quick_switching():
+            assert sys.getswitchinterval() == pytest.approx(QUICK_SWITCH)
+        release.set()
+        for t in threads:
+            t.join()
+        assert sys.getswitchinterval() == pytest.approx(QUICK_SWITCH)  # this one still holds it
+    assert sys.getswitchinterval() == before

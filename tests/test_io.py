@@ -165,3 +165,38 @@ def test_check_outputs(tmp_path):
 def test_comma_separated_labels_may_start_with_a_bracket():
     assert load_labels("[CLS],the,cat")[0] == ["[CLS]", "the", "cat"]
     assert load_labels('["[CLS]", "x"]')[0] == ["[CLS]", "x"]
+
+
+def _resident_kib(start: int) -> int:
+    """The resident size of this process's mapping that starts at address ``start`` (Linux)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{start:x}":
+            for rest in lines[i + 1:]:
+                if rest.startswith("Rss:"):
+                    return int(rest.split()[1])
+    raise AssertionError("mapping not found")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+def test_release_pages_lets_go_of_a_large_file_only(tmp_path, monkeypatch):
+    """A memory-mapped file read in blocks gives its pages back after each (``release_pages``) when it is larger
+    than ``KEEP_MAPPED``; a smaller one keeps them (mapping them again costs more time than they cost memory)."""
+    import mmap
+
+    import attnviz.io as aio
+
+    path = tmp_path / "w.npy"
+    np.save(path, np.ones((64, 4096), np.float32))  # 1 MiB
+    for keep, resident_after in ((aio.KEEP_MAPPED, True), (2**19, False)):
+        monkeypatch.setattr(aio, "KEEP_MAPPED", keep)
+        w = np.load(path, mmap_mode="r")
+        base = w
+        while not isinstance(base, mmap.mmap):
+            base = base.base
+        start = np.frombuffer(base, np.uint8).ctypes.data
+        assert float(w.sum()) == 64 * 4096  # every page read
+        assert _resident_kib(start) >= 1024
+        aio.release_pages(w)
+        assert (_resident_kib(start) >= 1024) == resident_after
+        del w, base

@@ -311,3 +311,55 @@ def test_png_bytes_round_trip(tmp_path):
         back = np.round(imread(tmp_path / "x.png") * 255).astype(np.uint8)
         assert back.shape == (7, 5, channels)
         np.testing.assert_array_equal(back, rgba[..., :channels])
+
+
+def test_png_opacity_is_read_right_whatever_the_array():
+    """The quick opacity test (a word per pixel) agrees with reading the alpha bytes, on every layout of array
+    (contiguous, a view that skips columns, Fortran order) and with a single pixel translucent anywhere."""
+    from attnviz.render.heatmap import _opaque
+
+    rng = np.random.default_rng(1)
+    rgba = rng.integers(0, 256, size=(9, 13, 4), dtype=np.uint8)
+    rgba[..., 3] = 255
+    for where in [None, (0, 0), (8, 12), (4, 7)]:
+        one = rgba.copy()
+        if where is not None:
+            one[where + (3,)] = 254
+        for array in (one, one[:, ::2], np.asfortranarray(one), one[::-1]):
+            assert _opaque(array) == bool((array[..., 3] == 255).all())
+
+
+@pytest.mark.filterwarnings("ignore:Glyph")
+def test_text_sizes_measured_once_draw_what_matplotlib_draws(tmp_path):
+    """The Agg canvas that measures each text once per process (``agg_canvas``) gives the sizes matplotlib's
+    own renderer gives, for every string, font size, weight and resolution; a figure of rotated, wrapped and
+    non-Latin texts drawn on it, a first time and again, is matplotlib's figure pixel for pixel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
+    from matplotlib.figure import Figure
+    from matplotlib.font_manager import FontProperties
+
+    from attnviz.render.heatmap import agg_canvas
+
+    def figure(canvas):
+        fig = Figure(figsize=(4, 3), dpi=100)
+        canvas(fig)
+        ax = fig.add_subplot()
+        ax.imshow(np.arange(12.0).reshape(3, 4))
+        ax.set_title("layer 3 · head 7 — 注意力", fontsize=11)
+        ax.set_ylabel("query position", rotation=90)
+        fig.text(0.5, 0.02, "a long caption\nwrapped on two lines", ha="center", fontsize=7, weight="bold")
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba()).copy()
+
+    plain = figure(FigureCanvasAgg)
+    assert np.array_equal(figure(agg_canvas), plain)
+    assert np.array_equal(figure(agg_canvas), plain)  # the sizes now from the cache
+    ours = agg_canvas(Figure(dpi=100)).get_renderer()
+    for dpi in (72, 100, 200):
+        ours.dpi = dpi
+        theirs = RendererAgg(10, 10, dpi)
+        for text in ("0", "11", "layer", "head (every 2)", "Ärger ñ 注意", ""):
+            for size, weight in ((7, "normal"), (9, "bold"), (12, "normal")):
+                prop = FontProperties(size=size, weight=weight)
+                assert ours.get_text_width_height_descent(text, prop, False) == \
+                    theirs.get_text_width_height_descent(text, prop, False)

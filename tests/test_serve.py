@@ -901,3 +901,17 @@ def test_a_command_is_never_interrupted_in_the_middle_of_an_import(tmp_path, mon
             w.interrupt(r, w.postponed.pop(7))
     finally:
         interrupts.reset()  # what it received is this test's, not the next in-process batch's
+
+
+def test_the_encoding_a_worker_and_its_client_compare_is_pythons_own():
+    """Client and worker compare their text encodings without importing ``locale`` (a client's start): what they
+    compare is what ``locale.getpreferredencoding(False)`` says, in this process and in UTF-8 mode."""
+    import locale
+
+    assert protocol.encodings()["locale"] == locale.getpreferredencoding(False)
+    code = "import locale; from attnviz.worker import protocol; " \
+           "print(protocol.encodings()['locale'] == locale.getpreferredencoding(False))"
+    for flags in ([], ["-X", "utf8"]):
+        out = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+        assert out.stdout.strip() == "True", out.stderr

@@ -157,7 +157,7 @@ def _pass_and_meanwhile(opened: Opened, meanwhile: Callable[[], Any] | None) -> 
         return summed(), None
     import threading
 
-    from attnviz.threads import THREADS
+    from attnviz.threads import THREADS, quick_switching
 
     got: dict[str, Any] = {}
 
@@ -168,22 +168,23 @@ def _pass_and_meanwhile(opened: Opened, meanwhile: Callable[[], Any] | None) -> 
             got["error"] = exc
 
     worker = threading.Thread(target=run, name="attnviz-pass")
-    worker.start()
-    try:
+    with quick_switching():  # the pass's NumPy calls wait less for the GIL while ``meanwhile`` runs Python
+        worker.start()
         try:
-            made: Any = meanwhile()
-        except Exception as exc:  # noqa: BLE001 - raised by ``analyse`` once the weights are known finite
-            made = exc
-        while worker.is_alive():  # in short waits: this thread stays ready for Ctrl-C and SIGTERM
-            worker.join(0.05)
-    finally:
-        # Ctrl-C or SIGTERM here: the pass ends first (a few tenths of a second at most), so that no thread
-        # of this run outlives it (a process that ends with one still summing may crash in its finalisation)
-        while worker.is_alive():
             try:
+                made: Any = meanwhile()
+            except Exception as exc:  # noqa: BLE001 - raised by ``analyse`` once the weights are known finite
+                made = exc
+            while worker.is_alive():  # in short waits: this thread stays ready for Ctrl-C and SIGTERM
                 worker.join(0.05)
-            except KeyboardInterrupt:
-                pass  # a second one while the first ends the run
+        finally:
+            # Ctrl-C or SIGTERM here: the pass ends first (a few tenths of a second at most), so that no thread
+            # of this run outlives it (a process that ends with one still summing may crash in its finalisation)
+            while worker.is_alive():
+                try:
+                    worker.join(0.05)
+                except KeyboardInterrupt:
+                    pass  # a second one while the first ends the run
     if "error" in got:
         raise got["error"]
     return got["pass"], made

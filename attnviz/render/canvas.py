@@ -24,7 +24,7 @@ import numpy as np
 
 from attnviz import text as inert
 from attnviz.blocks import block_factors
-from attnviz.render.heatmap import DPI, PANEL_TITLE_WIDTH, PLAIN, quiet_matplotlib
+from attnviz.render.heatmap import DPI, PANEL_TITLE_WIDTH, PLAIN, agg_canvas, quiet_matplotlib
 from attnviz.render.scale import ColourScale, per_panel_ticks
 
 MOSAIC_SIDE = 1600  # a mosaic picture is at most about this many pixels a side ...
@@ -102,14 +102,13 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
     is drawn with ``picture_map``, whose "over" colour is the separators'), the heading above,
     wrapped to the figure's width, and each panel's caption under it; margins measured from the text,
     so nothing is clipped."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     quiet_matplotlib()
     height, width = picture.shape
     spare = 100  # a provisional canvas: text sizes and extents (measured beyond its edges too) do not depend on it
     fig: Any = Figure(figsize=((width + 2 * spare) / DPI, (height + 2 * spare) / DPI), dpi=DPI)
-    FigureCanvasAgg(fig)
+    agg_canvas(fig)
     ax = _picture_axes(fig, picture, picture_map or mappable.cmap, mappable.norm)
     renderer = fig.canvas.get_renderer()
     labels = _label_picture(ax, layout, row_labels, col_labels, row_name, col_name, renderer)

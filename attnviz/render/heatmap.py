@@ -20,6 +20,7 @@ layout it could not fit) are not for users: ``quiet_matplotlib`` keeps them off 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
@@ -143,13 +144,59 @@ def wrap_text(text: Any, width: float, renderer: Any) -> None:
 
 
 def _new_figure(width: float, height: float) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     quiet_matplotlib()
     fig = Figure(figsize=(min(width, FIG_MAX), min(height, FIG_MAX)), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
+    agg_canvas(fig)
     return fig
+
+
+def agg_canvas(fig: Any) -> Any:
+    """An Agg canvas for ``fig`` whose renderers share one cache of text sizes (``_agg_canvas_class``)."""
+    return _agg_canvas_class()(fig)
+
+
+#: text sizes kept (``_agg_canvas_class``); the cache starts again when it is full
+TEXT_SIZES_KEPT = 4096
+
+
+@functools.cache
+def _agg_canvas_class() -> Any:
+    """matplotlib's Agg canvas, but text sizes (width, height and descent of a string in a font at a
+    resolution) are measured once per process rather than once per renderer: a figure measures its
+    texts on a first renderer to lay itself out, then draws them on a second one of its final size, and
+    a warm worker draws the same labels (layer and head numbers, tick values) for every request.
+    FreeType's answer depends only on what the key holds (the string, the font properties, the
+    resolution and the hinting settings), so the sizes are the ones matplotlib measures, to the bit."""
+    import matplotlib as mpl
+    from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
+
+    sizes: dict[Any, Any] = {}
+
+    class TextSizeRenderer(RendererAgg):
+        def get_text_width_height_descent(self, s: Any, prop: Any, ismath: Any) -> Any:
+            if ismath:  # mathtext and TeX: as matplotlib does
+                return super().get_text_width_height_descent(s, prop, ismath)
+            key = (s, prop.copy(), self.dpi, get_hinting_flag(), mpl.rcParams["text.hinting_factor"])
+            size = sizes.get(key)
+            if size is None:
+                size = super().get_text_width_height_descent(s, prop, ismath)
+                if len(sizes) >= TEXT_SIZES_KEPT:
+                    sizes.clear()
+                sizes[key] = size
+            return size
+
+    class TextSizeCanvas(FigureCanvasAgg):
+        def get_renderer(self) -> Any:
+            w, h = self.get_width_height(physical=True)
+            key = w, h, self.figure.dpi
+            if self._lastKey != key:
+                self.renderer = TextSizeRenderer(w, h, self.figure.dpi)
+                self._lastKey = key  # type: ignore[assignment]
+            return self.renderer
+
+    return TextSizeCanvas
 
 
 @dataclass
@@ -346,7 +393,7 @@ def png_bytes(rgba: np.ndarray, dpi: float = DPI, level: int = PNG_LEVEL) -> byt
     import zlib
 
     height, width = rgba.shape[:2]
-    opaque = bool((rgba[..., 3] == 255).all())
+    opaque = _opaque(rgba)
     channels = 3 if opaque else 4
     raw = np.empty((height, 1 + width * channels), np.uint8)
     raw[:, 0] = 0  # a leading 0 per row: no filter
@@ -362,6 +409,16 @@ def png_bytes(rgba: np.ndarray, dpi: float = DPI, level: int = PNG_LEVEL) -> byt
                      chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
                      chunk(b"IDAT", deflate(raw, level)),
                      chunk(b"IEND", b"")))
+
+
+def _opaque(rgba: np.ndarray) -> bool:
+    """Whether every pixel's alpha is 255: read as one 32-bit word per pixel where the bytes allow it (the
+    alpha bytes alone are a strided read, several times slower)."""
+    import sys
+
+    if sys.byteorder == "little" and rgba.flags.c_contiguous and rgba.shape[-1] == 4:
+        return bool((rgba.view(np.uint32) >= np.uint32(0xFF000000)).all())
+    return bool((rgba[..., 3] == 255).all())
 
 
 PIECE = 2**21  # bytes of a picture compressed on their own (by a thread each), where ISA-L is missing

@@ -130,7 +130,7 @@ def through_worker(args: list[str], forwarded: bytearray,
     import json
 
     sent = False
-    with sock:
+    try:
         said = hello(sock)
         if said is None or not matches(said):
             return None
@@ -162,15 +162,17 @@ def through_worker(args: list[str], forwarded: bytearray,
             if sent:
                 sweep_dead(sock_path)
             return None
+    finally:
+        sock.close()  # the C socket has no ``with``
 
 
 def _cancel(sock: Any) -> None:
     """Tell the worker that this client is going away (the end of its side of the connection) and wait until
     the worker closes the connection, once it has ended the command; a second signal stops the wait."""
-    import socket
+    import _socket
 
     try:
-        sock.shutdown(socket.SHUT_WR)
+        sock.shutdown(_socket.SHUT_WR)
         sock.settimeout(CANCEL_WAIT)
         while sock.recv(1 << 16):
             pass

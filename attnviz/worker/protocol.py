@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 if TYPE_CHECKING:  # socket, json and struct are imported when a worker's socket is there to talk to
-    import socket
+    import _socket
 
 PROTOCOL = 1
 RUNTIME_ENV = "ATTNVIZ_RUNTIME_DIR"
@@ -142,10 +142,22 @@ def fixed_environment(environ: Any = None) -> dict[str, str]:
 
 
 def encodings() -> dict[str, Any]:
-    import locale
-
     return {"filesystem": sys.getfilesystemencoding(), "utf8_mode": sys.flags.utf8_mode,
-            "locale": locale.getpreferredencoding(False)}
+            "locale": _preferred_encoding()}
+
+
+def _preferred_encoding() -> str:
+    """``locale.getpreferredencoding(False)`` without importing ``locale`` (a client's start) where Python
+    has ``_locale.getencoding`` (3.11 on), which is what it answers outside UTF-8 mode."""
+    if sys.flags.utf8_mode:
+        return "utf-8"
+    try:
+        from _locale import getencoding  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        import locale
+
+        return locale.getpreferredencoding(False)
+    return str(getencoding())
 
 
 def forwarded_environment(environ: Any = None) -> dict[str, str]:
@@ -157,13 +169,13 @@ def forwarded_environment(environ: Any = None) -> dict[str, str]:
 # Frames
 
 
-def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
+def send_frame(sock: _socket.socket, kind: bytes, payload: bytes = b"") -> None:
     import struct
 
     sock.sendall(kind + struct.pack(">I", len(payload)) + payload)
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def _recv_exactly(sock: _socket.socket, n: int) -> bytes:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -175,7 +187,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket, limit: int = MAX_FRAME) -> tuple[bytes, bytes]:
+def recv_frame(sock: _socket.socket, limit: int = MAX_FRAME) -> tuple[bytes, bytes]:
     import struct
 
     head = _recv_exactly(sock, 5)
@@ -185,21 +197,21 @@ def recv_frame(sock: socket.socket, limit: int = MAX_FRAME) -> tuple[bytes, byte
     return head[:1], _recv_exactly(sock, length) if length else b""
 
 
-def send_json(sock: socket.socket, kind: bytes, doc: Any) -> None:
+def send_json(sock: _socket.socket, kind: bytes, doc: Any) -> None:
     import json
 
     send_frame(sock, kind, json.dumps(doc).encode())
 
 
-def peer(sock: socket.socket) -> tuple[int, int] | None:
+def peer(sock: _socket.socket) -> tuple[int, int] | None:
     """(process id, user id) of the process at the other end of a Unix socket (Linux: SO_PEERCRED)."""
-    import socket
+    import _socket  # socket's C module: ``socket`` itself costs a client's start a few milliseconds
     import struct
 
-    option = getattr(socket, "SO_PEERCRED", None)
+    option = getattr(_socket, "SO_PEERCRED", None)
     if option is None:
         return None
-    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(_socket.SOL_SOCKET, option, struct.calcsize("3i")))
     return int(pid), int(uid)
 
 
@@ -282,7 +294,7 @@ def sweep_dead(sock_path: str, wait: float = DEAD_WAIT) -> list[str]:
         os.close(fd)
 
 
-def connect(sock_path: str | None = None, timeout: float = HELLO_TIMEOUT) -> socket.socket | None:
+def connect(sock_path: str | None = None, timeout: float = HELLO_TIMEOUT) -> _socket.socket | None:
     """A connection to this user's worker, checked (private directory, socket and process of this
     user), or None; a socket file nobody listens on is removed."""
     directory = runtime_dir() if sock_path is None else os.path.dirname(sock_path)
@@ -297,9 +309,9 @@ def connect(sock_path: str | None = None, timeout: float = HELLO_TIMEOUT) -> soc
         return None
     if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
         return None
-    import socket
+    import _socket  # socket's C module (its methods; ``socket`` adds enums and files a client has no use for)
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(sock_path)
@@ -317,7 +329,7 @@ def connect(sock_path: str | None = None, timeout: float = HELLO_TIMEOUT) -> soc
     return sock
 
 
-def hello(sock: socket.socket) -> dict[str, Any] | None:
+def hello(sock: _socket.socket) -> dict[str, Any] | None:
     import json
 
     try:
@@ -341,7 +353,7 @@ def ask(op: str, sock_path: str | None = None) -> tuple[dict[str, Any], dict[str
     sock = connect(sock_path)
     if sock is None:
         return None
-    with sock:
+    try:
         said = hello(sock)
         if said is None:
             return None
@@ -351,4 +363,6 @@ def ask(op: str, sock_path: str | None = None) -> tuple[dict[str, Any], dict[str
             answer = json.loads(payload) if kind == b"S" else None
         except (OSError, EOFError, ValueError):
             return None
+    finally:
+        sock.close()
     return (said, answer) if isinstance(answer, dict) else None
