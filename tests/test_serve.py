@@ -915,3 +915,41 @@ def test_the_encoding_a_worker_and_its_client_compare_is_pythons_own():
         out = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
         assert out.stdout.strip() == "True", out.stderr
+
+
+def test_the_worker_collects_garbage_less_often_but_still_collects_it():
+    """A warm worker's collector waits for ``GC_THRESHOLD`` new objects (a request's figure and tables make
+    fewer: no collection in the middle of one), and cyclic garbage beyond that is still collected (a batch of
+    many jobs in one request does not grow without bound)."""
+    import gc
+    import weakref
+
+    from attnviz.worker.server import GC_THRESHOLD, collect_less_often
+
+    saved = gc.get_threshold()
+    collections = []
+
+    def seen(phase, info):
+        if phase == "stop":
+            collections.append(info["generation"])
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+    try:
+        collect_less_often()
+        assert gc.get_threshold() == (GC_THRESHOLD, *saved[1:])
+        gc.collect()
+        gc.callbacks.append(seen)
+        few = [Cycle() for _ in range(GC_THRESHOLD // 4)]  # alive: no reason to collect
+        assert collections == []
+        probe = weakref.ref(few[0])
+        del few  # now garbage, in cycles: found once enough new objects come
+        more = [Cycle() for _ in range(2 * GC_THRESHOLD)]
+        assert collections and probe() is None
+        del more
+    finally:
+        if seen in gc.callbacks:
+            gc.callbacks.remove(seen)
+        gc.set_threshold(*saved)
