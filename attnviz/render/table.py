@@ -194,23 +194,30 @@ def plain_table(table: Table, console: Console, options: ConsoleOptions) -> list
 
     def plain(cell: Any, width: int, justify: str) -> str | None:
         """The cell's one line, justified as rich does it, or None when it is not plain enough."""
-        text = cell.plain if isinstance(cell, Text) else cell if isinstance(cell, str) else None
-        if text is None or isinstance(cell, str) and (":" in text or "[" in text):
+        if isinstance(cell, Text):
+            text = cell.plain
+            if cell.justify is not None:  # a text's own justification comes first
+                justify = cell.justify
+        elif isinstance(cell, str) and ":" not in cell and "[" not in cell:
+            text = cell
+        else:
             return None
-        if isinstance(cell, Text) and cell.justify is not None:  # a text's own justification comes first
-            justify = cell.justify
-        if not text.isprintable() or cell_len(text) > width:
+        if not text.isprintable():
             return None
-        if justify == "right":
-            text = text.rstrip()
-            return " " * (width - cell_len(text)) + text
-        if justify == "full" or justify not in ("left", "right", "center", "default"):
+        size = len(text) if text.isascii() else cell_len(text)  # (an ASCII character is one cell)
+        if size > width:
             return None
-        if justify == "center":
-            text = text.rstrip()
-            left = (width - cell_len(text)) // 2
-            return " " * left + text + " " * (width - left - cell_len(text))
-        return text + " " * (width - cell_len(text))
+        if justify == "right" or justify == "center":
+            stripped = text.rstrip()  # printable: only spaces go, a cell each
+            size -= len(text) - len(stripped)
+            text = stripped
+            if justify == "right":
+                return " " * (width - size) + text
+            left = (width - size) // 2
+            return " " * left + text + " " * (width - left - size)
+        if justify == "full" or justify not in ("left", "default"):
+            return None
+        return text + " " * (width - size)
 
     columns = []
     for column, (left, right), width in zip(table.columns, pads, widths):
