@@ -63,9 +63,9 @@ class quick_switching:  # noqa: N801 - used as a function: ``with quick_switchin
     """Python code in one thread (drawing a figure) beside NumPy work in another (the head pass): the
     NumPy thread lets go of the GIL for each operation and must get it back to start the next, which
     takes up to the switch interval while the other thread runs Python. A shorter interval for the
-    time the two run side by side keeps the NumPy thread's core busy (the head pass of the BERT-base grid
-    waited 40 ms for the GIL, now 20 ms: ``benchmarks/grid.py``). Nested and concurrent uses (``batch --jobs``) share it: the
-    interval is put back when the last one ends."""
+    time the two run side by side keeps the NumPy thread's core busy (the head pass of the BERT-base
+    grid waited 40 ms for the GIL, now 20 ms: ``benchmarks/grid.py``). Nested and concurrent uses
+    (``batch --jobs``) share it: the interval is put back when the last one ends."""
 
     _lock = threading.Lock()
     _depth = 0
