@@ -679,8 +679,8 @@ class Worker:
             # and --resume completes it
             for kind, data in _merged(chunks):
                 protocol.send_frame(conn, kind, data)
+            self.served += 1  # counted before the client hears the end: its next ``--status`` includes this one
             protocol.send_json(conn, b"X", {"exit": code})
-            self.served += 1
             self.log(f"{req['argv'][0] if req['argv'] else '(no command)'}: exit {code} "
                      f"in {time.perf_counter() - start:.2f} s")
         except KeyboardInterrupt:
