@@ -89,9 +89,16 @@ class SafetensorsFile(Container):
                 keys = list(f.keys())
             self._start = 8 + size
             self._entries = {k: header[k] for k in keys}
+            meta = header.get("__metadata__")
+            #: the header's ``__metadata__`` (text values), where it has one (a capture's description)
+            self.metadata: dict[str, Any] | None = meta if isinstance(meta, dict) else None
         except Exception as exc:  # SafetensorError, OSError, ValueError, KeyError, struct.error ...
             raise InputError(f"{source}: not a readable .safetensors file ({reason(exc)}).") from None
         super().__init__(source, natural(keys))  # the header's order means nothing: natural order
+
+    def entry(self, key: str) -> dict[str, Any]:
+        """The header's entry of a tensor: its ``dtype``, ``shape`` and ``data_offsets``."""
+        return self._entries[key]
 
     def read(self, key: str) -> np.ndarray:
         entry = self._entries[key]

@@ -105,6 +105,10 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
     lq, lk = w.shape[-2:]
     paths = list(w.paths)
     q_labels, k_labels = read_labels(options.labels, lq, lk, paths, w.generation)
+    if w.capture is not None and q_labels is None and k_labels is None:  # the tokens the capture recorded
+        from attnviz.inspection.weights import capture_labels
+
+        q_labels, k_labels = capture_labels(w, options.selection.batch or 0)
     masks, checked = read_masks(options.masks, w, paths)
     words = None
     if options.labels.merge_subwords:

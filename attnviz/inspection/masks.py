@@ -87,6 +87,12 @@ def read_masks(options: MaskOptions, w: Weights, paths: list[Any], stdin: Any = 
 
     combined = Mask()
     checked = None
+    if w.capture is not None and options.mask is None and options.key_padding_mask is None:
+        from attnviz.inspection.weights import capture_mask
+
+        keep = capture_mask(w)
+        if keep is not None:  # the masks the model applied, site by site
+            combined = Mask(keep=keep, described=[f"the capture's masks ({w.source})"])
     wanted = [("--mask", options.mask, options.mask_kind, False),
               ("--key-padding-mask", options.key_padding_mask, "bool", True)]
     if check:

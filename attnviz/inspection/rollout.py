@@ -174,6 +174,10 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
                          f"(0..{layers - 1}).")
     paths = list(w.paths)
     tokens, _ = read_labels(LabelOptions(labels=options.labels), lq, lk, paths, w.generation)
+    if w.capture is not None and tokens is None:  # the tokens the capture recorded
+        from attnviz.inspection.weights import capture_labels
+
+        tokens = capture_labels(w, getattr(options, "batch", None) or 0)[0]
     masks, _ = read_masks(options.masks, w, paths, check=False)
     words = None
     if options.merge_subwords:

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
-from attnviz.formats import listing
+from attnviz.formats import is_glob, listing
 from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
 
 if TYPE_CHECKING:
+    from attnviz.capture.fileformat import Capture
     from attnviz.inspection.generation import Generation
 
 AXES = ("layer", "batch", "head", "q", "k")
@@ -44,6 +45,9 @@ class Weights:
     #: how closely rows can sum to 1 depends on it
     stored_dtype: str = "float32"
     generation: Generation | None = None  # a generation dump stitched into these maps (--generation)
+    capture: Capture | None = None  # a capture file (attnviz capture): its tokens and masks go with the weights
+    kind: str | None = None  # which of its kinds of attention (layers; encoder, decoder, cross)
+    container: Any = None  # the capture file, opened
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -95,6 +99,9 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
         data, source, held, keys, path = load_generation(spec, stdin)
         return Weights(data, source, AXES, tuple(data.shape), [path] if path else [], keys, "float32", held)
     opened = open_spec(spec, stdin)
+    captured = _captured(opened, layout)
+    if captured is not None:
+        return captured
     keys = opened.layer_keys()
     source = opened.source
     if keys:
@@ -129,6 +136,69 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
         raise InputError(f"{source}: empty attention maps (shape {shape_str(arr.shape)}).")
     data = to_standard(arr.astype(np.float32, copy=False) if arr.dtype.kind != "f" else arr, names)
     return Weights(data, source, names, tuple(arr.shape), [opened.path] if opened.path else [], keys, stored)
+
+
+def _captured(opened: Any, layout: str | None) -> Weights | None:
+    """The weights of a capture file (``attnviz capture``), every site of one kind stacked as layers; None
+    for any other file, or when the spec names an array of the capture (``run.safetensors:layers.3.q``)."""
+    from attnviz.capture.fileformat import as_capture
+    from attnviz.formats import Container
+
+    if not isinstance(opened.raw, Container):
+        return None
+    capture = as_capture(opened.raw)
+    if capture is None or (opened.key is not None and (opened.raw.has(opened.key) or is_glob(opened.key))):
+        return None
+    if layout is not None:
+        raise UsageError(f"--layout: {opened.source} is a capture, read as [layers, batch, heads, Lq, Lk]; drop it.")
+    kind = capture.choose_kind(opened.key)
+    sites = capture.sites(kind)
+    missing = [s for s in sites if not capture.has(s, "weights")]
+    if missing:
+        raise InputError(f"{opened.source}: the capture holds no attention weights for {missing[0]} (captured with "
+                         "q, k and v only); capture again without --no-weights.")
+    arrays = [opened.raw.get(f"{s}.weights") for s in sites]
+    shapes = {tuple(a.shape) for a in arrays}
+    if len(shapes) != 1:
+        raise ShapeError(f"{opened.source}: the {kind} sites have different shapes; inspect one with "
+                         f"{opened.source}:{sites[0]}.weights.")
+    stacked = sum(a.size for a in arrays) * 4
+    if stacked > memory_limit():
+        raise InputError(f"{opened.source}: the {len(sites)} sites stacked would take {size_str(stacked)} in memory, "
+                         f"more than the {size_str(memory_limit())} attnviz allows; inspect one site with "
+                         f"{opened.source}:{sites[0]}.weights, or capture fewer layers (--layers).")
+    data = np.stack([a.astype(np.float32, copy=False) for a in arrays])
+    stored = coarsest([opened.raw.stored.get(f"{s}.weights", "float32") for s in sites])
+    source = opened.source if opened.key is None else f"{opened.source}:{opened.key}"
+    return Weights(data, source, AXES, tuple(data.shape), [opened.path] if opened.path else [],
+                   [f"{s}.weights" for s in sites], stored, capture=capture, kind=kind, container=opened.raw)
+
+
+def capture_mask(w: Weights) -> np.ndarray | None:
+    """The keep mask a capture recorded with its weights, ``[layers or 1, batch, 1, Lq, Lk]`` (one for all
+    layers where every site has the same)."""
+    if w.capture is None or w.kind is None:
+        return None
+    sites = w.capture.sites(w.kind)
+    masks = [w.container.get(f"{s}.mask").astype(bool) for s in sites if w.capture.has(s, "mask")]
+    if len(masks) != len(sites) or not masks:
+        return None
+    if all(np.array_equal(m, masks[0]) for m in masks[1:]):
+        masks = masks[:1]
+    keep = np.stack(masks)
+    return keep.reshape(keep.shape[0], keep.shape[1], 1, *keep.shape[-2:])
+
+
+def capture_labels(w: Weights, row: int) -> tuple[list[str] | None, list[str] | None]:
+    """The tokens of a capture's batch entry ``row`` for the queries and the keys (None where the file
+    has none, or they do not fit the maps)."""
+    if w.capture is None or w.kind is None:
+        return None, None
+    lq, lk = w.shape[-2:]
+    q_rows, k_rows = w.capture.tokens(w.kind), w.capture.key_tokens(w.kind)
+    q = q_rows[row] if q_rows and row < len(q_rows) and len(q_rows[row]) == lq else None
+    k = k_rows[row] if k_rows and row < len(k_rows) and len(k_rows[row]) == lk else None
+    return q, k
 
 
 def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:

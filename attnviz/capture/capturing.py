@@ -1,0 +1,269 @@
+"""``attnviz.capture(model, ...)``: the context manager around a model's run, for transformers models
+(``attnviz.capture.hf``) and Keras models (``attnviz.capture.keras``); the file it writes is described
+in ``attnviz.capture.fileformat``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any
+
+from attnviz.capture.recorder import Recorder
+from attnviz.errors import AttnvizError, OutputError, UsageError
+
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class Capture:
+    """Records every attention site of ``model`` while the block runs; the recording is a capture file.
+
+    >>> with attnviz.capture(model, tokenizer) as rec:
+    ...     model(**batch)
+    >>> rec.save("run.safetensors"); attnviz.inspect(rec)
+
+    Arguments: ``tokenizer`` (the tokens of each row go into the file), ``layers`` (site numbers to keep,
+    negative from the end; None: all), ``path`` (write the file there as the capture ends, instead of a
+    temporary file), ``weights=False`` (keep q, k, v and masks only: long inputs), ``weights_dtype``
+    (``float32``, ``float16``, ``bfloat16``: reduced where the model runs, before the copy), ``target``
+    ("next", or a token id: the gradient of that logit at the last position with respect to every
+    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled).
+    On exit the model is as before: its attention implementation, its configs, its hooks.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *, path: str | os.PathLike[str] | None = None,
+                 weights: bool = True, qkv: bool = True, weights_dtype: str = "float32", target: Any = None) -> None:
+        if weights_dtype not in WEIGHT_DTYPES:
+            raise UsageError(f"attnviz.capture: weights_dtype {weights_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}.")
+        if not weights and target is not None:
+            raise UsageError("attnviz.capture: a target needs the weights (weights=True).")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.layers = _layers(layers)
+        self.target_path = None if path is None else Path(path)
+        self.weights, self.qkv, self.weights_dtype, self.target = weights, qkv, weights_dtype, target
+        self.path: Path | None = None  # the finished file
+        self.warnings: list[str] = []
+        self._adapter: Any = None
+        self._opened: Any = None
+        self._rec: Recorder | None = None
+        self._temp: Path | None = None
+        self._finalizer: Any = None
+        self.metadata: dict[str, Any] = {}
+
+    # -- the block
+
+    def __enter__(self) -> Capture:
+        if self._rec is not None:
+            raise UsageError("attnviz.capture: a capture records one block; open another for the next run.")
+        stream = self._stream_path()
+        self._rec = Recorder(stream, self.layers, _counts(self.model))
+        try:
+            if _is_keras(self.model):
+                from attnviz.capture.keras import KerasCapture
+
+                self._adapter = KerasCapture(self.model, self._rec, self.weights_dtype, self.weights)
+            else:
+                from attnviz.capture.hf import HFCapture, check_model
+
+                check_model(self.model)
+                self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
+                                          self.target)
+            self._opened = self._adapter.opened()
+            self._opened.__enter__()
+        except BaseException:
+            self._rec.writer.close()
+            self._rec.discard_stream()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        assert self._rec is not None
+        rec = self._rec
+        try:
+            self._opened.__exit__(exc_type, exc, tb)  # the model as before, whatever happened
+            if exc_type is None:
+                self._finish()
+        except BaseException:
+            rec.writer.close() if rec.writer.thread.is_alive() else None
+            rec.discard_stream()
+            raise
+        if exc_type is not None:
+            try:
+                rec.writer.close()
+            except BaseException:  # noqa: BLE001 - the block's own exception is the one to see
+                pass
+            rec.discard_stream()
+        return False
+
+    def _stream_path(self) -> Path:
+        if self.target_path is not None:
+            from attnviz.staging import hidden_file
+
+            folder = self.target_path.parent if str(self.target_path.parent) else Path(".")
+            if self.target_path.exists() and not self.target_path.is_file():
+                raise OutputError(f"{self.target_path}: exists and is not a regular file; refusing to replace it.")
+            try:
+                fd, name = hidden_file(folder, f".{self.target_path.name[:60]}.", ".staged.safetensors")
+            except OSError as exc:
+                raise OutputError(f"{self.target_path}: cannot write into {folder} ({exc.strerror or exc}).") from None
+            os.close(fd)
+            return Path(name)
+        fd, name = tempfile.mkstemp(prefix="attnviz-capture-", suffix=".safetensors")
+        os.close(fd)
+        return Path(name)
+
+    def _finish(self) -> None:
+        rec = self._rec
+        assert rec is not None
+        adapter = self._adapter
+        if self.target is not None:
+            logits = getattr(adapter, "logits", None)
+            if logits is None:
+                raise UsageError("attnviz.capture: a target needs the model's logits; run a forward pass of a model "
+                                 "with a language-model head inside the block.")
+            if not getattr(logits, "requires_grad", False):
+                raise UsageError("attnviz.capture: a target needs gradients: run the model outside torch.no_grad().")
+            adapter.gradients(logits, self.target)
+        if not rec.run:
+            if not getattr(adapter, "forwards", 1):
+                raise UsageError("attnviz.capture: the model did not run inside the block; call it (or generate()) "
+                                 "within the with statement.")
+            raise AttnvizError("attnviz.capture: no attention site ran (the layers asked for are not in the model?).")
+        self.metadata = self._metadata()
+        final = self.target_path if self.target_path is not None and self.target_path.suffix.lower() == ".npz" \
+            else rec.stream.path
+        done = rec.finish(final if final.suffix.lower() == ".npz" else rec.stream.path, self.metadata)
+        if self.target_path is not None and done != self.target_path:
+            try:
+                os.replace(done, self.target_path)
+            except OSError as exc:
+                rec.discard_stream()
+                raise OutputError(f"{self.target_path}: cannot write ({exc.strerror or exc}).") from None
+            done = self.target_path
+        self.path = done
+        if self.target_path is None:
+            self._temp = done
+            self._finalizer = weakref.finalize(self, _remove, str(done))
+        if rec.runs:
+            self.warnings.append(f"the model ran {rec.runs + 1} times inside the capture; the file holds the last run")
+        note = getattr(adapter, "note", None)
+        if note:
+            self.warnings.append(note)
+        for text in self.warnings:
+            warnings.warn(text, UserWarning, stacklevel=3)
+
+    def _metadata(self) -> dict[str, Any]:
+        rec = self._rec
+        assert rec is not None
+        meta: dict[str, Any] = dict(getattr(self._adapter, "describe", lambda: {})())
+        sites = {}
+        for site in rec.sites.values():
+            if site is not None and site.name in rec.run:
+                sites[site.name] = {"module": site.module, "kind": site.kind, "layer": site.layer, **site.info}
+        meta["sites"] = sites
+        meta["kinds"] = sorted({s["kind"] for s in sites.values()})
+        meta["weights_dtype"] = self.weights_dtype if self.weights else None
+        meta["steps"] = rec.steps
+        for name, key in (("input_ids", "tokens"), ("decoder_input_ids", "decoder_tokens")):
+            if name in rec.inputs and self.tokenizer is not None:
+                import numpy as np
+
+                ids = np.concatenate(rec.inputs[name], axis=-1)
+                meta[key] = [[str(t) for t in self.tokenizer.convert_ids_to_tokens([int(i) for i in row])]
+                             for row in ids.reshape(-1, ids.shape[-1])]
+        return meta
+
+    # -- the recording
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the capture to ``path`` (``.safetensors``, or ``.npz`` by its extension), atomically."""
+        from attnviz.io import write_atomic
+
+        if self.path is None:
+            raise UsageError("attnviz.capture: nothing to save yet; save after the with block.")
+        target = Path(path)
+        if target.suffix.lower() not in (".safetensors", ".npz"):
+            raise UsageError(f"{target}: a capture is saved as .safetensors or .npz.")
+        if target.suffix.lower() == ".npz":
+            from attnviz.capture.fileformat import to_npz
+
+            to_npz(self.path, target)
+            return target
+        if target.resolve() == self.path.resolve():
+            return target
+
+        def copy(fh: Any) -> None:
+            with open(self.path, "rb") as src:  # type: ignore[arg-type]
+                shutil.copyfileobj(src, fh, 16 * 2**20)
+
+        write_atomic(target, copy)
+        return target
+
+    def __fspath__(self) -> str:
+        if self.path is None:
+            raise UsageError("attnviz.capture: the recording is ready after the with block.")
+        return str(self.path)
+
+    @property
+    def sites(self) -> list[str]:
+        """The sites recorded, in order (``layers.0``, ... ``cross.layers.5``)."""
+        return [] if self._rec is None else self._rec.site_names
+
+    def close(self) -> None:
+        """Remove the temporary file of a capture that was not given a path."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __repr__(self) -> str:
+        state = f"{len(self.sites)} sites in {self.path}" if self.path else "not finished"
+        return f"<attnviz capture: {state}>"
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _layers(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, str):
+        value = [part for part in value.replace(" ", "").split(",") if part]
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise UsageError(f"attnviz.capture: layers {value!r}; give site numbers (0, 3, -1).") from None
+
+
+def _counts(model: Any) -> dict[str, int]:
+    """How many sites of each kind the model has, from its config (negative layers count from there)."""
+    config = getattr(model, "config", None)
+    if config is None or isinstance(config, dict):
+        layers = getattr(model, "layers", None)
+        count = sum(1 for layer in layers or [] if type(layer).__name__ == "MultiHeadAttention")
+        return {"layers": count} if count else {}
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    n = getattr(text, "num_hidden_layers", None) or getattr(text, "num_layers", None)
+    dec = getattr(text, "num_decoder_layers", None) or getattr(text, "decoder_layers", None) or n
+    enc = getattr(text, "encoder_layers", None) or n
+    out = {}
+    if n:
+        out["layers"] = int(n)
+    if enc:
+        out["encoder"] = int(enc)
+    if dec:
+        out["decoder"] = out["cross"] = int(dec)
+    return out
+
+
+def _is_keras(model: Any) -> bool:
+    return any(c.__module__.startswith(("keras", "tf_keras", "tensorflow")) for c in type(model).__mro__)

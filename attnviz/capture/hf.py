@@ -1,0 +1,464 @@
+"""Capture through transformers' attention interface: one mechanism for every family that routes its
+attention through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen, Gemma, gpt-oss, BERT, BART, T5,
+Whisper, GPT-2 and more).
+
+While a capture is open, every config of the model (sub-configs included) names the implementation
+``attnviz_capture``, registered once with ``transformers.AttentionInterface`` together with
+``masking_utils.eager_mask`` under the same name in ``AttentionMaskInterface`` (without it the mask would
+be dropped). The registered function receives the very q, k, v, mask, scale and extras the model
+multiplies; it computes the weights with the family's own ``eager_attention_forward`` (the model's exact
+eager probabilities: softcaps, sinks, T5's bias included) and hands the model the output of the
+implementation the model was loaded with (SDPA gets its boolean mask back), so that what the model
+computes is what it computes outside the capture. On exit every config names its implementation again.
+
+torch and transformers are imported here only, when a capture starts.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from attnviz.capture.recorder import HostArray, Pending, Recorder, Site
+from attnviz.errors import AttnvizError, InputError
+
+IMPLEMENTATION = "attnviz_capture"
+#: attribute names of an attention module's output projection, by family
+OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "o", "c_proj", "dense", "wo", "out", "proj")
+CROSS_NAMES = ("encoder_attn", "crossattention", "cross_attn", "encdecattention", "cross_attention")
+_registered = False
+_lock = threading.Lock()
+#: the open captures, by id of each attention module they own
+_owners: dict[int, HFCapture] = {}
+
+
+def _register() -> None:
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+        AttentionInterface.register(IMPLEMENTATION, _attention)
+        AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+        _registered = True
+
+
+def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:
+    owner = _owners.get(id(module))
+    if owner is None:  # a module of a model whose capture has ended but whose config was copied: plain eager
+        return _eager_of(module)(module, query, key, value, attention_mask, **kwargs)
+    return owner.attend(module, query, key, value, attention_mask, **kwargs)
+
+
+def _eager_of(module: Any) -> Any:
+    """The family's own eager attention (its modeling module's ``eager_attention_forward``)."""
+    found = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if found is None:
+        from transformers.integrations.sdpa_attention import repeat_kv  # noqa: F401 - the generic eager below
+        return _generic_eager
+    return found
+
+
+def _generic_eager(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
+                   dropout: float = 0.0, **kwargs: Any) -> tuple[Any, Any]:
+    """Eager attention as Llama's, for a family whose module has none of its own."""
+    import torch
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return out, weights
+
+
+def configs_of(model: Any) -> list[Any]:
+    """Every config of a model: its own, its submodels', and their sub-configs, each once."""
+    from transformers import PretrainedConfig
+
+    found: dict[int, Any] = {}
+    pending = [model.config, *(getattr(m, "config", None) for m in model.modules())]
+    while pending:
+        config = pending.pop()
+        if not isinstance(config, PretrainedConfig) or id(config) in found:
+            continue
+        found[id(config)] = config
+        for name in getattr(config, "sub_configs", {}) or {}:
+            pending.append(getattr(config, name, None))
+    return list(found.values())
+
+
+@contextmanager
+def implementation(model: Any, name: str) -> Iterator[dict[int, Any]]:
+    """Every config of ``model`` names the attention implementation ``name`` within the block; each names
+    its own again afterwards, also after an exception. Yields the configs' own implementations."""
+    configs = configs_of(model)
+    before = {id(c): (c, c.__dict__.get("_attn_implementation_internal")) for c in configs}
+    try:
+        for config in configs:
+            config._attn_implementation_internal = name
+        yield {k: v[1] for k, v in before.items()}
+    finally:
+        for config, value in before.values():
+            config._attn_implementation_internal = value
+
+
+class HostPool:
+    """Pinned host buffers reused across layers for copies from a GPU (the copy runs beside the next
+    layer's compute and the writer waits for it), or plain NumPy conversion on the CPU."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[Any, ...], list[Any]] = {}
+        self.lock = threading.Lock()
+
+    def host(self, tensor: Any, dtype: Any) -> HostArray:
+        import torch
+
+        t = tensor.detach()
+        if t.dtype != dtype:
+            t = t.to(dtype)
+        if t.device.type == "cpu":
+            return _numpy(t.contiguous())
+        key = (tuple(t.shape), t.dtype)
+        with self.lock:
+            free = self.free.setdefault(key, [])
+            buf = free.pop() if free else None
+        if buf is None:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+
+        def wait() -> np.ndarray:
+            event.synchronize()
+            return _numpy(buf)
+
+        def release() -> None:
+            with self.lock:
+                self.free.setdefault(key, []).append(buf)
+
+        return Pending(wait, release)
+
+
+def _numpy(t: Any) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+class HFCapture:
+    """A capture of one transformers model: the attention sites it runs, recorded by ``recorder``."""
+
+    def __init__(self, model: Any, recorder: Recorder, weights_dtype: str = "float32", weights: bool = True,
+                 qkv: bool = True, target: Any = None) -> None:
+        import torch
+
+        self.model = model
+        self.rec = recorder
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.modules = {n: m for n, m in model.named_modules()}
+        self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.weights = weights
+        self.qkv = qkv
+        self.dtype = getattr(torch, weights_dtype)
+        self.pool = HostPool()
+        self.originals: dict[int, Any] = {}
+        self.routed: set[int] = set()
+        self.ran: set[int] = set()
+        self.forwards = 0
+        self.hooks: list[Any] = []
+        self.target = target
+        self.graph: dict[str, Any] = {}  # with a target: each site's weights, kept for the gradient
+        self.note: str | None = None
+        self.logits: Any = None
+        self.original = "eager"
+
+    # -- opening and closing
+
+    def candidates(self) -> dict[int, str]:
+        """Modules that look like attention (a class named ``...Attention`` with no such module inside)."""
+        out = {}
+        for name, module in self.model.named_modules():
+            cls = type(module).__name__
+            if not cls.endswith("Attention"):
+                continue
+            inner = any(type(m).__name__.endswith("Attention") for n, m in module.named_modules() if n)
+            if not inner:
+                out[id(module)] = name
+        return out
+
+    @contextmanager
+    def opened(self) -> Iterator[None]:
+        _register()
+        looks = self.candidates()
+        for module in self.model.modules():
+            _owners[id(module)] = self
+        for key, name in looks.items():
+            module = self.modules[name]
+            self.hooks.append(module.register_forward_pre_hook(lambda m, a, k=key: self.ran.add(k)))
+        self.hooks.append(self.model.register_forward_pre_hook(self._inputs, with_kwargs=True))
+        if self.target is not None:
+            self.hooks.append(self.model.register_forward_hook(self._output))
+        encoder = self._encoder()
+        if encoder is not None:
+            self.hooks.append(encoder.register_forward_pre_hook(self._encoder_inputs, with_kwargs=True))
+        try:
+            with implementation(self.model, IMPLEMENTATION) as originals:
+                self.originals = originals
+                self.original = originals.get(id(self.model.config)) or "eager"
+                yield
+        finally:
+            for hook in self.hooks:
+                hook.remove()
+            self.hooks.clear()
+            for module in self.model.modules():
+                if _owners.get(id(module)) is self:
+                    del _owners[id(module)]
+        if self.forwards and not self.routed:
+            raise InputError(f"{type(self.model).__name__}: its attention does not go through transformers' attention "
+                             "interface, so attnviz cannot see it; load it with attn_implementation=\"eager\", run it "
+                             "with output_attentions=True and give out.attentions to attnviz.inspect.")
+        unseen = sorted(looks[k] for k in self.ran - self.routed if k in looks)
+        if unseen:
+            raise InputError(f"{type(self.model).__name__}: the attention module {unseen[0]} "
+                             f"({type(self.modules[unseen[0]]).__name__}) computes its attention outside transformers' "
+                             "attention interface; attnviz records all of a model or nothing.")
+
+    def _output(self, module: Any, args: Any, output: Any) -> None:
+        logits = getattr(output, "logits", None)
+        if logits is None and isinstance(output, tuple) and output:
+            logits = output[0]
+        self.logits = logits
+
+    def describe(self) -> dict[str, Any]:
+        """What the file's metadata says of the model."""
+        import torch
+        import transformers
+
+        config = self.model.config
+        return {"model_type": getattr(config, "model_type", None), "architecture": type(self.model).__name__,
+                "transformers": transformers.__version__, "torch": torch.__version__,
+                "implementation": self.original, "dtype": str(getattr(self.model, "dtype", "")).removeprefix("torch."),
+                "framework": "transformers"}
+
+    def _encoder(self) -> Any:
+        if not self.encoder_decoder:
+            return None
+        get = getattr(self.model, "get_encoder", None)
+        try:
+            return get() if callable(get) else None
+        except Exception:  # noqa: BLE001 - a model without one
+            return None
+
+    def _inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.forwards += 1
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))  # the name transformers 5 uses, or 4's
+        continuing = False
+        if cache is not None:
+            try:
+                continuing = int(cache.get_seq_length()) > 0
+            except Exception:  # noqa: BLE001 - a legacy tuple cache
+                continuing = bool(cache)
+        names = ("decoder_input_ids", "decoder_attention_mask") if self.encoder_decoder else ("input_ids",
+                                                                                            "attention_mask")
+        given = dict(kwargs)
+        if args and "input_ids" not in given:
+            given["input_ids"] = args[0]
+        if self.encoder_decoder and given.get("encoder_outputs") is None:
+            self._encoder_inputs(module, (), {k: given.get(k) for k in ("input_ids", "attention_mask")})
+        arrays = {n: _numpy(given[n].detach().cpu()) for n in names if _is_tensor(given.get(n))}
+        self.rec.record_inputs(arrays, continuing)
+
+    def _encoder_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        given = dict(kwargs)
+        if args and "input_ids" not in given:
+            given["input_ids"] = args[0]
+        for name in ("input_ids", "attention_mask"):
+            if _is_tensor(given.get(name)):
+                self.rec.inputs[name] = [_numpy(given[name].detach().cpu())]
+
+    # -- one call of an attention module
+
+    def kind(self, name: str) -> str:
+        low = name.lower()
+        if any(part in low for part in CROSS_NAMES):
+            return "cross"
+        if not self.encoder_decoder:
+            return "layers"
+        return "encoder" if "encoder." in f"{low}." and "decoder" not in low else "decoder"
+
+    def attend(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:
+        import torch
+
+        self.routed.add(id(module))
+        name = self.names.get(id(module), type(module).__name__)
+        lq, lk = int(query.shape[-2]), int(key.shape[-2])
+        info = {"scale": _number(kwargs.get("scaling", getattr(module, "scaling", None))),
+                "window": _number(kwargs.get("sliding_window")), "softcap": _number(kwargs.get("softcap")),
+                "sinks": kwargs.get("s_aux") is not None, "heads": int(query.shape[1]), "kv_heads": int(key.shape[1])}
+        site = self.rec.site(id(module), self.kind(name), name, info)
+        want = site is not None and (self.weights or self.target is not None)
+        eager_out = weights = None
+        if want:
+            eager_out, weights = _eager_of(module)(module, query, key, value, attention_mask, **kwargs)
+        if self.target is not None and want:
+            out = eager_out  # the weights take part in the output: the gradient reaches them
+            self.graph[site.name] = weights  # type: ignore[union-attr]
+        elif self.original == "eager" and eager_out is not None:
+            out = eager_out
+        else:
+            out = self._original(module, query, key, value, attention_mask, kwargs, eager_out)
+        if site is not None:
+            with torch.no_grad():
+                self._record(site, module, query, key, value, attention_mask, weights, kwargs, lq, lk)
+        returned = weights if kwargs.get("output_attentions") else None
+        return out, returned
+
+    def _original(self, module: Any, query: Any, key: Any, value: Any, mask: Any, kwargs: dict[str, Any],
+                  eager_out: Any) -> Any:
+        """The output of the implementation the model was loaded with (SDPA with its boolean mask), or the
+        eager output where that cannot be called here."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        plain = kwargs.get("softcap") is None and kwargs.get("s_aux") is None
+        if self.original == "sdpa" and plain:
+            fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
+            keep = None if mask is None else _keep(mask)
+            out, _ = fn(module, query, key, value, keep, **kwargs)
+            return out
+        if eager_out is None:
+            eager_out, _ = _eager_of(module)(module, query, key, value, mask, **kwargs)
+        if self.original not in ("eager", "sdpa") and self.note is None:
+            self.note = (f"the model runs {self.original}, which attnviz cannot call from inside the capture: its "
+                         "attention output was computed eagerly (the same weights, rounding may differ)")
+        return eager_out
+
+    def _record(self, site: Site, module: Any, query: Any, key: Any, value: Any, mask: Any, weights: Any,
+                kwargs: dict[str, Any], lq: int, lk: int) -> None:
+        import torch
+
+        host = self.pool.host
+        arrays: dict[str, HostArray] = {}
+        if weights is not None and self.weights:
+            arrays["weights"] = host(weights, self.dtype)
+        if self.qkv:
+            arrays["q"] = host(query.transpose(1, 2), torch.float32)
+            arrays["k"] = host(key.transpose(1, 2), torch.float32)
+            arrays["v"] = host(value.transpose(1, 2), torch.float32)
+        b = int(query.shape[0])
+        keep = torch.ones((b, 1, lq, lk), dtype=torch.bool, device=query.device) if mask is None else _keep(mask)
+        if keep.shape[-1] != lk:
+            keep = keep[..., :lk]
+        arrays["mask"] = host(keep.expand(keep.shape[0] if keep.shape[0] == b else b, *keep.shape[1:]).contiguous(),
+                              torch.bool)
+        bias = kwargs.get("position_bias")
+        if _is_tensor(bias):
+            arrays["position_bias"] = host(bias[..., -lq:, :lk] if bias.shape[-2] != lq else bias[..., :lk],
+                                           torch.float32)
+        self.rec.record(site, lq, lk, arrays)
+        statics: dict[str, HostArray] = {}
+        projection = self._projection(module, site, int(query.shape[1]), int(value.shape[-1]))
+        if projection is not None:
+            wo, bo = projection
+            statics["wo"] = host(wo, torch.float32)
+            if bo is not None:
+                statics["bo"] = host(bo, torch.float32)
+        sinks = kwargs.get("s_aux")
+        if _is_tensor(sinks):
+            statics["sinks"] = host(sinks, torch.float32)
+        if statics:
+            self.rec.record_static(site, statics)
+
+    def _projection(self, module: Any, site: Site, heads: int, dv: int) -> tuple[Any, Any] | None:
+        """The output projection's per-head slices ``[H, dv, d_model]`` and its bias, where found: on the
+        module (``o_proj``, ``out_proj``, ``o``, ``c_proj`` ...), or BERT's ``attention.output.dense``."""
+        if site.name in self.rec.statics:
+            return None
+        found = None
+        for attr in OUTPUT_PROJECTIONS:
+            layer = getattr(module, attr, None)
+            if layer is not None and getattr(getattr(layer, "weight", None), "ndim", 0) == 2:
+                found = layer
+                break
+        if found is None:
+            parent = self.modules.get(site.module.rpartition(".")[0])
+            layer = getattr(getattr(parent, "output", None), "dense", None)
+            if layer is not None and getattr(getattr(layer, "weight", None), "ndim", 0) == 2:
+                found = layer
+        if found is None:
+            return None
+        w = found.weight.detach()
+        matrix = w if type(found).__name__ == "Conv1D" else w.t()  # GPT-2's Conv1D stores [in, out]
+        if matrix.shape[0] != heads * dv:
+            return None
+        bias = getattr(found, "bias", None)
+        return matrix.reshape(heads, dv, matrix.shape[1]), (None if bias is None else bias.detach())
+
+    # -- after the run
+
+    def gradients(self, logits: Any, target: Any) -> None:
+        """d(target logit at the last position) / d(weights) of every site, recorded as ``SITE.grad``
+        (``target``: "next" for the model's top prediction, or a token id per row)."""
+        import torch
+
+        if not self.graph:
+            raise InputError("--target: no attention weights were recorded to take the gradient of.")
+        last = logits[:, -1, :]
+        if target == "next":
+            ids = last.argmax(-1)
+        else:
+            ids = torch.as_tensor(target, device=last.device).reshape(-1).expand(last.shape[0])
+        chosen = last.gather(1, ids[:, None]).sum()
+        names = [n for n in self.graph if n in self.rec.run]
+        grads = torch.autograd.grad(chosen, [self.graph[n] for n in names], allow_unused=True)
+        for name, grad in zip(names, grads):
+            if grad is None:
+                continue
+            self.rec.record_more(name, {"grad": self.pool.host(grad, torch.float32)})
+        self.graph.clear()
+        self.rec.metadata_extra["target_ids"] = [int(i) for i in ids.reshape(-1).tolist()]
+
+
+def _keep(mask: Any) -> Any:
+    """A boolean keep mask from the mask the attention function received (additive float: 0 kept, the
+    dtype's minimum masked; or boolean already)."""
+    import torch
+
+    if mask.dtype == torch.bool:
+        return mask
+    return mask > torch.finfo(mask.dtype).min / 2
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "detach") and hasattr(value, "shape")
+
+
+def _number(value: Any) -> float | int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() and abs(number) >= 1 else number
+
+
+def check_model(model: Any) -> None:
+    """A model attnviz can capture: a torch module with a transformers config."""
+    if not hasattr(model, "named_modules") or not hasattr(model, "config"):
+        raise AttnvizError(f"attnviz.capture: expected a transformers or Keras model; received {type(model).__name__}.")
