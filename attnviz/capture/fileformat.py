@@ -343,3 +343,23 @@ def to_npz(source: Path, target: Path) -> None:
         if os.path.exists(name):
             os.unlink(name)
         forget(name)
+
+
+class open_capture:  # noqa: N801 - used as a context manager, like open()
+    """``with open_capture(path) as (raw, capture):`` a capture file's arrays (a ``formats`` container) and
+    its description; an error when the file is not a capture."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __enter__(self) -> tuple[Any, Capture]:
+        from attnviz.formats import open_file
+
+        raw = open_file(self.path, str(self.path))
+        capture = as_capture(raw)
+        if capture is None:
+            raise InputError(f"{self.path}: not a capture file (attnviz capture writes them).")
+        return raw, capture
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -134,6 +134,7 @@ def main(
 
 #: the commands after the compute commands, in the order of ``attnviz --help``: name -> (module, function)
 COMMANDS = {
+    "capture": ("capture", "capture_command"),
     "inspect": ("inspect", "inspect_command"),
     "compare": ("compare", "compare_command"),
     "batch": ("batch", "batch_command"),

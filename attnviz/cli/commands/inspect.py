@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from attnviz.cli.checked import report_checks, run_each
+from attnviz.cli.commands.capture import model_parameters
 from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
 from attnviz.inspection.options import InspectOptions
@@ -61,7 +62,14 @@ ORDER = ("layout", "generation",
 
 def inspect_command(**values: Any) -> None:
     """Inspect attention weights a model saved: head statistics, tables, PNGs and checks."""
-    files = values.pop("weights")
+    from attnviz.cli.commands.capture import captured_input
+    from attnviz.cli.errors import user_errors
+
+    with user_errors(), captured_input(values.pop("weights") or [], values) as files:
+        _inspect_files(files, values)
+
+
+def _inspect_files(files: list[str], values: dict[str, Any]) -> None:
     options: InspectOptions = build(InspectOptions, values)
     fig: FigureOptions = build(FigureOptions, values)
     out: InspectOutputs = build(InspectOutputs, values)
@@ -75,13 +83,15 @@ def inspect_command(**values: Any) -> None:
 
 
 inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
-        list[str], typer.Argument(metavar="WEIGHTS", show_default=False,
-        help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, -); an .npz of one array per layer is "
-             "stacked; several files are inspected in turn, output names then need a placeholder ({stem}, {name}, "
-             "{dir}, {index}, {})")]),
+    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
+        list[str] | None, typer.Argument(metavar="[WEIGHTS]...", show_default=False,
+        help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, .safetensors, .h5, .pt, -), or a "
+             "capture file (attnviz capture; an encoder-decoder's as FILE:encoder, :decoder or :cross); an .npz of "
+             "one array per layer is stacked; several files are inspected in turn, output names then need a "
+             "placeholder ({stem}, {name}, {dir}, {index}, {})")]),
     *parameters(InspectOptions, FigureOptions, InspectOutputs, ShowOptions, order=ORDER, overrides={"cmap": {
-        "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}})])
+        "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}}),
+    *model_parameters()])
 
 
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from attnviz.cli.checked import run_checked
+from attnviz.cli.commands.capture import model_parameters
 from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
 from attnviz.inspection.options import RolloutOptions
@@ -53,20 +54,27 @@ def rollout_command(**values: Any) -> None:
     With --image (a ViT's patches after --prefix-tokens, or --image-tokens) the result is also the
     query's row (CLS) over the patches, divided by its maximum (JSON overlay.rollout; --overlay-png).
     """
-    options: RolloutOptions = build(RolloutOptions, values, weights=values["weights"])
-    fig: FigureOptions = build(FigureOptions, values)
-    out: RolloutOutputs = build(RolloutOutputs, values)
-    show: ShowOptions = build(ShowOptions, values)
-    run_checked(lambda: rollout_file(options, fig, out, show))
+    from attnviz.cli.commands.capture import captured_input
+    from attnviz.cli.errors import user_errors
+
+    given = values.pop("weights")
+    with user_errors(), captured_input([given] if given else [], values) as files:
+        options: RolloutOptions = build(RolloutOptions, values, weights=files[0])
+        fig: FigureOptions = build(FigureOptions, values)
+        out: RolloutOutputs = build(RolloutOutputs, values)
+        show: ShowOptions = build(ShowOptions, values)
+        run_checked(lambda: rollout_file(options, fig, out, show))
 
 
 rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
-        metavar="WEIGHTS", show_default=False,
+    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
+        str | None, typer.Argument(
+        metavar="[WEIGHTS]", show_default=False,
         help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] (.npy, .npz of "
-             "one array per layer, FILE:KEY with a glob over layers, ...)")]),
+             "one array per layer, FILE:KEY with a glob over layers, a capture file, ...)")]),
     *parameters(RolloutOptions, FigureOptions, RolloutOutputs, ShowOptions, order=ORDER,
-                exclude=("check_mask", "scale_per_panel"))])
+                exclude=("check_mask", "scale_per_panel")),
+    *model_parameters()])
 
 
 def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutputs,

@@ -1,0 +1,59 @@
+"""``attnviz capture --check``: every site's weights recomputed by attnviz from what the file holds (q, k,
+the mask, the scale, softcap, sinks and T5's position bias), in float64 with NumPy, independently of the
+model's code, and the largest difference from the model's own weights on the rows that attend to
+something."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.capture.fileformat import open_capture
+
+
+def recompute(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float, softcap: float | None = None,
+              sinks: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
+    """Softmax weights [B, H, Lq, Lk] of q [B, Lq, H, d] against k [B, Lk, Hkv, d] (grouped heads repeated
+    as transformers' ``repeat_kv``), with the mask ``keep`` [B, 1 or H, Lq, Lk]; rows with no key kept are 0."""
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    groups = q.shape[2] // k.shape[2]
+    k64 = np.repeat(k64, groups, axis=2)
+    scores = np.einsum("bqhd,bkhd->bhqk", q64, k64) * scale
+    if softcap is not None:
+        scores = np.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.astype(np.float64)
+    scores = np.where(keep, scores, -np.inf)
+    if sinks is not None:
+        sink = np.broadcast_to(sinks.astype(np.float64)[None, :, None, None], (*scores.shape[:-1], 1))
+        scores = np.concatenate([scores, sink], axis=-1)
+    top = np.max(scores, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.exp(scores - top)
+    total = e.sum(axis=-1, keepdims=True)
+    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return w[..., :-1] if sinks is not None else w
+
+
+def check_capture(path: str | Path) -> dict[str, float]:
+    """Each site's largest |attnviz - model| over the rows that attend to some key."""
+    out: dict[str, float] = {}
+    with open_capture(path) as (raw, capture):
+        sites_meta = capture.metadata.get("sites", {})
+        for kind in capture.kinds:
+            for site in capture.sites(kind):
+                if not all(capture.has(site, n) for n in ("weights", "q", "k", "mask")):
+                    continue
+                meta = sites_meta.get(site, {})
+                q, k = raw.get(f"{site}.q"), raw.get(f"{site}.k")
+                keep = raw.get(f"{site}.mask").astype(bool)
+                scale = meta.get("scale") or q.shape[-1] ** -0.5
+                sinks = raw.get(f"{site}.sinks") if capture.has(site, "sinks") else None
+                bias = raw.get(f"{site}.position_bias") if capture.has(site, "position_bias") else None
+                ours = recompute(q, k, keep, float(scale), meta.get("softcap"), sinks, bias)
+                theirs = raw.get(f"{site}.weights").astype(np.float64)
+                real = np.broadcast_to(keep.any(axis=-1, keepdims=True), ours.shape)
+                diff = np.where(real, np.abs(ours - theirs), 0.0)
+                out[site] = float(diff.max()) if diff.size else 0.0
+    return out

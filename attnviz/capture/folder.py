@@ -1,0 +1,219 @@
+"""A local model folder captured in one step (``attnviz capture MODEL_DIR --text ...``; ``inspect --model``):
+the folder checked, its config, weights and tokenizer loaded with ``local_files_only``, a padded batch
+tokenized, one forward pass (or ``generate()``) run under ``attnviz.capture``, the file written."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "tf_model.h5", "model*.safetensors.index.json")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+EXTRA = "pip install 'attnviz[torch]'"
+
+
+@dataclass
+class Captured:
+    """What ``capture_folder`` did: the file, its sites, the model, and the time taken."""
+
+    path: Path
+    sites: list[str]
+    model_type: str
+    device: str
+    shape: tuple[int, ...]
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+    checked: dict[str, float] | None = None  # --check: each site's largest difference
+
+
+def read_texts(texts: list[str], text_file: str | None) -> list[str]:
+    """The batch's texts: ``--text`` (each non-empty), then the lines of ``--text-file``."""
+    out = list(texts)
+    if text_file is not None:
+        from attnviz.formats._base import read_text_file
+
+        path = Path(text_file)
+        if not path.exists():
+            raise UsageError(f"--text-file {text_file}: no such file.")
+        out += [line for line in read_text_file(path, text_file).splitlines() if line.strip()]
+    if not out:
+        raise UsageError("capture: give the text to run the model on: --text TEXT (one per batch entry) or "
+                         "--text-file FILE (one a line).")
+    for i, text in enumerate(out):
+        if not text.strip():
+            raise UsageError(f"--text: entry {i} is empty; each batch entry needs some text.")
+    return out
+
+
+def check_folder(folder: str) -> Path:
+    path = Path(folder)
+    if not path.exists():
+        raise UsageError(f"{folder}: no such model folder.")
+    if not path.is_dir():
+        raise UsageError(f"{folder}: not a folder; give a local model folder (config.json, weights, tokenizer).")
+    if not (path / "config.json").is_file():
+        raise InputError(f"{folder}: no config.json; a model folder is what save_pretrained writes.")
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise InputError(f"{folder}: config.json but no weights (model.safetensors or pytorch_model.bin); "
+                         "save the model with save_pretrained.")
+    return path
+
+
+def import_torch() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise AttnvizError(f"capture needs PyTorch and transformers ({exc.name} is not installed): {EXTRA}.") from None
+    return torch, transformers
+
+
+def choose_device(torch: Any, device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda: no CUDA GPU is visible to PyTorch; use --device cpu (or auto).")
+    return device
+
+
+def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: str) -> tuple[Any, Any]:
+    """The model (its class from the config's ``architectures``; a sequence-to-sequence LM for an
+    encoder-decoder, else the base model) and its tokenizer, from the folder alone."""
+    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # results on stdout, attnviz's own lines on stderr: no loading bars
+    logging.set_verbosity_error()
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - a config transformers cannot read
+        raise InputError(f"{path}/config.json: transformers cannot read it ({_reason(exc)}).") from None
+    cls = None
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            break
+    if cls is None:
+        cls = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModel
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if dtype != "auto":
+        kwargs["dtype"] = getattr(torch, dtype)
+    try:
+        model = cls.from_pretrained(str(path), **kwargs).to(device).eval()
+    except Exception as exc:  # noqa: BLE001 - weights that do not fit the config, a missing file ...
+        raise InputError(f"{path}: cannot load the model ({_reason(exc)}).") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path}: no tokenizer that transformers can load ({_reason(exc)}); save the tokenizer "
+                         "with the model (tokenizer.save_pretrained).") from None
+    return model, tokenizer
+
+
+def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
+                   layers: list[int] | None = None, generate: int = 0, weights: bool = True,
+                   weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
+                   check: bool = False) -> Captured:
+    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``."""
+    path = check_folder(folder)
+    torch, transformers = import_torch()
+    device = choose_device(torch, device)
+    started = time.perf_counter()
+    model, tokenizer = load_model(path, torch, transformers, device, dtype)
+    causal = not getattr(model.config, "is_encoder_decoder", False)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if generate and causal:
+        tokenizer.padding_side = "left"  # generate() continues each row from its last real token
+    try:
+        batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{folder}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
+    inputs = dict(batch)
+    inputs.pop("token_type_ids", None) if "token_type_ids" not in _forward_names(model) else None
+    if not causal and not generate:
+        start = model.config.decoder_start_token_id
+        if decoder_text is not None:
+            dec = tokenizer([decoder_text] * len(texts), return_tensors="pt", padding=True).to(device)
+            inputs["decoder_input_ids"] = dec["input_ids"]
+            inputs["decoder_attention_mask"] = dec["attention_mask"]
+        else:
+            inputs["decoder_input_ids"] = torch.full((len(texts), 1), start if start is not None else 0, device=device)
+    target_value: Any = None
+    if target is not None:
+        target_value = _target(target, tokenizer)
+        if generate:
+            raise UsageError("--target takes the gradient of one forward pass; drop --generate.")
+    from attnviz.capture.capturing import Capture
+
+    grad = torch.enable_grad() if target_value is not None else torch.no_grad()
+    with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
+                       target=target_value) as rec:
+        try:
+            if generate:
+                if not hasattr(model, "generate") or model.__class__.__name__.endswith("Model"):
+                    raise UsageError(f"--generate: {type(model).__name__} has no language-model head to generate "
+                                     "with.")
+                model.generate(**inputs, max_new_tokens=generate, do_sample=False,
+                               pad_token_id=tokenizer.pad_token_id)
+            else:
+                model(**inputs)
+        except AttnvizError:
+            raise
+        except torch.cuda.OutOfMemoryError:
+            raise DeviceError(f"{folder}: the GPU ran out of memory; fewer or shorter texts, --dtype bfloat16, or "
+                              "--device cpu.") from None
+        except Exception as exc:  # noqa: BLE001
+            raise InputError(f"{folder}: the model failed on the texts ({_reason(exc)}).") from None
+    assert rec.path is not None
+    meta = rec.metadata
+    first = rec.sites[0]
+    from attnviz.capture.fileformat import open_capture
+
+    with open_capture(rec.path) as (raw, _):
+        shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \
+            tuple(raw.entry(f"{first}.q")["shape"])
+    result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
+                      time.perf_counter() - started, list(rec.warnings))
+    if check:
+        from attnviz.capture.check import check_capture
+
+        result.checked = check_capture(rec.path)
+    return result
+
+
+def _forward_names(model: Any) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _target(text: str, tokenizer: Any) -> Any:
+    if text == "next":
+        return "next"
+    if text.lstrip("-").isdigit():
+        return int(text)
+    ids = tokenizer.convert_tokens_to_ids([text])
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if not ids or ids[0] is None or (ids[0] == unk and text != getattr(tokenizer, "unk_token", None)):
+        encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(encoded) != 1:
+            raise UsageError(f"--target {text!r}: not one token of this tokenizer ({len(encoded)} tokens); give a "
+                             "token as the tokenizer spells it, or its id.")
+        return int(encoded[0])
+    return int(ids[0])
+
+
+def _reason(exc: BaseException) -> str:
+    from attnviz.formats._base import reason
+
+    return reason(exc)

@@ -1,0 +1,199 @@
+"""``attnviz capture MODEL_DIR --text ... -o run.safetensors``: a local model folder run on a padded batch
+of texts (one forward, or ``--generate N`` tokens) with every attention site recorded into one capture
+file (``attnviz.capture``). Also the model options of ``inspect`` and ``rollout`` (``--model``, ``--text``),
+which capture into a temporary file and read it."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, Literal
+
+import typer
+
+from attnviz.cli.errors import user_errors
+from attnviz.cli.parsers import checked_option, parser_for
+from attnviz.streams import err_console, stdout
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+MODEL = "Model (capture)"
+
+
+def capture_command(
+    model: Annotated[str, typer.Argument(metavar="MODEL_DIR", show_default=False,
+                                         help="a local model folder: config.json, the weights and the tokenizer "
+                                              "(what save_pretrained writes); nothing is downloaded")],
+    text: Annotated[list[str] | None, typer.Option("--text", metavar="TEXT",
+                                                   help="a text to run the model on; repeat for a padded batch")] = None,
+    text_file: Annotated[str | None, typer.Option("--text-file", metavar="FILE",
+                                                  help="more texts, one a line")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
+                                               help="the capture file: .safetensors (or .npz)")] = None,
+    device: Annotated[str, checked_option(Literal[DEVICES], "--device",  # type: ignore[valid-type]
+                                          help="where the model runs: cuda when a GPU is visible (auto)")] = "auto",
+    dtype: Annotated[str, checked_option(Literal[DTYPES], "--dtype",  # type: ignore[valid-type]
+                                         help="the model's dtype (auto: as saved)")] = "auto",
+    layers: Annotated[str | None, typer.Option("--layers", metavar="N,N,...",
+                                               help="keep only these sites (0-based; negative from the end)")] = None,
+    generate: Annotated[int, checked_option(int, "--generate", min=0, metavar="N",
+                                            help="generate N tokens (greedy); each site's steps are stitched into "
+                                                 "one map")] = 0,
+    no_weights: Annotated[bool, typer.Option("--no-weights", help="keep q, k, v and masks only (long inputs: no "
+                                                                   "[L, L] maps)")] = False,
+    weights_dtype: Annotated[str, checked_option(Literal[WEIGHT_DTYPES], "--weights-dtype",  # type: ignore[valid-type]
+                                                 help="store the weights as this (reduced where the model runs)")]
+    = "float32",
+    target: Annotated[str | None, typer.Option("--target", metavar="next|TOKEN|ID",
+                                               help="also save d(logit of TARGET at the last position)/d(weights) "
+                                                    "of every site as SITE.grad (next: the top prediction)")] = None,
+    decoder_text: Annotated[str | None, typer.Option("--decoder-text", metavar="TEXT",
+                                                     help="an encoder-decoder's decoder input (default: its start "
+                                                          "token)")] = None,
+    check: Annotated[bool, typer.Option("--check", help="recompute every site from its q, k, mask and settings and "
+                                                        "report the largest difference (exit 3 past --atol)")] = False,
+    atol: Annotated[float, checked_option(float, "--atol", min=0.0, help="tolerance of --check")] = 1e-5,
+    json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
+) -> None:
+    """Capture every attention site of a local model on some texts into one file.
+
+    Every model family whose attention goes through transformers' attention interface (Llama, Mistral,
+    Qwen, Gemma, gpt-oss, BERT, BART, T5, Whisper, GPT-2 ...) is recorded the same way, whatever
+    implementation it was saved with: the weights as its eager attention computes them, q, k, v, the
+    mask and the output projection. Then `attnviz inspect run.safetensors`.
+    """
+    with user_errors():
+        _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
+                 target, decoder_text, check, atol, json_out)
+
+
+def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
+             layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
+             decoder_text: str | None, check: bool, atol: float, json_out: bool) -> None:
+    import json
+
+    from attnviz.capture.folder import capture_folder, read_texts
+    from attnviz.errors import UsageError
+    from attnviz.io import check_outputs
+
+    if output is None:
+        raise UsageError("capture: name the file to write with -o FILE.safetensors (or .npz).")
+    if not output.lower().endswith((".safetensors", ".npz")):
+        raise UsageError(f"-o {output}: a capture is written as .safetensors or .npz.")
+    if no_weights and (target is not None or check):
+        raise UsageError(f"{'--target' if target else '--check'} needs the weights; drop --no-weights.")
+    wanted = parse_layers(layers)
+    all_texts = read_texts(texts, text_file)
+    check_outputs({"-o": output}, [])
+    done = capture_folder(model, all_texts, output, device=device, dtype=dtype, layers=wanted, generate=generate,
+                          weights=not no_weights, weights_dtype=weights_dtype, target=target,
+                          decoder_text=decoder_text, check=check)
+    err = err_console()
+    for text in done.warnings:
+        err.print(f"warning: {text}", markup=False, style="yellow")
+    failed = done.checked is not None and any(v > atol for v in done.checked.values())
+    if json_out:
+        doc = {"attnviz": _version(), "command": "capture", "model": model, "model_type": done.model_type,
+               "device": done.device, "file": str(done.path), "sites": done.sites, "shape": list(done.shape),
+               "texts": len(all_texts), "generate": generate, "seconds": round(done.seconds, 3),
+               "warnings": done.warnings}
+        if done.checked is not None:
+            doc["check"] = {"atol": atol, "passed": not failed, "max_abs_diff": done.checked}
+        stdout().write(json.dumps(doc) + "\n")
+    else:
+        out = stdout()
+        shape = "[" + ", ".join(str(n) for n in done.shape) + "]"
+        out.write(f"captured {len(done.sites)} attention sites of {done.model_type} ({shape} each) on {done.device} "
+                  f"in {done.seconds:.1f} s\n")
+        if done.checked is not None:
+            worst = max(done.checked, key=lambda s: done.checked[s]) if done.checked else None  # type: ignore[index]
+            if worst is None:
+                out.write("check: no site holds weights to check\n")
+            else:
+                out.write(f"check: {'passed' if not failed else 'FAILED'}: largest difference "
+                          f"{done.checked[worst]:.3g} at {worst} (atol {atol:g}) over {len(done.checked)} sites\n")
+    err.print(f"saved capture to {done.path}", markup=False, style="dim")
+    if failed:
+        raise typer.Exit(3)
+
+
+def parse_layers(text: str | None) -> list[int] | None:
+    from attnviz.errors import UsageError
+
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise UsageError(f"--layers {text!r}: give site numbers separated by commas (0,3,-1).") from None
+    if not values:
+        raise UsageError("--layers: give at least one site number.")
+    return values
+
+
+def _version() -> str:
+    from attnviz import __version__
+
+    return __version__
+
+
+# ---------------------------------------------------------------------------------------------------
+# --model and --text on the commands that read weights: capture first, into a temporary file
+
+
+def model_parameters() -> list[inspect.Parameter]:
+    """``--model``, ``--text``, ``--text-file``, ``--device`` for ``inspect`` and ``rollout``."""
+    p = inspect.Parameter
+    kw = p.KEYWORD_ONLY
+    return [
+        p("model", kw, default=None, annotation=Annotated[str | None, typer.Option(
+            "--model", metavar="MODEL_DIR", rich_help_panel=MODEL,
+            help="capture a local model folder on --text first (attnviz capture), then read that")]),
+        p("text", kw, default=None, annotation=Annotated[list[str] | None, typer.Option(
+            "--text", metavar="TEXT", rich_help_panel=MODEL, help="with --model: a text; repeat for a batch")]),
+        p("text_file", kw, default=None, annotation=Annotated[str | None, typer.Option(
+            "--text-file", metavar="FILE", rich_help_panel=MODEL, help="with --model: texts, one a line")]),
+        p("model_device", kw, default="auto", annotation=Annotated[str, checked_option(
+            Literal[DEVICES], "--model-device", rich_help_panel=MODEL,  # type: ignore[valid-type]
+            help="with --model: where it runs")]),
+    ]
+
+
+@contextmanager
+def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[str]]:
+    """The files to read: as given, or (``--model``) a capture of the model on the texts in a temporary
+    folder, removed afterwards."""
+    from attnviz.errors import UsageError
+
+    model, texts, text_file = values.pop("model"), values.pop("text") or [], values.pop("text_file")
+    device = values.pop("model_device")
+    if model is None:
+        if texts or text_file:
+            raise UsageError("--text and --text-file go with --model MODEL_DIR.")
+        if not files:
+            raise UsageError("name the weights to read (WEIGHTS), or a model folder with --model and --text.")
+        yield files
+        return
+    if files:
+        raise UsageError("--model captures the weights to read: give WEIGHTS or --model, not both.")
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from attnviz.capture.folder import capture_folder, read_texts
+
+    all_texts = read_texts(texts, text_file)
+    folder = tempfile.mkdtemp(prefix="attnviz-model-")
+    try:
+        path = Path(folder) / f"{Path(model).name or 'model'}.safetensors"
+        done = capture_folder(model, all_texts, path, device=device)
+        for text in done.warnings:
+            err_console().print(f"warning: {text}", markup=False, style="yellow")
+        yield [str(path)]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+__all__ = ["capture_command", "captured_input", "model_parameters", "parse_layers", "parser_for"]
