@@ -34,13 +34,50 @@ def _split(command: str, options: dict[str, Any], classes: Sequence[type]) -> li
 
 
 def _spec(value: Any, name: str, memory: dict[str, Any]) -> str:
-    """A file spec as given, or the in-memory spec of an array, tensor or tuple of them (put in ``memory``)."""
+    """A file spec as given, or the in-memory spec of an array, tensor or tuple of them (put in ``memory``);
+    a capture (``attnviz.capture``) or a path is its file."""
+    import os
+
     from attnviz.io import memory_spec
 
     if isinstance(value, str):
         return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    _no_weights(value, name)
     memory[name] = to_value(value, name)
     return memory_spec(name)
+
+
+NO_WEIGHTS = ("the model returned no attention weights ({what}): models built with SDPA or flash attention "
+              "return none; load the model with attn_implementation=\"eager\" and run it with "
+              "output_attentions=True, or record it with attnviz.capture(model)")
+
+
+def _no_weights(value: Any, name: str) -> None:
+    """What a model built with SDPA returns for ``output_attentions``: an empty tuple, or Nones."""
+    from attnviz.errors import InputError
+
+    if value is None:
+        raise InputError(f"{name}: " + NO_WEIGHTS.format(what="None"))
+    if isinstance(value, (tuple, list)) and (not value or all(v is None for v in value)):
+        raise InputError(f"{name}: " + NO_WEIGHTS.format(what="an empty tuple" if not value else
+                                                       f"a tuple of {len(value)} Nones"))
+
+
+def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: Any) -> Any:
+    """Record every attention site of ``model`` (transformers or Keras) while the block runs::
+
+        with attnviz.capture(model, tokenizer) as rec:
+            model(**batch)            # or model.generate(...)
+        attnviz.inspect(rec)          # rec.save("run.safetensors")
+
+    Options: ``path`` (write the file there), ``weights=False`` (q, k, v and masks only),
+    ``weights_dtype`` ("float16", "bfloat16"), ``target`` ("next" or a token id: SITE.grad).
+    See ``attnviz.capturing.session.Capture``."""
+    from attnviz.capturing.session import Capture
+
+    return Capture(model, tokenizer, layers, **options)
 
 
 def _warn(texts: Sequence[str]) -> None:

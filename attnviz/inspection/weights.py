@@ -21,7 +21,7 @@ from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
 
 if TYPE_CHECKING:
-    from attnviz.capture.fileformat import Capture
+    from attnviz.capturing.fileformat import Capture
     from attnviz.inspection.generation import Generation
 
 AXES = ("layer", "batch", "head", "q", "k")
@@ -141,7 +141,7 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
 def _captured(opened: Any, layout: str | None) -> Weights | None:
     """The weights of a capture file (``attnviz capture``), every site of one kind stacked as layers; None
     for any other file, or when the spec names an array of the capture (``run.safetensors:layers.3.q``)."""
-    from attnviz.capture.fileformat import as_capture
+    from attnviz.capturing.fileformat import as_capture
     from attnviz.formats import Container
 
     if not isinstance(opened.raw, Container):

@@ -74,7 +74,7 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
              decoder_text: str | None, check: bool, atol: float, json_out: bool) -> None:
     import json
 
-    from attnviz.capture.folder import capture_folder, read_texts
+    from attnviz.capturing.folder import capture_folder, read_texts
     from attnviz.errors import UsageError
     from attnviz.io import check_outputs
 
@@ -182,7 +182,7 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     import tempfile
     from pathlib import Path
 
-    from attnviz.capture.folder import capture_folder, read_texts
+    from attnviz.capturing.folder import capture_folder, read_texts
 
     all_texts = read_texts(texts, text_file)
     folder = tempfile.mkdtemp(prefix="attnviz-model-")

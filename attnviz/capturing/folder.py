@@ -150,7 +150,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         target_value = _target(target, tokenizer)
         if generate:
             raise UsageError("--target takes the gradient of one forward pass; drop --generate.")
-    from attnviz.capture.capturing import Capture
+    from attnviz.capturing.session import Capture
 
     grad = torch.enable_grad() if target_value is not None else torch.no_grad()
     with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
@@ -174,7 +174,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     assert rec.path is not None
     meta = rec.metadata
     first = rec.sites[0]
-    from attnviz.capture.fileformat import open_capture
+    from attnviz.capturing.fileformat import open_capture
 
     with open_capture(rec.path) as (raw, _):
         shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \
@@ -182,7 +182,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
                       time.perf_counter() - started, list(rec.warnings))
     if check:
-        from attnviz.capture.check import check_capture
+        from attnviz.capturing.check import check_capture
 
         result.checked = check_capture(rec.path)
     return result

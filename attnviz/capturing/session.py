@@ -1,6 +1,6 @@
 """``attnviz.capture(model, ...)``: the context manager around a model's run, for transformers models
-(``attnviz.capture.hf``) and Keras models (``attnviz.capture.keras``); the file it writes is described
-in ``attnviz.capture.fileformat``."""
+(``attnviz.capturing.hf``) and Keras models (``attnviz.capturing.keras``); the file it writes is described
+in ``attnviz.capturing.fileformat``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from attnviz.capture.recorder import Recorder
+from attnviz.capturing.recorder import Recorder
 from attnviz.errors import AttnvizError, OutputError, UsageError
 
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
@@ -63,11 +63,11 @@ class Capture:
         self._rec = Recorder(stream, self.layers, _counts(self.model))
         try:
             if _is_keras(self.model):
-                from attnviz.capture.keras import KerasCapture
+                from attnviz.capturing.keras import KerasCapture
 
                 self._adapter = KerasCapture(self.model, self._rec, self.weights_dtype, self.weights)
             else:
-                from attnviz.capture.hf import HFCapture, check_model
+                from attnviz.capturing.hf import HFCapture, check_model
 
                 check_model(self.model)
                 self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
@@ -189,7 +189,7 @@ class Capture:
         if target.suffix.lower() not in (".safetensors", ".npz"):
             raise UsageError(f"{target}: a capture is saved as .safetensors or .npz.")
         if target.suffix.lower() == ".npz":
-            from attnviz.capture.fileformat import to_npz
+            from attnviz.capturing.fileformat import to_npz
 
             to_npz(self.path, target)
             return target

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.capture.recorder import HostArray, Pending, Recorder, Site
+from attnviz.capturing.recorder import HostArray, Pending, Recorder, Site
 from attnviz.errors import AttnvizError, InputError
 
 IMPLEMENTATION = "attnviz_capture"

@@ -1,7 +1,7 @@
 """The recorder behind every capture: sites named as they first run, each call's arrays streamed to the
 capture file by a writer thread as they come, generate()'s steps stitched into one map per site, and the
 file finished (its header written in front, or assembled anew). NumPy only: the framework adapters
-(``attnviz.capture.hf``, ``attnviz.capture.keras``) hand it host arrays.
+(``attnviz.capturing.hf``, ``attnviz.capturing.keras``) hand it host arrays.
 
 A call of a site that has run already is a *step* when it continues what the site saw (a self-attention
 whose keys grew by its queries: the KV cache of generate(); a cross-attention over the same encoder keys
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.capture.fileformat import FORMAT, Entry, Source, StreamFile, finish_in_place, write_npz, write_safetensors
+from attnviz.capturing.fileformat import FORMAT, Entry, Source, StreamFile, finish_in_place, write_npz, write_safetensors
 from attnviz.errors import AttnvizError, OutputError
 
 #: arrays stitched along the query rows (zero-padded to the last step's keys) under generate()

