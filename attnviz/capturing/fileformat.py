@@ -164,7 +164,6 @@ def finish_in_place(stream: StreamFile, order: list[Entry], metadata: dict[str, 
         fh.write(struct.pack("<Q", stream.reserve))
         fh.write(head + b" " * (stream.reserve - len(head)))
         fh.flush()
-        os.fsync(fh.fileno())
     except OSError as exc:
         raise OutputError(f"{stream.path}: cannot write ({exc.strerror or exc}).") from None
     stream.close()
@@ -193,7 +192,6 @@ def write_safetensors(path: Path, arrays: list[tuple[str, np.dtype, tuple[int, .
                 assert arr.shape == tuple(shape), (name, arr.shape, shape)
                 fh.write(memoryview(arr.reshape(-1).view(np.uint8)))
             fh.flush()
-            os.fsync(fh.fileno())
     except OSError as exc:
         raise OutputError(f"{path}: cannot write ({exc.strerror or exc}).") from None
 
