@@ -258,7 +258,7 @@ def test_sdpa_models_empty_attentions_name_the_way_out() -> None:
 
 def test_model_outside_the_interface_is_refused() -> None:
     cfg = transformers.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval().to(DEVICE)
     ids, mask = _ids()
     with pytest.raises(attnviz.AttnvizError, match="attention interface"):
         with torch.no_grad(), attnviz.capture(model):
