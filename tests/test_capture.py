@@ -22,7 +22,6 @@ transformers = pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 
 import attnviz  # noqa: E402
-from attnviz.capturing.session import Capture  # noqa: E402
 from attnviz.capturing.check import check_capture  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("capture")

@@ -102,7 +102,7 @@ class StreamFile:
         ``dtype`` and ``shape`` given); returns its entry."""
         if isinstance(arr, np.ndarray):
             a = np.ascontiguousarray(arr)
-            dtype, shape, data = a.dtype, tuple(a.shape), memoryview(a.reshape(-1).view(np.uint8))
+            dtype, shape, data = a.dtype, tuple(a.shape), memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
         else:
             assert dtype is not None and shape is not None
             data = memoryview(arr).cast("B")
@@ -187,16 +187,21 @@ def write_safetensors(path: Path, arrays: list[tuple[str, np.dtype, tuple[int, .
         with open(path, "wb") as fh:
             fh.write(struct.pack("<Q", len(head)))
             fh.write(head)
-            for (name, dtype, shape, make), (_, _, _, begin, end) in zip(arrays, tensors):
+            for name, dtype, shape, make in arrays:
                 arr = np.ascontiguousarray(make(), dtype=dtype)
                 assert arr.shape == tuple(shape), (name, arr.shape, shape)
-                fh.write(memoryview(arr.reshape(-1).view(np.uint8)))
+                fh.write(memoryview(arr.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
             fh.flush()
     except OSError as exc:
         raise OutputError(f"{path}: cannot write ({exc.strerror or exc}).") from None
 
 
-def write_npz(path: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...], Source]], metadata: dict[str, Any]) -> None:
+def _reader(raw: Any, key: str, dtype: np.dtype) -> Source:
+    return lambda: raw.read(key).astype(dtype, copy=False)
+
+
+def write_npz(path: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...], Source]],
+              metadata: dict[str, Any]) -> None:
     """An ``.npz`` of the same arrays, the metadata as the member ``attnviz.capture`` (a text array, which
     ``numpy.load`` reads without pickle)."""
     try:
@@ -325,7 +330,7 @@ def to_npz(source: Path, target: Path) -> None:
             np.dtype(np.int64) if entry["dtype"].startswith("I") else np.dtype(np.float32))
         if entry["dtype"] in ("F16", "F64", "I32", "U8"):
             dtype = np.dtype({"F16": "<f2", "F64": "<f8", "I32": "<i4", "U8": "u1"}[entry["dtype"]])
-        arrays.append((key, dtype, tuple(entry["shape"]), lambda k=key, d=dtype: raw.read(k).astype(d, copy=False)))
+        arrays.append((key, dtype, tuple(entry["shape"]), _reader(raw, key, dtype)))
     folder = target.parent if str(target.parent) else Path(".")
     try:
         fd, name = hidden_file(folder, f".{target.name[:60]}.", ".part.npz")

@@ -302,7 +302,8 @@ class HFCapture:
             return "layers"
         return "encoder" if "encoder." in f"{low}." and "decoder" not in low else "decoder"
 
-    def attend(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def attend(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+               **kwargs: Any) -> tuple[Any, Any]:
         import torch
 
         self.routed.add(id(module))
@@ -366,8 +367,8 @@ class HFCapture:
             keep = keep[..., :lk]
         arrays["mask"] = host(keep.expand(keep.shape[0] if keep.shape[0] == b else b, *keep.shape[1:]).contiguous(),
                               torch.bool)
-        bias = kwargs.get("position_bias")
-        if _is_tensor(bias):
+        bias: Any = kwargs.get("position_bias")
+        if bias is not None and _is_tensor(bias):
             arrays["position_bias"] = host(bias[..., -lq:, :lk] if bias.shape[-2] != lq else bias[..., :lk],
                                            torch.float32)
         self.rec.record(site, lq, lk, arrays)

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.capturing.fileformat import FORMAT, Entry, Source, StreamFile, finish_in_place, write_npz, write_safetensors
+from attnviz.capturing.fileformat import (
+    FORMAT,
+    Entry,
+    Source,
+    StreamFile,
+    finish_in_place,
+    write_npz,
+    write_safetensors,
+)
 from attnviz.errors import AttnvizError, OutputError
 
 #: arrays stitched along the query rows (zero-padded to the last step's keys) under generate()
@@ -135,7 +143,8 @@ class Recorder:
             count = self.counts.get(kind)
             wanted = {i if i >= 0 or count is None else count + i for i in self.layers}
             if n not in wanted:
-                site = None
+                self.sites[key] = None
+            return None
         self.sites[key] = site
         return site
 
@@ -202,11 +211,14 @@ class Recorder:
                 entries = [c.entries[full] for c in chunks if full in c.entries]
                 out.append(self._stitched(full, part, entries, chunks))
             for full, entry in self.statics.get(name, {}).items():
-                out.append((full, entry.dtype, entry.shape, lambda e=entry: self.stream.read(e)))
+                out.append((full, entry.dtype, entry.shape, self._reader(entry)))
         for name, parts in self.inputs.items():
             arr = _joined(parts)
-            out.append((name, arr.dtype, tuple(arr.shape), lambda a=arr: a))
+            out.append((name, arr.dtype, tuple(arr.shape), _constant(arr)))
         return out
+
+    def _reader(self, entry: Entry) -> Source:
+        return lambda: self.stream.read(entry)
 
     def _stitched(self, full: str, part: str, entries: list[Entry],
                   chunks: list[Chunk]) -> tuple[str, np.dtype, tuple[int, ...], Source]:
@@ -287,6 +299,10 @@ class Recorder:
     @property
     def site_names(self) -> list[str]:
         return sorted(self.run, key=_site_order)
+
+
+def _constant(arr: np.ndarray) -> Source:
+    return lambda: arr
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:

@@ -34,10 +34,12 @@ class Capture:
     On exit the model is as before: its attention implementation, its configs, its hooks.
     """
 
-    def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *, path: str | os.PathLike[str] | None = None,
-                 weights: bool = True, qkv: bool = True, weights_dtype: str = "float32", target: Any = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *,
+                 path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool = True,
+                 weights_dtype: str = "float32", target: Any = None) -> None:
         if weights_dtype not in WEIGHT_DTYPES:
-            raise UsageError(f"attnviz.capture: weights_dtype {weights_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}.")
+            raise UsageError(f"attnviz.capture: weights_dtype {weights_dtype!r}; choose one of "
+                             f"{', '.join(WEIGHT_DTYPES)}.")
         if not weights and target is not None:
             raise UsageError("attnviz.capture: a target needs the weights (weights=True).")
         self.model = model
@@ -80,7 +82,7 @@ class Capture:
             raise
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         assert self._rec is not None
         rec = self._rec
         try:
@@ -97,7 +99,6 @@ class Capture:
             except BaseException:  # noqa: BLE001 - the block's own exception is the one to see
                 pass
             rec.discard_stream()
-        return False
 
     def _stream_path(self) -> Path:
         if self.target_path is not None:

@@ -26,8 +26,8 @@ def capture_command(
     model: Annotated[str, typer.Argument(metavar="MODEL_DIR", show_default=False,
                                          help="a local model folder: config.json, the weights and the tokenizer "
                                               "(what save_pretrained writes); nothing is downloaded")],
-    text: Annotated[list[str] | None, typer.Option("--text", metavar="TEXT",
-                                                   help="a text to run the model on; repeat for a padded batch")] = None,
+    text: Annotated[list[str] | None, typer.Option(
+        "--text", metavar="TEXT", help="a text to run the model on; repeat for a padded batch")] = None,
     text_file: Annotated[str | None, typer.Option("--text-file", metavar="FILE",
                                                   help="more texts, one a line")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
