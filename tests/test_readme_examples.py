@@ -285,7 +285,30 @@ def folder(tmp_path_factory) -> Path:
             *quiet])
     invoke(["bidirectional", str(d / "context.npy"), str(d / "question.npy"), "--seed", "8", "--save-params",
             str(d / "bidaf.npz"), *quiet])
+    _model_folder(d / "my-model")
+    if (d / "my-model").is_dir():  # what `attnviz capture ./my-model ... -o run.safetensors` writes
+        invoke(["capture", str(d / "my-model"), "--text", "The cat sat on the mat.", "--text", "A dog ran.", "-o",
+                str(d / "run.safetensors")])
     return d
+
+
+def _model_folder(path: Path) -> None:
+    """A tiny BERT saved with a real WordPiece tokenizer (the capture examples' ./my-model), where PyTorch and
+    transformers are installed."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return
+    path.mkdir()
+    words = "the cat sat on mat a dog ran . ,".split()
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tok = transformers.BertTokenizerFast(str(path / "vocab.txt"))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(words) + 5, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64)
+    transformers.BertModel(cfg).save_pretrained(str(path))
+    tok.save_pretrained(str(path))
 
 
 # ---------------------------------------------------------------- the tests
