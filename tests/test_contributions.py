@@ -25,7 +25,6 @@ from attnviz.inspection.gradients import gradient_entry, gradient_rollout
 from attnviz.inspection.mixing import with_residual
 from attnviz.inspection.rollout import METHODS
 
-
 # ---------------------------------------------------------------------------------------------------
 # oracles
 

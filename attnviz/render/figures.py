@@ -213,5 +213,5 @@ def rollout_html(run: RolloutRun, fig: FigureOptions) -> str:
     return grid_report(get, len(entries), len(columns), first.result.shape, title=f"{name} ({run.how})",
                        subtitle=subtitle, row_labels=[str(b) for b in entries], col_labels=[str(li) for li in columns],
                        row_name="batch", col_name="after layer", q_labels=run.tokens, k_labels=run.tokens,
-                       q_name="output", k_name="input", cmap=fig.cmap, reduce=fig.reduce, colorbar_label=run.method.label,
-                       vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm)
+                       q_name="output", k_name="input", cmap=fig.cmap, reduce=fig.reduce,
+                       colorbar_label=run.method.label, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm)

@@ -33,8 +33,9 @@ class RolloutOutputs(TableOptions):
 
 ORDER = ("layout", "generation",
          "labels", "merge_subwords", "subword_style",
-         "batch", "method", "grads", "heads", "residual", "discard_ratio", "start_layer", "all_layers", "mask", "key_padding_mask",
-         "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
+         "batch", "method", "grads", "heads", "residual", "discard_ratio", "start_layer", "all_layers", "mask",
+         "key_padding_mask", "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens",
+         "image_tokens", "query",
          "upsample", "keep_mass", "png", "overlay_png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
          "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
