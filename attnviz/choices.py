@@ -12,6 +12,8 @@ ROPE_PARTS = ("first", "last")  # which end of each head --rope-dim rotates (las
 MODEL_ATTENTION = ("encoder", "decoder", "cross")  # which attention of an encoder-decoder model (--model-attention)
 SUBWORD_STYLES = ("auto", "wordpiece", "sentencepiece", "bpe")  # --subword-style (attnviz.subwords)
 HEAD_COMBINE = ("mean", "max", "min")  # how attention rollout combines a layer's heads
+#: the methods of attnviz rollout (attnviz.inspection.rollout.METHODS has their functions)
+ROLLOUT_METHODS = ("rollout", "flow", "grad")
 UPSAMPLING = ("nearest", "bilinear")  # how a patch grid is brought to the image's pixels (--upsample)
 
 #: the largest width of a learned layer (--units, --key-dim, ...) and number of heads an option may

@@ -512,6 +512,44 @@ def save_npy(path: Path, arr: np.ndarray) -> None:
     write_atomic(path, lambda fh: np.save(fh, arr, allow_pickle=False))
 
 
+#: what ``save_array`` writes, by suffix
+ARRAY_OUTPUTS = (".npy", ".npz", ".safetensors")
+#: NumPy dtype -> the safetensors dtype of ``save_array``
+SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                      "int32": "I32", "bool": "BOOL"}
+
+
+def save_array(path: Path, arr: np.ndarray, key: str = "weights", suffix: str | None = None) -> None:
+    """One array, atomically, as ``.npy``, or under ``key`` in an ``.npz`` or ``.safetensors`` (by
+    ``suffix``, else the path's). A safetensors file is written here, the array streamed a piece at a
+    time after its header (dtype, shape and offsets, padded to 8 bytes as the format asks)."""
+    kind = (suffix or path.suffix).lower()
+    if kind == ".npy":
+        write_atomic(path, lambda fh: np.save(fh, arr, allow_pickle=False))
+    elif kind == ".npz":
+        write_atomic(path, lambda fh: np.savez(fh, **{key: arr}))  # type: ignore[arg-type]
+    elif kind == ".safetensors":
+        import json
+
+        dtype = SAFETENSORS_DTYPES.get(arr.dtype.name)
+        if dtype is None:
+            raise OutputError(f"{path}: safetensors holds no {arr.dtype} arrays.")
+        header = json.dumps({key: {"dtype": dtype, "shape": list(arr.shape),
+                                   "data_offsets": [0, arr.size * arr.dtype.itemsize]}}).encode("utf-8")
+        header += b" " * (-len(header) % 8)
+
+        def write(fh: IO[bytes]) -> None:
+            fh.write(len(header).to_bytes(8, "little") + header)
+            for _, chunk in flat_chunks(arr):
+                if chunk.dtype.byteorder == ">":
+                    chunk = chunk.astype(chunk.dtype.newbyteorder("<"))
+                fh.write(np.ascontiguousarray(chunk).view(np.uint8).data)
+
+        write_atomic(path, write)
+    else:
+        raise UsageError(f"{path}: the file must end in {', '.join(ARRAY_OUTPUTS)}.")
+
+
 def save_text(path: Path, text: str) -> None:
     def write(fh: IO[bytes]) -> None:
         fh.write(text.encode("utf-8"))

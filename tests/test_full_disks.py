@@ -58,7 +58,8 @@ def listing(*folders: Path) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("option, name", [("--png", "a.png"), ("--json-file", "d.json"), ("--html", "r.html"),
-                                          ("--map-png", "m.png"), ("--stats-png", "s.png")])
+                                          ("--map-png", "m.png"), ("--stats-png", "s.png"),
+                                          ("--save-maps", "maps.npy")])
 @pytest.mark.parametrize("where", ["full", "readonly"])
 def test_an_output_that_cannot_be_written_is_one_line_and_leaves_nothing(disks, monkeypatch, option, name, where):
     work, full, readonly = disks

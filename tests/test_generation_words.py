@@ -86,9 +86,16 @@ def test_inspect_and_rollout_merge_and_say_which_pieces(tmp_path, monkeypatch):
     a = np.random.default_rng(1).dirichlet(np.ones(6), size=(2, 1, 3, 6)).astype(np.float32)  # [L, B, H, 6, 6]
     np.save("w.npy", a)
     (tmp_path / "tok.txt").write_text("[CLS]\nplay\n##ing\ndog\n##s\n[SEP]\n")
-    r = invoke("inspect", "w.npy", "--labels", "tok.txt", "--merge-subwords", "--json", "--check-rows")
+    r = invoke("inspect", "w.npy", "--labels", "tok.txt", "--merge-subwords", "--json", "--check-rows",
+               "--save-maps", "words.safetensors")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
+    from attnviz.inspection.weights import load_weights
+
+    saved = load_weights("words.safetensors").data  # the maps inspected: the words'
+    assert saved.shape == (2, 1, 3, 4, 4) and doc["files"]["maps"] == "words.safetensors"
+    pieces = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
+    np.testing.assert_allclose(saved[:, :, :, 1], a[:, :, :, 1:3].mean(axis=3) @ pieces, atol=1e-6)  # "playing"
     assert doc["labels"]["q"] == ["[CLS]", "playing", "dogs", "[SEP]"]
     assert doc["words"]["q"][1] == {"word": "playing", "pieces": [1, 3]} and doc["weights_shape"][-2:] == [4, 4]
     assert "merged 6 pieces into 4 words" in r.stderr
@@ -171,8 +178,9 @@ def test_stitched_generation_equals_the_full_forward_pass(decoder_only, form, mo
     cells = real[None, :, None, :, None] & real[None, :, None, None, :]
     np.testing.assert_allclose(np.where(cells, w.data, 0), np.where(cells, ref, 0), atol=1e-6)
     r = invoke("inspect", forms[form], "--generation", "--mask", "prompt_mask.npy", "--labels", "tokens.txt",
-               "--check-rows", "--check-causal", "--json")
+               "--check-rows", "--check-causal", "--json", "--save-maps", "stitched.npz")
     assert r.exit_code == 0, r.stderr
+    np.testing.assert_array_equal(np.load("stitched.npz")["weights"], w.data)  # the maps inspect stitched
     doc = json.loads(r.stdout)
     assert doc["generation"] == {"steps": 5, "layers": 2, "prompt_rows": 6, "attention": "self"}
     assert len(doc["labels"]["q"]) == 10  # the 11 tokens of out.sequences, the last never a query

@@ -117,6 +117,30 @@ def test_tables_labels_and_pngs(tmp_path):
         assert (tmp_path / name).stat().st_size > 5000
 
 
+def test_save_maps_writes_the_maps_inspected(tmp_path):
+    """--save-maps: the weights as read, [layers, batch, heads, Lq, Lk], in each format, read back by inspect;
+    a failed run leaves none; a name of another format is a usage error."""
+    attn = model(tmp_path)
+    stacked = np.stack([np.load(attn)[k] for k in ("arr_0", "arr_1")])  # [2 layers, 1, 3, L, L]
+    for name in ("maps.npy", "maps.npz", "maps.safetensors"):
+        r = invoke("inspect", attn, "--save-maps", tmp_path / name, "--json")
+        assert r.exit_code == 0, r.stderr
+        assert json.loads(r.stdout)["files"]["maps"] == str(tmp_path / name)
+        assert f"saved maps to {tmp_path / name}" in r.stderr
+        saved = load_weights(str(tmp_path / name))
+        assert saved.file_shape == (2, 1, 3, L, L)
+        np.testing.assert_array_equal(saved.data, stacked)
+    np.save(tmp_path / "heads.npy", stacked[0, 0])  # [heads, L, L]: saved as [1, 1, heads, L, L]
+    assert invoke("inspect", tmp_path / "heads.npy", "--save-maps", tmp_path / "h.npy", "-q").exit_code == 0
+    assert np.load(tmp_path / "h.npy").shape == (1, 1, 3, L, L)
+    r = invoke("inspect", attn, "--save-maps", tmp_path / "maps.pt")
+    assert r.exit_code == 2 and ".npy, .npz or .safetensors" in r.stderr and not (tmp_path / "maps.pt").exists()
+    r = invoke("inspect", attn, "--save-maps", tmp_path / "new.npy", "--layer", "7")
+    assert r.exit_code == 2 and not (tmp_path / "new.npy").exists()
+    r = invoke("inspect", attn, "--save-maps", attn)
+    assert r.exit_code == 2 and "input" in r.stderr
+
+
 def test_checks_pass_and_fail_with_exit_3(tmp_path):
     good = uniform_causal()
     np.save(tmp_path / "good.npy", good)

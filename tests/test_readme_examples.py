@@ -243,6 +243,7 @@ def folder(tmp_path_factory) -> Path:
     allowed = allowed | (~allowed.any(-1, keepdims=True) & causal)  # fully masked rows: uniform causal
     layers = [softmax(3 * rng.normal(size=(b, heads, n_tok, n_tok)), allowed).astype(np.float32) for _ in range(2)]
     np.savez(d / "attn.npz", *layers)
+    np.savez(d / "grads.npz", *[normal(*layer.shape) for layer in layers])  # d(score)/d(weights), rollout --method grad
     save("ours.npy", layers[0])
     theirs = layers[0] * (1 + rng.normal(scale=1e-6, size=layers[0].shape))  # the same to float32 rounding
     save("theirs.npy", (theirs / theirs.sum(-1, keepdims=True)).astype(np.float32))

@@ -1,5 +1,6 @@
 """`attnviz rollout` and `attnviz repeat-test` on files, as a user runs them: the JSON numbers against
-the rollout written out here from the definition, padding, the picture, and usage errors."""
+the rollout written out here from the definition, padding, the picture, and usage errors; `--method flow`
+and `--method grad` (`--grads`) against the oracles of tests/test_contributions.py, and from Python."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
+from tests.test_contributions import attentions, chefer_reference, mixed, reference_flows
 
 runner = CliRunner()
 
@@ -119,6 +121,115 @@ def test_errors(dump, tmp_path):
     np.save(tmp_path / "rect.npy", np.full((2, 1, 1, 3, 4), 0.25))
     result = invoke("rollout", tmp_path / "rect.npy")
     assert result.exit_code == 1 and "[3, 4]" in result.stderr and "Traceback" not in result.stderr
+
+
+def flow_oracle(w: np.ndarray) -> np.ndarray:
+    """w [layers, heads, L, L]: the reference's flows, each row divided by its sum."""
+    flows = reference_flows(mixed(w))
+    return flows / flows.sum(axis=1, keepdims=True)
+
+
+def test_flow_json_png_html_and_table(dump):
+    tmp, w = dump
+    result = invoke("rollout", tmp / "attn.npz", "--method", "flow", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)["rollout"]
+    assert doc["method"] == "flow" and doc["shape"] == [2, 7, 7] and doc["residual"] == 0.5
+    for b in range(2):
+        np.testing.assert_allclose(doc["data"][b], flow_oracle(w[:, b]), atol=1e-6)
+    result = invoke("rollout", tmp / "attn.npz", "--method", "flow", "--batch", "1", "--all-layers",
+                    "--png", tmp / "f.png", "--html", tmp / "f.html")
+    assert result.exit_code == 0, result.stderr
+    assert "attention flow, batch 1 [7, 7]" in result.stdout
+    assert "attention flow" in result.stderr and "saved png" in result.stderr
+    assert (tmp / "f.png").stat().st_size > 1000 and "attention flow" in (tmp / "f.html").read_text()
+
+
+def test_flow_with_padding_and_over_an_image(tmp_path):
+    rng = np.random.default_rng(12)
+    w = attentions(rng, (3, 1, 2, 5, 5))
+    w[..., :, 4] = 0.0  # the last token is padding: never attended ...
+    w[..., :4, :4] /= w[..., :4, :4].sum(axis=-1, keepdims=True)
+    np.save(tmp_path / "attn.npy", w)
+    np.save(tmp_path / "pad.npy", np.array([[1, 1, 1, 1, 0]]))
+    result = invoke("rollout", tmp_path / "attn.npy", "--method", "flow", "--mask", tmp_path / "pad.npy", "--json")
+    assert result.exit_code == 0, result.stderr
+    got = np.array(json.loads(result.stdout)["rollout"]["data"][0], dtype=object)
+    assert all(v is None for v in got[4]) and all(v is None for v in got[:, 4])
+    np.testing.assert_allclose(got[:4, :4].astype(float), flow_oracle(w[:, 0, :, :4, :4]), atol=1e-6)
+    result = invoke("rollout", tmp_path / "attn.npy", "--method", "flow", "--patch-grid", "2x2", "--json")
+    assert result.exit_code == 0, result.stderr  # CLS then 2 x 2 patches: the CLS row over them, / its max
+    doc = json.loads(result.stdout)
+    row = np.array(doc["rollout"]["data"][0][0][1:])
+    np.testing.assert_allclose(np.array(doc["overlay"]["rollout"]).ravel(), row / row.max(), atol=1e-9)
+
+
+@pytest.fixture
+def grads(dump):
+    tmp, w = dump
+    g = np.random.default_rng(13).normal(size=w.shape)
+    np.savez(tmp / "grads.npz", *[g[i] for i in range(3)])
+    return tmp, w, g
+
+
+def test_grad_json_equals_the_reference_per_batch_entry(grads):
+    tmp, w, g = grads
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad", "--grads", tmp / "grads.npz", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)["rollout"]
+    assert doc["method"] == "grad" and doc["residual"] is None and doc["discard_ratio"] is None
+    assert doc["grads"]["source"].endswith("grads.npz")
+    for b in range(2):
+        want = chefer_reference([w[li, b:b + 1] for li in range(3)], [g[li, b:b + 1] for li in range(3)])
+        np.testing.assert_allclose(doc["data"][b], want, atol=1e-6)
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad", "--grads", tmp / "grads.npz", "--start-layer",
+                    "1", "--png", tmp / "g.png")
+    assert result.exit_code == 0, result.stderr
+    assert "gradient rollout, batch 0 [7, 7] (heads mean, layers 1-2)" in result.stdout
+    assert (tmp / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_method_errors(grads, tmp_path):
+    tmp, w, g = grads
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad")  # no gradients: one line, exit 1
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "--grads" in result.stderr and "attnviz capture --target" in result.stderr
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad", "--grads", tmp / "grads.npz", "--residual", "0.2")
+    assert result.exit_code == 2 and "--residual 0.2" in result.stderr and "--method grad" in result.stderr
+    result = invoke("rollout", tmp / "attn.npz", "--grads", tmp / "grads.npz")
+    assert result.exit_code == 2 and "--grads" in result.stderr and "--method grad" in result.stderr
+    result = invoke("rollout", tmp / "attn.npz", "--method", "gradient")
+    assert result.exit_code == 2 and "rollout, flow, grad" in result.stderr
+    np.save(tmp_path / "short.npy", g[:2])
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad", "--grads", tmp_path / "short.npy")
+    assert result.exit_code == 1 and "[2, 2, 4, 7, 7]" in result.stderr and "[3, 2, 4, 7, 7]" in result.stderr
+    g[1, 0, 0, 0, 0] = np.nan
+    np.save(tmp_path / "nan.npy", g)
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad", "--grads", tmp_path / "nan.npy")
+    assert result.exit_code == 1 and "non-finite" in result.stderr and "nan.npy" in result.stderr
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad", "--grads", tmp / "grads.npz", "--merge-subwords")
+    assert result.exit_code == 2 and "--merge-subwords" in result.stderr
+    np.save(tmp_path / "negative.npy", -np.abs(w))
+    result = invoke("rollout", tmp_path / "negative.npy", "--method", "flow")
+    assert result.exit_code == 1 and "non-negative" in result.stderr and "Traceback" not in result.stderr
+    result = invoke("rollout", tmp / "attn.npz", "--method", "grad", "--grads", tmp / "grads.npz", "--json-file",
+                    tmp / "grads.npz")
+    assert result.exit_code == 2 and "input" in result.stderr  # the gradients are an input: never overwritten
+
+
+def test_methods_from_python(grads):
+    import attnviz
+
+    _, w, g = grads
+    flow = attnviz.rollout(w, method="flow", batch=1)
+    np.testing.assert_allclose(flow.map, flow_oracle(w[:, 1]), atol=1e-6)
+    assert flow.document()["rollout"]["method"] == "flow" and "attention flow" in repr(flow)
+    layers = tuple(w[i] for i in range(3))  # as a model's out.attentions, and their .grad
+    relevance = attnviz.rollout(layers, method="grad", grads=tuple(g[i] for i in range(3)))
+    want = chefer_reference([w[li, 1:2] for li in range(3)], [g[li, 1:2] for li in range(3)])
+    np.testing.assert_allclose(relevance.maps[1], want, atol=1e-6)
+    with pytest.raises(attnviz.errors.InputError, match="attnviz capture --target"):
+        attnviz.rollout(w, method="grad")
 
 
 def test_repeat_test_writes_the_probe(tmp_path):

@@ -315,8 +315,8 @@ class Compared(_Result):
 
 @dataclass(repr=False)
 class RolledOut(_Result):
-    """Attention rollout (``attnviz.rollout``): ``maps`` by batch entry ``[L, L]`` and ``map``, the shown
-    entry's."""
+    """Attention rollout, flow or gradient rollout (``attnviz.rollout``, ``method=``): ``maps`` by batch
+    entry ``[L, L]`` and ``map``, the shown entry's."""
 
     run: RolloutRun
     command = "rollout"
@@ -350,4 +350,4 @@ class RolledOut(_Result):
         return rollout_html(self.run, _figure_options(options))
 
     def __repr__(self) -> str:
-        return f"<attnviz rollout: {self.run.weights.source}, {self.run.how}>"
+        return f"<attnviz {self.run.title}: {self.run.weights.source}, {self.run.how}>"

@@ -224,7 +224,11 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
 
 def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> RolledOut:
     """Attention rollout (Abnar & Zuidema 2020) of self-attention weights ``[layers, batch, heads, L, L]``
-    (or a model's ``out.attentions``): ``attnviz.rollout(out.attentions, labels=tokens).map``."""
+    (or a model's ``out.attentions``): ``attnviz.rollout(out.attentions, labels=tokens).map``.
+    ``method="flow"`` gives attention flow, and ``method="grad"`` Chefer et al.'s gradient rollout,
+    with ``grads=`` the gradients of the explained score with respect to the weights (arrays or
+    tensors, as the weights): ``attnviz.rollout(attentions, method="grad", grads=[a.grad for a in
+    attentions])``."""
     from dataclasses import replace
 
     from attnviz.inspection.options import RolloutOptions

@@ -18,7 +18,7 @@ from attnviz.io import MemoryContainer
 #: options whose command-line value is a file: the API takes the value itself (arrays, label lists, a
 #: config dict) and hands it over in memory; a string is still a file name (or a spec)
 FILE_OPTIONS = ("mask", "key_padding_mask", "check_mask", "positions", "sinks", "relative_bias_table", "params",
-                "hf_config", "labels", "q_labels", "k_labels", "image")
+                "hf_config", "labels", "q_labels", "k_labels", "image", "grads")
 LABEL_OPTIONS = ("labels", "q_labels", "k_labels")
 
 

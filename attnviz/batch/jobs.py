@@ -42,7 +42,8 @@ from attnviz.errors import InputError, UsageError
 #: options whose values are file names, resolved against the jobs file's folder
 PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save_params", "params", "mask",
                 "key_padding_mask", "map_png", "stats_png", "received_png", "check_mask", "adjacency", "unary",
-                "from_keras", "positions", "html", "save_ids", "save_labels", "overlay_png", "image"}
+                "from_keras", "positions", "html", "save_ids", "save_labels", "overlay_png", "image", "grads",
+                "save_maps"}
 LABEL_OPTIONS = {"labels", "q_labels", "k_labels"}  # a file name, or the labels themselves
 #: what an option name in a jobs file looks like (it becomes --name)
 OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -110,7 +111,7 @@ def _options_problem(options: dict[str, Any]) -> str | None:
 TEXT_ARGS = {"repeat-test"}
 #: options whose values are files a job writes: never the jobs file itself
 OUTPUT_PATH_OPTIONS = {"png", "json", "json_file", "save_weights", "save_output", "save_params", "map_png",
-                       "stats_png", "received_png", "overlay_png", "html", "save_ids", "save_labels"}
+                       "stats_png", "received_png", "overlay_png", "html", "save_ids", "save_labels", "save_maps"}
 
 
 def _every_command(command: str) -> bool:

@@ -88,6 +88,11 @@ def check_html_path(value: str | None, option: str = "--html") -> None:
         raise UsageError(f"{option} {value}: the file must end in .html or .htm.")
 
 
+def check_array_path(value: str | None, option: str) -> None:
+    if value is not None and not value.lower().endswith((".npy", ".npz", ".safetensors")):
+        raise UsageError(f"{option} {value}: the file must end in .npy, .npz or .safetensors.")
+
+
 def check_save_params(value: str | None) -> None:
     if value is not None and not value.lower().endswith(".npz"):
         raise UsageError(f"--save-params {value}: the file must end in .npz.")

@@ -8,7 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from attnviz.choices import CAUSAL_ALIGNS, HEAD_COMBINE, MASK_CONVENTIONS, MASK_KINDS, SUBWORD_STYLES, UPSAMPLING
+from attnviz.choices import (
+    CAUSAL_ALIGNS,
+    HEAD_COMBINE,
+    MASK_CONVENTIONS,
+    MASK_KINDS,
+    ROLLOUT_METHODS,
+    SUBWORD_STYLES,
+    UPSAMPLING,
+)
 from attnviz.errors import UsageError
 from attnviz.fields import CHECKS, FIGURE, IMAGE, LABELS, MASKS, OUTPUT, ROLLOUT, SELECT, option
 
@@ -178,6 +186,14 @@ class RolloutOptions:
     merge_subwords: bool = option(False, MERGE_HELP, panel=LABELS)
     subword_style: Literal[SUBWORD_STYLES] = option("auto", STYLE_HELP, panel=LABELS)  # type: ignore[valid-type]
     batch: int | None = option(None, BATCH_HELP, panel=SELECT)
+    method: Literal[ROLLOUT_METHODS] = option(  # type: ignore[valid-type]
+        "rollout", "rollout: the layers' maps multiplied (Abnar & Zuidema); flow: the maximum flow through them "
+        "from each token to each input, rows renormalised (Abnar & Zuidema; L^2 max-flow problems: seconds at 48 "
+        "tokens, far longer at hundreds); grad: Chefer et al.'s R = R + mean_h(clamp(grad * A, min=0)) R, which "
+        "needs --grads", panel=ROLLOUT)
+    grads: str | None = option(None, "--method grad: the gradients of the explained score with respect to every "
+                               "layer's attention weights, read as the weights are (same formats and shape)",
+                               panel=ROLLOUT, metavar="SPEC")
     heads: Literal[HEAD_COMBINE] = option(  # type: ignore[valid-type]
         "mean", "how each layer's heads are combined (the paper: mean)", panel=ROLLOUT)
     residual: float = option(0.5, "r in A' = (1 - r) A + r I, the residual connection's share (the paper: 0.5; 0: "

@@ -14,69 +14,40 @@ For a ViT (``--image``) the result is vit-explain's mask: the query's row (CLS) 
 reshaped to the patch grid and divided by its maximum. vit-explain divides ``a`` by ``a.sum(dim=-1)``
 without ``keepdim`` (its issue #16), which scales columns; here rows are renormalised, as the paper
 says (the two agree whenever the rows already sum to 1: mean of heads, no discard).
+
+Rollout is one of the methods of ``attnviz rollout`` (``METHODS``, the one place a method is added):
+attention flow (``attnviz.inspection.flow``) and gradient rollout (``attnviz.inspection.gradients``)
+are the others. Each is a function of one batch entry's maps returning a ``Rollout``; ``run_rollout``
+reads the files and runs the method chosen, and the renderers draw and table any of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnviz.choices import HEAD_COMBINE
+from attnviz.inspection.flow import attention_flow
+from attnviz.inspection.gradients import gradient_entry
 from attnviz.inspection.masks import read_masks
+from attnviz.inspection.mixing import (
+    Rollout,
+    combine_heads,
+    discard_lowest,
+    mixing_maps,
+    real_indices,
+    scatter,
+    with_residual,
+)
 from attnviz.inspection.options import LabelOptions, RolloutOptions, Selection
 from attnviz.inspection.weights import Weights, load_weights
-from attnviz.io import release_pages
 from attnviz.masks import Mask
 
-
-def combine_heads(maps: np.ndarray, how: str = "mean") -> np.ndarray:
-    """``maps [heads, Lq, Lk]`` combined into one ``[Lq, Lk]`` map in float64."""
-    values = np.asarray(maps, dtype=np.float64)
-    if how == "max":
-        return values.max(axis=0)
-    if how == "min":
-        return values.min(axis=0)
-    if how != "mean":
-        raise ValueError(f"heads must be one of {HEAD_COMBINE}, not {how!r}")
-    return values.mean(axis=0)
-
-
-def discard_lowest(a: np.ndarray, ratio: float) -> np.ndarray:
-    """vit-explain's discard (``vit_rollout.py``): of the ``L x L`` entries of the combined map ``a``, the
-    ``int(L * L * ratio)`` lowest (``topk(largest=False)`` of the flattened map; ties: the lower index
-    first) are set to 0, except the flat index 0, the first token's attention to itself (CLS to CLS),
-    which is never dropped. Returns a new array."""
-    out = np.array(a, dtype=np.float64)
-    count = int(out.size * ratio)
-    if count <= 0:
-        return out
-    flat = out.reshape(-1)
-    lowest = np.argsort(flat, kind="stable")[:count]
-    flat[lowest[lowest != 0]] = 0.0
-    return out
-
-
-def with_residual(a: np.ndarray, residual: float) -> np.ndarray:
-    """``(1 - r) A + r I`` with each row renormalised to sum to 1 (a row of zeros becomes the identity
-    row when r > 0, and stays zeros when r = 0)."""
-    out = (1.0 - residual) * a
-    out[np.diag_indices_from(out)] += residual
-    sums = out.sum(axis=-1, keepdims=True)
-    return np.divide(out, sums, out=np.zeros_like(out), where=sums != 0)
-
-
-@dataclass
-class Rollout:
-    """The rollout of one batch entry: ``result [L, L]`` after the last layer, the layers it spans,
-    and (when asked) the cumulative map after each of them, ``cumulative [n, L, L]``. Padded
-    positions are NaN in both."""
-
-    result: np.ndarray
-    layers: list[int]
-    cumulative: np.ndarray | None
+__all__ = ["METHODS", "Method", "Rollout", "RolloutRun", "combine_heads", "discard_lowest", "rollout", "run_rollout",
+           "with_residual"]
 
 
 def rollout(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_layer: int = 0,
@@ -87,40 +58,40 @@ def rollout(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_
     ``real [L]`` marks the real tokens: the rollout runs over them alone (each head's rows
     renormalised among them first, so the residual keeps its share), and padded rows and columns
     of the result are NaN."""
-    layers, _, lq, lk = w.shape
-    if lq != lk:
-        raise ValueError(f"rollout needs square maps (self-attention), not [{lq}, {lk}]")
-    if not 0 <= start_layer < layers:
-        raise ValueError(f"start layer {start_layer} is not one of the {layers} layers")
-    keep = np.arange(lq) if real is None else np.flatnonzero(real)
-    n = len(keep)
-    current = np.eye(n)
+    size = w.shape[-1]
+    keep = real_indices(real, size)
+    current = np.eye(len(keep))
     cumulative = []
-    for li in range(start_layer, layers):
-        one = w[li]
-        if real is not None:  # the real tokens' weights, each head's rows renormalised among them
-            one = np.asarray(one, dtype=np.float64)[:, keep][:, :, keep]
-            sums = one.sum(axis=-1, keepdims=True)
-            one = np.divide(one, sums, out=np.zeros_like(one), where=sums != 0)
-        combined = combine_heads(one, heads)
-        if discard_ratio > 0:
-            combined = discard_lowest(combined, discard_ratio)
-        step = with_residual(combined, residual)
+    for step in mixing_maps(w, heads=heads, residual=residual, start_layer=start_layer, real=real,
+                            discard_ratio=discard_ratio):
         current = step @ current
-        release_pages(w)
         if all_layers:
-            cumulative.append(_scatter(current, keep, lq))
-    return Rollout(_scatter(current, keep, lq), list(range(start_layer, layers)),
+            cumulative.append(scatter(current, keep, size))
+    return Rollout(scatter(current, keep, size), list(range(start_layer, w.shape[0])),
                    np.stack(cumulative) if all_layers else None)
 
 
-def _scatter(values: np.ndarray, keep: np.ndarray, size: int) -> np.ndarray:
-    if len(keep) == size:
-        return values.copy()
-    out = np.full((size, size), np.nan)
-    out[np.ix_(keep, keep)] = values
-    return out
+@dataclass(frozen=True)
+class Method:
+    """A way of following attention through the layers (``attnviz rollout --method``): a function of
+    one batch entry's weights ``[layers, heads, L, L]`` (keywords: ``start_layer``, ``real``,
+    ``all_layers``, ``grads`` when it takes gradients, and the options it names in ``options``) that
+    returns a ``Rollout``."""
 
+    compute: Callable[..., Rollout]
+    title: str  # what titles call the result
+    label: str  # what a colour bar calls its values
+    options: tuple[str, ...] = ("heads", "residual", "discard_ratio")  # the RolloutOptions it reads
+    gradients: bool = False  # it needs --grads
+
+
+#: every method of ``attnviz rollout``: the one place a method is added (``choices.ROLLOUT_METHODS``
+#: names them for the options, which load no NumPy; a test keeps the two the same)
+METHODS: dict[str, Method] = {
+    "rollout": Method(rollout, "attention rollout", "rollout"),
+    "flow": Method(attention_flow, "attention flow", "flow"),
+    "grad": Method(gradient_entry, "gradient rollout", "relevance", options=("heads",), gradients=True),
+}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -141,14 +112,29 @@ class RolloutRun:
     words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
     image: Any = None  # attnviz.inspection.images.ImageInput, with --image (or --patch-grid, --image-tokens)
     mask: np.ndarray | None = None  # the shown entry's query row over the patches [gh, gw], divided by its max
+    grads: Weights | None = None  # --method grad: the gradients, [layers, batch, heads, L, L] as the weights
+
+    @property
+    def method(self) -> Method:
+        return METHODS[self.options.method]
+
+    @property
+    def title(self) -> str:
+        """What the result is called: "attention rollout", "attention flow", "gradient rollout"."""
+        return self.method.title
 
     @property
     def how(self) -> str:
-        """heads, residual and layers, as titles and messages say them."""
+        """heads, residual and layers (those the method uses), as titles and messages say them."""
         layers = self.results[self.shown].layers
         span = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
-        discard = f", discard {self.options.discard_ratio:g}" if self.options.discard_ratio else ""
-        return f"heads {self.options.heads}, residual {self.options.residual:g}{discard}, {span}"
+        used = self.method.options
+        parts = [f"heads {self.options.heads}"]
+        if "residual" in used:
+            parts.append(f"residual {self.options.residual:g}")
+        if "discard_ratio" in used and self.options.discard_ratio:
+            parts.append(f"discard {self.options.discard_ratio:g}")
+        return ", ".join([*parts, span])
 
 
 def cumulative(result: Rollout) -> np.ndarray:
@@ -158,21 +144,27 @@ def cumulative(result: Rollout) -> np.ndarray:
 
 
 def run_rollout(options: RolloutOptions) -> RolloutRun:
-    """Read the weights (self-attention of every layer) and their masks, and roll out every batch entry
-    asked for (padded tokens left out, rows renormalised among the real ones)."""
+    """Read the weights (self-attention of every layer), their masks (and with ``--method grad`` the
+    gradients), and run the method of ``options`` on every batch entry asked for (padded tokens left
+    out)."""
     from attnviz.errors import InputError, UsageError, shape_str
     from attnviz.inspection.checks import all_finite, check_finite
     from attnviz.inspection.selection import read_labels
 
+    method = METHODS[options.method]
+    check_method(options, method)
     w = load_weights(options.weights, options.layout, generation=options.generation)
     layers, batches, _, lq, lk = w.shape
     if lq != lk:
-        raise InputError(f"{w.source}: rollout multiplies self-attention maps [L, L] across layers; these are "
+        raise InputError(f"{w.source}: {options.method} follows self-attention maps [L, L] across layers; these are "
                          f"[{lq}, {lk}] (read as [layers, batch, heads, Lq, Lk] = {shape_str(w.shape)}).")
     if options.start_layer >= layers:
         raise UsageError(f"--start-layer {options.start_layer}: the weights have {layers} layer(s) "
                          f"(0..{layers - 1}).")
     paths = list(w.paths)
+    grads = read_gradients(options, w) if method.gradients else None
+    if grads is not None:
+        paths += [p for p in grads.paths if p not in paths]
     tokens, _ = read_labels(LabelOptions(labels=options.labels), lq, lk, paths, w.generation)
     if w.capture is not None and tokens is None:  # the tokens the capture recorded
         from attnviz.inspection.weights import capture_labels
@@ -190,22 +182,67 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
     from attnviz.inspection.images import read_image_input
 
     image = read_image_input(options.images, w.shape, w.source, tokens, paths)
-    if not all_finite(w.data, rows=masks.real_rows):
-        bad = check_finite(w.data, rows=masks.real_rows).failures
-        raise InputError(f"{w.source}: {bad} non-finite value(s); attnviz inspect --check-finite locates them.")
+    for read in (w, grads):
+        if read is not None and not all_finite(read.data, rows=masks.real_rows):
+            bad = check_finite(read.data, rows=masks.real_rows).failures
+            raise InputError(f"{read.source}: {bad} non-finite value(s); attnviz inspect --check-finite locates "
+                             "them.")
     entries = [bi] if options.batch is not None else list(range(batches))
     real_tokens = None if masks.real_keys is None else np.broadcast_to(masks.real_keys, w.shape[:-2] + (lk,))
+    settings = {name: getattr(options, name) for name in method.options}
     results = {}
     for b in entries:
         real = None if real_tokens is None else real_tokens[0, b, 0]
-        results[b] = rollout(w.data[:, b], heads=options.heads, residual=options.residual,
-                             start_layer=options.start_layer, real=real, all_layers=options.all_layers,
-                             discard_ratio=options.discard_ratio)
+        given = {} if grads is None else {"grads": grads.data[:, b]}
+        try:
+            results[b] = method.compute(w.data[:, b], start_layer=options.start_layer, real=real,
+                                        all_layers=options.all_layers, **given, **settings)
+        except ValueError as exc:  # what the data cannot give (flow: a negative weight)
+            raise InputError(f"{w.source}: batch entry {b}: {exc}.") from None
     padded = None if real_tokens is None else ~real_tokens[0, bi, 0]
-    run = RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words, image)
+    run = RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words, image, grads=grads)
     if image is not None:
         run.mask = image_mask(results[bi].result, image.query, image.layout)
     return run
+
+
+def check_method(options: RolloutOptions, method: Method) -> None:
+    """Options the method cannot use are refused (exit 2), and gradients it needs but was not given
+    (exit 1), before any file is read."""
+    from dataclasses import fields
+
+    from attnviz.errors import InputError, UsageError
+
+    defaults = {f.name: f.default for f in fields(RolloutOptions)}
+    for name in ("heads", "residual", "discard_ratio"):
+        value = getattr(options, name)
+        if name not in method.options and value != defaults[name]:
+            shown = f"{value:g}" if isinstance(value, float) else value
+            raise UsageError(f"--{name.replace('_', '-')} {shown}: --method {options.method} does not use it "
+                             f"({method.title} takes {', '.join('--' + o.replace('_', '-') for o in method.options)}).")
+    if options.grads is not None and not method.gradients:
+        raise UsageError(f"--grads {options.grads}: only --method grad reads gradients.")
+    if method.gradients and options.grads is None:
+        raise InputError(f"--method {options.method} needs the gradients of the explained score with respect to every "
+                         "layer's attention weights: give them with --grads SPEC (read as the weights are), or "
+                         "record them with attnviz capture --target.")
+    if method.gradients and options.merge_subwords:
+        raise UsageError(f"--merge-subwords: not with --method {options.method} (the gradients are the pieces' own; "
+                         "merged weights have none).")
+
+
+def read_gradients(options: RolloutOptions, w: Weights) -> Weights:
+    """The gradients of ``--grads``, read as the weights were (``--layout``, ``--generation``), and of
+    their shape."""
+    from attnviz.errors import InputError, shape_str
+
+    assert options.grads is not None
+    grads = load_weights(options.grads, options.layout, generation=options.generation)
+    if grads.shape != w.shape:
+        raise InputError(f"{grads.source}: the gradients are {shape_str(grads.shape)} and the weights "
+                         f"{shape_str(w.shape)} (read as [layers, batch, heads, L, L]); --grads needs one gradient "
+                         "per weight.")
+    return grads
 
 
 def image_mask(result: np.ndarray, query: int, layout: Any) -> np.ndarray:

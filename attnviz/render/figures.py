@@ -179,15 +179,17 @@ def rollout_figure(run: RolloutRun, fig: FigureOptions) -> Any:
     from attnviz.render.heatmap import heatmap_figure
     from attnviz.render.mosaic import slices_mosaic
 
-    name = fig.title or f"attention rollout of {run.weights.source}"
+    name = fig.title or f"{run.title} of {run.weights.source}"
+    label = run.method.label
     scale = fig.scale()
     if run.options.all_layers:
         maps = np.stack([cumulative(run.results[b]) for b in run.entries])  # [B, n, L, L]
         return slices_mosaic(maps, title=f"{name} ({run.how}), cumulative after each layer",
-                             names=["batch", "after layer"], cmap=fig.cmap, reduce=fig.reduce, scale=scale)
+                             names=["batch", "after layer"], cmap=fig.cmap, reduce=fig.reduce, scale=scale,
+                             colorbar_label=label)
     return heatmap_figure(run.results[run.shown].result, title=f"{name}, batch {run.shown} ({run.how})",
                           q_labels=run.tokens, k_labels=run.tokens, cmap=fig.cmap, reduce=fig.reduce,
-                          ylabel="token (output)", xlabel="input token", colorbar_label="rollout", scale=scale)
+                          ylabel="token (output)", xlabel="input token", colorbar_label=label, scale=scale)
 
 
 def rollout_html(run: RolloutRun, fig: FigureOptions) -> str:
@@ -207,9 +209,9 @@ def rollout_html(run: RolloutRun, fig: FigureOptions) -> str:
         return np.nan_to_num(data), None if real.all() else real
 
     subtitle = f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, L, L] = {shape_str(w.shape)}"
-    name = fig.title or "attention rollout"
+    name = fig.title or run.title
     return grid_report(get, len(entries), len(columns), first.result.shape, title=f"{name} ({run.how})",
                        subtitle=subtitle, row_labels=[str(b) for b in entries], col_labels=[str(li) for li in columns],
                        row_name="batch", col_name="after layer", q_labels=run.tokens, k_labels=run.tokens,
-                       q_name="output", k_name="input", cmap=fig.cmap, reduce=fig.reduce, colorbar_label="rollout",
-                       vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm)
+                       q_name="output", k_name="input", cmap=fig.cmap, reduce=fig.reduce,
+                       colorbar_label=run.method.label, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm)

@@ -143,7 +143,7 @@ def rollout_overlay_figure(run: RolloutRun, fig: FigureOptions) -> Any:
     image = run.image
     assert image is not None and run.mask is not None
     picture = None if image.picture is None else image.picture.rgb
-    name = fig.title or f"attention rollout over the image: {run.weights.source}"
+    name = fig.title or f"{run.title} over the image: {run.weights.source}"
     label = f" ({inert.label(run.tokens[image.query], 24)})" if run.tokens is not None else ""
     kept = None
     share = image.options.keep_mass
@@ -154,5 +154,6 @@ def rollout_overlay_figure(run: RolloutRun, fig: FigureOptions) -> Any:
     mass = f"; outlined: the fewest patches holding {share:g} of the mass" if share else ""
     heading = (f"{name}; query {image.query}{label} over {image.layout.describe()}, batch {run.shown} ({run.how}); "
                f"{image.options.upsample} upsampling; colours: divided by its maximum, 0 to 1{mass}")
-    return overlay_figure(picture, [run.mask], ["rollout"], heading=heading, fig=fig, how=image.options.upsample,
-                          kept=kept, top=1.0, colorbar_label="rollout / its maximum")
+    label = run.method.label
+    return overlay_figure(picture, [run.mask], [label], heading=heading, fig=fig, how=image.options.upsample,
+                          kept=kept, top=1.0, colorbar_label=f"{label} / its maximum")

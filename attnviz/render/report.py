@@ -203,23 +203,27 @@ def compare_document(run: CompareRun, result: CompareResult, files: dict[str, st
 
 
 def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
-    """``rollout``'s JSON document: the rolled-out maps of every batch entry (and each layer's with
-    ``all_layers``)."""
+    """``rollout``'s JSON document: the maps of every batch entry that the method gave (and each
+    layer's with ``all_layers``); the options a method does not use are null."""
     from attnviz.inspection.rollout import cumulative
 
     options, w, shown = run.options, run.weights, run.results[run.shown]
     lq, lk = w.shape[-2:]
     entries = run.entries
+    used = run.method.options
     rollout_doc: dict[str, Any] = {
-        "heads": options.heads, "residual": options.residual, "start_layer": options.start_layer,
+        "method": options.method, "heads": options.heads,
+        "residual": options.residual if "residual" in used else None, "start_layer": options.start_layer,
         "layers": shown.layers, "batch": entries,
         "shape": [len(entries), lq, lk], "data": np.stack([run.results[b].result for b in entries]),
     }
+    if run.grads is not None:
+        rollout_doc["grads"] = {"source": run.grads.source, "file_shape": list(run.grads.file_shape)}
     if options.all_layers:
         rollout_doc["cumulative"] = {
             "shape": [len(entries), len(shown.layers), lq, lk],
             "data": np.stack([cumulative(run.results[b]) for b in entries])}
-    rollout_doc["discard_ratio"] = options.discard_ratio
+    rollout_doc["discard_ratio"] = options.discard_ratio if "discard_ratio" in used else None
     overlay = None
     if run.image is not None:
         image = run.image

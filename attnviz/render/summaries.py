@@ -259,7 +259,7 @@ def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | No
 
 
 def rollout_table(run: RolloutRun, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None) -> Any:
-    """The rolled-out map of the shown batch entry, as ``rollout`` prints it."""
+    """The rolled-out map (or flow, or relevance) of the shown batch entry, as ``rollout`` prints it."""
     import numpy as np
 
     from attnviz.render.table import weights_table
@@ -271,4 +271,4 @@ def rollout_table(run: RolloutRun, precision: int = 3, max_rows: int | None = 40
     return weights_table(np.nan_to_num(shown), q_labels=run.tokens, k_labels=run.tokens, keep=keep,
                          precision=precision, max_rows=max_rows, max_cols=max_cols, padded=padded,
                          axis_names=("output", "input"),
-                         title=f"attention rollout, batch {run.shown} [{lq}, {lk}] ({run.how})")
+                         title=f"{run.title}, batch {run.shown} [{lq}, {lk}] ({run.how})")

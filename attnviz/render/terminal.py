@@ -685,12 +685,12 @@ def compare_picture(result: CompareResult, fig: FigureOptions, max_panels: int, 
 
 
 def rollout_picture(run: RolloutRun, fig: FigureOptions, plain: bool = False, height: int | None = None) -> TermPicture:
-    """rollout's picture (``figures.rollout_figure``): the rollout of the shown batch entry, or with
+    """rollout's picture (``figures.rollout_figure``): the result of the shown batch entry, or with
     ``--all-layers`` the cumulative map after each layer of every entry."""
     from attnviz.inspection.rollout import cumulative
 
-    name = fig.title or f"attention rollout of {run.weights.source}"
-    look = {**_look(fig, plain, height), "colorbar_label": "rollout"}
+    name = fig.title or f"{run.title} of {run.weights.source}"
+    look = {**_look(fig, plain, height), "colorbar_label": run.method.label}
     if run.options.all_layers:
         maps = np.stack([cumulative(run.results[b]) for b in run.entries])
         return slices_picture(maps, title=f"{name} ({run.how}), cumulative after each layer",

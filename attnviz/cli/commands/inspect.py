@@ -7,13 +7,22 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
 
 from attnviz.cli.checked import report_checks, run_each
 from attnviz.cli.commands.capture import model_parameters
-from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
+from attnviz.cli.options import (
+    OUTPUT,
+    TableOptions,
+    build,
+    check_array_path,
+    check_html_path,
+    check_png_path,
+    parameters,
+)
 from attnviz.fields import option
 from attnviz.inspection.options import InspectOptions
 from attnviz.render.options import FigureOptions, ShowOptions
@@ -21,7 +30,7 @@ from attnviz.streams import err_console, out_console, stdout
 
 SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
             "induction", "duplicate")
-FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html")
+FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
                 "head of the layer (--layer; default the last) and their mean; .png, .svg or .pdf")
 
@@ -47,6 +56,9 @@ class InspectOutputs(TableOptions):
                               "entry as thumbnails, hover, head view, sortable statistics; with --image a panel of "
                               "the picture: hover a patch to see its attention)", panel=OUTPUT,
                               metavar="FILE.html")
+    save_maps: str | None = option(None, "save the maps inspected, [layers, batch, heads, Lq, Lk] (after --generation "
+                                   "and --merge-subwords; without them the weights as read): .npy, .npz or "
+                                   ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
 
 
 ORDER = ("layout", "generation",
@@ -55,7 +67,7 @@ ORDER = ("layout", "generation",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
          "check_finite", "atol", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
          "upsample", "keep_mass", "png", "map_png", "stats_png", "stat", "received_png", "overlay_png", "html",
-         "title", "cmap",
+         "save_maps", "title", "cmap",
          "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "show", "graphics",
          "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
@@ -105,6 +117,7 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     for name in ("png", "map_png", "stats_png", "received_png", "overlay_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
     check_html_path(out.html)
+    check_array_path(out.save_maps, "--save-maps")
     check_overlay(out.overlay_png, options.images)
     fig.check()
     show = show or ShowOptions()
@@ -116,7 +129,8 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     w = opened.weights
     targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--stats-png": out.stats_png,
                              "--received-png": out.received_png, "--overlay-png": out.overlay_png,
-                             "--json-file": out.json_file, "--html": out.html}, opened.paths)
+                             "--json-file": out.json_file, "--html": out.html, "--save-maps": out.save_maps},
+                            opened.paths)
     # the targets are reserved now, before any statistics are computed; every file is written to
     # its staged path and all are put in place together, or none (attnviz.staging.StagedOutputs)
     with staged_outputs(targets) as staged:
@@ -134,6 +148,11 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
         for text in result.warnings:
             err.print(f"warning: {text}", markup=False, style="yellow")
         files = _save_files(result, staged, fig, out)
+        if "--save-maps" in staged:
+            from attnviz.io import save_array
+
+            save_array(staged["--save-maps"], w.data, suffix=Path(out.save_maps or "").suffix)
+            files["maps"] = out.save_maps or ""
         document = None
         if out.document and result.rows is not None:
             from attnviz.render.report import inspect_document, to_json

@@ -1,5 +1,6 @@
-"""``attnviz rollout``: attention rollout across layers (``attnviz.inspection.rollout``), printed and
-saved. NumPy only, no TensorFlow: weights a model saved, read as ``inspect`` reads them.
+"""``attnviz rollout``: attention rollout, attention flow or gradient rollout across layers
+(``attnviz.inspection.rollout`` and its ``METHODS``), printed and saved. NumPy only (and SciPy for
+flow), no TensorFlow: weights a model saved, read as ``inspect`` reads them.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ class RolloutOutputs(TableOptions):
 
 ORDER = ("layout", "generation",
          "labels", "merge_subwords", "subword_style",
-         "batch", "heads", "residual", "discard_ratio", "start_layer", "all_layers", "mask", "key_padding_mask",
-         "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
+         "batch", "method", "grads", "heads", "residual", "discard_ratio", "start_layer", "all_layers", "mask",
+         "key_padding_mask", "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens",
+         "image_tokens", "query",
          "upsample", "keep_mass", "png", "overlay_png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
          "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
 
 def rollout_command(**values: Any) -> None:
-    """Attention rollout across layers (Abnar & Zuidema 2020).
+    """Attention rollout across layers (Abnar & Zuidema 2020), attention flow, or gradient rollout.
 
     Per layer the heads are combined (--heads), the lowest entries dropped (--discard-ratio, but never
     the first token's own: vit-explain), the residual connection is added as
@@ -50,6 +52,13 @@ def rollout_command(**values: Any) -> None:
     mixed tokens. It is a model of information flow from the attention weights only (no value
     vectors, MLPs or layer norms), not a gradient attribution. Padded tokens (--mask,
     --key-padding-mask) are left out and the rows renormalised among the real ones.
+
+    --method flow (attention flow, the same paper) takes the same maps as capacities of a layered
+    graph: row i holds the maximum flow from position i after the last layer to each input token,
+    renormalised to sum to 1 (one max-flow problem per pair: seconds at 48 tokens, minutes or more at
+    hundreds). --method grad (Chefer, Gur and Wolf 2021) needs --grads, the gradient of the explained
+    score with respect to every layer's weights: R = I, then R = R + mean_h(clamp(grad * A, min=0)) R
+    from the first layer (or --start-layer) up.
 
     With --image (a ViT's patches after --prefix-tokens, or --image-tokens) the result is also the
     query's row (CLS) over the patches, divided by its maximum (JSON overlay.rollout; --overlay-png).
@@ -128,7 +137,9 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
         staged.commit()
     if not out.quiet:
         err = err_console()
-        err.print(f"rollout: {w.read_as('[layers, batch, heads, L, L]')}; {run.how}", markup=False, style="dim")
+        err.print(f"{run.title}: {w.read_as('[layers, batch, heads, L, L]')}; {run.how}", markup=False, style="dim")
+        if run.grads is not None:
+            err.print(f"gradients: {run.grads.read_as('[layers, batch, heads, L, L]')}", markup=False, style="dim")
         if run.masks.described:
             err.print(f"masks: {', '.join(run.masks.described)}; padded tokens left out", markup=False, style="dim")
         for what, path in files.items():
