@@ -173,7 +173,7 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
         if texts or text_file:
             raise UsageError("--text and --text-file go with --model MODEL_DIR.")
         if not files:
-            raise UsageError("name the weights to read (WEIGHTS), or a model folder with --model and --text.")
+            raise UsageError("missing argument WEIGHTS (or a model folder: --model DIR --text TEXT).")
         yield files
         return
     if files:

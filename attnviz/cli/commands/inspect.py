@@ -96,7 +96,7 @@ def _inspect_files(files: list[str], values: dict[str, Any]) -> None:
 
 inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
-        list[str] | None, typer.Argument(metavar="[WEIGHTS]...", show_default=False,
+        list[str] | None, typer.Argument(metavar="WEIGHTS", show_default=False,
         help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, .safetensors, .h5, .pt, -), or a "
              "capture file (attnviz capture; an encoder-decoder's as FILE:encoder, :decoder or :cross); an .npz of "
              "one array per layer is stacked; several files are inspected in turn, output names then need a "

@@ -78,7 +78,7 @@ def rollout_command(**values: Any) -> None:
 rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
         str | None, typer.Argument(
-        metavar="[WEIGHTS]", show_default=False,
+        metavar="WEIGHTS", show_default=False,
         help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] (.npy, .npz of "
              "one array per layer, FILE:KEY with a glob over layers, a capture file, ...)")]),
     *parameters(RolloutOptions, FigureOptions, RolloutOutputs, ShowOptions, order=ORDER,
