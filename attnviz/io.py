@@ -125,6 +125,11 @@ def memory_spec(name: str) -> str:
     return MEMORY + name
 
 
+def spec_name(spec: str) -> str:
+    """How a message or a document names ``spec``: a memory spec by its name, a file spec as given."""
+    return spec[len(MEMORY):] if spec.startswith(MEMORY) else spec
+
+
 def memory_value(spec: str) -> Any:
     """The value a memory spec names."""
     name = spec[len(MEMORY):]
