@@ -148,9 +148,10 @@ def _rope_object(kind: str, cfg: Mapping[str, Any], layer_type: str) -> dict[str
     """The layer's rope object with ``rope_theta`` (and the partial factor when the config has one), each
     field read where transformers 4 or 5 puts it, as transformers' ``standardize_rope_params`` does."""
     params = None if cfg.get("rope_scaling") else cfg.get("rope_parameters")  # transformers: rope_scaling first
-    nested = isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict)
-    if nested:
-        rope = dict(params[layer_type])
+    layered = params.get(layer_type) if isinstance(params, dict) else None
+    nested = isinstance(layered, dict)  # one rope object per layer type
+    if isinstance(layered, dict):
+        rope = dict(layered)
     elif isinstance(params, dict) and ("rope_type" in params or "rope_theta" in params or "type" in params):
         rope = dict(params)
     else:
