@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from attnviz.cli import app
-from tests.conftest import ROOT
+from tests.terminals import run_in_terminal
 from tests.test_api import COMPUTE_EXAMPLES, FILE_FLAGS
 from tests.test_readme_examples import folder, split_shell  # noqa: F401  (the README's inputs)
 
@@ -124,30 +122,8 @@ def test_to_a_pipe_a_message_is_one_line_with_its_paths_whole(deep, monkeypatch)
 def test_inspect_show_in_a_real_terminal(deep):
     """The issue's case: ``inspect /long/path/blk.npy --show`` on an 80-column terminal (stdout and stderr
     both on it, ``COLUMNS`` unset): the heading "inspect: FILE [..] read as ..." was 102 characters wide."""
-    pty = pytest.importorskip("pty")
-    import fcntl
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, WIDTH, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES") and not k.startswith("ATTNVIZ_")}
-    env.update(PYTHONPATH=str(ROOT), ATTNVIZ_NO_SERVER="1", TERM="xterm-256color")
-    proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", str(deep / W), "--show", "--png",
-                             str(deep / "pty.png")], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # the other end closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert proc.wait(timeout=120) == 0
-    text = b"".join(chunks).decode("utf-8", "replace")
+    code, text = run_in_terminal(["inspect", deep / W, "--show", "--png", deep / "pty.png"], width=WIDTH)
+    assert code == 0, text
     lines = shown_lines(text)
     assert any(line.startswith("inspect: /") for line in lines), text
     over = [line for line in lines if cell_len(line) > WIDTH]
