@@ -411,6 +411,7 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
     parts.extend(notes)
     if overridden:
         parts.append(f"options given win: {', '.join('--' + o for o in overridden)}")
-    reading.described["summary"] = (f"{Path(source).name}: {kind} layer {layer} ({layer_type.replace('_', ' ')}"
+    shown = source if source.startswith("/dev/fd/") else Path(source).name  # <(...): the pipe's whole name
+    reading.described["summary"] = (f"{shown}: {kind} layer {layer} ({layer_type.replace('_', ' ')}"
                                     f"{', ' + attention if attention else ''}): " + ", ".join(parts))
     return reading

@@ -36,7 +36,10 @@ from attnviz.errors import InputError, OutputError, UsageError, shape_str
 from attnviz.formats import CONTAINER_SUFFIXES, Container, is_glob, listing, natural
 from attnviz.formats._base import (
     MAX_TEXT_BYTES,
+    PIPED_ARRAY,
+    BinaryText,
     decode_text,
+    is_pipe,
     loads_json,
     read_limited,
     read_text_file,
@@ -165,10 +168,13 @@ def supported() -> str:
 
 def _check_path(path: str) -> Path:
     """A path that names a regular file of a type attnviz reads (exit 2 otherwise): a directory, device,
-    FIFO or socket is refused before it is opened, also behind a symbolic link."""
+    FIFO or socket is refused before it is opened, also behind a symbolic link; but a named pipe of JSON
+    text (``<(...)``, or a FIFO named ``.json``) is read as text, once."""
     if not path:  # Path("") is the working folder
         raise UsageError("'': an empty file name.")
     p = Path(path)
+    if p.suffix.lower() in ("", ".json") and is_pipe(p):
+        return p
     if os.path.lexists(p) or "\0" in path:
         regular_file(p, path)  # exists: it must be a regular file
     if p.suffix.lower() not in ARRAY_SUFFIXES:
@@ -413,6 +419,12 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
             return Opened(spec, path, p, key, fmt.open(p, path))
         except MemoryError:
             raise InputError(f"{path}: not enough memory to read it.") from None
+    if is_pipe(p):
+        try:
+            text = read_text_file(p, path)
+        except BinaryText:  # an array file through a pipe (<(cat w.npy)): it cannot be memory-mapped
+            raise UsageError(f"{path}: a named pipe (FIFO) of binary data, not JSON text; {PIPED_ARRAY}.") from None
+        return Opened(spec, path, p, None, _parse_json_text(text, path))
     return Opened(spec, path, p, None, _parse_json_text(read_text_file(p, path), path))
 
 
