@@ -442,7 +442,7 @@ def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
         value = memory_value(spec)
         return _labels_from_value(list(value), spec[len(MEMORY):]), None, "a list"
     p = Path(spec)
-    special = os.path.lexists(p) and not os.path.isdir(p)  # a FIFO or device is refused, never read as text
+    special = os.path.lexists(p) and not os.path.isdir(p)  # a pipe is read once; a device is refused
     if os.path.isfile(p) or special:  # False (not an error) for a name too long to be a file: a long list
         text = read_text_file(p, spec, what="labels")
         if p.suffix.lower() == ".json":
