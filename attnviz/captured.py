@@ -33,7 +33,7 @@ import numpy as np
 
 from attnviz.choices import ROPE_PARTS, ROPE_STYLES
 from attnviz.errors import ShapeError, UsageError, shape_str
-from attnviz.io import Loaded, StdinReader, load_array
+from attnviz.io import Loaded, StdinReader, load_array, spec_name
 from attnviz.positional import apply_rope, check_rope_parameters, rope_angles, rope_frequencies, rope_type
 from attnviz.run_options import CaptureOptions
 from attnviz.scoring import ModelScoring, read_scoring
@@ -240,7 +240,7 @@ def _apply_rope(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, scali
         inputs[name] = replace(loaded, data=rotated.astype(dtype))
     done: dict[str, Any] = {"theta": theta, "style": opts.rope_style, "dims": dims,
                             **({"part": "last"} if opts.rope_part == "last" else {}),
-                            "positions": opts.positions or "0..L-1"}
+                            "positions": spec_name(opts.positions) if opts.positions else "0..L-1"}
     if scaling is not None:
         done["scaling"] = {**scaling, "rope_type": kind, "attention_factor": factor}
     return done

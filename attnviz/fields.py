@@ -3,8 +3,9 @@ it (``attnviz.cli.options.parameters`` makes the Typer options from it), as the 
 already do. The library reads only the values; the metadata is for the command line and the docs.
 
 Metadata keys: ``help``; ``flag`` (default ``--field-name``) and ``short`` (``-q``); ``panel`` (the help
-section); ``metavar``; ``min``, ``max``, ``above`` (bounds of a number); ``parse`` (a named parser for
-values that are not plain numbers or choices: ``size``, ``positions``, ``norm``, ``ranges``, ``seed``,
+section); ``metavar`` (``FILE`` and ``TOKENS`` mark a file the run reads: the Python API takes the value
+itself there, ``api.values.file_options``); ``min``, ``max``, ``above`` (bounds of a number); ``parse`` (a
+named parser for values that are not plain numbers or choices: ``size``, ``positions``, ``norm``, ``ranges``, ``seed``,
 ``grid``, ``span``);
 ``cli=False`` for a field the command line does not set.
 """

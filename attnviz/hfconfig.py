@@ -15,7 +15,9 @@ Per family (``model_type``) the rules transformers' modeling code follows:
   is set, Llama 4 chunked on RoPE layers and full on NoPE layers, ModernBERT local except every
   ``global_attn_every_n_layers``-th);
 * RoPE: theta and scaling (per layer type where the config has them: Gemma 3, ModernBERT), partial
-  rotary (``partial_rotary_factor``, ``rotary_pct``, ``rotary_dim``), the style (interleaved for GPT-J,
+  rotary (``partial_rotary_factor``, ``rotary_pct``, ``rotary_dim``), the pretraining length of llama3, YaRN and
+  LongRoPE (in the rope object; Phi-3's ``original_max_position_embeddings`` beside it, which wins, as transformers
+  reads it), the style (interleaved for GPT-J,
   CodeGen, Cohere and Llama 4, half otherwise); none on NoPE layers;
 * ALiBi: BLOOM; MPT with ``alibi_bias_max``; Falcon with ``alibi`` (its bias rounded to bfloat16 and
   scaled with the scores, as Falcon does);
@@ -49,6 +51,9 @@ ENCODERS = ("bert", "roberta", "xlm-roberta", "distilbert", "vit", "deit", "dino
             "modernbert", "electra", "camembert")
 ENCODER_DECODERS = ("t5", "mt5", "bart", "mbart", "whisper", "marian", "pegasus")
 KNOWN = ROPE_DECODERS + OTHER_DECODERS + ENCODERS + ENCODER_DECODERS
+#: families whose config keeps ``original_max_position_embeddings`` beside the rope object (transformers 4's
+#: Phi-3 form; transformers 5 still reads it there first), with transformers' default
+ORIGINAL_AT_TOP = {"phi3": 4096}
 #: composite configs whose text model holds the attention
 COMPOSITE = {"llama4": "llama4_text", "gemma3": "gemma3_text"}
 
@@ -140,10 +145,13 @@ def _uses_rope(kind: str, cfg: Mapping[str, Any], layer: int) -> bool:
 
 
 def _rope_object(kind: str, cfg: Mapping[str, Any], layer_type: str) -> dict[str, Any]:
-    """The layer's rope object with ``rope_theta`` (and the partial factor when the config has one)."""
-    params = cfg.get("rope_parameters")
-    if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
-        rope = dict(params[layer_type])
+    """The layer's rope object with ``rope_theta`` (and the partial factor when the config has one), each
+    field read where transformers 4 or 5 puts it, as transformers' ``standardize_rope_params`` does."""
+    params = None if cfg.get("rope_scaling") else cfg.get("rope_parameters")  # transformers: rope_scaling first
+    layered = params.get(layer_type) if isinstance(params, dict) else None
+    nested = isinstance(layered, dict)  # one rope object per layer type
+    if isinstance(layered, dict):
+        rope = dict(layered)
     elif isinstance(params, dict) and ("rope_type" in params or "rope_theta" in params or "type" in params):
         rope = dict(params)
     else:
@@ -162,6 +170,13 @@ def _rope_object(kind: str, cfg: Mapping[str, Any], layer_type: str) -> dict[str
         if partial is not None and float(partial) != 1.0:
             rope["partial_rotary_factor"] = float(partial)
     rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope.pop("type", None)
+    if rope["rope_type"] in ("llama3", "yarn", "longrope"):  # the pretraining length
+        if kind in ORIGINAL_AT_TOP and not nested:  # Phi-3's own field, beside the rope object, wins
+            rope["original_max_position_embeddings"] = int(cfg.get("original_max_position_embeddings")
+                                                           or ORIGINAL_AT_TOP[kind])
+        elif rope.get("original_max_position_embeddings") is None and cfg.get("max_position_embeddings"):
+            rope["original_max_position_embeddings"] = int(cfg["max_position_embeddings"])
     return rope
 
 
@@ -396,6 +411,7 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
     parts.extend(notes)
     if overridden:
         parts.append(f"options given win: {', '.join('--' + o for o in overridden)}")
-    reading.described["summary"] = (f"{Path(source).name}: {kind} layer {layer} ({layer_type.replace('_', ' ')}"
+    shown = source if source.startswith("/dev/fd/") else Path(source).name  # <(...): the pipe's whole name
+    reading.described["summary"] = (f"{shown}: {kind} layer {layer} ({layer_type.replace('_', ' ')}"
                                     f"{', ' + attention if attention else ''}): " + ", ".join(parts))
     return reading

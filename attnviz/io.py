@@ -36,7 +36,10 @@ from attnviz.errors import InputError, OutputError, UsageError, shape_str
 from attnviz.formats import CONTAINER_SUFFIXES, Container, is_glob, listing, natural
 from attnviz.formats._base import (
     MAX_TEXT_BYTES,
+    PIPED_ARRAY,
+    BinaryText,
     decode_text,
+    is_pipe,
     loads_json,
     read_limited,
     read_text_file,
@@ -125,6 +128,11 @@ def memory_spec(name: str) -> str:
     return MEMORY + name
 
 
+def spec_name(spec: str) -> str:
+    """How a message or a document names ``spec``: a memory spec by its name, a file spec as given."""
+    return spec[len(MEMORY):] if spec.startswith(MEMORY) else spec
+
+
 def memory_value(spec: str) -> Any:
     """The value a memory spec names."""
     name = spec[len(MEMORY):]
@@ -160,10 +168,13 @@ def supported() -> str:
 
 def _check_path(path: str) -> Path:
     """A path that names a regular file of a type attnviz reads (exit 2 otherwise): a directory, device,
-    FIFO or socket is refused before it is opened, also behind a symbolic link."""
+    FIFO or socket is refused before it is opened, also behind a symbolic link; but a named pipe of JSON
+    text (``<(...)``, or a FIFO named ``.json``) is read as text, once."""
     if not path:  # Path("") is the working folder
         raise UsageError("'': an empty file name.")
     p = Path(path)
+    if p.suffix.lower() in ("", ".json") and is_pipe(p):
+        return p
     if os.path.lexists(p) or "\0" in path:
         regular_file(p, path)  # exists: it must be a regular file
     if p.suffix.lower() not in ARRAY_SUFFIXES:
@@ -408,6 +419,12 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
             return Opened(spec, path, p, key, fmt.open(p, path))
         except MemoryError:
             raise InputError(f"{path}: not enough memory to read it.") from None
+    if is_pipe(p):
+        try:
+            text = read_text_file(p, path)
+        except BinaryText:  # an array file through a pipe (<(cat w.npy)): it cannot be memory-mapped
+            raise UsageError(f"{path}: a named pipe (FIFO) of binary data, not JSON text; {PIPED_ARRAY}.") from None
+        return Opened(spec, path, p, None, _parse_json_text(text, path))
     return Opened(spec, path, p, None, _parse_json_text(read_text_file(p, path), path))
 
 
@@ -425,7 +442,7 @@ def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
         value = memory_value(spec)
         return _labels_from_value(list(value), spec[len(MEMORY):]), None, "a list"
     p = Path(spec)
-    special = os.path.lexists(p) and not os.path.isdir(p)  # a FIFO or device is refused, never read as text
+    special = os.path.lexists(p) and not os.path.isdir(p)  # a pipe is read once; a device is refused
     if os.path.isfile(p) or special:  # False (not an error) for a name too long to be a file: a long list
         text = read_text_file(p, spec, what="labels")
         if p.suffix.lower() == ".json":

@@ -95,7 +95,8 @@ def read(spec: str) -> tuple[dict[str, np.ndarray], Path]:
     if path.suffix.lower() not in CONTAINER_SUFFIXES:
         raise UsageError(f"--params {spec}: a parameter file is a .npz archive (numpy.savez), or a file of named "
                          f"arrays ({describe(keyed_only=True)}).")
-    regular_file(path, f"--params {spec}")  # a directory, device or FIFO is refused before it is opened
+    regular_file(path, f"--params {spec}", pipe="parameter files are memory-mapped from regular files: save it to "
+                 "a file")  # a directory, device or FIFO is refused before it is opened
     try:
         container = open_file(path, spec)
         if not isinstance(container, Container):

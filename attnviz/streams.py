@@ -27,7 +27,7 @@ from typing import IO, Any, cast
 from rich.console import Console
 from rich.text import Text
 
-from attnviz.text import visible
+from attnviz.text import fit_paths, visible
 
 _OUT: ContextVar[IO[str] | None] = ContextVar("attnviz_stdout", default=None)
 _ERR: ContextVar[IO[str] | None] = ContextVar("attnviz_stderr", default=None)
@@ -102,12 +102,20 @@ class MessageConsole(Console):
 
     PIECE = 8192
 
+    def __init__(self, *args: Any, fit: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: the terminal's width, when known: a message longer has its paths shortened in the middle
+        #: (``attnviz.text.fit_paths``) and wraps
+        self.fit = fit
+
     def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
         if self.quiet:  # its reader went away: nothing to render
             return
         kwargs.setdefault("markup", False)
         kwargs.setdefault("emoji", False)
         objects = tuple(visible(o) if isinstance(o, str) else o for o in objects)
+        if self.fit:
+            objects = tuple(fit_paths(o, self.fit) if isinstance(o, str) else o for o in objects)
         if self._in_pieces(objects, kwargs):
             self._print_in_pieces(objects[0], kwargs)
             return
@@ -154,42 +162,57 @@ def output_width(stream: IO[str] | None = None) -> int:
     terminal standard output is (in a warm worker, the client's: ``attnviz.worker.server`` answers
     ``os.get_terminal_size`` for it); else 80, for a pipe or a file. (rich alone would take the width of
     whichever of stdin, stdout and stderr is a terminal: ``attnviz ... | less`` would get the terminal's.)"""
+    return terminal_width(stdout() if stream is None else stream) or DEFAULT_WIDTH
+
+
+def terminal_width(stream: Any, fd: int = 1) -> int | None:
+    """``COLUMNS`` when it is a positive number; else the width of the terminal ``stream`` is (``fd``: the
+    descriptor a worker's stream stands for); else None (a pipe or a file, whose lines may be long)."""
     columns = os.environ.get("COLUMNS", "").strip()
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
-    stream = stdout() if stream is None else stream
     try:
         tty = stream.isatty()
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         tty = False
     if tty:
         try:
             fd = stream.fileno()
-        except (OSError, ValueError, AttributeError):  # a worker's stream stands for the client's stdout
-            fd = 1
+        except (OSError, ValueError, AttributeError):  # a worker's stream stands for the client's
+            pass
         try:
-            return os.get_terminal_size(fd).columns or DEFAULT_WIDTH
+            return os.get_terminal_size(fd).columns or None
         except (OSError, ValueError):
             pass
-    return DEFAULT_WIDTH
+    return None
 
 
 def out_console() -> Console:
     """A console for results (tables) on stdout, ``output_width()`` wide (the tables of
-    ``attnviz.render.table`` lay themselves out for it)."""
+    ``attnviz.render.table`` lay themselves out for it). On a terminal a line of text (a file's heading)
+    fits it: its paths shortened in the middle."""
     stream = _OUT.get()
     # markup and emoji codes off: token labels such as "[CLS]", "[bold]" or ":smile:" and file names are text
     if stream is not None:
-        return MessageConsole(file=stream, highlight=False, markup=False, emoji=False, width=output_width(stream))
-    return MessageConsole(highlight=False, markup=False, emoji=False, width=output_width(sys.stdout),
-                          quiet=silenced(sys.stdout))
+        console = MessageConsole(file=stream, highlight=False, markup=False, emoji=False, width=output_width(stream))
+    else:
+        console = MessageConsole(highlight=False, markup=False, emoji=False, width=output_width(sys.stdout),
+                                 quiet=silenced(sys.stdout))
+    console.fit = console.width if console.is_terminal else None
+    return console
 
 
 def err_console() -> Console:
-    """A console for messages on stderr."""
+    """A console for messages on stderr. On a terminal (as rich tells one: ``isatty``, ``TTY_COMPATIBLE``,
+    ``FORCE_COLOR``) a message fits its width (``COLUMNS``, else the terminal's): its paths shortened in
+    the middle, then wrapped. To a pipe or a file each message is one line, whole."""
     stream = _ERR.get()
-    return MessageConsole(file=stream, stderr=stream is None, highlight=False, soft_wrap=True, markup=False,
-                          emoji=False, quiet=stream is None and silenced(sys.stderr))
+    console = MessageConsole(file=stream, stderr=stream is None, highlight=False, soft_wrap=True, markup=False,
+                             emoji=False, quiet=stream is None and silenced(sys.stderr))
+    if console.is_terminal:
+        width = terminal_width(sys.stderr if stream is None else stream, fd=2) or console.width
+        console.soft_wrap, console.width, console.fit = False, width, width
+    return console
 
 
 @contextmanager

@@ -238,3 +238,141 @@ def test_bfloat16_tensors_keep_their_stored_dtype_for_the_checks():
     report = attnviz.inspect(layers, check_rows=True)
     assert report.passed and report.document()["stored_dtype"] == "bfloat16"
     assert attnviz.inspect(layers[0], check_rows=True).document()["stored_dtype"] == "bfloat16"
+
+
+
+def _file_options():
+    """(function, option) for every option of every API function whose command-line value is a file the run
+    reads (metavar FILE or TOKENS): every attention type's RunOptions and its own (structured's adjacency and
+    unary); CaptureOptions and ParamOptions, read by one code path for every type that has them, on the first
+    type with q, k and v; inspect's, compare's and rollout's."""
+    from attnviz.fields import flat_fields
+    from attnviz.inspection.options import CompareOptions, InspectOptions, RolloutOptions
+    from attnviz.run_options import CaptureOptions, ParamOptions, RunOptions
+    from attnviz.variants import REGISTRY
+
+    def files(cls):
+        return [f.name for f, _ in flat_fields(cls) if f.metadata.get("metavar") in ("FILE", "TOKENS")]
+
+    pairs, shared = [], set()
+    for name, variant in REGISTRY.items():
+        pairs += [(name, option) for option in files(RunOptions) + files(variant.params)]
+        for cls in ([ParamOptions] if variant.learned else []) + ([CaptureOptions] if variant.captured_qkv else []):
+            if cls not in shared and variant.captured_qkv:
+                shared.add(cls)
+                pairs += [(name, option) for option in files(cls)]
+    assert shared == {CaptureOptions, ParamOptions}
+    for name, cls in (("inspect", InspectOptions), ("compare", CompareOptions), ("rollout", RolloutOptions)):
+        pairs += [(name, option) for option in files(cls)]
+    return pairs
+
+
+FILE_OPTION_PAIRS = _file_options()
+
+
+def _kinds(value):
+    """The value as NumPy, PyTorch and TensorFlow hand it over (a dict of arrays: each of them)."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("tensorflow")
+    convert = {"numpy": np.asarray, "torch": torch.as_tensor, "tensorflow": tf.constant}
+    for kind, to in convert.items():
+        yield kind, ({k: to(v) for k, v in value.items()} if isinstance(value, dict) else to(value))
+
+
+def _outcome(run, given, names):
+    """The run's document, or its error, with the sources named alike (a file by its path, a value by the
+    option's name)."""
+    try:
+        text = run(given).to_json()
+    except attnviz.AttnvizError as exc:
+        text = json.dumps({"error": type(exc).__name__, "message": str(exc)})
+    for name, option in names:
+        text = text.replace(name, option)
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("function,option", FILE_OPTION_PAIRS, ids=[f"{f}-{o}" for f, o in FILE_OPTION_PAIRS])
+def test_every_file_option_of_every_function_takes_arrays(function, option, tmp_path, monkeypatch,
+                                                          folder):  # noqa: F811
+    """Issue 34: each option that takes a file on the command line takes the value itself in the API (an array
+    as NumPy, PyTorch or TensorFlow hand it over; a label list; a config dict) and gives what the file gives.
+    Before, an array for structured's adjacency reached the file reader ("The truth value of an array ... is
+    ambiguous"). Attention types other than scaled run their README example, the value shaped to its map."""
+    rng = np.random.default_rng(4)
+    q = rng.normal(size=(2, 4, 8)).astype(np.float32)  # 2 heads, 4 positions, d 8
+    w = rng.dirichlet(np.ones(17), size=(2, 1, 2, 17)).astype(np.float32)  # a ViT's [CLS] and 4x4 patches
+    inputs, fixed = [q, q, q], {}
+    if function in attnviz.VARIANTS and function != "scaled" and option in (
+            "mask", "key_padding_mask", "labels", "q_labels", "k_labels"):
+        monkeypatch.chdir(folder)  # the README example's files
+        line = next(line for line in COMPUTE_EXAMPLES if split_shell(line)[0][1] == function)
+        given_inputs, fixed = parsed(split_shell(line)[0][1:])
+        if option.endswith("labels"):
+            fixed = {k: v for k, v in fixed.items() if not k.endswith("labels")}
+        inputs = [s for s in given_inputs if s is not None]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lq, lk = attnviz.compute(function, *inputs, **fixed).weights.shape[-2:]
+    else:
+        monkeypatch.chdir(tmp_path)
+        lq = lk = 4
+    keep = np.ones((lq, lk), np.int64)
+    keep[:, -1] = 0
+    tril = np.tril(np.ones((4, 4), np.int64))
+    cases = {  # option: (value, further options)
+        "mask": (keep, {}), "key_padding_mask": (keep[0], {}), "positions": (np.array([3, 2, 1, 0]), {"rope": True}),
+        "sinks": (np.array([0.5, -1.0], np.float32), {}), "relative_bias_table": (rng.normal(size=(8, 2)), {}),
+        "adjacency": (tril, {}), "unary": (rng.normal(size=(4, 4)), {"method": "crf"}),
+        "labels": ([f"t{i}" for i in range(lk)], {}), "q_labels": ([f"t{i}" for i in range(lq)], {}),
+        "k_labels": ([f"t{i}" for i in range(lk)], {}),
+        "hf_config": ({"model_type": "llama", "hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1,
+                       "rope_theta": 500.0}, {}),
+    }
+    if function in ("inspect", "compare", "rollout"):
+        keep = np.ones((17, 17), np.int64)
+        keep[:, -1] = 0
+        labels = [f"t{i}" for i in range(17)]
+        cases.update({"mask": (keep, {}), "key_padding_mask": (keep[0], {}), "check_mask": (keep, {}),
+                      "image": (rng.integers(0, 256, size=(32, 32, 3)).astype(np.uint8), {"patch_grid": "4x4"}),
+                      "labels": (labels, {}), "q_labels": (labels, {}), "k_labels": (labels, {})})
+    if option == "params":
+        np.save(tmp_path / "q.npy", q)
+        r = runner.invoke(app, [function, "q.npy", "q.npy", "q.npy", "--seed", "0", "--save-params", "p.npz",
+                                "--quiet"])
+        assert r.exit_code == 0, r.stderr
+        cases["params"] = (dict(np.load("p.npz")), {})
+    assert option in cases, f"{function}: no case for its file option {option}"
+    value, extra = cases[option]
+
+    def run(given):
+        options = {**fixed, option: given, **extra}
+        if function == "compare":
+            return attnviz.compare(w, w, **options)
+        if function in ("inspect", "rollout"):
+            return getattr(attnviz, function)(w, **options)
+        return attnviz.compute(function, *inputs, **options)
+
+    if isinstance(value, dict) and option == "hf_config":
+        path = tmp_path / "given.json"
+        path.write_text(json.dumps(value))
+    elif isinstance(value, dict):
+        path = tmp_path / "given.npz"
+        np.savez(path, **value)
+    elif isinstance(value, list):
+        path = tmp_path / "given.txt"
+        path.write_text("\n".join(value) + "\n")
+    else:
+        path = tmp_path / "given.npy"
+        np.save(path, value)
+    names = [(str(path), option), (path.name, option)]  # a path, or its name (the config's summary)
+    if isinstance(value, list):
+        givens = [("list", value), ("numpy", np.array(value))]
+    elif option == "hf_config":
+        givens = [("dict", value)]
+    else:
+        givens = list(_kinds(value))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = _outcome(run, str(path), names)
+        for kind, given in givens:
+            assert _outcome(run, given, names) == expected, kind

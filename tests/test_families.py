@@ -7,6 +7,7 @@ options spelled out without it) and must then differ. Skips cleanly without torc
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -94,10 +95,10 @@ FAMILIES = {
     "olmo2": (lambda: transformers.Olmo2Config(**DECODER), ["--causal"]),
     "phi": (lambda: transformers.PhiConfig(**DECODER, partial_rotary_factor=0.5), ["--rope", "--causal"]),
     "phi3": (lambda: transformers.Phi3Config(**DECODER, num_key_value_heads=2, original_max_position_embeddings=8,
-                                             pad_token_id=0,
+                                             pad_token_id=0, partial_rotary_factor=0.5,  # as Phi-4-mini
                                              rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                                                              "short_factor": [1.0, 1.5, 2.0, 2.5],
-                                                              "long_factor": [3.0, 5.0, 7.0, 9.0],
+                                                              "short_factor": [1.0, 1.5],
+                                                              "long_factor": [3.0, 5.0],
                                                               "original_max_position_embeddings": 8}),
              ["--rope", "--causal"]),
     "gpt_neox": (lambda: transformers.GPTNeoXConfig(**DECODER, rotary_pct=0.25), ["--rope", "--causal"]),
@@ -192,6 +193,61 @@ def inputs(kind):
     return batch, mask
 
 
+def transformers4_form(saved):
+    """A config saved by transformers 5 as transformers 4 wrote it, and many checkpoints still ship it: rope_theta
+    and partial_rotary_factor (GPT-NeoX: rotary_emb_base, rotary_pct) at the top, the scaling in ``rope_scaling``
+    with ``type``, Phi-3's original_max_position_embeddings at the top only, the per-layer bases under their own
+    names (Gemma 3: rope_local_base_freq; ModernBERT: global_ and local_rope_theta). None: the model has no RoPE."""
+    cfg = dict(saved)
+    params = cfg.pop("rope_parameters", None)
+    if not params:
+        return None
+    kind = cfg["model_type"]
+    if "full_attention" in params:  # per layer type
+        full, local = dict(params["full_attention"]), params["sliding_attention"]
+        if kind == "modernbert":
+            return {**cfg, "global_rope_theta": full["rope_theta"], "local_rope_theta": local["rope_theta"]}
+        cfg.update(rope_theta=full.pop("rope_theta"), rope_local_base_freq=local["rope_theta"])
+        params = full
+    else:
+        params = dict(params)
+        cfg["rotary_emb_base" if kind == "gpt_neox" else "rope_theta"] = params.pop("rope_theta")
+    partial = params.pop("partial_rotary_factor", None)
+    if partial is not None:
+        cfg["rotary_pct" if kind == "gpt_neox" else "partial_rotary_factor"] = partial
+    rope_type = params.pop("rope_type")
+    params.pop("type", None)
+    if rope_type != "default":
+        if kind == "phi3":
+            cfg["original_max_position_embeddings"] = params.pop("original_max_position_embeddings")
+        cfg["rope_scaling"] = {"type": rope_type, **params}
+    return cfg
+
+
+def untyped(params):
+    """rope_parameters without the 4.x ``type`` key transformers keeps beside ``rope_type``."""
+    if isinstance(params, dict):
+        return {k: untyped(v) for k, v in params.items() if k != "type"}
+    return params
+
+
+def check_transformers4_form(model, folder, options, theirs, cells):
+    """The 4.x form of the saved config: transformers reads it into the same model, and attnviz into the same
+    weights (issue 34: Phi-3's LongRoPE read from it was 0.55 away on a sequence past the original length)."""
+    form = transformers4_form(json.loads((folder / "model" / "config.json").read_text()))
+    if form is None:
+        return
+    (folder / "model4").mkdir()
+    (folder / "model4" / "config.json").write_text(json.dumps(form))
+    read = transformers.AutoConfig.from_pretrained(folder / "model4")
+    assert untyped(read.rope_parameters) == untyped(model.config.get_text_config().rope_parameters)
+    r = runner.invoke(app, [*options[:options.index("--hf-config") + 1], "model4",
+                            *options[options.index("--hf-config") + 2:]])
+    assert r.exit_code == 0, r.stderr
+    np.testing.assert_allclose(np.where(cells, np.load("ours.npy"), 0), np.where(cells, theirs, 0), atol=1e-5,
+                               err_msg="the transformers-4 form of the config")
+
+
 def reproduce(kind, layer, folder, config=None):
     """Run the row's recipe on a tiny model; returns (the common options, the model's weights, the real
     cells): ours.npy holds attnviz's weights with --hf-config and the row's options."""
@@ -240,11 +296,13 @@ def reproduce(kind, layer, folder, config=None):
     rows = keys if theirs.shape[-2] == theirs.shape[-1] and attention != "cross" else np.ones((b, length), bool)
     cells = rows[:, None, :, None] & keys[:, None, None, :]
 
-    r = runner.invoke(app, [*common, "--hf-config", "model", "--model-layer", str(layer), *row["options"]])
+    options = [*common, "--hf-config", "model", "--model-layer", str(layer), *row["options"]]
+    r = runner.invoke(app, options)
     assert r.exit_code == 0, r.stderr
     ours = np.load("ours.npy")
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(np.where(cells, ours, 0), np.where(cells, theirs, 0), atol=1e-5)
+    check_transformers4_form(model, folder, options, theirs, cells)
     return common, theirs, cells
 
 

@@ -26,6 +26,20 @@ def _mount(target: Path, options: str) -> bool:
     return r.returncode == 0
 
 
+def _fill(folder: Path, leave: int = 0) -> None:
+    """Fill the file system of ``folder`` to the last byte, then free ``leave`` bytes (whole pages)."""
+    fd = os.open(folder / ".filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    if leave:
+        os.truncate(folder / ".filler", os.path.getsize(folder / ".filler") - leave)
+
+
 @pytest.fixture
 def disks(tmp_path):
     """(the working folder on the normal disk, a full tmpfs, a read-only tmpfs)"""
@@ -35,14 +49,7 @@ def disks(tmp_path):
     if not _mount(full, "size=64k"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
-        fd = os.open(full / ".filler", os.O_WRONLY | os.O_CREAT)  # fill it: every write from now on fails (ENOSPC)
-        try:
-            while os.write(fd, b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        _fill(full)  # every write from now on fails (ENOSPC)
         assert _mount(readonly, "size=64k,ro")
         w = np.random.default_rng(0).random((2, 4, 24, 24)).astype(np.float32)
         np.save(tmp_path / "w.npy", w / w.sum(-1, keepdims=True))
@@ -100,6 +107,102 @@ def test_a_results_manifest_on_a_full_disk_is_one_line(disks, monkeypatch):
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip("\n").split("\n")
     assert len(lines) == 1 and "results.jsonl" in lines[0] and "No space left on device" in lines[0], lines
+
+
+def _manifest_lines(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    assert not data or data.endswith(b"\n"), f"a torn last record: {data[-80:]!r}"
+    return [json.loads(line) for line in data.splitlines()]
+
+
+SIXTEEN_JOBS = "".join(json.dumps({"command": "inspect", "args": ["w.npy"], "options": {"heads": str(i % 4),
+                                                                                          "top": i + 1}}) + "\n"
+                       for i in range(16))
+
+
+def test_a_manifest_that_fills_its_disk_mid_batch_holds_whole_records(tmp_path, monkeypatch):
+    """Issue 34: the manifest on a tmpfs with 4 KiB free, 16 jobs: the batch fails with one line naming it, and
+    the manifest holds whole records only (it held 8, then a torn one); --resume then runs the rest."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not _mount(disk, "size=64k"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        _fill(disk, leave=4096)
+        w = np.random.default_rng(0).random((2, 4, 24, 24)).astype(np.float32)
+        np.save(tmp_path / "w.npy", w / w.sum(-1, keepdims=True))
+        (tmp_path / "jobs.jsonl").write_text(SIXTEEN_JOBS)
+        monkeypatch.chdir(tmp_path)
+        manifest = disk / "results.jsonl"
+        result = CliRunner().invoke(app, ["batch", "jobs.jsonl", "--results", str(manifest), "--quiet"])
+        one_line_naming(result, manifest, "No space left on device")
+        done = _manifest_lines(manifest)
+        assert 0 < len(done) < 16 and all(r["exit_code"] == 0 for r in done)
+        os.unlink(disk / ".filler")  # room again: --resume runs the jobs not recorded
+        result = CliRunner().invoke(app, ["batch", "jobs.jsonl", "--results", str(manifest), "--resume", "--json",
+                                          "--quiet"])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        assert (summary["resumed"], summary["run"]) == (len(done), 16 - len(done)), summary
+        assert len(_manifest_lines(manifest)) == 16
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_a_short_write_of_a_record_is_cut_back(tmp_path, monkeypatch):
+    """The same without a tmpfs: the record's write falls short and the rest fails with ENOSPC; the manifest
+    is cut back to its last line feed and the batch fails with one line."""
+    import errno as errnos
+
+    import attnviz.batch.results as results
+
+    w = np.random.default_rng(0).random((2, 4, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "w.npy", w / w.sum(-1, keepdims=True))
+    (tmp_path / "jobs.jsonl").write_text(SIXTEEN_JOBS)
+    monkeypatch.chdir(tmp_path)
+    room = {"left": 1500}
+
+    class FillingOs:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def write(self, fd, data):
+            if room["left"] <= 0:
+                raise OSError(errnos.ENOSPC, os.strerror(errnos.ENOSPC))
+            n = os.write(fd, bytes(data[: room["left"]]))
+            room["left"] -= n
+            return n
+
+    monkeypatch.setattr(results, "os", FillingOs())
+    result = CliRunner().invoke(app, ["batch", "jobs.jsonl", "--results", "results.jsonl", "--quiet"])
+    one_line_naming(result, Path("results.jsonl"), "No space left on device")
+    done = _manifest_lines(tmp_path / "results.jsonl")
+    assert 0 < len(done) < 16
+
+
+def test_resume_drops_a_torn_last_line_and_says_so(tmp_path, monkeypatch):
+    """A manifest that ends in a partial line (a run killed, or a disk filled, while writing it): --resume
+    drops that line with a warning (also with --quiet) and runs its job again, the other records kept."""
+    w = np.random.default_rng(0).random((2, 4, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "w.npy", w / w.sum(-1, keepdims=True))
+    (tmp_path / "jobs.jsonl").write_text(SIXTEEN_JOBS[: SIXTEEN_JOBS.index("\n", 200) + 1])  # 3 jobs
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["batch", "jobs.jsonl", "--results", "results.jsonl", "--quiet"])
+    assert result.exit_code == 0, result.output
+    whole = Path("results.jsonl").read_bytes()
+    Path("results.jsonl").write_bytes(whole[: whole.rindex(b"\n", 0, len(whole) - 1) + 1] + whole.splitlines()[-1][:37])
+    for quiet in (["--quiet"], []):
+        result = CliRunner().invoke(app, ["batch", "jobs.jsonl", "--results", "results.jsonl", "--resume", "--json",
+                                          *quiet])
+        assert result.exit_code == 0, result.output
+        warning = [line for line in result.stderr.splitlines() if "cut short" in line]
+        if quiet:
+            assert len(warning) == 1 and "results.jsonl" in warning[0] and "dropped" in warning[0], result.stderr
+            summary = json.loads(result.stdout)
+            assert (summary["resumed"], summary["run"]) == (2, 1), summary
+        else:
+            assert not warning and json.loads(result.stdout)["resumed"] == 3  # whole again
+        assert len(_manifest_lines(tmp_path / "results.jsonl")) == 3
 
 
 # ----------------------------------------------------------------------------------------------

@@ -155,8 +155,9 @@ SPECIAL = [
      ["header.safetensors", "the header claims 4611686018427387904 bytes"], False),
     ("huge.h5", huge_h5, ["inspect", "FILE:attn"], 1, ["huge.h5:attn", "4.0 PiB", "more than the"], True),
     ("huge.h5", huge_h5, ["inspect", "FILE:flat"], 1, ["huge.h5:flat", "4.0 PiB"], False),
-    ("fifo.npy", lambda p: os.mkfifo(p), ["inspect", "FILE"], 2, ["fifo.npy", "named pipe (FIFO)"], True),
-    ("fifo.json", lambda p: os.mkfifo(p), ["scaled", "FILE", "FILE", "FILE"], 2, ["fifo.json", "named pipe"], True),
+    ("fifo.npy", lambda p: os.mkfifo(p), ["inspect", "FILE"], 2, ["fifo.npy", "named pipe (FIFO)", "'-'"], True),
+    ("fifo.safetensors", lambda p: os.mkfifo(p), ["scaled", "FILE", "FILE", "FILE"], 2,
+     ["fifo.safetensors", "named pipe", "memory-mapped", "standard input"], True),  # text from a pipe: test_pipes.py
     ("zero.npy", lambda p: p.symlink_to("/dev/zero"), ["inspect", "FILE"], 2,
      ["zero.npy", "symbolic link to /dev/zero", "character device"], True),
     ("zero.json", lambda p: p.symlink_to("/dev/zero"), ["inspect", "FILE"], 2, ["zero.json", "/dev/zero"], True),

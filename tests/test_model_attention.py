@@ -382,6 +382,14 @@ def test_proportional_rope_equals_transformers():
                                                     "original_max_position_embeddings": 4}, **kw)),
     ({"model_type": "gpt_neox", "rotary_pct": 0.5, "rotary_emb_base": 20000},
      lambda t, **kw: t.GPTNeoXConfig(rotary_pct=0.5, rotary_emb_base=20000, **kw)),
+    ({"model_type": "llama", "rope_theta": 1000.0, "rope_scaling": {"type": "linear", "factor": 2.0},
+      "rope_parameters": {"rope_type": "linear", "rope_theta": 100000.0, "factor": 3.0}},  # rope_scaling wins
+     lambda t, **kw: t.LlamaConfig(rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}, **kw)),
+    ({"model_type": "llama", "rope_theta": 1000.0, "rope_scaling": {"type": "llama3", "factor": 2.0,
+                                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+     lambda t, **kw: t.LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 1000.0, "factor": 2.0,
+                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 64}, **kw)),
 ])
 def test_configs_of_transformers_4_and_5_read_alike(qkv, old, new):
     """A config.json as the hub holds it (transformers 4: rope_theta, rope_scaling, rotary_pct) and the

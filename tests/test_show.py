@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import math
 import os
 import re
@@ -50,6 +51,7 @@ def files(tmp_path_factory):
     np.save(d / "dump.npy", softmax_dump((3, 1, 4, 12, 12)))
     np.save(d / "dumpb.npy", softmax_dump((3, 1, 4, 12, 12), seed=1))
     (d / "tok.txt").write_text("\n".join(f"w{i}" for i in range(12)) + "\n")
+    np.save(d / "q.npy", np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32))
     return d
 
 
@@ -301,9 +303,28 @@ def test_no_escape_code_in_a_pipe(files):
     assert invoke("inspect", files / "dump.npy", "--show", "--graphics", "none", "--no-table").stdout == ""
 
 
+@pytest.mark.parametrize("command", ["inspect", "compare", "rollout", "scaled"])
+def test_show_with_json_in_a_pipe_prints_the_document(files, command):
+    """Issue 34: ``attnviz inspect w.npy --show --json | jq .``: stdout is not a terminal, so --show is quietly
+    nothing (a picture would corrupt the document) and the document is printed, whatever --graphics says."""
+    inputs = {"inspect": ["dump.npy"], "compare": ["dump.npy", "dumpb.npy"], "rollout": ["dump.npy"],
+              "scaled": ["q.npy", "q.npy", "q.npy"]}[command]
+    for drawn in ([], ["--graphics", "blocks"]):
+        r = invoke(command, *[files / f for f in inputs], "--show", "--json", *drawn)
+        assert json.loads(r.stdout)["attnviz"] and r.stdout.count("\n") == 1, r.stdout[:300]
+
+
+def test_show_with_json_on_a_terminal_is_a_usage_error(files):
+    """On a terminal the picture and the document would share the screen: one line, exit 2."""
+    from tests.terminals import run_in_terminal
+
+    code, text = run_in_terminal(["inspect", files / "dump.npy", "--show", "--json"])
+    assert code == 2, text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--show" in lines[0] and "--json-file" in lines[0], text
+
+
 def test_bad_uses_are_one_line(files):
-    r = invoke("inspect", files / "dump.npy", "--show", "--json", code=2)
-    assert "--show" in r.stderr and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
     r = invoke("inspect", files / "dump.npy", "--show", env={"ATTNVIZ_GRAPHICS": "sixels"}, code=2)
     assert "ATTNVIZ_GRAPHICS" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = invoke("inspect", files / "dump.npy", "--show", "--graphics", "png", code=2)

@@ -111,13 +111,13 @@ def compute(name: str, *arrays: Any, **options: Any) -> Computed:
             if input_name in given:
                 raise UsageError(f"{name}: {input_name} given twice.")
             given[input_name] = options.pop(input_name)
-    memory: dict[str, Any] = {}
-    options = option_values(options, memory)
     classes: list[type] = [RunOptions, variant.params]
     if variant.learned:
         classes.append(ParamOptions)
     if variant.captured_qkv:
         classes.append(CaptureOptions)
+    memory: dict[str, Any] = {}
+    options = option_values(options, memory, classes)
     built = dict(zip((c.__name__ for c in classes), _split(name, options, classes)))
     specs: list[str | None] = []
     for input_name in names:
@@ -190,7 +190,7 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
-    options = option_values({**options, "labels": labels, "mask": mask}, memory)
+    options = option_values({**options, "labels": labels, "mask": mask}, memory, [InspectOptions])
     (built,) = _split("inspect", options, [InspectOptions])
     spec = _spec(weights, "weights", memory)
     from dataclasses import replace
@@ -212,7 +212,7 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
     from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
-    options = option_values(options, memory)
+    options = option_values(options, memory, [CompareOptions])
     (built,) = _split("compare", options, [CompareOptions])
     specs = [_spec(a, "a", memory), _spec(b, "b", memory)]
     with in_memory(memory):
@@ -236,7 +236,7 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
-    options = option_values({**options, "labels": labels, "mask": mask}, memory)
+    options = option_values({**options, "labels": labels, "mask": mask}, memory, [RolloutOptions])
     (built,) = _split("rollout", options, [RolloutOptions])
     spec = _spec(weights, "weights", memory)
     with in_memory(memory):

@@ -7,7 +7,7 @@ their own methods, never by importing their library)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,11 +15,20 @@ import numpy as np
 from attnviz.errors import InputError
 from attnviz.io import MemoryContainer
 
-#: options whose command-line value is a file: the API takes the value itself (arrays, label lists, a
-#: config dict) and hands it over in memory; a string is still a file name (or a spec)
-FILE_OPTIONS = ("mask", "key_padding_mask", "check_mask", "positions", "sinks", "relative_bias_table", "params",
-                "hf_config", "labels", "q_labels", "k_labels", "image", "grads")
+#: the metavars of the options whose command-line value is a file the run reads (``FILE``: an array, a
+#: parameters file, a config; ``TOKENS``: labels): the API takes the value itself (an array or tensor, a
+#: dict of them, a label list, a config dict) and hands it over in memory; a string is still a file name
+#: (or a spec). Files a run writes have other metavars (``FILE.npz``, ``FILE.npy``).
+INPUT_METAVARS = ("FILE", "TOKENS")
 LABEL_OPTIONS = ("labels", "q_labels", "k_labels")
+
+
+def file_options(classes: Sequence[type]) -> tuple[str, ...]:
+    """The options of the option dataclasses ``classes`` whose command-line value is a file the run reads."""
+    from attnviz.fields import flat_fields
+
+    names = (f.name for cls in classes for f, _ in flat_fields(cls) if f.metadata.get("metavar") in INPUT_METAVARS)
+    return tuple(dict.fromkeys(names))
 
 
 #: PyTorch's small floats, which NumPy holds through ml_dtypes (as files of them are read)
@@ -92,14 +101,14 @@ def labels_value(value: Any, name: str) -> list[str]:
     return [str(v) for v in value]
 
 
-def option_values(options: dict[str, Any], memory: dict[str, Any]) -> dict[str, Any]:
-    """Options as the library takes them: arrays, label lists and config dicts given for a file option
-    go to ``memory`` under the option's name and the option becomes its in-memory spec; a dict for
-    ``rope_scaling`` becomes its JSON text."""
+def option_values(options: dict[str, Any], memory: dict[str, Any], classes: Sequence[type]) -> dict[str, Any]:
+    """Options of the dataclasses ``classes`` as the library takes them: arrays, label lists and config
+    dicts given for a file option go to ``memory`` under the option's name and the option becomes its
+    in-memory spec; a dict for ``rope_scaling`` becomes its JSON text."""
     from attnviz.io import memory_spec
 
     out = dict(options)
-    for name in FILE_OPTIONS:
+    for name in file_options(classes):
         value = out.get(name)
         if value is None or isinstance(value, str):
             continue

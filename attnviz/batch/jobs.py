@@ -15,7 +15,8 @@ options that name files, resolve against the jobs file's folder. Jobs run quietl
 A line that cannot be a job (not UTF-8, not valid JSON, nested too deeply, not an object, wrong types,
 option values other than strings, finite numbers, true/false/null or lists of those) fails that job
 alone, with a message naming the line; the other jobs run. The jobs file (or ``-``, standard input) is
-read like every text input: a regular file, in pieces, at most ``MAX_TEXT_BYTES``.
+read like every text input: a regular file or a named pipe (``<(...)``), in pieces, at most
+``MAX_TEXT_BYTES``. Relative paths in a jobs file from a pipe resolve against the current folder, as for ``-``.
 
 Without a jobs file, ``--each GLOB -- COMMAND ARGS...`` makes one job per file (``--each -``: paths
 from standard input, one a line), the placeholders of ``attnviz.batch.filemaps`` filled in; paths are
@@ -264,7 +265,7 @@ def _jobs_bytes(spec: str) -> tuple[bytes, str, Path]:
     """The jobs file's bytes (bounded, a regular file only), how to name it, and the folder paths resolve in."""
     import sys
 
-    from attnviz.formats._base import MAX_TEXT_BYTES, read_limited, regular_file, size_str
+    from attnviz.formats._base import is_pipe, read_limited, read_text_bytes
 
     if spec == "-":
         source = "'-' (<stdin>)"
@@ -274,20 +275,12 @@ def _jobs_bytes(spec: str) -> tuple[bytes, str, Path]:
         return read_limited(getattr(stream, "buffer", None) or stream, source, what="jobs"), source, Path.cwd()
     path = Path(spec)
     try:
-        size = regular_file(path, spec)
+        data = read_text_bytes(path, spec, what="jobs")  # a regular file, or a named pipe (<(...)) read once
     except UsageError as exc:
         if exc.message == f"{spec}: no such file.":
             raise UsageError(f"{spec}: no such jobs file.") from None
         raise
-    if size > MAX_TEXT_BYTES:
-        raise InputError(f"{spec}: {size_str(size)} of jobs, more than the {size_str(MAX_TEXT_BYTES)} attnviz reads; "
-                         "split it, or use --shard.")
-    try:
-        with open(path, "rb") as fh:
-            data = read_limited(fh, spec, what="jobs")
-    except OSError as exc:
-        raise InputError(f"{spec}: cannot read ({exc.strerror or exc}).") from None
-    return data, spec, path.resolve().parent
+    return data, spec, Path.cwd() if is_pipe(path) else path.resolve().parent  # a pipe has no folder
 
 
 def read_jobs(spec: str, runner: Runner) -> tuple[list[Job], Path]:

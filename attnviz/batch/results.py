@@ -3,13 +3,17 @@ command line, exit code, files written, seconds and a summary of its JSON docume
 is made from a job's result, and reading the manifest back for ``--resume`` and for merging shards.
 
 A line is written with one ``write()`` on a file opened with ``O_APPEND`` while holding an exclusive
-``flock``, so threads and processes sharing the file never interleave lines. A line without its line
-feed at the end of the file (a process killed while writing it) is cut off, under the same lock,
-before the next line is written, and ignored when the file is read.
+``flock``, so threads and processes sharing the file never interleave lines. A line goes in whole or not
+at all: when the write fails or falls short and the rest cannot be written either (``ENOSPC`` on a full
+disk, ``EFBIG``), the file is cut back to where the line began, its last line feed, before the error is
+reported. A line without its line feed at the end of the file (a process killed while writing it) is cut
+off, under the same lock, before the next line is written, and dropped when the file is read (``--resume``
+says so).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -166,9 +170,18 @@ class ResultsFile:
 
         def write() -> None:
             self._repair()
+            start = os.fstat(self._fd).st_size  # just after the last line feed
             view = memoryview(data)
-            while view:  # one write() in practice; the rest of a short write still under the lock
-                view = view[os.write(self._fd, view):]
+            try:
+                while view:  # one write() in practice; the rest of a short write, still under the lock, may
+                    written = os.write(self._fd, view)  # succeed (a signal cut it) or say why it cannot
+                    if written <= 0:
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view = view[written:]
+            except OSError:
+                if os.fstat(self._fd).st_size > start:
+                    os.ftruncate(self._fd, start)  # the line goes in whole or not at all
+                raise
 
         try:
             self._locked(write)
@@ -176,20 +189,20 @@ class ResultsFile:
             raise OutputError(f"--results {self.path}: cannot write ({exc.strerror or exc}).") from None
 
 
-def read_results(path: str) -> tuple[dict[str, dict[str, Any]], int]:
-    """The last complete record of every job in a results file (by ``record_key``), and how many lines
-    were unreadable (a torn last line, or not a record). No file: nothing recorded."""
+def read_results(path: str) -> tuple[dict[str, dict[str, Any]], int, bool]:
+    """The last complete record of every job in a results file (by ``record_key``), how many lines were
+    unreadable (not a record), and whether the last line was cut short (no line feed: its writer was
+    killed, or its disk filled, while writing it; dropped). No file: nothing recorded."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        return {}, 0
+        return {}, 0, False
     except OSError as exc:
         raise OutputError(f"--results {path}: cannot read it ({exc.strerror or exc}).") from None
     records: dict[str, dict[str, Any]] = {}
     bad = 0
     lines = data.split(b"\n")
-    if lines[-1]:
-        bad += 1  # a last line without its line feed: torn
+    torn = bool(lines[-1])  # a last line without its line feed
     for raw in lines[:-1]:
         if not raw.strip():
             continue
@@ -201,7 +214,7 @@ def read_results(path: str) -> tuple[dict[str, dict[str, Any]], int]:
             continue
         if isinstance(rec, dict):
             records[key] = rec
-    return records, bad
+    return records, bad, torn
 
 
 def is_complete(record: Mapping[str, Any] | None, outputs: Sequence[str]) -> bool:

@@ -140,6 +140,7 @@ class BatchPlan:
     each: bool = False  # one job per file (--each): the summary names files, not lines
     resumed: bool = False
     unreadable: int = 0  # lines of the manifest that could not be read
+    torn: bool = False  # the manifest's last line was cut short (dropped: its job runs again)
 
 
 @dataclass
@@ -205,7 +206,7 @@ def plan_batch(spec: list[str], each: str | None, shard: str | None, results_pat
     jobs = [all_jobs[n] for n in shard_positions([j.key for j in all_jobs], index, count)]
     plan = BatchPlan(all_jobs, jobs, jobs, [], (index, count), results_path, each is not None)
     if resume and results_path is not None:
-        records, plan.unreadable = read_results(results_path)
+        records, plan.unreadable, plan.torn = read_results(results_path)
         plan.todo, plan.resumed = [], True
         for job in jobs:
             record = records.get(job.key) if job.argv else None

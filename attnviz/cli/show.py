@@ -25,14 +25,21 @@ from attnviz.streams import MessageConsole, output_width, stdout
 QUERY_TIMEOUT = 0.1  # seconds to wait for the terminal's answer
 
 
-def check(show: ShowOptions, json: bool) -> None:
-    """Option values that contradict each other (exit 2): ``--show`` draws on stdout, which ``--json`` gives
-    to the document; a bad ``ATTNVIZ_GRAPHICS``."""
+def check(show: ShowOptions, json: bool) -> ShowOptions:
+    """The ``--show`` to draw with, or a usage error (exit 2) for values that contradict each other: with
+    ``--json`` on a terminal, where the picture and the document would share the screen (in a pipe the
+    document owns stdout: ``--show`` is quietly nothing there, as a picture would corrupt it); a bad
+    ``ATTNVIZ_GRAPHICS``."""
     if show.show and json:
-        raise UsageError("--show draws on stdout, which --json gives to the JSON document; write the document "
-                         "with --json-file instead.")
+        if _is_tty(stdout()):
+            raise UsageError("--show draws on stdout, which --json gives to the JSON document; write the document "
+                             "with --json-file instead.")
+        from dataclasses import replace
+
+        return replace(show, show=False)
     if show.show:
         show.mode()
+    return show
 
 
 def _is_tty(stream: Any) -> bool:

@@ -3,8 +3,12 @@ key listings for messages, and the limits every input is held to. NumPy only.
 
 The limits (docs/inputs.md):
 
-- only regular files are read (``regular_file``): a directory, a device such as ``/dev/zero``, a FIFO
-  or a socket, also behind a symbolic link, is refused before it is opened (exit 2, as a missing file);
+- arrays are read from regular files only (``regular_file``): a directory, a device such as ``/dev/zero``,
+  a FIFO or a socket, also behind a symbolic link, is refused before it is opened (exit 2, as a missing
+  file); a FIFO's message says that ``-`` reads an array (as JSON) from standard input;
+- text (labels, token files, jobs files, configs, JSON) is also read from a named pipe (``<(...)``, a
+  FIFO): once, in pieces, up to the same limit (``read_text_bytes``; a run that asks for it again gets
+  what was read);
 - sizes are judged from headers before anything is allocated: data that stays on disk (memory-mapped:
   ``.npy``, uncompressed ``.npz`` members, safetensors, contiguous HDF5 datasets, zip ``torch.save``
   files) must lie within the file's real size; data that must be held in memory (compressed members,
@@ -36,6 +40,13 @@ LISTED = 20
 KEY_CHARS = 80
 #: the most text (bytes) read from a JSON file, standard input, a label file or a jobs file
 MAX_TEXT_BYTES = 64 * 2**20
+#: what to do about too much text, by what it is
+TOO_MUCH = {"JSON": "save large arrays with numpy.save (.npy)", "jobs": "split it, or use --shard"}
+#: what a named pipe of an array is told (arrays are memory-mapped: a pipe cannot be)
+PIPED_ARRAY = ("arrays are memory-mapped from regular files: save it to a file, or give the array as JSON on "
+               "standard input with '-'")
+#: how many named pipes' text a process keeps (a pipe is read once; a run may ask for it again)
+PIPES_KEPT = 8
 #: the deepest nesting of ``[``/``{`` a JSON text may have (NumPy arrays have at most 64 dimensions)
 MAX_JSON_DEPTH = 64
 #: the least ``memory_limit()`` gives, however little memory seems free
@@ -170,10 +181,14 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (
           (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
 
 
-def regular_file(path: str | os.PathLike[str], source: str | None = None) -> int:
+class BinaryText(InputError):
+    """Text that holds binary data (a NUL byte)."""
+
+
+def regular_file(path: str | os.PathLike[str], source: str | None = None, pipe: str = PIPED_ARRAY) -> int:
     """The size of ``path`` if it is a regular file (symbolic links followed); a directory, a device, a
     FIFO or a socket, also behind a symbolic link, is a usage error (exit 2) before anything opens it,
-    so nothing hangs on a pipe or reads ``/dev/zero`` for ever."""
+    so nothing hangs on a pipe or reads ``/dev/zero`` for ever. A FIFO's message adds ``pipe``."""
     name = source if source is not None else str(path)
     try:
         info = os.stat(path)
@@ -193,7 +208,17 @@ def regular_file(path: str | os.PathLike[str], source: str | None = None) -> int
     via = f" (a symbolic link to {os.path.realpath(path)})" if os.path.islink(path) else ""
     if stat.S_ISDIR(info.st_mode):
         raise UsageError(f"{name}: is a directory{via}, not an array file.")
+    if stat.S_ISFIFO(info.st_mode):
+        raise UsageError(f"{name}: is {kind}{via}; {pipe}.")
     raise UsageError(f"{name}: is {kind}{via}, not a regular file; attnviz reads regular files only.")
+
+
+def is_pipe(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a named pipe (a FIFO, or ``/dev/fd/N`` of ``<(...)``), symbolic links followed."""
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -217,35 +242,62 @@ def read_limited(stream: IO[Any], source: str, limit: int = MAX_TEXT_BYTES, what
         data = chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else bytes(chunk)
         nul = data.find(b"\0")
         if nul >= 0:  # binary: say so now rather than after reading up to the limit (/dev/zero, /dev/urandom)
-            raise InputError(f"{source}: holds binary data (a NUL byte at offset {total + nul}), not {what} text.")
+            raise BinaryText(f"{source}: holds binary data (a NUL byte at offset {total + nul}), not {what} text.")
         chunks.append(data)
         total += len(data)
         if total > limit:
+            advice = TOO_MUCH.get(what)
             raise InputError(f"{source}: more than {size_str(limit)} of {what}; attnviz reads at most that much "
-                             "text. Save large arrays with numpy.save (.npy).")
+                             f"text{'; ' + advice if advice else ''}.")
     return b"".join(chunks)
 
 
-def read_text_file(path: str | os.PathLike[str], source: str, limit: int = MAX_TEXT_BYTES,
-                   what: str = "JSON") -> str:
-    """A regular file's text: at most ``limit`` bytes, UTF-8 (a byte-order mark is dropped)."""
-    size = regular_file(path, source)
-    if size > limit:
-        raise InputError(f"{source}: {size_str(size)} of {what}, more than the {size_str(limit)} attnviz reads; "
-                         "save large arrays with numpy.save (.npy).")
+_PIPES: dict[tuple[int, int], bytes] = {}  # the text of the named pipes read, by (device, inode)
+
+
+def read_text_bytes(path: str | os.PathLike[str], source: str, limit: int = MAX_TEXT_BYTES,
+                    what: str = "JSON") -> bytes:
+    """The bytes of a text input, at most ``limit``: a regular file, or a named pipe (``--labels <(...)``, a
+    FIFO) read once, in pieces, to its end (what was read is kept: a run that reads it again, as a batch
+    or several files do, gets the same text). Anything else is refused as ``regular_file`` refuses it."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        info = None
+    piped = info is not None and stat.S_ISFIFO(info.st_mode)
+    if not piped:
+        size = regular_file(path, source)
+        if size > limit:
+            advice = TOO_MUCH.get(what)
+            raise InputError(f"{source}: {size_str(size)} of {what}, more than the {size_str(limit)} attnviz reads"
+                             f"{'; ' + advice if advice else ''}.")
+    key = (info.st_dev, info.st_ino) if info is not None and piped else None
+    if key is not None and key in _PIPES:
+        return _PIPES[key]
     try:
         with open(path, "rb") as fh:
             data = read_limited(fh, source, limit, what)
     except OSError as exc:
         raise InputError(f"{source}: cannot read ({exc.strerror or exc}).") from None
-    return decode_text(data, source, what)
+    if key is not None:
+        _PIPES[key] = data
+        while len(_PIPES) > PIPES_KEPT:
+            del _PIPES[next(iter(_PIPES))]
+    return data
+
+
+def read_text_file(path: str | os.PathLike[str], source: str, limit: int = MAX_TEXT_BYTES,
+                   what: str = "JSON") -> str:
+    """A text input's text (``read_text_bytes``: a regular file or a named pipe): at most ``limit`` bytes,
+    UTF-8 (a byte-order mark is dropped)."""
+    return decode_text(read_text_bytes(path, source, limit, what), source, what)
 
 
 def decode_text(data: bytes, source: str, what: str = "JSON") -> str:
     """UTF-8 text, or an error saying where the first byte that is not text is."""
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise InputError(f"{source}: holds binary data (a NUL byte at offset {nul}), not {what} text.")
+        raise BinaryText(f"{source}: holds binary data (a NUL byte at offset {nul}), not {what} text.")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

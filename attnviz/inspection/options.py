@@ -193,7 +193,7 @@ class RolloutOptions:
         "needs --grads", panel=ROLLOUT)
     grads: str | None = option(None, "--method grad: the gradients of the explained score with respect to every "
                                "layer's attention weights, read as the weights are (same formats and shape)",
-                               panel=ROLLOUT, metavar="SPEC")
+                               panel=ROLLOUT, metavar="FILE")
     heads: Literal[HEAD_COMBINE] = option(  # type: ignore[valid-type]
         "mean", "how each layer's heads are combined (the paper: mean)", panel=ROLLOUT)
     residual: float = option(0.5, "r in A' = (1 - r) A + r I, the residual connection's share (the paper: 0.5; 0: "

@@ -8,7 +8,8 @@ and a round trip on a Unix socket.
 
 **When not.** The command runs in its own process, as it always did, with ``ATTNVIZ_NO_SERVER=1`` or
 the global ``--no-server`` flag; for help, ``--version``, ``attnviz`` alone and ``attnviz serve``
-itself; for a shell's completion request (``_ATTNVIZ_COMPLETE``); with ``ATTNVIZ_DEBUG`` or a
+itself; for a shell's completion request (``_ATTNVIZ_COMPLETE``); when an argument names a pipe
+(``<(...)`` is open in this process only); with ``ATTNVIZ_DEBUG`` or a
 ``TF_CPP_MIN_LOG_LEVEL`` of 0 to 2 (TensorFlow's own messages come from a fresh import only); when no
 worker listens; when the one listening is another attnviz (version, installation or source files
 changed since it started) or runs with another environment for TensorFlow, CUDA, matplotlib or Python
@@ -64,12 +65,28 @@ def bypass_reason(args: list[str], environ: Any = None) -> str | None:
         return "help"
     if "-" in args[1:] and _isatty(0):  # typed by hand: a worker would wait for it, and every other client too
         return "standard input from a terminal"
+    if any(_names_a_pipe(a) for a in args[1:]):  # <(...) is open in this process only; a FIFO is read here once
+        return "a named pipe among the arguments"
     if environ.get("ATTNVIZ_DEBUG", "") not in ("", "0") or \
             environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() in ("0", "1", "2"):
         return "TensorFlow's messages asked for (they come from a fresh import)"
     if sys.stdout is None or sys.stderr is None:
         return "no standard output"
     return None
+
+
+def _names_a_pipe(arg: str) -> bool:
+    """Whether a command-line argument (or the value of ``--option=VALUE``) names a pipe: ``/dev/fd/N`` of
+    process substitution, or a FIFO."""
+    import stat
+
+    value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
+    if value.startswith(("/dev/fd/", "/proc/self/fd/")):
+        return True
+    try:
+        return stat.S_ISFIFO(os.stat(value).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _isatty(fd: int) -> bool:

@@ -71,6 +71,9 @@ def run_batch_command(spec: list[str], each: str | None, shard: str | None, resu
         err.print(f"resume: {len(plan.before)} of {len(plan.jobs)} jobs done before ({results_path}); running "
                   f"{len(plan.todo)}" + (f"; {plan.unreadable} unreadable line(s) ignored" if plan.unreadable else ""),
                   style="dim")
+    if plan.torn:
+        err.print(f"warning: --results {results_path}: its last line was cut short (a run stopped, or its disk "
+                  "filled, while writing it); dropped it, and that job runs again", style="yellow")
     if quiet or not plan.todo:
         outcome = run_batch(plan, runner=runner, workers=workers, fail_fast=fail_fast)
     else:

@@ -74,7 +74,7 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
     check_html_path(out.html)
     fig.check(diverging=True)
     show = show or ShowOptions()
-    shown.check(show, out.json)
+    show = shown.check(show, out.json)
     run = compare.prepare_compare(options)
     targets = check_outputs({"--png": out.png, "--json-file": out.json_file, "--html": out.html}, run.paths)
     err = err_console()

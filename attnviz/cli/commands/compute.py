@@ -83,7 +83,7 @@ def run_command(variant: Variant, kwargs: dict[str, Any]) -> None:
     show: ShowOptions = _take(kwargs, ShowOptions)
     out.check()
     fig.check()
-    show_check(show, out.json)
+    show = show_check(show, out.json)
     check_save_params(param_options.save_params)
 
     try:

@@ -121,7 +121,7 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     check_overlay(out.overlay_png, options.images)
     fig.check()
     show = show or ShowOptions()
-    shown.check(show, out.json)
+    show = shown.check(show, out.json)
     err = err_console()
     options = replace(options, received=out.document or out.received_png is not None or out.tables,
                       row_stats=out.document or out.tables)

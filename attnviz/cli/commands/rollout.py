@@ -101,7 +101,7 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
     check_overlay(out.overlay_png, options.images)
     fig.check()
     show = show or ShowOptions()
-    shown.check(show, out.json)
+    show = shown.check(show, out.json)
     run = run_rollout(options)
     w = run.weights
     targets = check_outputs({"--png": out.png, "--overlay-png": out.overlay_png, "--json-file": out.json_file,
