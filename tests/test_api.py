@@ -334,7 +334,8 @@ def test_every_file_option_of_every_function_takes_arrays(function, option, tmp_
         labels = [f"t{i}" for i in range(17)]
         cases.update({"mask": (keep, {}), "key_padding_mask": (keep[0], {}), "check_mask": (keep, {}),
                       "image": (rng.integers(0, 256, size=(32, 32, 3)).astype(np.uint8), {"patch_grid": "4x4"}),
-                      "labels": (labels, {}), "q_labels": (labels, {}), "k_labels": (labels, {})})
+                      "labels": (labels, {}), "q_labels": (labels, {}), "k_labels": (labels, {}),
+                      "grads": (rng.normal(size=w.shape).astype(np.float32), {"method": "grad"})})
     if option == "params":
         np.save(tmp_path / "q.npy", q)
         r = runner.invoke(app, [function, "q.npy", "q.npy", "q.npy", "--seed", "0", "--save-params", "p.npz",

@@ -295,7 +295,8 @@ BASE = {"scaled": QKV, "dot": QKV, "general": QKV, "additive": QKV, "multihead":
         "self": ["q.npy"], "pooling": ["q.npy"], "coattention": ["q.npy", "k.npy"], "local": [*QKV, "--window", "1"],
         "hard": QKV, "sparse": QKV, "structured": ["q.npy", "--adjacency", "adj.npy"], "hierarchical": ["doc.npy"],
         "bidirectional": ["q.npy", "k.npy"], "inspect": ["weights.npy"], "compare": ["weights.npy", "w2.npy"],
-        "batch": ["jobs.jsonl"], "variants": [], "serve": ["--status"], "rollout": ["weights.npy"], "capture": ["weights.npy", "--text", "a", "-o", "c.safetensors"],
+        "batch": ["jobs.jsonl"], "variants": [], "serve": ["--status"], "rollout": ["weights.npy"],
+        "capture": ["weights.npy", "--text", "a", "-o", "c.safetensors"],
         "repeat-test": ["5", "--vocab-size", "10"], "view": ["weights.npy"]}
 NUMERIC = _options(int) + _options(float)
 

@@ -144,7 +144,7 @@ class Recorder:
             wanted = {i if i >= 0 or count is None else count + i for i in self.layers}
             if n not in wanted:
                 self.sites[key] = None
-            return None
+                return None
         self.sites[key] = site
         return site
 
