@@ -14,6 +14,7 @@ SUBWORD_STYLES = ("auto", "wordpiece", "sentencepiece", "bpe")  # --subword-styl
 HEAD_COMBINE = ("mean", "max", "min")  # how attention rollout combines a layer's heads
 #: the methods of attnviz rollout (attnviz.inspection.rollout.METHODS has their functions)
 ROLLOUT_METHODS = ("rollout", "flow", "grad")
+WEIGH_BY = ("weights", "value-norms")  # what inspect and rollout analyse (--weigh-by)
 UPSAMPLING = ("nearest", "bilinear")  # how a patch grid is brought to the image's pixels (--upsample)
 
 #: the largest width of a learned layer (--units, --key-dim, ...) and number of heads an option may

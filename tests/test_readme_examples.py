@@ -290,6 +290,7 @@ def folder(tmp_path_factory) -> Path:
     if (d / "my-model").is_dir():  # what `attnviz capture ./my-model ... -o run.safetensors` writes
         invoke(["capture", str(d / "my-model"), "--text", "The cat sat on the mat.", "--text", "A dog ran.", "-o",
                 str(d / "run.safetensors")])
+        _gradient_capture(d / "grads.safetensors")
     return d
 
 
@@ -310,6 +311,22 @@ def _model_folder(path: Path) -> None:
                                   num_attention_heads=4, intermediate_size=64)
     transformers.BertModel(cfg).save_pretrained(str(path))
     tok.save_pretrained(str(path))
+
+
+def _gradient_capture(path: Path) -> None:
+    """A capture with gradients (``attnviz capture --target next``) of a tiny Llama: rollout --method grad's
+    example reads it."""
+    import torch
+    import transformers
+
+    import attnviz
+
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with attnviz.capture(model, path=path, target="next"):
+        model(torch.randint(0, 50, (2, 6)))
 
 
 # ---------------------------------------------------------------- the tests

@@ -102,6 +102,10 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
     from attnviz.errors import UsageError
 
     w = load_weights(options.weights, options.layout, generation=options.generation)
+    if options.weigh_by != "weights":
+        from attnviz.inspection.norms import weigh
+
+        w = weigh(w, options.weigh_by)
     lq, lk = w.shape[-2:]
     paths = list(w.paths)
     q_labels, k_labels = read_labels(options.labels, lq, lk, paths, w.generation)
@@ -235,7 +239,8 @@ def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
                                            columns=passed.columns)
     result.stats, result.distributions, result.chosen, result.data_shape = stats, found, chosen, data.shape
     result.notes = [note] if note else []
-    result.warnings = [text for text in (found.warning(w.source),) if text]
+    # value-norm maps are not distributions by design (their rows sum to the norm-weighted mass moved)
+    result.warnings = [text for text in (found.warning(w.source),) if text and w.weighed == "weights"]
     result.padded = chosen.padded_rows(data.shape)
     one = w.data[li, bi, hi]
     one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]

@@ -16,10 +16,13 @@ from attnviz.choices import (
     ROLLOUT_METHODS,
     SUBWORD_STYLES,
     UPSAMPLING,
+    WEIGH_BY,
 )
 from attnviz.errors import UsageError
 from attnviz.fields import CHECKS, FIGURE, IMAGE, LABELS, MASKS, OUTPUT, ROLLOUT, SELECT, option
 
+WEIGH_HELP = ("weights: the attention weights; value-norms: alpha_ij * ||v_j W_O^h|| per head (Kobayashi et al. "
+              "2020), from a capture file's v and wo; not normalised")
 LAYOUT_HELP = "name the axes when the rank does not say, e.g. batch,q,k (from layer, batch, head, q, k)"
 MERGE_HELP = ("merge sub-word tokens into words (WordPiece ##, SentencePiece ▁, byte-level BPE Ġ, read from the "
               "labels): keys of a word summed, queries averaged, rows renormalised")
@@ -154,6 +157,7 @@ class InspectOptions:
     checks: CheckOptions = field(default_factory=CheckOptions)
     grid: GridOptions = field(default_factory=GridOptions)
     images: ImageOptions = field(default_factory=ImageOptions)
+    weigh_by: Literal[WEIGH_BY] = option("weights", WEIGH_HELP, panel=SELECT)  # type: ignore[valid-type]
     received: bool = option(True, cli=False)  # compute the attention each token receives
     row_stats: bool = option(True, cli=False)  # compute the shown map's per-query statistics
 
@@ -186,6 +190,7 @@ class RolloutOptions:
     merge_subwords: bool = option(False, MERGE_HELP, panel=LABELS)
     subword_style: Literal[SUBWORD_STYLES] = option("auto", STYLE_HELP, panel=LABELS)  # type: ignore[valid-type]
     batch: int | None = option(None, BATCH_HELP, panel=SELECT)
+    weigh_by: Literal[WEIGH_BY] = option("weights", WEIGH_HELP, panel=SELECT)  # type: ignore[valid-type]
     method: Literal[ROLLOUT_METHODS] = option(  # type: ignore[valid-type]
         "rollout", "rollout: the layers' maps multiplied (Abnar & Zuidema); flow: the maximum flow through them "
         "from each token to each input, rows renormalised (Abnar & Zuidema; L^2 max-flow problems: seconds at 48 "

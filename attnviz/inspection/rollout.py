@@ -154,6 +154,10 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
     method = METHODS[options.method]
     check_method(options, method)
     w = load_weights(options.weights, options.layout, generation=options.generation)
+    if options.weigh_by != "weights":
+        from attnviz.inspection.norms import weigh
+
+        w = weigh(w, options.weigh_by)
     layers, batches, _, lq, lk = w.shape
     if lq != lk:
         raise InputError(f"{w.source}: {options.method} follows self-attention maps [L, L] across layers; these are "
@@ -211,7 +215,7 @@ def check_method(options: RolloutOptions, method: Method) -> None:
     (exit 1), before any file is read."""
     from dataclasses import fields
 
-    from attnviz.errors import InputError, UsageError
+    from attnviz.errors import UsageError
 
     defaults = {f.name: f.default for f in fields(RolloutOptions)}
     for name in ("heads", "residual", "discard_ratio"):
@@ -222,10 +226,6 @@ def check_method(options: RolloutOptions, method: Method) -> None:
                              f"({method.title} takes {', '.join('--' + o.replace('_', '-') for o in method.options)}).")
     if options.grads is not None and not method.gradients:
         raise UsageError(f"--grads {options.grads}: only --method grad reads gradients.")
-    if method.gradients and options.grads is None:
-        raise InputError(f"--method {options.method} needs the gradients of the explained score with respect to every "
-                         "layer's attention weights: give them with --grads SPEC (read as the weights are), or "
-                         "record them with attnviz capture --target.")
     if method.gradients and options.merge_subwords:
         raise UsageError(f"--merge-subwords: not with --method {options.method} (the gradients are the pieces' own; "
                          "merged weights have none).")
@@ -236,13 +236,35 @@ def read_gradients(options: RolloutOptions, w: Weights) -> Weights:
     their shape."""
     from attnviz.errors import InputError, shape_str
 
-    assert options.grads is not None
+    if options.grads is None:
+        return capture_gradients(options, w)
     grads = load_weights(options.grads, options.layout, generation=options.generation)
     if grads.shape != w.shape:
         raise InputError(f"{grads.source}: the gradients are {shape_str(grads.shape)} and the weights "
                          f"{shape_str(w.shape)} (read as [layers, batch, heads, L, L]); --grads needs one gradient "
                          "per weight.")
     return grads
+
+
+def capture_gradients(options: RolloutOptions, w: Weights) -> Weights:
+    """The gradients a capture file holds beside its weights (``attnviz capture --target``: ``SITE.grad``);
+    without them, what to do."""
+    from dataclasses import replace
+
+    from attnviz.errors import InputError
+
+    if w.capture is not None and w.kind is not None:
+        sites = w.capture.sites(w.kind)
+        if all(w.capture.has(s, "grad") for s in sites):
+            data = np.stack([w.container.get(f"{s}.grad").astype(np.float32, copy=False) for s in sites])
+            if data.shape == w.shape:
+                return replace(w, data=data, keys=[f"{s}.grad" for s in sites], weighed="weights")
+        raise InputError(f"{w.source}: --method {options.method} needs the gradients of the explained score with "
+                         "respect to every layer's attention weights, and this capture holds none: capture with "
+                         "--target next (or a token), or give them with --grads SPEC.")
+    raise InputError(f"--method {options.method} needs the gradients of the explained score with respect to every "
+                     "layer's attention weights: give them with --grads SPEC (read as the weights are), or "
+                     "record them with attnviz capture --target.")
 
 
 def image_mask(result: np.ndarray, query: int, layout: Any) -> np.ndarray:

@@ -48,6 +48,7 @@ class Weights:
     capture: Capture | None = None  # a capture file (attnviz capture): its tokens and masks go with the weights
     kind: str | None = None  # which of its kinds of attention (layers; encoder, decoder, cross)
     container: Any = None  # the capture file, opened
+    weighed: str = "weights"  # --weigh-by: value-norms when the maps are alpha * ||v W_O|| (inspection.norms)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -59,7 +60,8 @@ class Weights:
             g = self.generation
             return (f"{self.source}: a generation of {g.steps} steps x {g.layers} layers ({g.kind}-attention, "
                     f"{g.prompt} prompt rows) stitched into {axes} = {shape_str(self.shape)}")
-        return f"{self.source} {shape_str(self.file_shape)} read as {axes} = {shape_str(self.shape)}"
+        weighed = ", weighed by value norms (alpha * ||v W_O||)" if self.weighed == "value-norms" else ""
+        return f"{self.source} {shape_str(self.file_shape)} read as {axes} = {shape_str(self.shape)}{weighed}"
 
 
 def parse_layout(text: str | None, rank: int, source: str) -> tuple[str, ...]:

@@ -131,6 +131,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "layout": list(w.layout),
         "layers_from_keys": (w.keys or None) if w.generation is None else None,
         **({"generation": w.generation.document()} if w.generation is not None else {}),
+        **({"weighed_by": w.weighed} if w.weighed != "weights" else {}),
         "weights_shape": list(w.shape),
         "selected": dict(zip(("layer", "batch", "head"), index)),
         "labels": {"q": q_labels, "k": k_labels},

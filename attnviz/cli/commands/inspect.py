@@ -61,7 +61,7 @@ class InspectOutputs(TableOptions):
                                    ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
 
 
-ORDER = ("layout", "generation",
+ORDER = ("layout", "generation", "weigh_by",
          "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "layer", "head", "batch", "sort", "reverse", "top", "check_rows",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",

@@ -32,7 +32,7 @@ class RolloutOutputs(TableOptions):
                               "--all-layers): hover a cell to read it", panel=OUTPUT, metavar="FILE.html")
 
 
-ORDER = ("layout", "generation",
+ORDER = ("layout", "generation", "weigh_by",
          "labels", "merge_subwords", "subword_style",
          "batch", "method", "grads", "heads", "residual", "discard_ratio", "start_layer", "all_layers", "mask",
          "key_padding_mask", "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens",

@@ -22,7 +22,7 @@ from attnviz.streams import err_console
 #: inspect's checks are not the viewer's business; nor, yet, the picture a ViT's patches came from (--overlay-png)
 LEFT_OUT = (*CheckOptions.__dataclass_fields__, *ImageOptions.__dataclass_fields__, "check_mask", "title",
             "scale_per_panel")
-ORDER = ("layout", "generation", "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
+ORDER = ("layout", "generation", "weigh_by", "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention", "mask_kind", "layers", "heads",
          "reduce_heads", "cmap", "reduce", "vmin", "vmax", "norm")
 

