@@ -52,6 +52,18 @@ ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
 #: a spec that starts with NUL (never in a file name) names a value handed over in memory (``in_memory``)
 MEMORY = "\0"
 _MEMORY: ContextVar[Mapping[str, Any] | None] = ContextVar("attnviz_memory", default=None)
+#: what messages call some files: a temporary capture is named for its model (``inspect --model``)
+_NAMES: ContextVar[Mapping[str, str] | None] = ContextVar("attnviz_names", default=None)
+
+
+@contextmanager
+def named(names: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, messages and documents call the file ``path`` by ``names[path]``."""
+    token = _NAMES.set({**(_NAMES.get() or {}), **names})
+    try:
+        yield
+    finally:
+        _NAMES.reset(token)
 #: bundle keys that are not inputs of a variant
 BUNDLE_EXTRAS = ("mask", "q_labels", "k_labels")
 STDIN = "-"
@@ -415,8 +427,9 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
     if key is not None and (fmt is None or not fmt.keyed):
         raise UsageError(f"{spec}: only files of named arrays ({formats.describe(True)}) take ':KEY'.")
     if fmt is not None:
+        shown = (_NAMES.get() or {}).get(path, path)
         try:
-            return Opened(spec, path, p, key, fmt.open(p, path))
+            return Opened(spec, shown, p, key, fmt.open(p, shown))
         except MemoryError:
             raise InputError(f"{path}: not enough memory to read it.") from None
     if is_pipe(p):

@@ -368,3 +368,33 @@ def test_real_minilm_from_its_wheel(tmp_path: Path) -> None:
     with safe_open(str(out), "np") as f:
         meta = json.loads(f.metadata()["attnviz.capture"])
     assert meta["tokens"][0][:3] == ["[CLS]", "attention", "is"]
+
+
+def test_keras_multihead_attention_equals_its_scores(tmp_path: Path) -> None:
+    """Every keras.layers.MultiHeadAttention of a functional model (a causal one, then one with a padding
+    mask and value_dim != key_dim): the weights attnviz computes from the q and k each layer received equal
+    the layer's own return_attention_scores=True; the model's output is unchanged; the layers are restored."""
+    keras = pytest.importorskip("keras")
+    inp, keep_in = keras.Input((6, 8)), keras.Input((6,), dtype="bool")
+    first = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, name="first")
+    second = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3, value_dim=5, name="second")
+    h = first(inp, inp, use_causal_mask=True)
+    mask = keras.ops.logical_and(keras.ops.expand_dims(keep_in, 1), keras.ops.ones((1, 6, 1), "bool"))
+    model = keras.Model([inp, keep_in], second(h, h, attention_mask=mask))
+    x = np.random.default_rng(0).normal(size=(2, 6, 8)).astype("float32")
+    pad = np.ones((2, 6), bool)
+    pad[1, 4:] = False
+    before = np.asarray(model([x, pad]))
+    with attnviz.capture(model, path=tmp_path / "k.safetensors") as rec:
+        inside = np.asarray(model([x, pad]))
+    np.testing.assert_array_equal(inside, before)
+    assert rec.sites == ["layers.0", "layers.1"] and "_compute_attention" not in first.__dict__
+    _, s1 = first(x, x, use_causal_mask=True, return_attention_scores=True)
+    h1 = first(x, x, use_causal_mask=True)
+    _, s2 = second(h1, h1, attention_mask=np.broadcast_to(pad[:, None, :], (2, 6, 6)), return_attention_scores=True)
+    with safe_open(str(tmp_path / "k.safetensors"), "np") as f:
+        np.testing.assert_allclose(f.get_tensor("layers.0.weights"), np.asarray(s1), atol=1e-6)
+        np.testing.assert_allclose(f.get_tensor("layers.1.weights"), np.asarray(s2), atol=1e-6)
+        assert f.get_tensor("layers.1.wo").shape == (2, 5, 8)
+        assert json.loads(f.metadata()["attnviz.capture"])["sites"]["layers.1"]["module"] == "second"
+    assert attnviz.inspect(rec).weights.shape == (2, 2, 2, 6, 6)

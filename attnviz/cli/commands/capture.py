@@ -191,7 +191,10 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
         done = capture_folder(model, all_texts, path, device=device)
         for text in done.warnings:
             err_console().print(f"warning: {text}", markup=False, style="yellow")
-        yield [str(path)]
+        from attnviz.io import named
+
+        with named({str(path): f"{model} (captured)"}):
+            yield [str(path)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

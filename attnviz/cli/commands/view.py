@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnviz.cli.commands.capture import model_parameters
 from attnviz.cli.errors import user_errors
 from attnviz.cli.options import build, parameters
 from attnviz.errors import UsageError
@@ -30,30 +31,44 @@ ORDER = ("layout", "generation", "weigh_by", "labels", "q_labels", "k_labels", "
 def view_command(**values: Any) -> None:
     """Walk every layer and head of attention weights in the terminal (arrows or h/j/k/l; shift+arrows or
     H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; r shows the rollout; q quits)."""
+    from attnviz.cli.commands.capture import captured_input
+
     with user_errors():
-        options: InspectOptions = build(InspectOptions, values, weights=values["weights"])
-        fig: FigureOptions = build(FigureOptions, values)
-        view(options, fig)
+        given = values.pop("weights")
+        if values.get("model") is not None:
+            need_terminal()  # before the model is captured (seconds), not after
+        with captured_input([given] if given else [], values) as files:
+            options: InspectOptions = build(InspectOptions, values, weights=files[0])
+            fig: FigureOptions = build(FigureOptions, values)
+            view(options, fig)
 
 
 view_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
-        metavar="WEIGHTS", show_default=False, help="attention weights, as inspect reads them (.npy, .npz, "
-        ".npz:KEY, a glob over layers, .safetensors, .pt, .h5, .json)")]),
-    *parameters(InspectOptions, FigureOptions, order=ORDER, exclude=LEFT_OUT)])
+    inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
+        str | None, typer.Argument(metavar="WEIGHTS", show_default=False,
+                                   help="attention weights, as inspect reads them (.npy, .npz, .npz:KEY, a glob over "
+                                        "layers, .safetensors, .pt, .h5, .json, a capture file)")]),
+    *parameters(InspectOptions, FigureOptions, order=ORDER, exclude=LEFT_OUT),
+    *model_parameters()])
+
+
+def need_terminal() -> None:
+    import sys
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("attnviz view needs a terminal (standard input and output); use inspect --show in a "
+                         "pipe or a script.")
 
 
 def view(options: InspectOptions, fig: FigureOptions, *, run: bool = True) -> Any:
     """Read, analyse and open the viewer (returns the application unstarted when ``run`` is False: the
     tests drive it)."""
-    import sys
 
     from attnviz.inspection import inspecting
 
     fig.check()
-    if run and not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise UsageError("attnviz view needs a terminal (standard input and output); use inspect --show in a "
-                         "pipe or a script.")
+    if run:
+        need_terminal()
     options = replace(options, received=False, row_stats=False)
     opened = inspecting.prepare(options)
     result = inspecting.analyse(opened)
