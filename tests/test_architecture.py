@@ -1,7 +1,7 @@
 """The package's layering, read from the source (every import statement, at module level or inside a
 function, as the AST has it): no import cycle anywhere; typer only in ``attnviz.cli``; TensorFlow and
-Keras only in ``attnviz.variants``, ``attnviz.device`` and Keras capture (``attnviz.capturing.keras``); no library module imports the command line;
-compute never imports ``attnviz.render``. See ARCHITECTURE.md."""
+Keras only in ``attnviz.variants``, ``attnviz.device`` and Keras capture (``attnviz.capturing.keras``); no
+library module imports the command line; compute never imports ``attnviz.render``. See ARCHITECTURE.md."""
 
 from __future__ import annotations
 
