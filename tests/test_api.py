@@ -194,6 +194,7 @@ def test_the_example_notebook_runs_in_a_real_kernel_offline():
     text = json.dumps([o for o in outputs])
     assert "http://" not in text and "https://" not in text  # the saved outputs hold no network reference
     assert "[2, 4, 6, 6]" in text
+    assert "(2, 1, 4, 6, 6)" in text  # the captured GPT-2's maps
 
 
 def test_the_readme_python_section_runs(tmp_path, monkeypatch):

@@ -76,6 +76,28 @@ def test_the_readme_has_the_three_recipes():
     assert any("Keras" in t for t in titles)
 
 
+def test_capture_recipe(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model_dir = tmp_path / "model"
+    size = local_tokenizer(model_dir)
+    config = transformers.LlamaConfig(vocab_size=size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(model_dir)
+    point_hub_at(monkeypatch, model_dir)
+    monkeypatch.chdir(tmp_path)
+    code, commands = next(v for k, v in recipes().items() if "capture" in k)
+    exec(compile(code, "README recipe", "exec"), {})
+    from safetensors import safe_open
+
+    with safe_open("run.safetensors", "np") as f:
+        assert f.get_tensor("layers.1.weights").shape == (2, 4, 6, 6)
+        assert "layers.1.wo" in f.keys()
+    run_commands(commands)
+    assert (tmp_path / "capture.png").stat().st_size > 1000
+
+
 def test_hugging_face_output_attentions_recipe(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
