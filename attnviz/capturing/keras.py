@@ -121,7 +121,7 @@ class KerasCapture:
         dense = getattr(layer, "_output_dense", None)
         kernel = getattr(dense, "kernel", None)
         if kernel is not None and len(kernel.shape) == 3:
-            statics = {"wo": np.asarray(kernel, dtype=np.float32)}
+            statics: dict[str, Any] = {"wo": np.asarray(kernel, dtype=np.float32)}
             bias = getattr(dense, "bias", None)
             if bias is not None:
                 statics["bo"] = np.asarray(bias, dtype=np.float32)
