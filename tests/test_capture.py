@@ -445,3 +445,14 @@ def test_capture_holds_two_layers_above_the_models_own_attention(tmp_path: Path)
     assert out.stat().st_size > 12 * layer  # every layer's weights went to the file
     assert captured - own < 2.5 * layer, f"{captured / layer:.1f} - {own / layer:.1f} layers above the model's own"
     assert captured < 6 * layer, f"{captured / layer:.1f} layers of weights held at once"
+
+
+def test_capture_without_torch_names_the_extra(bert_folder: Path, tmp_path: Path) -> None:
+    """torch and transformers are optional: without them `attnviz capture` is one line naming the extra."""
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+            "from attnviz.cli.console import run\n"
+            f"run(['capture', {str(bert_folder)!r}, '--text', 'a', '-o', {str(tmp_path / 'o.safetensors')!r}])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "attnviz[torch]" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
