@@ -170,7 +170,10 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
                          f"more than the {size_str(memory_limit())} attnviz allows; inspect one site with "
                          f"{opened.source}:{sites[0]}.weights, or capture fewer layers (--layers).")
     data = np.stack([a.astype(np.float32, copy=False) for a in arrays])
-    stored = coarsest([opened.raw.stored.get(f"{s}.weights", "float32") for s in sites])
+    # a model that runs in bfloat16 computes its weights in bfloat16 (stored widened): its rows sum to 1 as
+    # closely as bfloat16 allows, and the checks' tolerances follow
+    computed = [str(capture.metadata.get("dtype"))] if capture.metadata.get("dtype") in ROUNDOFF else []
+    stored = coarsest([opened.raw.stored.get(f"{s}.weights", "float32") for s in sites] + computed)
     source = opened.source if opened.key is None else f"{opened.source}:{opened.key}"
     return Weights(data, source, AXES, tuple(data.shape), [opened.path] if opened.path else [],
                    [f"{s}.weights" for s in sites], stored, capture=capture, kind=kind, container=opened.raw)

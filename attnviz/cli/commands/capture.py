@@ -54,7 +54,9 @@ def capture_command(
                                                           "token)")] = None,
     check: Annotated[bool, typer.Option("--check", help="recompute every site from its q, k, mask and settings and "
                                                         "report the largest difference (exit 3 past --atol)")] = False,
-    atol: Annotated[float, checked_option(float, "--atol", min=0.0, help="tolerance of --check")] = 1e-5,
+    atol: Annotated[float | None, checked_option(float | None, "--atol", min=0.0,
+                                                 help="tolerance of --check (default by the model's dtype: 1e-5 "
+                                                      "float32, 1e-3 float16, 8e-3 bfloat16)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
 ) -> None:
     """Capture every attention site of a local model on some texts into one file.
@@ -71,7 +73,7 @@ def capture_command(
 
 def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
              layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
-             decoder_text: str | None, check: bool, atol: float, json_out: bool) -> None:
+             decoder_text: str | None, check: bool, atol: float | None, json_out: bool) -> None:
     import json
 
     from attnviz.capturing.folder import capture_folder, read_texts
@@ -91,6 +93,10 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
                           weights=not no_weights, weights_dtype=weights_dtype, target=target,
                           decoder_text=decoder_text, check=check)
     err = err_console()
+    if atol is None:
+        from attnviz.capturing.check import TOLERANCE, model_dtype
+
+        atol = TOLERANCE.get(model_dtype(done.path), 1e-5) if done.checked is not None else 1e-5
     for text in done.warnings:
         err.print(f"warning: {text}", markup=False, style="yellow")
     failed = done.checked is not None and any(v > atol for v in done.checked.values())
