@@ -456,3 +456,17 @@ def test_capture_without_torch_names_the_extra(bert_folder: Path, tmp_path: Path
     assert done.returncode == 1, done.stderr
     assert "attnviz[torch]" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_check_of_a_bfloat16_model_rounds_as_the_model_does(tmp_path: Path) -> None:
+    from attnviz.capturing.check import TOLERANCE
+
+    model, _ = _pair("LlamaConfig", dict(num_key_value_heads=2, hidden_size=64, head_dim=32))
+    model = model.to(torch.bfloat16)
+    ids, mask = _ids(length=24)
+    with torch.no_grad(), attnviz.capture(model, path=tmp_path / "bf.safetensors"):
+        model(ids, attention_mask=mask)
+    checked = check_capture(tmp_path / "bf.safetensors")
+    assert max(checked.values()) < TOLERANCE["bfloat16"], checked
+    report = attnviz.inspect(str(tmp_path / "bf.safetensors"), check_rows=True)
+    assert report.passed  # rows of bfloat16 weights sum to 1 within bfloat16's tolerance
