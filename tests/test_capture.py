@@ -470,3 +470,23 @@ def test_check_of_a_bfloat16_model_rounds_as_the_model_does(tmp_path: Path) -> N
     assert max(checked.values()) < TOLERANCE["bfloat16"], checked
     report = attnviz.inspect(str(tmp_path / "bf.safetensors"), check_rows=True)
     assert report.passed  # rows of bfloat16 weights sum to 1 within bfloat16's tolerance
+
+
+def test_encoder_decoder_generate_keeps_the_encoder_inputs(tmp_path: Path) -> None:
+    extra = dict(encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_start_token_id=2, eos_token_id=1, pad_token_id=0)
+    model, eager = _pair("BartConfig", extra, "AutoModelForSeq2SeqLM")
+    ids, mask = _ids(left=False)
+    with torch.no_grad():
+        with attnviz.capture(model, path=tmp_path / "s2s.safetensors"):
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, min_new_tokens=3)
+        fed = out[:, :-1]
+        ref = eager(ids, attention_mask=mask, decoder_input_ids=fed, output_attentions=True)
+    with safe_open(str(tmp_path / "s2s.safetensors"), "np") as f:
+        np.testing.assert_array_equal(f.get_tensor("input_ids"), ids.cpu().numpy())
+        np.testing.assert_array_equal(f.get_tensor("attention_mask"), mask.cpu().numpy())
+        np.testing.assert_array_equal(f.get_tensor("decoder_input_ids"), fed.cpu().numpy())
+    for kind, layers in (("encoder", ref.encoder_attentions), ("decoder", ref.decoder_attentions),
+                         ("cross", ref.cross_attentions)):
+        for i, layer in enumerate(layers):
+            _compare(tmp_path / "s2s.safetensors", f"{kind}.layers.{i}", layer.cpu().numpy())

@@ -282,7 +282,7 @@ class HFCapture:
         if self.encoder_decoder and given.get("encoder_outputs") is None:
             self._encoder_inputs(module, (), {k: given.get(k) for k in ("input_ids", "attention_mask")})
         arrays = {n: _numpy(given[n].detach().cpu()) for n in names if _is_tensor(given.get(n))}
-        self.rec.record_inputs(arrays, continuing)
+        self.rec.record_inputs(arrays, continuing, names)
 
     def _encoder_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         given = dict(kwargs)

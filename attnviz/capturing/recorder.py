@@ -161,10 +161,9 @@ class Recorder:
         """One call of ``site``: its arrays (``weights``, ``q``, ``k``, ``v``, ``mask``, ...) queued for
         the file."""
         if site.name in self.run and not self.continues(site, lq, lk):
-            self.run = {}  # the model ran again: the file keeps the last run
+            self.run = {}  # the model ran again: the file keeps the last run (the hooks keep its inputs)
             self.runs += 1
             self.steps = 0
-            self.inputs = {}
         elif site.name in self.run and site.kind != "cross":
             self.steps = max(self.steps, len(self.run[site.name]))
         entries: dict[str, Entry] = {}
@@ -182,11 +181,14 @@ class Recorder:
         self.statics[site.name] = entries
         self.writer.put(entries, {f"{site.name}.{k}": v for k, v in arrays.items()})
 
-    def record_inputs(self, arrays: dict[str, np.ndarray], continuing: bool) -> None:
+    def record_inputs(self, arrays: dict[str, np.ndarray], continuing: bool, names: tuple[str, ...] = ()) -> None:
         """The model's inputs of one forward (``input_ids``, ``attention_mask``, ...); a step's are
-        appended along the sequence (``attention_mask`` covers the whole sequence: the last one is kept)."""
+        appended along the sequence (``attention_mask`` covers the whole sequence: the last one is kept).
+        A forward that does not continue the last replaces ``names`` (its group: the decoder's inputs of an
+        encoder-decoder leave the encoder's alone)."""
         if not continuing:
-            self.inputs = {}
+            for name in names or tuple(arrays):
+                self.inputs.pop(name, None)
         for name, arr in arrays.items():
             if name.endswith("attention_mask"):
                 self.inputs[name] = [arr]
