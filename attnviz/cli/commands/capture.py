@@ -110,8 +110,10 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         stdout().write(json.dumps(doc) + "\n")
     else:
         out = stdout()
-        shape = "[" + ", ".join(str(n) for n in done.shape) + "]"
-        out.write(f"captured {len(done.sites)} attention sites of {done.model_type} ({shape} each) on {done.device} "
+        kinds = list(dict.fromkeys(s.rpartition(".layers.")[0] or "layers" for s in done.sites))
+        what = ("[" + ", ".join(str(n) for n in done.shape) + "] each" if len(kinds) == 1 else
+                ", ".join(f"{sum(s.startswith(k + '.') for s in done.sites)} {k}" for k in kinds))
+        out.write(f"captured {len(done.sites)} attention sites of {done.model_type} ({what}) on {done.device} "
                   f"in {done.seconds:.1f} s\n")
         if done.checked is not None:
             worst = max(done.checked, key=lambda s: done.checked[s]) if done.checked else None  # type: ignore[index]
