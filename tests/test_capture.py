@@ -38,6 +38,13 @@ DECODERS = {
     "gpt-oss (sinks)": ("GptOssConfig", dict(num_key_value_heads=2, head_dim=8, num_local_experts=2,
                                              num_experts_per_tok=1, sliding_window=4)),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    "phi3 (fused qkv, partial RoPE)": ("Phi3Config", dict(num_key_value_heads=2, partial_rotary_factor=0.5,
+                                                          pad_token_id=0)),
+    "gemma3 (local and global layers, QK-norm)": ("Gemma3TextConfig", dict(num_key_value_heads=2, head_dim=8,
+                                                                         sliding_window=4, query_pre_attn_scalar=8,
+                                                                         layer_types=["sliding_attention",
+                                                                                      "full_attention"])),
+    "qwen2 (biases)": ("Qwen2Config", dict(num_key_value_heads=2)),
 }
 
 
