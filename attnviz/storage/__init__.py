@@ -1,0 +1,354 @@
+"""Where files are: the one place that opens every path attnviz reads or writes, a local file or a URL of
+an object store (``s3://bucket/key``, ``gs://``, ``az://``, ``memory://`` ... any scheme fsspec knows).
+
+Commands, batch and the readers of ``attnviz.formats`` ask this package for what they need and never look
+at a scheme themselves:
+
+- ``open_input(path, source)``: a file to read, ``LocalFile`` or ``remote.RemoteFile``, with its size, a
+  seekable stream, a range of bytes and an array at an offset (memory-mapped from a local file; fetched
+  with one ranged request from a store, so that a key of a large file costs its own bytes only);
+- ``read_text_bytes``: a text input (labels, jobs files, configs, JSON) whole, within a limit;
+- ``exists``, ``size``, ``identity``, ``glob``, ``join``, ``folder_of``, ``same_place``: what batch asks;
+- ``place`` and ``check_output``: an output's target, a ``Path`` or a ``Url``; ``attnviz.staging`` writes
+  every output through a staged file and, for a URL, an upload that is completed only when the whole
+  run succeeded (``remote.Upload``).
+
+A local path never imports fsspec: this module is the standard library only, and ``attnviz.storage.remote``
+(fsspec and the store's own package, such as s3fs) is imported the first time a URL is met.
+
+Endpoint and credentials come from where the store's package looks (for S3: the AWS environment, including
+``AWS_ENDPOINT_URL``, ``~/.aws``, instance roles), from fsspec's own configuration, and from storage options
+given with ``attnviz --storage-options`` (or ``ATTNVIZ_STORAGE_OPTIONS``, or ``storage_options=`` in Python):
+a JSON object, flat (for every scheme) or by scheme (``{"s3": {...}}``). They are never printed and never
+written into a document or a manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, Any, Union
+
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: a URL: a scheme of two or more characters (a Windows drive letter is one) and ``://``
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]+)://")
+#: schemes whose first path component is a bucket (or container): it must be there
+BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
+#: the environment variable of storage options (JSON, as ``--storage-options``)
+OPTIONS_ENV = "ATTNVIZ_STORAGE_OPTIONS"
+
+
+def is_url(text: object) -> bool:
+    """Whether ``text`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(text, str) and _URL.match(text) is not None
+
+
+class Url(str):
+    """A URL as the user gave it (``s3://bucket/dumps/run.npz``), with the parts of a path that messages,
+    output names and staging use (``name``, ``suffix``, ``parent``)."""
+
+    @property
+    def scheme(self) -> str:
+        return self.split("://", 1)[0].lower()
+
+    @property
+    def rest(self) -> str:
+        """What follows ``scheme://``."""
+        return self.split("://", 1)[1]
+
+    @property
+    def name(self) -> str:
+        return self.rest.rstrip("/").rpartition("/")[2]
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.name).suffix
+
+    @property
+    def stem(self) -> str:
+        return PurePosixPath(self.name).stem
+
+    @property
+    def parent(self) -> Url:
+        head = self.rest.rstrip("/").rpartition("/")[0]
+        return Url(f"{self.split('://', 1)[0]}://{head}")
+
+
+#: where a file is: a local path or a URL
+Place = Union[Path, Url]
+
+
+def check_url(url: str, what: str = "") -> Url:
+    """``url`` as a ``Url``; a malformed one is a usage error (exit 2): nothing after ``scheme://``, no bucket,
+    white space or control characters, no object named (a folder)."""
+    where = f"{what} {url}" if what else url
+    rest = url.split("://", 1)[1]
+    scheme = url.split("://", 1)[0].lower()
+    if any(ord(c) < 32 or c == "\x7f" for c in url) or any(c.isspace() for c in url):
+        raise UsageError(f"{where!r}: a URL cannot hold white space or control characters.")
+    if not rest.strip("/"):
+        raise UsageError(f"{where}: a malformed URL (nothing after {scheme}://); write {scheme}://BUCKET/KEY.")
+    if scheme in BUCKET_SCHEMES and rest.startswith("/"):
+        raise UsageError(f"{where}: a malformed URL (no bucket after {scheme}://); write {scheme}://BUCKET/KEY.")
+    if scheme in BUCKET_SCHEMES and "/" not in rest.strip("/"):
+        raise UsageError(f"{where}: names a bucket, not an object; write {scheme}://BUCKET/KEY.")
+    if rest.endswith("/"):
+        raise UsageError(f"{where}: names a folder (it ends in /), not an object.")
+    return Url(url)
+
+
+def place(value: str | os.PathLike[str]) -> Place:
+    """Where ``value`` is: a ``Url`` (checked) or a local ``Path``."""
+    text = os.fspath(value)
+    return check_url(text) if is_url(text) else Path(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Storage options
+
+
+_given: dict[str, Any] | None = None  # --storage-options: the whole process (a batch's jobs run in threads)
+_context: ContextVar[dict[str, Any] | None] = ContextVar("attnviz_storage_options", default=None)
+
+
+def parse_options(text: str, where: str = "--storage-options") -> dict[str, Any]:
+    """Storage options from a JSON object, or from a local JSON file that holds one. The text itself is
+    never repeated in a message (it may hold a secret)."""
+    import json
+
+    body = text
+    if not text.lstrip().startswith("{"):
+        try:
+            with open(text, "rb") as fh:
+                body = fh.read(1 << 20).decode("utf-8")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"{where}: neither a JSON object nor a readable JSON file "
+                             f"({getattr(exc, 'strerror', None) or type(exc).__name__}).") from None
+    try:
+        value = json.loads(body)
+    except ValueError as exc:
+        raise UsageError(f"{where}: not valid JSON ({str(exc).splitlines()[0][:80]}); give a JSON object such as "
+                         "'{\"s3\": {\"anon\": true}}'.") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: a JSON object of storage options, not a JSON {type(value).__name__}.")
+    return value
+
+
+def set_options(text: str | Mapping[str, Any] | None) -> None:
+    """The storage options of this process (``attnviz --storage-options``); None leaves them as they are."""
+    global _given
+    if text is None:
+        return
+    _given = parse_options(text) if isinstance(text, str) else dict(text)
+
+
+@contextmanager
+def using(options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Storage options for the block (the Python API's ``storage_options=``), over the process's own."""
+    if options is None:
+        yield
+        return
+    if not isinstance(options, Mapping):
+        raise UsageError(f"storage_options: a dict of fsspec storage options, not {type(options).__name__}.")
+    token = _context.set({**(_context.get() or {}), **options})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def options_for(scheme: str) -> dict[str, Any]:
+    """The storage options for a URL of ``scheme``: the environment's (``ATTNVIZ_STORAGE_OPTIONS``), then
+    ``--storage-options``, then the API's; in each, flat options apply to every scheme and an object under the
+    scheme's name to that scheme only (a key that names another scheme is left out)."""
+    layers: list[Mapping[str, Any]] = []
+    env = os.environ.get(OPTIONS_ENV)
+    if env:
+        layers.append(parse_options(env, OPTIONS_ENV))
+    for given in (_given, _context.get()):
+        if given:
+            layers.append(given)
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == scheme and isinstance(value, Mapping):
+                out.update(value)
+            elif not (isinstance(value, Mapping) and _is_scheme(key)):
+                out[key] = value
+    return out
+
+
+def _is_scheme(name: str) -> bool:
+    """Whether an options key names a scheme (its value is that scheme's options)."""
+    from attnviz.storage.remote import known_scheme
+
+    return known_scheme(name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading
+
+
+class LocalFile:
+    """A local regular file to read: its size (checked to be a regular file, as ``regular_file`` does), a
+    stream, ranges and memory-mapped arrays."""
+
+    def __init__(self, path: str | os.PathLike[str], source: str) -> None:
+        from attnviz.formats._base import regular_file
+
+        self.path: Path | None = Path(path)
+        self.local = Path(path)
+        self.source = source
+        self.size = regular_file(self.local, source)
+
+    def open(self) -> IO[bytes]:
+        return open(self.local, "rb")
+
+    def read(self, start: int, end: int) -> bytes:
+        with open(self.local, "rb") as fh:
+            fh.seek(start)
+            return fh.read(end - start)
+
+    def array(self, dtype: np.dtype, offset: int, shape: tuple[int, ...], order: str = "C") -> np.ndarray:
+        """The array of ``shape`` stored at ``offset``, memory-mapped (read on demand)."""
+        import numpy as np
+
+        return np.memmap(self.local, dtype=dtype, mode="r", offset=offset, shape=shape,
+                         order=order)  # type: ignore[call-overload]
+
+
+def open_input(path: str | os.PathLike[str], source: str) -> Any:
+    """A file to read (``LocalFile``, or ``remote.RemoteFile`` for a URL): ``size``, ``open()``,
+    ``read(start, end)``, ``array(dtype, offset, shape, order)``, and ``local``, the path on disk of a local
+    file (None for a URL: libraries that need a file name are handed the stream instead)."""
+    text = os.fspath(path)
+    if is_url(text):
+        from attnviz.storage.remote import RemoteFile
+
+        return RemoteFile(check_url(text), source)
+    return LocalFile(path, source)
+
+
+def read_text_bytes(path: str | os.PathLike[str], source: str, limit: int | None = None,
+                    what: str = "JSON") -> bytes:
+    """The bytes of a text input, at most ``limit``: a local regular file or named pipe
+    (``formats._base.read_text_bytes``), or an object of a store."""
+    from attnviz.formats._base import MAX_TEXT_BYTES
+    from attnviz.formats._base import read_text_bytes as read_local
+
+    limit = MAX_TEXT_BYTES if limit is None else limit
+    text = os.fspath(path)
+    if is_url(text):
+        from attnviz.storage.remote import read_text
+
+        return read_text(check_url(text), source, limit, what)
+    return read_local(path, source, limit, what)
+
+
+def read_text(path: str | os.PathLike[str], source: str, limit: int | None = None, what: str = "JSON") -> str:
+    """A text input's text: ``read_text_bytes``, UTF-8."""
+    from attnviz.formats._base import decode_text
+
+    return decode_text(read_text_bytes(path, source, limit, what), source, what)
+
+
+def is_file(path: str) -> bool:
+    """Whether ``path`` is a regular file (a local one, or an object of a store); errors reaching a store are
+    raised."""
+    if is_url(path):
+        from attnviz.storage.remote import object_size
+
+        return object_size(check_url(path)) is not None
+    return os.path.isfile(path)
+
+
+def size(path: str) -> int | None:
+    """The size of a regular file or an object; None when there is none."""
+    if is_url(path):
+        from attnviz.storage.remote import object_size
+
+        return object_size(check_url(path))
+    try:
+        return os.stat(path).st_size if os.path.isfile(path) else None
+    except (OSError, ValueError):
+        return None
+
+
+def identity(path: str) -> tuple[Any, ...] | None:
+    """What tells one version of a file from another (inode, mtime and size; an object's tag and size), or
+    None when there is none."""
+    if is_url(path):
+        from attnviz.storage.remote import object_identity
+
+        return object_identity(check_url(path))
+    import stat
+
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size) if stat.S_ISREG(st.st_mode) else None
+
+
+def glob(pattern: str, option: str = "--each") -> list[str]:
+    """The files (not folders) a glob matches; ``**`` descends into folders. A URL's glob lists its store."""
+    if is_url(pattern):
+        from attnviz.storage.remote import glob as remote_glob
+
+        return remote_glob(pattern, option)
+    import glob as globbing
+
+    return [p for p in globbing.glob(pattern, recursive=True) if not os.path.isdir(p)]
+
+
+def join(base: str, relative: str) -> str:
+    """``relative`` taken from the folder ``base`` (a local folder or a URL's); a URL or an absolute path is
+    kept as it is."""
+    if relative == "-" or is_url(relative) or os.path.isabs(relative):
+        return relative
+    if is_url(base):
+        return f"{base.rstrip('/')}/{relative}"
+    return str(Path(base) / relative)
+
+
+def folder_of(path: str) -> str:
+    """The folder a file is in: a URL's parent, or a local file's resolved folder."""
+    if is_url(path):
+        return str(Url(path).parent)
+    return str(Path(path).resolve().parent)
+
+
+def exists_relative(base: str, relative: str) -> bool:
+    """Whether ``relative``, taken from the folder ``base``, names a file (a label option's value may be a
+    file or the labels themselves; a store that cannot be reached says no)."""
+    target = join(base, relative)
+    if is_url(target):
+        try:
+            return is_file(target)
+        except Exception:  # a malformed URL, an unreachable store: the text is labels
+            return False
+    return os.path.exists(target)
+
+
+def same_place(a: str, b: str) -> bool:
+    """Whether two names are one file: resolved local paths, or equal URLs."""
+    if is_url(a) or is_url(b):
+        return is_url(a) and is_url(b) and a.rstrip("/") == b.rstrip("/")
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def key(where: Place) -> str:
+    """What tells places apart (an output written twice, an input written over): a URL as given, a local path
+    resolved."""
+    return str(where) if isinstance(where, Url) else str(where.resolve())
