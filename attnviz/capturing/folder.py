@@ -21,7 +21,7 @@ EXTRA = "pip install 'attnviz[torch]'"
 class Captured:
     """What ``capture_folder`` did: the file, its sites, the model, and the time taken."""
 
-    path: Path
+    path: Path | Any  # the file written (the command line names a URL it was uploaded to)
     sites: list[str]
     model_type: str
     device: str

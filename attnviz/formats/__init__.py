@@ -3,9 +3,9 @@
 Each module reads one format and has ``SUFFIXES`` and ``open_file(path, source)``, which returns a
 NumPy array (a file of one array) or a ``Container`` of named arrays (``FILE:KEY`` picks one; a key
 may be a glob). A reader asks ``attnviz.storage.open_input`` for the file (a local file, or an object of a
-store named by a URL) and reads what it needs through it. ``attnviz.io.open_spec`` is the single entrance that uses them; JSON and ``-``
-(standard input) are read there. Readers import NumPy only at module level: h5py, safetensors,
-ml_dtypes and torch are imported when a file of theirs is read.
+store named by a URL) and reads what it needs through it. ``attnviz.io.open_spec`` is the single entrance
+that uses them; JSON and ``-`` (standard input) are read there. Readers import NumPy only at module level:
+h5py, safetensors, ml_dtypes and torch are imported when a file of theirs is read.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class NpzArchive(Container):
         try:
             #: a store's object is read through one stream (small read-ahead) for the zip's directory and headers
             self._stream = None if self.where.local is not None else self.where.open()
-            self._zip = zipfile.ZipFile(self.where.local or self._stream)
+            self._zip = zipfile.ZipFile(self.where.local if self._stream is None else self._stream)
             infos = self._zip.infolist()
         except Exception as exc:  # BadZipFile, OSError, ValueError, UnicodeDecodeError, struct.error ...
             raise InputError(f"{source}: not a readable .npz archive ({reason(exc)}).") from None

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, Union
+from typing import IO, TYPE_CHECKING, Any
 
 from attnviz.errors import UsageError
 
@@ -83,7 +83,7 @@ class Url(str):
 
 
 #: where a file is: a local path or a URL
-Place = Union[Path, Url]
+Place = Path | Url
 
 
 def check_url(url: str, what: str = "") -> Url:
@@ -352,3 +352,40 @@ def key(where: Place) -> str:
     """What tells places apart (an output written twice, an input written over): a URL as given, a local path
     resolved."""
     return str(where) if isinstance(where, Url) else str(where.resolve())
+
+
+def read_whole(path: str) -> bytes | None:
+    """The bytes of a file or object, or None when there is none (other failures raised as errors)."""
+    if is_url(path):
+        from attnviz.storage.remote import read_whole as remote_read
+
+        return remote_read(check_url(path))
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def write_whole(path: str, data: bytes, what: str = "") -> None:
+    """Put ``data`` at a URL in one request: the object is whole, the old or the new (a store cannot append)."""
+    from attnviz.storage.remote import write_whole as remote_write
+
+    remote_write(check_url(path), data, what)
+
+
+@contextmanager
+def local_copy(path: str, source: str) -> Iterator[Path]:
+    """A file on disk for a library that opens file names only (Keras, Pillow): a local path as it is, or a
+    URL's object copied into the local temporary folder and removed after the block."""
+    if not is_url(path):
+        yield Path(path)
+        return
+    import tempfile
+
+    from attnviz.storage.remote import fetch
+
+    url = check_url(path)
+    with tempfile.TemporaryDirectory(prefix="attnviz-") as folder:
+        target = Path(folder) / (url.name or "object")
+        fetch(url, target, source)
+        yield target

@@ -346,3 +346,17 @@ class Upload:
         except Exception:
             pass
         f.closed = True  # a discarded file is not to be flushed when it is collected
+
+
+def fetch(url: Url, target: Path, source: str) -> None:
+    """The object at ``url`` copied to the local file ``target`` (for a library that opens file names only)."""
+    fs, path = filesystem(url)
+    try:
+        info = fs.info(path)
+        if info.get("type") == "directory":
+            raise UsageError(f"{source}: is a folder (a prefix of the store), not an object.")
+        fs.get_file(path, str(target))
+    except AttnvizError:
+        raise
+    except Exception as exc:
+        raise failure(exc, url) from None
