@@ -192,6 +192,10 @@ def plan_batch(spec: list[str], each: str | None, shard: str | None, results_pat
         raise UsageError("--resume: needs --results FILE.jsonl, the record of the jobs done.")
     all_jobs, jobs_file = plan_jobs(spec, each, runner)
     if results_path is not None:
+        from attnviz import storage
+
+        if storage.is_url(results_path) and not resume:  # its bucket, before any job runs
+            read_results(results_path)
         if jobs_file not in (None, "-") and _same_file(results_path, jobs_file):
             raise UsageError(f"--results {results_path}: that is the jobs file; refusing to write into it.")
         clash = next((p for j in all_jobs for _, p in j.outputs if _same_file(p, results_path)), None)

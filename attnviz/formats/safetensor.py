@@ -40,7 +40,7 @@ ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_
 
 
 #: the bytes read first: the header's length and, in most files, the whole header (one request to a store)
-FIRST_READ = 64 * 2**10
+FIRST_READ = 16 * 2**10
 
 
 def _header(where: Any, file_size: int, source: str) -> tuple[int, dict[str, Any]]:

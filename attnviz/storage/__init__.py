@@ -26,172 +26,21 @@ written into a document or a manifest.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from attnviz.errors import UsageError
+from attnviz.storage.options import OPTIONS_ENV, options_for, parse_options, set_options, using
+from attnviz.storage.urls import BUCKET_SCHEMES, Place, Url, check_url, is_url, place
 
 if TYPE_CHECKING:
     import numpy as np
 
-#: a URL: a scheme of two or more characters (a Windows drive letter is one) and ``://``
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]+)://")
-#: schemes whose first path component is a bucket (or container): it must be there
-BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
-#: the environment variable of storage options (JSON, as ``--storage-options``)
-OPTIONS_ENV = "ATTNVIZ_STORAGE_OPTIONS"
-
-
-def is_url(text: object) -> bool:
-    """Whether ``text`` is a URL (``scheme://...``) rather than a local path."""
-    return isinstance(text, str) and _URL.match(text) is not None
-
-
-class Url(str):
-    """A URL as the user gave it (``s3://bucket/dumps/run.npz``), with the parts of a path that messages,
-    output names and staging use (``name``, ``suffix``, ``parent``)."""
-
-    @property
-    def scheme(self) -> str:
-        return self.split("://", 1)[0].lower()
-
-    @property
-    def rest(self) -> str:
-        """What follows ``scheme://``."""
-        return self.split("://", 1)[1]
-
-    @property
-    def name(self) -> str:
-        return self.rest.rstrip("/").rpartition("/")[2]
-
-    @property
-    def suffix(self) -> str:
-        return PurePosixPath(self.name).suffix
-
-    @property
-    def stem(self) -> str:
-        return PurePosixPath(self.name).stem
-
-    @property
-    def parent(self) -> Url:
-        head = self.rest.rstrip("/").rpartition("/")[0]
-        return Url(f"{self.split('://', 1)[0]}://{head}")
-
-
-#: where a file is: a local path or a URL
-Place = Path | Url
-
-
-def check_url(url: str, what: str = "") -> Url:
-    """``url`` as a ``Url``; a malformed one is a usage error (exit 2): nothing after ``scheme://``, no bucket,
-    white space or control characters, no object named (a folder)."""
-    where = f"{what} {url}" if what else url
-    rest = url.split("://", 1)[1]
-    scheme = url.split("://", 1)[0].lower()
-    if any(ord(c) < 32 or c == "\x7f" for c in url) or any(c.isspace() for c in url):
-        raise UsageError(f"{where!r}: a URL cannot hold white space or control characters.")
-    if not rest.strip("/"):
-        raise UsageError(f"{where}: a malformed URL (nothing after {scheme}://); write {scheme}://BUCKET/KEY.")
-    if scheme in BUCKET_SCHEMES and rest.startswith("/"):
-        raise UsageError(f"{where}: a malformed URL (no bucket after {scheme}://); write {scheme}://BUCKET/KEY.")
-    if scheme in BUCKET_SCHEMES and "/" not in rest.strip("/"):
-        raise UsageError(f"{where}: names a bucket, not an object; write {scheme}://BUCKET/KEY.")
-    if rest.endswith("/"):
-        raise UsageError(f"{where}: names a folder (it ends in /), not an object.")
-    return Url(url)
-
-
-def place(value: str | os.PathLike[str]) -> Place:
-    """Where ``value`` is: a ``Url`` (checked) or a local ``Path``."""
-    text = os.fspath(value)
-    return check_url(text) if is_url(text) else Path(text)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Storage options
-
-
-_given: dict[str, Any] | None = None  # --storage-options: the whole process (a batch's jobs run in threads)
-_context: ContextVar[dict[str, Any] | None] = ContextVar("attnviz_storage_options", default=None)
-
-
-def parse_options(text: str, where: str = "--storage-options") -> dict[str, Any]:
-    """Storage options from a JSON object, or from a local JSON file that holds one. The text itself is
-    never repeated in a message (it may hold a secret)."""
-    import json
-
-    body = text
-    if not text.lstrip().startswith("{"):
-        try:
-            with open(text, "rb") as fh:
-                body = fh.read(1 << 20).decode("utf-8")
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise UsageError(f"{where}: neither a JSON object nor a readable JSON file "
-                             f"({getattr(exc, 'strerror', None) or type(exc).__name__}).") from None
-    try:
-        value = json.loads(body)
-    except ValueError as exc:
-        raise UsageError(f"{where}: not valid JSON ({str(exc).splitlines()[0][:80]}); give a JSON object such as "
-                         "'{\"s3\": {\"anon\": true}}'.") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{where}: a JSON object of storage options, not a JSON {type(value).__name__}.")
-    return value
-
-
-def set_options(text: str | Mapping[str, Any] | None) -> None:
-    """The storage options of this process (``attnviz --storage-options``); None leaves them as they are."""
-    global _given
-    if text is None:
-        return
-    _given = parse_options(text) if isinstance(text, str) else dict(text)
-
-
-@contextmanager
-def using(options: Mapping[str, Any] | None) -> Iterator[None]:
-    """Storage options for the block (the Python API's ``storage_options=``), over the process's own."""
-    if options is None:
-        yield
-        return
-    if not isinstance(options, Mapping):
-        raise UsageError(f"storage_options: a dict of fsspec storage options, not {type(options).__name__}.")
-    token = _context.set({**(_context.get() or {}), **options})
-    try:
-        yield
-    finally:
-        _context.reset(token)
-
-
-def options_for(scheme: str) -> dict[str, Any]:
-    """The storage options for a URL of ``scheme``: the environment's (``ATTNVIZ_STORAGE_OPTIONS``), then
-    ``--storage-options``, then the API's; in each, flat options apply to every scheme and an object under the
-    scheme's name to that scheme only (a key that names another scheme is left out)."""
-    layers: list[Mapping[str, Any]] = []
-    env = os.environ.get(OPTIONS_ENV)
-    if env:
-        layers.append(parse_options(env, OPTIONS_ENV))
-    for given in (_given, _context.get()):
-        if given:
-            layers.append(given)
-    out: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in layer.items():
-            if key == scheme and isinstance(value, Mapping):
-                out.update(value)
-            elif not (isinstance(value, Mapping) and _is_scheme(key)):
-                out[key] = value
-    return out
-
-
-def _is_scheme(name: str) -> bool:
-    """Whether an options key names a scheme (its value is that scheme's options)."""
-    from attnviz.storage.remote import known_scheme
-
-    return known_scheme(name)
-
+__all__ = ["BUCKET_SCHEMES", "OPTIONS_ENV", "LocalFile", "Place", "Url", "check_url", "exists_relative", "folder_of",
+           "glob", "identity", "is_file", "is_url", "join", "key", "local_copy", "open_input", "options_for",
+           "parse_options", "place", "read_text", "read_text_bytes", "read_whole", "same_place", "set_options", "size",
+           "using", "write_whole"]
 
 # ---------------------------------------------------------------------------------------------------
 # Reading

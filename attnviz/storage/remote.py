@@ -4,8 +4,9 @@ objects read by ranges, listed by globs, and written whole or not at all. Import
 **Reading** a ``RemoteFile`` asks for what it needs: ``read(start, end)`` is one ranged GET, and
 ``array(...)`` one ranged GET of exactly the array's bytes (into memory, within ``memory_limit()``), so a
 safetensors key or a member of an ``.npz`` costs its header and its own bytes. ``open()`` gives a stream
-for libraries that read a file themselves (zip directories, HDF5, ``torch.load``), with a small read-ahead
-(``BLOCK``) rather than fsspec's default of many megabytes.
+for libraries that read a file themselves (zip directories, HDF5, ``torch.load``), fetched in small blocks
+(``BLOCK``, each fetched once; the blocks of one read in one request: fsspec's ``mmap`` cache, a sparse
+temporary file) rather than fsspec's default read-ahead of many megabytes.
 
 **Writing** an ``Upload`` is in two steps: ``send`` streams the staged file into a multipart upload that is
 not completed (nothing appears at the URL), ``complete`` completes it. ``abort`` throws the upload away
@@ -29,10 +30,11 @@ import numpy as np
 
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
 from attnviz.formats._base import check_memory, reason, size_str
-from attnviz.storage import Url, check_url, options_for
+from attnviz.storage.options import options_for
+from attnviz.storage.urls import Url, check_url
 
-#: the read-ahead of a stream (zip directories, HDF5 metadata): small, so that little more is fetched than read
-BLOCK = 64 * 2**10
+#: the block of a stream (zip directories, HDF5 metadata): small, so that little more is fetched than read
+BLOCK = 8 * 2**10
 #: what a store's package is called, and the extra of attnviz that installs it, by scheme
 PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
             "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
@@ -152,9 +154,9 @@ class RemoteFile:
         self.size = int(info.get("size") or 0)
 
     def open(self) -> IO[bytes]:
-        """A seekable stream with a read-ahead of ``BLOCK`` bytes."""
+        """A seekable stream that fetches what is read, in blocks of ``BLOCK`` bytes, each once."""
         try:
-            return self.fs.open(self.path, "rb", block_size=BLOCK, cache_type="readahead")  # type: ignore[no-any-return]
+            return self.fs.open(self.path, "rb", block_size=BLOCK, cache_type="mmap")  # type: ignore[no-any-return]
         except Exception as exc:
             raise failure(exc, self.url) from None
 
@@ -247,6 +249,10 @@ def glob(pattern: str, option: str = "--each") -> list[str]:
     fs, path = filesystem(url)
     try:
         found = fs.glob(path, detail=True)
+        if not found and getattr(fs, "root_marker", "/") == "":  # nothing: is there a bucket at all?
+            bucket = path.strip("/").split("/", 1)[0]
+            if not fs.exists(bucket):
+                raise FileNotFoundError(f"no bucket {bucket}")
     except Exception as exc:
         raise failure(exc, url, "list") from None
     return [fs.unstrip_protocol(name) for name, info in found.items() if info.get("type") != "directory"]
