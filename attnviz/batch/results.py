@@ -204,7 +204,10 @@ class ResultsObject:
         self.repaired = 0
         self._lock = threading.Lock()
         try:
-            self._data = storage.read_whole(path) or b""
+            found = storage.read_whole(path)
+            if found is None:  # made now, empty, as a local manifest is: a shard with no job still leaves one
+                storage.write_whole(path, b"", "--results")
+            self._data = found or b""
         except AttnvizError as exc:
             raise OutputError(f"--results {exc.message}") from None
 
