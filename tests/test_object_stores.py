@@ -98,6 +98,8 @@ def data(server, tmp_path_factory) -> Data:
     save_file({f"layer.{i}.attention": w for i, w in enumerate(layers)}, str(folder / "run.safetensors"))
     for name in ("vit_attn.npz", "cat.png"):
         (folder / name).write_bytes((SAMPLES / name).read_bytes())
+    torch = pytest.importorskip("torch")
+    torch.save({"blocks": [{"attn": torch.from_numpy(w)} for w in layers]}, folder / "cache.pt")
     np.save(folder / "graph.npy", (rng.random((5, 5)) > 0.5) | np.eye(5, dtype=bool))
     np.save(folder / "nodes.npy", rng.normal(size=(5, 4)).astype(np.float32))
     (folder / "acts").mkdir()
@@ -131,6 +133,7 @@ CASES = {
                      ["maps.npz"]),
     "inspect-image": (["inspect", "{D}/vit_attn.npz", "--image", "{D}/cat.png", "--patch-grid", "14x14",
                        "--overlay-png", "{O}/overlay.png", "--title", "T", "--quiet"], ["overlay.png"]),
+    "inspect-torch": (["inspect", "{D}/cache.pt:blocks.*.attn", "--json"], []),
     "compare": (["compare", "{D}/a.npy", "{D}/b.npy", "--png", "{O}/diff.png", "--json-file", "{O}/compare.json",
                  "--html", "{O}/compare.html", "--title", "T", "--quiet"],
                 ["diff.png", "compare.json", "compare.html"]),
