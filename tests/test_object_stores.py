@@ -428,6 +428,22 @@ def test_bad_storage_options_are_usage_errors_that_never_repeat_them(server):
     one_line_error(attnviz("--storage-options", "[1]", "inspect", "s3://bkt/w.npy"), 2, "a JSON object")
 
 
+def test_storage_options_from_a_file_and_the_environment(server, data, tmp_path, monkeypatch):
+    """--storage-options FILE (a secret kept out of the process list) and ATTNVIZ_STORAGE_OPTIONS, flat or by
+    scheme: here each points s3:// at an endpoint that refuses, so the run says it cannot reach the store."""
+    from attnviz.storage import options_for
+
+    refuse = {"s3": {"endpoint_url": "http://127.0.0.1:9"}}
+    (tmp_path / "options.json").write_text(json.dumps(refuse))
+    one_line_error(attnviz("--storage-options", str(tmp_path / "options.json"), "inspect", f"{data.url}/a.npy"), 1,
+                   "cannot reach the store")
+    monkeypatch.setenv("ATTNVIZ_STORAGE_OPTIONS", json.dumps(refuse))
+    one_line_error(attnviz("inspect", f"{data.url}/a.npy"), 1, "cannot reach the store")
+    monkeypatch.setenv("ATTNVIZ_STORAGE_OPTIONS", json.dumps({"anon": False, "gs": {"token": "anon"}, **refuse}))
+    assert options_for("s3") == {"anon": False, "endpoint_url": "http://127.0.0.1:9"}
+    assert options_for("gs") == {"anon": False, "token": "anon"}
+
+
 # ------------------------------------------------------------------ nothing half-written
 
 
