@@ -528,6 +528,25 @@ def test_urls_are_told_from_paths():
     assert re.fullmatch(r".*/acts/a\.npz", join("/data", "acts/a.npz"))
 
 
+def test_placeholders_and_keys_of_urls():
+    from attnviz.batch.filemaps import expand
+    from attnviz.io import split_spec
+
+    url = "s3://bucket/acts/run_2.npz"
+    assert expand("{dir}/out/{stem}.json|{name}|{}", url, 0) == f"s3://bucket/acts/out/run_2.json|run_2.npz|{url}"
+    assert split_spec("s3://bucket/run.safetensors:layer.*.attention") == ("s3://bucket/run.safetensors",
+                                                                          "layer.*.attention")
+    assert split_spec("s3://bucket/w.npy") == ("s3://bucket/w.npy", None)
+
+
+def test_a_url_runs_in_its_own_process_not_on_a_warm_worker():
+    """The credentials and endpoint of a store are those of the shell the command was typed in."""
+    from attnviz.worker.client import bypass_reason
+
+    assert bypass_reason(["inspect", "s3://bucket/w.npy"], environ={}) == "a URL among the arguments"
+    assert bypass_reason(["inspect", "w.npy", "--png=gs://b/x.png"], environ={}) == "a URL among the arguments"
+
+
 def test_memory_urls_through_the_api(tmp_path):
     """memory:// (fsspec's own store, in this process) through the same code: reading and writing."""
     pytest.importorskip("fsspec")
