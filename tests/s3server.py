@@ -159,5 +159,8 @@ def start() -> S3Server:
     pytest.importorskip("s3fs", reason="s3fs is not installed")
     with _started:
         if _server is None:
+            for name in ("NO_PROXY", "no_proxy"):  # a proxy of the environment is not for the loopback
+                kept = [h for h in os.environ.get(name, "").split(",") if h]
+                os.environ[name] = ",".join([*kept, "127.0.0.1", "localhost"])
             _server = S3Server()
     return _server
