@@ -42,11 +42,11 @@ PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"),
 #: bounded waiting by default: a store that cannot be reached is an error within seconds, not minutes
 DEFAULTS: dict[str, dict[str, Any]] = {
     "s3": {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
-                             "retries": {"max_attempts": 2, "mode": "standard"}}},
+                             "retries": {"max_attempts": 2, "mode": "standard"}}},  # 3 tries
 }
 DEFAULTS["s3a"] = DEFAULTS["s3"]
-#: attributes of a filesystem set after it is made (s3fs retries each request this often, over botocore's own)
-ATTRIBUTES: dict[str, dict[str, Any]] = {"s3": {"retries": 2}, "s3a": {"retries": 2}}
+#: attributes of a filesystem set after it is made (s3fs's own loop of retries, over botocore's: once is enough)
+ATTRIBUTES: dict[str, dict[str, Any]] = {"s3": {"retries": 1}, "s3a": {"retries": 1}}
 #: the part size of an upload (S3 takes parts of 5 MiB to 5 GiB, at most 10,000 of them)
 PART = 50 * 2**20
 
