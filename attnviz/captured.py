@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from attnviz.io import Loaded, StdinReader, load_array, spec_name
 from attnviz.positional import apply_rope, check_rope_parameters, rope_angles, rope_frequencies, rope_type
 from attnviz.run_options import CaptureOptions
 from attnviz.scoring import ModelScoring, read_scoring
+from attnviz.storage import Place
 
 AXES = ("batch", "head", "seq", "d")
 DEFAULT_THETA = 10000.0  # --rope-theta's default
@@ -79,18 +79,19 @@ def repeat_kv(inputs: MutableMapping[str, Loaded]) -> tuple[int, int] | None:
     return n, g
 
 
-def rope_scaling(text: str | None, paths: list[Path]) -> dict[str, Any] | None:
+def rope_scaling(text: str | None, paths: list[Place]) -> dict[str, Any] | None:
     """``--rope-scaling``: a rope scaling object as JSON text or a ``.json`` file, checked."""
     if text is None:
         return None
-    from attnviz.formats._base import loads_json, read_text_file
+    from attnviz import storage
+    from attnviz.formats._base import loads_json
 
     stripped = text.strip()
     source = "--rope-scaling"
     if not stripped.startswith("{"):
         source = text
-        stripped = read_text_file(text, text)
-        paths.append(Path(text))
+        stripped = storage.read_text(text, text)
+        paths.append(storage.place(text))
     try:
         value = loads_json(stripped)
     except ValueError as exc:
@@ -103,7 +104,7 @@ def rope_scaling(text: str | None, paths: list[Path]) -> dict[str, Any] | None:
 
 
 def _positions(opts: CaptureOptions, lead: tuple[int, ...], length: int, stdin: StdinReader | None,
-               paths: list[Path]) -> np.ndarray:
+               paths: list[Place]) -> np.ndarray:
     """Position ids ``[..., L]`` shaped to broadcast against ``[*lead, L]`` (batch axes from the left)."""
     if opts.positions is None:
         return np.arange(length)
@@ -120,7 +121,7 @@ def _positions(opts: CaptureOptions, lead: tuple[int, ...], length: int, stdin: 
 
 
 def prepare(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, stdin: StdinReader | None = None,
-            paths: list[Path] | None = None) -> tuple[dict[str, Any], ModelScoring]:
+            paths: list[Place] | None = None) -> tuple[dict[str, Any], ModelScoring]:
     """Apply ``--layout``, ``--hf-config``, ``--rope`` and grouped heads to ``inputs["q"]``, ``["k"]``,
     ``["v"]`` in place; returns what was done, for the JSON document (empty when nothing was), and the
     model's scoring (``attnviz.scoring``)."""
@@ -206,7 +207,7 @@ def _query_temperature(inputs: MutableMapping[str, Loaded], floor_scale: float, 
 
 
 def _apply_rope(inputs: MutableMapping[str, Loaded], opts: CaptureOptions, scaling: dict[str, Any] | None,
-                stdin: StdinReader | None, paths: list[Path]) -> dict[str, Any]:
+                stdin: StdinReader | None, paths: list[Place]) -> dict[str, Any]:
     q, k = inputs["q"], inputs["k"]
     d = q.data.shape[-1]
     if k.data.shape[-1] != d:

@@ -39,6 +39,7 @@ from typing import Any
 
 from attnviz.errors import InputError, ShapeError, UsageError
 from attnviz.run_options import CaptureOptions
+from attnviz.storage import Place
 
 #: decoder-only families with rotary embeddings (half style unless in INTERLEAVED)
 ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
@@ -81,21 +82,24 @@ def _first(cfg: Mapping[str, Any], *names: str) -> Any:
     return None
 
 
-def read_json_config(spec: str, paths: list[Path]) -> tuple[dict[str, Any], str]:
-    """The config object of ``spec`` (a ``config.json`` or the folder holding it) and its name."""
-    from attnviz.formats._base import loads_json, read_text_file
+def read_json_config(spec: str, paths: list[Place]) -> tuple[dict[str, Any], str]:
+    """The config object of ``spec`` (a ``config.json`` or the folder holding it; a URL of either: one that
+    does not end in ``.json`` is a folder) and its name."""
+    from attnviz import storage
+    from attnviz.formats._base import loads_json
     from attnviz.io import MEMORY, memory_value
 
     if spec.startswith(MEMORY):  # a config dict handed over in memory (the Python API)
         value = memory_value(spec)
         return dict(value), spec[len(MEMORY):]
-    path = Path(spec)
-    if path.is_dir():
+    path = storage.place(spec) if not storage.is_url(spec) or spec.lower().endswith(".json") \
+        else storage.place(storage.join(spec, "config.json"))
+    if isinstance(path, Path) and path.is_dir():
         path = path / "config.json"
         if not path.exists():
             raise UsageError(f"--hf-config {spec}: the folder holds no config.json.")
     source = str(path)
-    text = read_text_file(path, source)
+    text = storage.read_text(path, source)
     paths.append(path)
     try:
         value = loads_json(text)
@@ -250,7 +254,7 @@ def _unknown(kind: str, cfg: Mapping[str, Any], source: str) -> UsageError:
 
 
 def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None, head_dim: int,
-                 paths: list[Path]) -> ConfigReading:
+                 paths: list[Place]) -> ConfigReading:
     """Read ``opts.hf_config`` for layer ``opts.model_layer`` and merge it with ``opts``: an option
     given explicitly (not its default) wins over the config."""
     assert opts.hf_config is not None

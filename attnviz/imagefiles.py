@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.errors import InputError, UsageError, shape_str
+from attnviz.storage import Place
 
 PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg")
 MAX_PIXELS = 64_000_000  # a larger picture is refused (Pillow's own bomb guard warns at 89M)
@@ -29,7 +30,7 @@ class Picture:
     rgb: np.ndarray
     source: str
     how: str
-    path: Path | None = None
+    path: Place | None = None
 
     @property
     def size(self) -> tuple[int, int]:
@@ -45,11 +46,19 @@ def read_picture(spec: str) -> Picture:
     if spec.startswith(MEMORY):
         name = spec[len(MEMORY):]
         return Picture(_picture_array(np.asarray(memory_value(spec)), f"image= ({name})"), "image", "array")
-    p = Path(spec)
-    suffix = p.suffix.lower()
+    from attnviz import storage
+
+    where = storage.place(spec)
+    suffix = where.suffix.lower()
     if suffix not in (*PICTURE_SUFFIXES, ".npy"):
-        raise UsageError(f"--image {spec}: unknown file type {p.suffix or '(none)'!r}; give a PNG or JPEG file, or "
-                         "an array [H, W, 3] in a .npy file.")
+        raise UsageError(f"--image {spec}: unknown file type {where.suffix or '(none)'!r}; give a PNG or JPEG file, "
+                         "or an array [H, W, 3] in a .npy file.")
+    if isinstance(where, storage.Url):  # an object of a store: a copy on disk for Pillow (a picture is small)
+        with storage.local_copy(spec, f"--image {spec}") as copy:
+            if suffix == ".npy":
+                return Picture(_from_array(spec, copy), spec, "array", where)
+            return Picture(_decode(spec, copy), spec, suffix.lstrip(".").upper().replace("JPG", "JPEG"), where)
+    p = Path(spec)
     if not os.path.lexists(p):
         raise UsageError(f"--image {spec}: no such file.")
     if not p.is_file():

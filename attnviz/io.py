@@ -32,7 +32,7 @@ from typing import IO, Any
 import numpy as np
 
 from attnviz import formats
-from attnviz.errors import InputError, OutputError, UsageError, shape_str
+from attnviz.errors import AttnvizError, InputError, OutputError, UsageError, shape_str
 from attnviz.formats import CONTAINER_SUFFIXES, Container, is_glob, listing, natural
 from attnviz.formats._base import (
     MAX_TEXT_BYTES,
@@ -47,6 +47,7 @@ from attnviz.formats._base import (
 )
 from attnviz.formats.npz import NpzArchive as NpzArchive  # re-exported for callers that import it from here
 from attnviz.staging import forget, hidden_file
+from attnviz.storage import Place, Url, check_url, is_url
 
 ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
 #: a spec that starts with NUL (never in a file name) names a value handed over in memory (``in_memory``)
@@ -75,7 +76,7 @@ class Loaded:
 
     data: np.ndarray
     source: str  # how to name it in a message: "q.npy", "acts.npz:q", "<stdin>"
-    path: Path | None  # the file on disk, None for stdin
+    path: Place | None  # the file on disk (or its URL), None for stdin
     labels: list[str] | None = None
     #: the dtype the file stored, when reading widened it (bfloat16 and float16 become float32)
     stored_dtype: str | None = None
@@ -160,16 +161,31 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
     A path that exists as given is never split, so file names containing ``:`` still work. The key
     may hold ``:`` and ``/`` (``run.h5:attn/layer0``); where several splits are possible, the first
-    whose file exists wins, else the first.
+    whose file exists wins, else the first. A URL (``s3://bucket/run.safetensors:layer.*.attn``) splits
+    the same way; the store is asked only when several splits are possible.
     """
-    if spec == STDIN or ":" not in spec or os.path.exists(spec):
+    from attnviz import storage
+
+    url = is_url(spec)
+    if spec == STDIN or ":" not in spec or (not url and os.path.exists(spec)):
         return spec, None
+    first = spec.index("://") + 3 if url else 0
     cuts = [i for i, c in enumerate(spec)
-            if c == ":" and i + 1 < len(spec) and spec[:i].lower().endswith(CONTAINER_SUFFIXES)]
+            if c == ":" and i >= first and i + 1 < len(spec) and spec[:i].lower().endswith(CONTAINER_SUFFIXES)]
     if not cuts:
         return spec, None
-    cut = next((i for i in cuts if os.path.isfile(spec[:i])), cuts[0])
+    if len(cuts) == 1:
+        cut = cuts[0]
+    else:
+        cut = next((i for i in cuts if _is_file(storage, spec[:i])), cuts[0])
     return spec[:cut], spec[cut + 1:]
+
+
+def _is_file(storage: Any, path: str) -> bool:
+    try:
+        return bool(storage.is_file(path))
+    except (AttnvizError, ValueError, OSError):
+        return False
 
 
 def supported() -> str:
@@ -178,12 +194,18 @@ def supported() -> str:
             "the key may be a glob), or '-' for JSON on standard input")
 
 
-def _check_path(path: str) -> Path:
+def _check_path(path: str) -> Place:
     """A path that names a regular file of a type attnviz reads (exit 2 otherwise): a directory, device,
     FIFO or socket is refused before it is opened, also behind a symbolic link; but a named pipe of JSON
-    text (``<(...)``, or a FIFO named ``.json``) is read as text, once."""
+    text (``<(...)``, or a FIFO named ``.json``) is read as text, once. A URL is checked for its form and
+    type here, and found (or not) when it is opened."""
     if not path:  # Path("") is the working folder
         raise UsageError("'': an empty file name.")
+    if is_url(path):
+        url = check_url(path)
+        if url.suffix.lower() not in ARRAY_SUFFIXES:
+            raise UsageError(f"{path}: unknown file type {url.suffix or '(none)'!r}; attnviz reads {supported()}.")
+        return url
     p = Path(path)
     if p.suffix.lower() in ("", ".json") and is_pipe(p):
         return p
@@ -321,7 +343,7 @@ class Opened:
 
     spec: str
     source: str
-    path: Path | None
+    path: Place | None
     key: str | None
     raw: Any
 
@@ -432,6 +454,10 @@ def open_spec(spec: str, stdin: StdinReader | None = None) -> Opened:
             return Opened(spec, shown, p, key, fmt.open(p, shown))
         except MemoryError:
             raise InputError(f"{path}: not enough memory to read it.") from None
+    if isinstance(p, Url):
+        from attnviz import storage
+
+        return Opened(spec, path, p, None, _parse_json_text(storage.read_text(p, path), path))
     if is_pipe(p):
         try:
             text = read_text_file(p, path)
@@ -446,14 +472,25 @@ def load_array(spec: str, stdin: StdinReader | None = None, *, allow_neg_inf: bo
     return open_spec(spec, stdin).array(allow_neg_inf=allow_neg_inf)
 
 
-def load_labels(spec: str) -> tuple[list[str], Path | None, str]:
-    """Token labels from a text file (one a line), a JSON file or literal list, or ``a,b,c``.
+def load_labels(spec: str) -> tuple[list[str], Place | None, str]:
+    """Token labels from a text file (one a line; a URL of one), a JSON file or literal list, or ``a,b,c``.
 
     Returns the labels, the file they came from (or None) and how the value was read (for messages).
     """
+    from attnviz import storage
+
     if spec.startswith(MEMORY):
         value = memory_value(spec)
         return _labels_from_value(list(value), spec[len(MEMORY):]), None, "a list"
+    if is_url(spec):
+        url = check_url(spec)
+        text = storage.read_text(url, spec, what="labels")
+        if url.suffix.lower() == ".json":
+            value = _parse_json_text(text, spec)
+            if isinstance(value, dict) and "labels" in value:
+                value = value["labels"]
+            return _labels_from_value(value, spec), url, f"file {spec}"
+        return text.splitlines(), url, f"file {spec}"
     p = Path(spec)
     special = os.path.lexists(p) and not os.path.isdir(p)  # a pipe is read once; a device is refused
     if os.path.isfile(p) or special:  # False (not an error) for a name too long to be a file: a long list
@@ -509,27 +546,40 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         raise
 
 
-def check_outputs(outputs: Mapping[str, str | None], inputs: Iterable[Path | None]) -> dict[str, Path]:
+def check_outputs(outputs: Mapping[str, str | None], inputs: Iterable[Place | None]) -> dict[str, Place]:
     """Refuse an output that would overwrite an input or another output, or whose folder is missing.
 
-    ``outputs`` maps an option name (``--png``) to the path given, or None. Returns the paths given.
+    ``outputs`` maps an option name (``--png``) to the path given, or None. Returns the paths given: a
+    ``Path``, or a ``Url`` (checked for its form here; its bucket when the outputs are reserved).
     """
-    in_paths = {p.resolve() for p in inputs if p is not None}
-    seen: dict[Path, str] = {}
-    result: dict[str, Path] = {}
+    from attnviz import storage
+
+    in_paths = {storage.key(p) for p in inputs if p is not None}
+    seen: dict[str, str] = {}
+    result: dict[str, Place] = {}
     for option, value in outputs.items():
         if value is None:
             continue
+        if is_url(value):
+            url = check_url(value, option)
+            if url in in_paths:
+                raise UsageError(f"{option} {value}: that is one of the input files; refusing to overwrite it.")
+            if url in seen:
+                raise UsageError(f"{option} {value}: the same file as {seen[url]}; give each output its own path.")
+            seen[url] = option
+            result[option] = url
+            continue
         p = Path(value)
         try:
-            r = p.resolve()
+            resolved = p.resolve()
+            r = str(resolved)
             if r in in_paths:
                 raise UsageError(f"{option} {value}: that is one of the input files; refusing to overwrite it.")
             if r in seen:
                 raise UsageError(f"{option} {value}: the same file as {seen[r]}; give each output its own path.")
             if p.is_dir():
                 raise UsageError(f"{option} {value}: is a directory; give a file name.")
-            if not r.parent.is_dir():
+            if not resolved.parent.is_dir():
                 raise OutputError(f"{option} {value}: the folder {p.parent} does not exist.")
         except OSError as exc:  # a name too long for the file system, a loop of links ...
             raise OutputError(f"{option} {value}: cannot write there ({exc.strerror or exc}).") from None

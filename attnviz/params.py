@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnviz.errors import ParamsError, UsageError
+from attnviz.storage import Place
 
 if TYPE_CHECKING:  # NumPy is imported in the functions: variant modules import ParamSpec for --help
     import numpy as np
@@ -73,11 +74,12 @@ def draw(specs: Mapping[str, ParamSpec], seed: int) -> dict[str, np.ndarray]:
     return {name: initial(spec, rng) for name, spec in specs.items()}
 
 
-def read(spec: str) -> tuple[dict[str, np.ndarray], Path]:
+def read(spec: str) -> tuple[dict[str, np.ndarray], Place]:
     """The arrays of a parameter file of named arrays (``.npz``, ``.safetensors``, ``.h5``/``.hdf5``, or a
     ``torch.save`` dict in ``.pt``/``.pth``/``.bin``), checked to be numeric and finite (never unpickled).
     Keys are the file's own: ``query/kernel`` is a key of a ``.npz`` or ``.safetensors`` file and a
     dataset path in HDF5."""
+    from attnviz import storage
     from attnviz.errors import InputError
     from attnviz.formats import CONTAINER_SUFFIXES, Container, describe, open_file
     from attnviz.formats._base import regular_file
@@ -91,13 +93,14 @@ def read(spec: str) -> tuple[dict[str, np.ndarray], Path]:
             validate_array(arr, f"{container.source}:{key}")
             out[key] = arr
         return out, Path(container.source)
-    path = Path(spec)
+    path = storage.place(spec)
     if path.suffix.lower() not in CONTAINER_SUFFIXES:
         raise UsageError(f"--params {spec}: a parameter file is a .npz archive (numpy.savez), or a file of named "
                          f"arrays ({describe(keyed_only=True)}).")
-    regular_file(path, f"--params {spec}", pipe="parameter files are memory-mapped from regular files: save it to "
-                 "a file")  # a directory, device or FIFO is refused before it is opened
-    try:
+    if isinstance(path, Path):  # a directory, device or FIFO is refused before it is opened
+        regular_file(path, f"--params {spec}", pipe="parameter files are memory-mapped from regular files: save it "
+                     "to a file")
+    try:  # errors of a store stay InputError (exit 1), as a missing object is
         container = open_file(path, spec)
         if not isinstance(container, Container):
             raise ParamsError(f"{spec}: a parameter file holds named arrays (a dict of tensors), not a single "

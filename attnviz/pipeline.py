@@ -39,6 +39,7 @@ from attnviz.masks import Mask, Positional, build_mask, describe_rows, fully_mas
 from attnviz.run_options import ParamOptions, RunOptions
 from attnviz.scoring import Logits, ModelScoring
 from attnviz.stats import RowStats, fused_row_stats
+from attnviz.storage import Place
 from attnviz.subwords import Words
 from attnviz.variants._base import Context, NumericError, Result, Variant, overflow_advice
 
@@ -77,7 +78,7 @@ class Prepared:
     mask: Mask
     q_labels: list[str] | None
     k_labels: list[str] | None
-    input_paths: list[Path]  # every file read, so that no output overwrites one
+    input_paths: list[Place]  # every file read, so that no output overwrites one
     warnings: list[str] = field(default_factory=list)
     learned: dict[str, np.ndarray] = field(default_factory=dict)
     learned_source: str | None = None  # "params.npz", "seed 0"
@@ -153,7 +154,7 @@ def _resolve_inputs(variant: Variant, specs: Sequence[str | None], stdin: StdinR
 
 
 def _labels(option: str, spec: str | None, fallback: list[str] | None, count: int, axis: str,
-            paths: list[Path]) -> list[str] | None:
+            paths: list[Place]) -> list[str] | None:
     if spec is None:
         labels, how = fallback, "the input file"
     else:
@@ -183,7 +184,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
 
     inputs = _resolve_inputs(variant, specs, stdin)
     captured: dict[str, Any] = {}
-    capture_paths: list[Path] = []
+    capture_paths: list[Place] = []
     scoring = ModelScoring()
     if variant.captured_qkv:
         captured, scoring = prepare_captured(inputs, capture or CaptureOptions(), stdin, capture_paths)
@@ -319,7 +320,7 @@ def _positional(variant: Variant, scoring: ModelScoring, shape: tuple[int, ...],
                       scoring.scale or 1.0 if scoring.alibi_keys else 1.0, scoring.relative)
 
 
-def _check_range(inputs: Mapping[str, Loaded], learned: Mapping[str, np.ndarray], params_path: Path | None,
+def _check_range(inputs: Mapping[str, Loaded], learned: Mapping[str, np.ndarray], params_path: Place | None,
                  dtype: str) -> tuple[dict[str, Magnitude], list[str]]:
     """Every input (and parameter from a file) must fit the compute dtype: a value past its range
     would be infinite once cast. Integers past what the dtype holds exactly are rounded: a warning.

@@ -20,7 +20,6 @@ cache, and equals ``i`` when ``Lq == Lk``. A head axis is needed (axis -3 of the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from attnviz.errors import InputError, ShapeError, UsageError, shape_str
 from attnviz.io import StdinReader, load_array
 from attnviz.positional import alibi_slopes
 from attnviz.run_options import CaptureOptions
+from attnviz.storage import Place
 
 if TYPE_CHECKING:
     from attnviz.hfconfig import ConfigReading
@@ -72,7 +72,7 @@ class ModelScoring:
         return None
 
 
-def _per_head(spec: str, what: str, heads: int, stdin: StdinReader | None, paths: list[Path], option: str,
+def _per_head(spec: str, what: str, heads: int, stdin: StdinReader | None, paths: list[Place], option: str,
               rank: int) -> np.ndarray:
     loaded = load_array(spec, stdin)
     if loaded.path is not None:
@@ -90,7 +90,7 @@ def _per_head(spec: str, what: str, heads: int, stdin: StdinReader | None, paths
 
 
 def read_scoring(opts: CaptureOptions, heads: int | None, config: ConfigReading | None = None,
-                 stdin: StdinReader | None = None, paths: list[Path] | None = None) -> ModelScoring:
+                 stdin: StdinReader | None = None, paths: list[Place] | None = None) -> ModelScoring:
     """The scoring of ``opts`` for weights with ``heads`` query heads (None: no head axis), with what a
     config gives besides options (``attnviz.hfconfig``): the scale, causality, a bidirectional local
     window (ModernBERT: keys within that distance on both sides) and Falcon's form of ALiBi."""

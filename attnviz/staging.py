@@ -2,6 +2,11 @@
 next to its target and all are put in place together once every one is written; a failed run leaves
 no file behind and changes no file that was there before. Every command writes its files through here.
 
+A target may be a URL of an object store (``attnviz.storage``): its staged file is made in the local
+temporary folder, and the commit sends it as an upload that is not completed (``storage.remote.Upload``: a
+multipart upload on S3), then completes every upload and renames every local file together; a failure, Ctrl-C
+or SIGTERM before that aborts the uploads, so no object appears at a URL unless the whole run succeeded.
+
 A process that could be killed outright while it holds staged files (the warm worker) hands a ledger to
 ``set_ledger``: each staged file is recorded there before it is created and dropped once renamed or removed,
 so that whoever finds the process dead removes them (``attnviz.worker.ledger``).
@@ -15,10 +20,11 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from attnviz.errors import AttnvizError, OutputError
 from attnviz.interrupts import deferred
+from attnviz.storage import Place, Url
 
 
 class Ledger(Protocol):
@@ -82,10 +88,11 @@ class StagedOutputs:
     existed is replaced (atomically, by the rename) only when the whole run succeeded.
     """
 
-    def __init__(self, targets: Mapping[str, Path]) -> None:
+    def __init__(self, targets: Mapping[str, Place]) -> None:
         self.targets = dict(targets)
         self.staged: dict[str, Path] = {}
-        self.committed: list[Path] = []
+        self.committed: list[Place] = []
+        self.uploads: dict[str, Any] = {}  # option -> storage.remote.Upload, for a URL
 
     def reserve(self) -> None:
         with deferred():  # Ctrl-C or SIGTERM: never between creating a staged file and recording it
@@ -93,6 +100,9 @@ class StagedOutputs:
 
     def _reserve(self) -> None:
         for option, path in self.targets.items():
+            if isinstance(path, Url):
+                self._reserve_remote(option, path)
+                continue
             if path.exists() and not path.is_file():  # a FIFO, a device: never replaced by a file
                 self.discard()
                 raise OutputError(f"{option} {path}: exists and is not a regular file; refusing to replace it.")
@@ -105,6 +115,25 @@ class StagedOutputs:
             os.close(fd)
             self.staged[option] = Path(name)
 
+    def _reserve_remote(self, option: str, url: Url) -> None:
+        """A URL's bucket is checked now; its staged file is made in the local temporary folder."""
+        from attnviz.storage.remote import Upload
+
+        upload = Upload(url, option)
+        try:
+            upload.check()
+            fd, name = hidden_file(tempfile.gettempdir(), f".attnviz.{url.name[:60]}.", f".staged{url.suffix}")
+        except OSError as exc:
+            self.discard()
+            raise OutputError(f"{option} {url}: cannot stage it in {tempfile.gettempdir()} "
+                              f"({exc.strerror or exc}).") from None
+        except BaseException:
+            self.discard()
+            raise
+        os.close(fd)
+        self.staged[option] = Path(name)
+        self.uploads[option] = upload
+
     def __contains__(self, option: object) -> bool:
         return option in self.staged
 
@@ -115,13 +144,29 @@ class StagedOutputs:
         return self.staged.get(option)
 
     def commit(self) -> None:
-        """Put every staged file in place. Should a rename fail, the files already put in place by
-        this commit are removed too (they replaced any older ones: those are gone). A signal waits until the
-        files are in place, or removed."""
+        """Put every staged file in place. Files for URLs are sent first (uploads not yet completed: a signal
+        or a failure then aborts them all); then every upload is completed and every local file renamed.
+        Should one of those fail, the files already put in place by this commit are removed too (they replaced
+        any older ones: those are gone). A signal waits until the files are in place, or removed."""
+        try:
+            for option, upload in self.uploads.items():
+                upload.send(self.staged[option])
+        except BaseException:
+            self.discard()
+            raise
         with deferred():
             self._commit()
 
     def _commit(self) -> None:
+        for option, upload in list(self.uploads.items()):
+            try:
+                upload.complete()
+            except BaseException:
+                self.discard()
+                raise
+            self.committed.append(self.targets[option])
+            del self.uploads[option]
+            self._drop(option)
         for option, stage in list(self.staged.items()):
             try:
                 os.replace(stage, self.targets[option])
@@ -133,10 +178,27 @@ class StagedOutputs:
             forget(stage)
         self.committed.clear()
 
+    def _drop(self, option: str) -> None:
+        """Remove the staged file of an output put in place by other means (an upload)."""
+        stage = self.staged.pop(option)
+        try:
+            stage.unlink()
+        except OSError:
+            pass
+        forget(stage)
+
     def discard(self) -> None:
-        """Remove the staged files (and what a failed commit already put in place)."""
+        """Remove the staged files, abort the uploads (and remove what a failed commit already put in place)."""
         with deferred():
+            for upload in self.uploads.values():
+                upload.abort()
+            self.uploads.clear()
             for path in [*self.staged.values(), *self.committed]:
+                if isinstance(path, Url):
+                    from attnviz.storage.remote import remove
+
+                    remove(path)
+                    continue
                 try:
                     path.unlink()
                 except OSError:
@@ -154,7 +216,7 @@ class StagedOutputs:
 
 
 @contextmanager
-def staged_outputs(targets: Mapping[str, Path]) -> Iterator[StagedOutputs]:
+def staged_outputs(targets: Mapping[str, Place]) -> Iterator[StagedOutputs]:
     """Reserve every target and run the body, which writes the staged files and calls ``commit``
     to put them all in place. On any error the staged files are removed (and the error re-raised,
     naming the targets); a body that ends without ``commit`` leaves nothing either."""

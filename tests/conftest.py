@@ -123,6 +123,7 @@ ONE_WORKER = {
     "test_serve": "one warm worker serves the module's tests, and counts the requests",
     "test_browser": "one Chromium for the module",
     "test_readme_examples": "the examples run one after another in one folder",
+    "test_object_stores": "one S3 server (moto) for the module, its buckets made once",
 }
 
 

@@ -327,6 +327,35 @@ def test_cli_capture_then_inspect(bert_folder: Path, tmp_path: Path) -> None:
     assert json.loads(one.stdout)["weights_shape"][-1] == 5
 
 
+def test_cli_capture_to_a_bucket(bert_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-o s3://...: the capture uploaded whole once finished (a real S3 API on the loopback, tests/s3server.py),
+    the same file a local -o writes; a bucket that is not there fails before the model runs."""
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+    from tests import s3server
+
+    server = s3server.start()
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = server.bucket("capture")
+    args = ["capture", str(bert_folder), "--text", "the cat sat on the mat", "--check", "-o"]
+    there = CliRunner().invoke(app, [*args, f"s3://{bucket}/runs/run.safetensors"])
+    assert there.exit_code == 0, there.stderr
+    assert f"saved capture to s3://{bucket}/runs/run.safetensors" in there.stderr
+    here = CliRunner().invoke(app, [*args, str(tmp_path / "run.safetensors")])
+    assert here.exit_code == 0, here.stderr
+    from safetensors.numpy import load
+
+    mine, theirs = load(server.get(bucket, "runs/run.safetensors")), load((tmp_path / "run.safetensors").read_bytes())
+    assert sorted(mine) == sorted(theirs)
+    for key in mine:
+        np.testing.assert_array_equal(mine[key], theirs[key])
+    assert server.uploads(bucket) == []
+    gone = CliRunner().invoke(app, [*args, "s3://no-such-bucket-here/run.safetensors"])
+    assert gone.exit_code == 1 and "no such bucket" in gone.stderr and gone.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize(("args", "code", "words"), [
     (["capture", "{missing}", "--text", "a", "-o", "{out}"], 2, "no such model folder"),
     (["capture", "{empty}", "--text", "a", "-o", "{out}"], 1, "no config.json"),

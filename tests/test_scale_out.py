@@ -552,47 +552,111 @@ def merged(folder: Path) -> list[dict]:
     return [rec for path in sorted((folder / "results").glob("shard-*.jsonl")) for rec in records(path)]
 
 
+def to_bucket(folder: Path, server, name: str) -> str:
+    """The example's acts/ put in a new bucket of the S3 server on the loopback (tests/s3server.py): its URL."""
+    bucket = server.bucket(name)
+    for path in sorted((folder / "acts").iterdir()):
+        server.put(bucket, f"data/acts/{path.name}", path.read_bytes())
+    return f"s3://{bucket}/data"
+
+
+def from_bucket(server, data: str, folder: Path) -> list[dict]:
+    """The example's results/ and out/ fetched from the bucket into ``folder``; the shards' merged records, read as
+    the unsharded local run's (the bucket's URL taken off, the size of each document, which names its files, left
+    out)."""
+    bucket = data.split("/")[2]
+    for key in server.keys(bucket):
+        if key.startswith(("data/results/", "data/out/")):
+            target = folder / key.removeprefix("data/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(server.get(bucket, key))
+    found = []
+    for rec in merged(folder):
+        rec = json.loads(json.dumps(rec).replace(data + "/", ""))
+        for out in rec["outputs"]:
+            out.pop("bytes")
+        found.append(rec)
+    return found
+
+
+def without_sizes(recs: list[dict]) -> list[dict]:
+    recs = json.loads(json.dumps(recs))
+    for rec in recs:
+        for out in rec["outputs"]:
+            out.pop("bytes")
+    return recs
+
+
 def test_slurm_array_example(tmp_path, unsharded_example):
+    from tests import s3server
+
+    server = s3server.start()
     script = EXAMPLES / "slurm_array.sh"
     text = script.read_text()
     assert re.search(r"^#SBATCH --array=0-15$", text, re.M)
     assert "attnviz batch --shard auto" in text and "--results" in text and "--resume" in text
     folder, arrays = example_folder(tmp_path, "slurm")
-    # as `sbatch --array=1-5:2 examples/slurm_array.sh` runs it: tasks 1, 3 and 5 (the #SBATCH lines are comments)
+    data = to_bucket(folder, server, "slurm")
+    # as `sbatch --array=1-5:2 examples/slurm_array.sh` runs it: tasks 1, 3 and 5 (the #SBATCH lines are comments),
+    # the nodes reading from and writing to a bucket
     for task in (1, 3, 5):
         variables = {"SLURM_JOB_ID": str(1000 + task), "SLURM_ARRAY_JOB_ID": "1000",
                      "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "5",
-                     "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_CPUS_PER_TASK": "2"}
+                     "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_CPUS_PER_TASK": "2",
+                     "ATTNVIZ_DATA": data, **server.env()}
         r = subprocess.run(["bash", str(script)], cwd=folder, env=env(**variables), capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, r.stderr
+    assert not (folder / "out").exists() and not (folder / "results").exists()  # all of it in the bucket
+    found = from_bucket(server, data, folder)
     shards = {p.name: records(p) for p in (folder / "results").glob("*.jsonl")}
     assert sorted(shards) == ["shard-1.jsonl", "shard-3.jsonl", "shard-5.jsonl"]
     assert sorted(len(v) for v in shards.values()) == [2, 2, 3]
-    assert comparable(merged(folder)) == comparable(unsharded_example)
-    check_documents(folder / "out", arrays)
+    assert comparable(found) == comparable(without_sizes(unsharded_example))
+    check_documents(folder / "out", arrays, f"{data}/acts")
+
+
+def test_slurm_array_example_on_a_shared_folder(tmp_path, unsharded_example):
+    """ATTNVIZ_DATA names a folder the nodes share instead: the same run, on local files."""
+    folder, arrays = example_folder(tmp_path, "slurm")
+    variables = {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "1", "ATTNVIZ_DATA": "."}
+    r = subprocess.run(["bash", str(EXAMPLES / "slurm_array.sh")], cwd=folder, env=env(**variables),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    found = [json.loads(json.dumps(rec).replace('"./', '"')) for rec in merged(folder)]
+    assert comparable(without_sizes(found)) == comparable(without_sizes(unsharded_example))
+    check_documents(folder / "out", arrays, "./acts")
 
 
 def test_kubernetes_indexed_job_example(tmp_path, unsharded_example):
+    from tests import s3server
+
     yaml = pytest.importorskip("yaml")
+    server = s3server.start()
     manifest = yaml.safe_load((EXAMPLES / "k8s_indexed_job.yaml").read_text())
     spec = manifest["spec"]
     assert manifest["kind"] == "Job" and spec["completionMode"] == "Indexed"
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
-    variables = {e["name"]: e["value"] for e in container.get("env", [])}
+    variables = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    secrets = [e["name"] for e in container.get("env", []) if "valueFrom" in e]
     assert variables["ATTNVIZ_SHARD_COUNT"] == str(spec["completions"])  # the manifest agrees with itself
-    assert container["workingDir"] == "/data" and pod["restartPolicy"] == "Never"
+    assert variables["ATTNVIZ_DATA"].startswith("s3://") and pod["restartPolicy"] == "Never"
+    assert sorted(secrets) == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] and "volumes" not in pod
     folder, arrays = example_folder(tmp_path, "k8s")
+    data = to_bucket(folder, server, "k8s")
     # every pod, as the Job controller starts them: JOB_COMPLETION_INDEX = 0 .. completions - 1, the
-    # container's env, its command in its working folder (here a local folder for /data)
+    # container's env (its bucket here the test's; the secret's keys and the endpoint the test server's), its
+    # command in a folder of its own
     for index in range(spec["completions"]):
-        r = subprocess.run(container["command"], cwd=folder, env=env(**variables, JOB_COMPLETION_INDEX=str(index)),
-                           capture_output=True, text=True, timeout=300)
+        pod_env = {**variables, **server.env(), "ATTNVIZ_DATA": data, "JOB_COMPLETION_INDEX": str(index)}
+        r = subprocess.run(container["command"], cwd=folder, env=env(**pod_env), capture_output=True, text=True,
+                           timeout=300)
         assert r.returncode == 0, r.stderr
+    found = from_bucket(server, data, folder)
     assert len(list((folder / "results").glob("shard-*.jsonl"))) == spec["completions"]
-    assert comparable(merged(folder)) == comparable(unsharded_example)
-    check_documents(folder / "out", arrays)
+    assert comparable(found) == comparable(without_sizes(unsharded_example))
+    check_documents(folder / "out", arrays, f"{data}/acts")
 
 
 def readme_block(heading: str) -> list[str]:

@@ -46,17 +46,20 @@ def _iframe(page: str, height: int = 640) -> str:
             'border: 0" sandbox="allow-scripts"></iframe>')
 
 
-def _write(files: dict[str, Any]) -> None:
-    """Write ``{path: (kind, make)}`` all or none (``attnviz.staging``), never over each other."""
+def _write(files: dict[str, Any], storage_options: dict[str, Any] | None = None) -> None:
+    """Write ``{path: (kind, make)}`` all or none (``attnviz.staging``), never over each other; a path may be a
+    URL (``storage_options``: fsspec's options for it)."""
+    from attnviz import storage
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
     wanted = {path: what for path, what in files.items()}
-    targets = check_outputs({f"{kind} {path}": path for path, (kind, _) in wanted.items()}, [])
-    with staged_outputs(targets) as staged:
-        for path, (kind, make) in wanted.items():
-            make(staged[f"{kind} {path}"])
-        staged.commit()
+    with storage.using(storage_options):
+        targets = check_outputs({f"{kind} {path}": path for path, (kind, _) in wanted.items()}, [])
+        with staged_outputs(targets) as staged:
+            for path, (kind, make) in wanted.items():
+                make(staged[f"{kind} {path}"])
+            staged.commit()
 
 
 class _Result:
@@ -84,9 +87,11 @@ class _Result:
         return _iframe(self.html())
 
     def save(self, png: str | Path | None = None, *, svg: str | Path | None = None, pdf: str | Path | None = None,
-             html: str | Path | None = None, json: str | Path | None = None, **figure_options: Any) -> None:
+             html: str | Path | None = None, json: str | Path | None = None,
+             storage_options: dict[str, Any] | None = None, **figure_options: Any) -> None:
         """Write the picture (``png``, ``svg``, ``pdf``), the HTML report and the JSON document: every
-        file or none. ``figure_options`` are those of ``figure``."""
+        file or none; each may be a URL (``s3://bucket/x.png``; ``storage_options`` for fsspec).
+        ``figure_options`` are those of ``figure``."""
         from attnviz.io import save_text
         from attnviz.render.heatmap import save_figure
 
@@ -100,7 +105,7 @@ class _Result:
             files[str(html)] = ("html", lambda target: save_text(target, self.html(**figure_options)))
         if json is not None:
             files[str(json)] = ("json", lambda target: save_text(target, self.to_json() + "\n"))
-        _write(files)
+        _write(files, storage_options)
 
 
 @dataclass(repr=False)
@@ -160,7 +165,7 @@ class Computed(_Result):
                               vmax=fig.vmax, norm=fig.norm)
 
     def save(self, png: str | Path | None = None, *, weights: str | Path | None = None,  # type: ignore[override]
-             output: str | Path | None = None, **others: Any) -> None:
+             output: str | Path | None = None, storage_options: dict[str, Any] | None = None, **others: Any) -> None:
         """As ``_Result.save``, and the arrays: ``weights`` and ``output`` as ``.npy``."""
         if weights is not None or output is not None:
             from attnviz.io import save_npy
@@ -174,9 +179,9 @@ class Computed(_Result):
                 if not str(path).lower().endswith(".npy"):
                     raise UsageError(f"{kind}={path}: the file must end in .npy.")
                 files[str(path)] = (kind, lambda target, arr=arr: save_npy(target, arr))
-            _write(files)
+            _write(files, storage_options)
         if png is not None or others:
-            super().save(png, **others)
+            super().save(png, storage_options=storage_options, **others)
 
     def __repr__(self) -> str:
         prep = self.outcome.prepared

@@ -80,11 +80,27 @@ def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: An
     return Capture(model, tokenizer, layers, **options)
 
 
+def _stores(run: Callable[..., Any]) -> Callable[..., Any]:
+    """A run that also takes ``storage_options=``: fsspec storage options for the URLs among its file specs
+    (``s3://bucket/dump.npz``), as ``attnviz --storage-options`` gives them on the command line."""
+    import functools
+
+    @functools.wraps(run)
+    def with_options(*args: Any, storage_options: dict[str, Any] | None = None, **options: Any) -> Any:
+        from attnviz import storage
+
+        with storage.using(storage_options):
+            return run(*args, **options)
+
+    return with_options
+
+
 def _warn(texts: Sequence[str]) -> None:
     for text in texts:
         warnings.warn(text, UserWarning, stacklevel=3)
 
 
+@_stores
 def compute(name: str, *arrays: Any, **options: Any) -> Computed:
     """Compute the attention type ``name`` (``attnviz.VARIANTS`` lists them) on ``arrays`` (in the order
     of the command's inputs, e.g. Q, K, V; or as keywords ``q=``, ``k=``, ``v=``) with the command's
@@ -176,6 +192,7 @@ def _options_doc(variant: Any) -> str:
     return "\n".join(lines)
 
 
+@_stores
 def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> Inspected:
     """Inspect saved attention weights: an array ``[..., Lq, Lk]`` (read as ``[layers, batch, heads, Lq,
     Lk]`` by rank, or name the axes with ``layout="batch,q,k"``), a model's ``out.attentions`` (a tuple of
@@ -202,6 +219,7 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     return Inspected(result)
 
 
+@_stores
 def compare(a: Any, b: Any, **options: Any) -> Compared:
     """Compare two sets of attention weights (arrays, layer tuples or file specs), e.g. attnviz's against
     a model's own: ``attnviz.compare(ours.weights, out.attentions, atol=1e-5).passed``."""
@@ -222,6 +240,7 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
     return Compared(run, result)
 
 
+@_stores
 def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> RolledOut:
     """Attention rollout (Abnar & Zuidema 2020) of self-attention weights ``[layers, batch, heads, L, L]``
     (or a model's ``out.attentions``): ``attnviz.rollout(out.attentions, labels=tokens).map``.
@@ -244,6 +263,7 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     return RolledOut(run)
 
 
+@_stores
 def load(spec: str, layout: str | None = None, generation: bool = False) -> Any:
     """Read attention weights as the command line does (every format, ``FILE:KEY``, key globs stacked as
     layers, ``generation=True`` for generate()'s steps): an ``attnviz.inspection.weights.Weights`` whose

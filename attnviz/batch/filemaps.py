@@ -7,7 +7,7 @@ A template's placeholders, for the file ``acts/run_2.npz`` (or a spec ``acts/run
     {}       the path (spec) as listed: ``acts/run_2.npz``
     {name}   its file name: ``run_2.npz``
     {stem}   the file name without its last suffix: ``run_2``
-    {dir}    its folder: ``acts`` (``.`` when the path has none)
+    {dir}    its folder: ``acts`` (``.`` when the path has none; ``s3://bucket/acts`` for a URL's)
     {index}  its 0-based position in the sorted list of files: ``0``, ``1`` ...
 
 ``{{`` and ``}}`` are a literal ``{`` and ``}``; any other use of a brace is an error (exit 2), so a
@@ -20,7 +20,6 @@ order a glob or standard input gives them in.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -81,9 +80,11 @@ def sorted_paths(paths: Iterable[str]) -> list[str]:
 
 
 def glob_paths(pattern: str, option: str = "--each") -> list[str]:
-    """The files (not folders) a glob matches, sorted naturally; ``**`` descends into folders. Exit 2
-    when nothing matches."""
-    found = [p for p in glob.glob(pattern, recursive=True) if not os.path.isdir(p)]
+    """The files (not folders) a glob matches, sorted naturally; ``**`` descends into folders; a URL's glob
+    (``s3://bucket/dumps/**/*.npz``) lists its store. Exit 2 when nothing matches."""
+    from attnviz import storage
+
+    found = storage.glob(pattern, option)
     if not found:
         raise UsageError(f"{option} {pattern!r}: no file matches.")
     return sorted_paths(found)
@@ -112,6 +113,8 @@ def per_file_outputs(outputs: Mapping[str, str | None], files: list[str]) -> lis
 
     Every output named must use a placeholder (else every file would write it: exit 2), and no two
     files may give the same name (exit 2)."""
+    from attnviz import storage
+
     given = {option: value for option, value in outputs.items() if value is not None}
     for option, value in given.items():
         if not check_template(value, option):
@@ -123,7 +126,7 @@ def per_file_outputs(outputs: Mapping[str, str | None], files: list[str]) -> lis
         plan: dict[str, str | None] = dict.fromkeys(outputs)
         for option, value in given.items():
             name = expand(value, path, index)
-            key = os.path.normpath(name)
+            key = name if storage.is_url(name) else os.path.normpath(name)
             if key in seen and seen[key][1] != path:
                 other = seen[key][1]
                 raise UsageError(f"{option} {value}: {other} and {path} both give {name}; use a placeholder that "

@@ -69,14 +69,14 @@ class Job:
         return record_key(self.argv[0], self.argv[1:]) if self.argv else "\0" + (self.error or "")
 
 
-def _resolve(value: str, base: Path) -> str:
+def _resolve(value: str, base: str) -> str:
     """A path as the jobs file gives it, relative to the jobs file's folder exactly as the command line
     takes it relative to the current directory: ``a.npz``, ``a.npz:q``, ``x.safetensors:k``,
     ``run.h5:attn/*`` all become ``BASE/...`` with their key kept (a key follows the file name, so
-    joining the folder in front keeps it)."""
-    if value == "-" or Path(value).is_absolute():
-        return value
-    return str(base / value)
+    joining the folder in front keeps it). A jobs file at a URL has a URL's folder; a URL is kept."""
+    from attnviz import storage
+
+    return storage.join(base, value)
 
 
 def _quoted(value: Any) -> str:
@@ -119,14 +119,16 @@ def _every_command(command: str) -> bool:
     return True
 
 
-def job_from_line(number: int, line: str, base: Path, commands: set[str], jobs_file: Path | None = None,
+def job_from_line(number: int, line: str, base: str | Path, commands: set[str], jobs_file: str | None = None,
                   takes_quiet: Callable[[str], bool] = _every_command) -> Job:
     """A jobs-file line as a command line (``argv``); a line that cannot be one (for any reason) gives a
     job with an error, and only that job fails. No job may write over ``jobs_file``. ``commands`` are
     those a job may run; ``takes_quiet`` says whether a command has --quiet, which the job gets unless
     it says otherwise (the batch's ``Runner.takes_quiet``; by default every command has it)."""
+    from attnviz import storage
     from attnviz.formats._base import loads_json
 
+    base = str(base)
     job = Job(number)
     try:
         spec = loads_json(line)
@@ -178,18 +180,14 @@ def job_from_line(number: int, line: str, base: Path, commands: set[str], jobs_f
                 argv.append(flag)
                 continue
             text = str(v)
-            if key in PATH_OPTIONS or (key in LABEL_OPTIONS and (base / text).exists()):
+            if key in PATH_OPTIONS or (key in LABEL_OPTIONS and storage.exists_relative(base, text)):
                 text = _resolve(text, base)
             if key in OUTPUT_PATH_OPTIONS:
                 written.append((flag, text))
             argv += [flag, text]
     if jobs_file is not None:
         for name, target in written:
-            try:
-                same = Path(target).resolve() == jobs_file
-            except OSError:
-                same = False
-            if same:
+            if storage.same_place(target, jobs_file):
                 job.error = (f"line {number}: {_quoted(name.lstrip('-'))} {target} is the jobs file itself; "
                              "refusing to overwrite it.")
                 return job
@@ -245,6 +243,8 @@ def jobs_from_template(template: list[str], paths: list[str], runner: Runner) ->
         raise UsageError("--each: a batch job cannot read standard input ('-').")
     jobs = []
     writers: dict[str, tuple[str, int]] = {}
+    from attnviz import storage
+
     for index, path in enumerate(paths):
         argv = [template[0], *(expand(arg, path, index) for arg in template[1:])]
         if not {"--quiet", "-q"} & set(argv) and runner.takes_quiet(template[0]):
@@ -252,7 +252,7 @@ def jobs_from_template(template: list[str], paths: list[str], runner: Runner) ->
         job = Job(index + 1, template[0], argv, index=index, path=path, wants_document="--json" in argv,
                   outputs=named_outputs(argv))
         for option, target in job.outputs:
-            where = os.path.normpath(target)
+            where = target if storage.is_url(target) else os.path.normpath(target)
             if where in writers and writers[where][1] != index:
                 raise UsageError(f"--each: {option} {target} is written by the jobs of {paths[writers[where][1]]} "
                                  f"and {path}; name outputs with a placeholder such as {{stem}}.")
@@ -261,32 +261,34 @@ def jobs_from_template(template: list[str], paths: list[str], runner: Runner) ->
     return jobs
 
 
-def _jobs_bytes(spec: str) -> tuple[bytes, str, Path]:
+def _jobs_bytes(spec: str) -> tuple[bytes, str, str]:
     """The jobs file's bytes (bounded, a regular file only), how to name it, and the folder paths resolve in."""
     import sys
 
-    from attnviz.formats._base import is_pipe, read_limited, read_text_bytes
+    from attnviz import storage
+    from attnviz.formats._base import is_pipe, read_limited
 
     if spec == "-":
         source = "'-' (<stdin>)"
         stream = sys.stdin
         if stream is None:
             raise InputError(f"{source}: there is no standard input to read.")
-        return read_limited(getattr(stream, "buffer", None) or stream, source, what="jobs"), source, Path.cwd()
-    path = Path(spec)
-    try:
-        data = read_text_bytes(path, spec, what="jobs")  # a regular file, or a named pipe (<(...)) read once
+        return read_limited(getattr(stream, "buffer", None) or stream, source, what="jobs"), source, str(Path.cwd())
+    try:  # a regular file, a named pipe (<(...)) read once, or an object of a store
+        data = storage.read_text_bytes(spec, spec, what="jobs")
     except UsageError as exc:
         if exc.message == f"{spec}: no such file.":
             raise UsageError(f"{spec}: no such jobs file.") from None
         raise
-    return data, spec, Path.cwd() if is_pipe(path) else path.resolve().parent  # a pipe has no folder
+    return data, spec, str(Path.cwd()) if is_pipe(spec) else storage.folder_of(spec)  # a pipe has no folder
 
 
-def read_jobs(spec: str, runner: Runner) -> tuple[list[Job], Path]:
+def read_jobs(spec: str, runner: Runner) -> tuple[list[Job], str]:
     """The jobs of a jobs file (``-``: standard input), and the folder their paths resolve in."""
+    from attnviz import storage
+
     data, source, base = _jobs_bytes(spec)
-    jobs_file = None if spec == "-" else Path(spec).resolve()
+    jobs_file = None if spec == "-" else spec if storage.is_url(spec) else str(Path(spec).resolve())
     nul = data.find(b"\0")
     if nul >= 0:
         raise InputError(f"{source}: holds binary data (a NUL byte at offset {nul}), not JSON Lines jobs.")

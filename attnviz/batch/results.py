@@ -9,6 +9,10 @@ disk, ``EFBIG``), the file is cut back to where the line began, its last line fe
 reported. A line without its line feed at the end of the file (a process killed while writing it) is cut
 off, under the same lock, before the next line is written, and dropped when the file is read (``--resume``
 says so).
+
+A manifest at a URL (``--results s3://bucket/results.jsonl``: ``ResultsObject``) cannot be appended to: it is
+kept in memory and the object written whole, in one request, on every record, so that it is always whole
+lines; ``--resume`` reads it there. Shards write one object each (``cat`` merges them, as files).
 """
 
 from __future__ import annotations
@@ -20,10 +24,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.errors import OutputError, UsageError
+from attnviz.errors import AttnvizError, OutputError, UsageError
 
 if TYPE_CHECKING:
     from attnviz.batch.jobs import Job
@@ -73,14 +76,16 @@ def summary_of(document: Any) -> dict[str, Any] | None:
 
 
 def _document_of(result: JobResult) -> Any:
+    from attnviz import storage
+
     if result.document is not None:
         return result.document
     for out in result.written:
         if out["option"] == "--json-file":
             try:
-                with open(out["path"], "rb") as fh:
-                    return json.load(fh)
-            except (OSError, ValueError):
+                data = storage.read_whole(out["path"])
+                return None if data is None else json.loads(data)
+            except (OSError, ValueError, AttnvizError):
                 return None
     return None
 
@@ -189,16 +194,73 @@ class ResultsFile:
             raise OutputError(f"--results {self.path}: cannot write ({exc.strerror or exc}).") from None
 
 
+class ResultsObject:
+    """A results manifest at a URL: kept in memory, and written whole on every record (see the module)."""
+
+    def __init__(self, path: str) -> None:
+        from attnviz import storage
+
+        self.path = path
+        self.repaired = 0
+        self._lock = threading.Lock()
+        try:
+            found = storage.read_whole(path)
+            if found is None:  # made now, empty, as a local manifest is: a shard with no job still leaves one
+                storage.write_whole(path, b"", "--results")
+            self._data = found or b""
+        except AttnvizError as exc:
+            raise OutputError(f"--results {exc.message}") from None
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> ResultsObject:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def repair(self) -> None:
+        """Drop a last line without its line feed (written again, whole, with the next record)."""
+        with self._lock:
+            if self._data and not self._data.endswith(b"\n"):
+                cut = self._data.rfind(b"\n")
+                self._data = self._data[:cut + 1]
+                self.repaired += 1
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        from attnviz import storage
+
+        line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        with self._lock:
+            try:
+                storage.write_whole(self.path, self._data + line, "--results")
+            except AttnvizError as exc:
+                raise OutputError(f"--results {exc.message}") from None
+            self._data += line
+
+
+def open_results(path: str) -> ResultsFile | ResultsObject:
+    """The results manifest at ``path``: a local file appended to, or an object written whole."""
+    from attnviz import storage
+
+    return ResultsObject(path) if storage.is_url(path) else ResultsFile(path)
+
+
 def read_results(path: str) -> tuple[dict[str, dict[str, Any]], int, bool]:
     """The last complete record of every job in a results file (by ``record_key``), how many lines were
     unreadable (not a record), and whether the last line was cut short (no line feed: its writer was
     killed, or its disk filled, while writing it; dropped). No file: nothing recorded."""
+    from attnviz import storage
+
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return {}, 0, False
+        data = storage.read_whole(path)
     except OSError as exc:
         raise OutputError(f"--results {path}: cannot read it ({exc.strerror or exc}).") from None
+    except AttnvizError as exc:
+        raise OutputError(f"--results {exc.message}") from None
+    if data is None:
+        return {}, 0, False
     records: dict[str, dict[str, Any]] = {}
     bad = 0
     lines = data.split(b"\n")
@@ -222,12 +284,14 @@ def is_complete(record: Mapping[str, Any] | None, outputs: Sequence[str]) -> boo
     it recorded exists with the size recorded, and (after exit 0) every output it names is among them."""
     if not record or record.get("exit_code") not in COMPLETE_CODES:
         return False
+    from attnviz import storage
+
     recorded = record.get("outputs") or []
     try:
         for out in recorded:
-            if os.stat(out["path"]).st_size != out["bytes"]:
+            if storage.size(out["path"]) != out["bytes"]:
                 return False
-    except (OSError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError, AttnvizError):
         return False
     if record.get("exit_code") == 0:
         paths = {out["path"] for out in recorded}
@@ -238,9 +302,14 @@ def is_complete(record: Mapping[str, Any] | None, outputs: Sequence[str]) -> boo
 def remove_leftovers(path: str) -> int:
     """Remove the hidden staged and partial files a killed run left beside output ``path`` (see
     ``attnviz.staging.StagedOutputs`` and ``attnviz.io.write_atomic``). Only for a job about to be
-    run again; names longer than the staging prefix are left alone."""
+    run again; names longer than the staging prefix are left alone. An output at a URL leaves nothing
+    to remove (its upload was never completed)."""
     import glob as globbing
 
+    from attnviz import storage
+
+    if storage.is_url(path):
+        return 0
     folder, name = os.path.split(path)
     if not name or len(name) > 60:
         return 0

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from attnviz import interrupts
@@ -56,19 +54,16 @@ def run_job(runner: Runner, job: Job) -> JobResult:
     for option, path in job.outputs:  # a file is new when it is there and was not, or is another file now
         now = _identity(path)
         if now is not None and now != before.get(path):
-            written.append({"option": option, "path": path, "bytes": now[2]})
+            written.append({"option": option, "path": path, "bytes": now[-1]})
     return JobResult(job, code, seconds, message, document, written)
 
 
-def _identity(path: str) -> tuple[int, int, int] | None:
-    """(inode, mtime, size) of a regular file, or None."""
-    import stat
+def _identity(path: str) -> tuple[Any, ...] | None:
+    """What tells one version of a file from another, its size last ((inode, mtime, size) of a regular file;
+    (tag, size) of an object), or None."""
+    from attnviz import storage
 
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size) if stat.S_ISREG(st.st_mode) else None
+    return storage.identity(path)
 
 
 def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
@@ -120,10 +115,9 @@ def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
 
 
 def _same_file(a: str, b: str) -> bool:
-    try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return False
+    from attnviz import storage
+
+    return storage.same_place(a, b)
 
 
 @dataclass
@@ -198,6 +192,10 @@ def plan_batch(spec: list[str], each: str | None, shard: str | None, results_pat
         raise UsageError("--resume: needs --results FILE.jsonl, the record of the jobs done.")
     all_jobs, jobs_file = plan_jobs(spec, each, runner)
     if results_path is not None:
+        from attnviz import storage
+
+        if storage.is_url(results_path) and not resume:  # its bucket, before any job runs
+            read_results(results_path)
         if jobs_file not in (None, "-") and _same_file(results_path, jobs_file):
             raise UsageError(f"--results {results_path}: that is the jobs file; refusing to write into it.")
         clash = next((p for j in all_jobs for _, p in j.outputs if _same_file(p, results_path)), None)
@@ -225,11 +223,11 @@ def run_batch(plan: BatchPlan, *, runner: Runner, workers: int = 1, fail_fast: b
               progress: Callable[[], object] | None = None) -> BatchOutcome:
     """Run the plan's jobs still to do through ``runner`` (``workers`` threads), appending each result
     to the results manifest as it finishes; ``progress`` is called once per job finished."""
-    from attnviz.batch.results import ResultsFile
+    from attnviz.batch.results import open_results
 
     start = time.perf_counter()
     results: list[JobResult] = []
-    manifest = ResultsFile(plan.results_path) if plan.results_path is not None else None
+    manifest = open_results(plan.results_path) if plan.results_path is not None else None
     try:
         if manifest is not None:
             manifest.repair()

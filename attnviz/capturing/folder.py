@@ -21,7 +21,7 @@ EXTRA = "pip install 'attnviz[torch]'"
 class Captured:
     """What ``capture_folder`` did: the file, its sites, the model, and the time taken."""
 
-    path: Path
+    path: Path | Any  # the file written (the command line names a URL it was uploaded to)
     sites: list[str]
     model_type: str
     device: str
@@ -32,15 +32,14 @@ class Captured:
 
 
 def read_texts(texts: list[str], text_file: str | None) -> list[str]:
-    """The batch's texts: ``--text`` (each non-empty), then the lines of ``--text-file``."""
+    """The batch's texts: ``--text`` (each non-empty), then the lines of ``--text-file`` (a file, or a URL)."""
     out = list(texts)
     if text_file is not None:
-        from attnviz.formats._base import read_text_file
+        from attnviz import storage
 
-        path = Path(text_file)
-        if not path.exists():
+        if not storage.is_url(text_file) and not Path(text_file).exists():
             raise UsageError(f"--text-file {text_file}: no such file.")
-        out += [line for line in read_text_file(path, text_file).splitlines() if line.strip()]
+        out += [line for line in storage.read_text(text_file, text_file).splitlines() if line.strip()]
     if not out:
         raise UsageError("capture: give the text to run the model on: --text TEXT (one per batch entry) or "
                          "--text-file FILE (one a line).")

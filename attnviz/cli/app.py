@@ -113,6 +113,11 @@ def main(
                                           help="print the version and exit")] = False,
     no_server: Annotated[bool, typer.Option("--no-server", help="run in this process, not on a warm worker "
                                                                 "(attnviz serve; also ATTNVIZ_NO_SERVER=1)")] = False,
+    storage_options: Annotated[str | None, typer.Option(
+        "--storage-options", metavar="JSON|FILE", show_default=False,
+        help="fsspec storage options for URLs (s3://, gs://, az:// ...): a JSON object, flat or by scheme "
+             "('{\"s3\": {\"anon\": true}}'), or a JSON file holding one (also ATTNVIZ_STORAGE_OPTIONS); never "
+             "printed")] = None,
     install_completion: Annotated[str | None, checked_option(
         Literal[SHELL_CHOICES], "--install-completion", metavar="[SHELL]", is_eager=True,  # type: ignore[misc]
         expose_value=False, callback=lambda value: _completion("install", value), autocompletion=_shells,
@@ -127,6 +132,12 @@ def main(
 
     One command per attention type; `attnviz variants` lists them.
     """
+    if storage_options is not None:
+        from attnviz import storage
+        from attnviz.cli.errors import user_errors
+
+        with user_errors():
+            storage.set_options(storage_options)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Each module reads one format and has ``SUFFIXES`` and ``open_file(path, source)``, which returns a
 NumPy array (a file of one array) or a ``Container`` of named arrays (``FILE:KEY`` picks one; a key
-may be a glob). ``attnviz.io.open_spec`` is the single entrance that uses them; JSON and ``-``
-(standard input) are read there. Readers import NumPy only at module level: h5py, safetensors,
-ml_dtypes and torch are imported when a file of theirs is read.
+may be a glob). A reader asks ``attnviz.storage.open_input`` for the file (a local file, or an object of a
+store named by a URL) and reads what it needs through it. ``attnviz.io.open_spec`` is the single entrance
+that uses them; JSON and ``-`` (standard input) are read there. Readers import NumPy only at module level:
+h5py, safetensors, ml_dtypes and torch are imported when a file of theirs is read.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class Format:
 
     name: str  # ".safetensors", ".h5/.hdf5", ".pt/.pth/.bin (torch.save)"
     suffixes: tuple[str, ...]
-    open: Callable[[Path, str], Any]  # (path, source) -> np.ndarray | Container
+    open: Callable[[str | Path, str], Any]  # (path or URL, source) -> np.ndarray | Container
     keyed: bool  # holds named arrays: FILE:KEY picks one
 
 
@@ -48,6 +49,7 @@ def describe(keyed_only: bool = False) -> str:
     return ", ".join(f.name for f in FORMATS if f.keyed or not keyed_only)
 
 
-def open_file(p: Path, source: str) -> Any:
-    """Open a file by its suffix (which must be in ``BY_SUFFIX``): an array or a ``Container``."""
+def open_file(p: Path | Any, source: str) -> Any:
+    """Open a file (a ``Path``, or an ``attnviz.storage.Url``) by its suffix (which must be in ``BY_SUFFIX``):
+    an array or a ``Container``."""
     return BY_SUFFIX[p.suffix.lower()].open(p, source)

@@ -2,6 +2,8 @@
 the groups. A contiguous, uncompressed dataset is memory-mapped; others are read whole. String
 datasets come back as text (usable as ``q_labels``/``k_labels``). h5py is imported only when such a
 file is read.
+From an object store (``attnviz.storage``) h5py reads the file's metadata through a stream with a small
+read-ahead, and a contiguous dataset is fetched with one ranged request of its bytes.
 
 Sizes are judged from the dataset's shape and dtype before it is read: a memory-mapped dataset must lie
 inside the file; one read into memory (chunked, compressed, never written) may take at most
@@ -24,7 +26,6 @@ from attnviz.formats._base import (
     check_stored,
     natural,
     reason,
-    regular_file,
 )
 
 SUFFIXES = (".h5", ".hdf5")
@@ -33,14 +34,17 @@ VLEN_BYTES = 64
 
 
 class Hdf5File(Container):
-    def __init__(self, p: Path, source: str) -> None:
+    def __init__(self, p: str | Path, source: str) -> None:
+        from attnviz import storage
+
         try:
             import h5py
         except ImportError:
             raise InputError(f"{source}: reading HDF5 files needs h5py, which is not installed; pip install h5py.") \
                 from None
         self.path = p
-        self.size = regular_file(p, source)
+        self.where = storage.open_input(p, source)
+        self.size = self.where.size
         self._h5py = h5py
         datasets: list[str] = []
         self.groups: set[str] = set()
@@ -58,7 +62,7 @@ class Hdf5File(Container):
                 self.groups.add(name)
 
         try:
-            self._file = h5py.File(p, "r")
+            self._file = h5py.File(self.where.local or self.where.open(), "r")
             self._file.visititems(visit)
         except Exception as exc:  # OSError for a file that is not HDF5 or is cut short, KeyError, RuntimeError
             raise InputError(f"{source}: not a readable HDF5 file ({reason(exc)}).") from None
@@ -109,7 +113,7 @@ class Hdf5File(Container):
             return None
         check_stored(nbytes, self.size - offset, where, dtype, shape, "the file after the dataset's offset")
         try:
-            arr = np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape)
+            arr = self.where.array(dtype, offset, shape)
         except (OSError, ValueError):
             return None
         first = (0,) * len(shape)
@@ -119,5 +123,5 @@ class Hdf5File(Container):
         return arr
 
 
-def open_file(p: Path, source: str) -> Hdf5File:
+def open_file(p: str | Path, source: str) -> Hdf5File:
     return Hdf5File(p, source)

@@ -1,5 +1,7 @@
 """``.npy``: one array, memory-mapped (read on demand), never unpickled.
 
+From an object store (``attnviz.storage``) the header is read with a small range, then the data with one.
+
 The header is read first (``read_header``) and its claim checked against the bytes that follow it, so a
 header that promises more than the file holds is refused before NumPy maps or allocates anything.
 """
@@ -14,7 +16,7 @@ from typing import IO, Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import array_bytes, check_stored, describe_array, reason, regular_file
+from attnviz.formats._base import array_bytes, check_stored, describe_array, reason
 
 SUFFIXES = (".npy",)
 MAGIC = b"\x93NUMPY"
@@ -61,16 +63,22 @@ def read_header(fh: IO[bytes], source: str) -> tuple[tuple[int, ...], bool, np.d
     return tuple(int(n) for n in shape), bool(fortran), dtype, fh.tell() - start
 
 
-def open_file(p: Path, source: str) -> np.ndarray:
-    size = regular_file(p, source)
+def open_file(p: str | Path, source: str) -> np.ndarray:
+    """The array of a ``.npy`` file: memory-mapped from a local file, fetched (its data, one range) from a store."""
+    from attnviz import storage
+
+    where = storage.open_input(p, source)
+    size = where.size
     try:
-        with open(p, "rb") as fh:
-            shape, _, dtype, header = read_header(fh, source)
+        with where.open() as fh:
+            shape, fortran, dtype, header = read_header(fh, source)
     except OSError as exc:
         raise InputError(f"{source}: not a readable .npy file ({reason(exc)}).") from None
     check_stored(array_bytes(shape, dtype.itemsize), size - header, source, dtype, shape, "the file")
+    if where.local is None:  # an object of a store: its data, one range
+        return where.array(dtype, header, shape, "F" if fortran else "C")  # type: ignore[no-any-return]
     try:
-        return np.load(p, allow_pickle=False, mmap_mode="r")  # read on demand: long inputs stay on disk
+        return np.load(where.local, allow_pickle=False, mmap_mode="r")  # read on demand: long inputs stay on disk
     except ValueError as exc:
         if any(s in str(exc).lower() for s in ("pickle", "object arrays", "python objects")):
             raise pickled(source) from None

@@ -4,7 +4,9 @@ The archive is read with ``zipfile`` and each member's ``.npy`` header before it
 header claims more than the zip directory says it holds, or a directory that claims more than the file
 (or than deflate can expand), is refused before anything is allocated. A large member stored
 uncompressed (``numpy.savez``) is memory-mapped at its offset in the archive; a compressed one
-(``numpy.savez_compressed``) is read into memory, and may take at most ``memory_limit()``.
+(``numpy.savez_compressed``) is read into memory, and may take at most ``memory_limit()``. From an object
+store (``attnviz.storage``) the zip directory and a member's headers are read in small pieces and a stored
+member's data with one ranged request: a member costs its own bytes, not the archive's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from attnviz.formats._base import (
     check_stored,
     check_zip_members,
     reason,
-    regular_file,
     short,
     zip_data_offset,
 )
@@ -38,18 +39,22 @@ class NpzArchive(Container):
 
     noun = "archive"
 
-    def __init__(self, p: Path, source: str) -> None:
+    def __init__(self, p: str | Path, source: str) -> None:
+        from attnviz import storage
+
+        self.where = storage.open_input(p, source)
         self.path = p
-        self.size = regular_file(p, source)
+        self.size = self.where.size
         try:
-            with open(p, "rb") as fh:
-                head = fh.read(len(MAGIC))
+            head = self.where.read(0, len(MAGIC))
         except OSError as exc:
             raise InputError(f"{source}: not a readable .npz archive ({reason(exc)}).") from None
         if head == MAGIC:
             raise InputError(f"{source}: is a .npy file, not a .npz archive; rename it to .npy.")
         try:
-            self._zip = zipfile.ZipFile(p)
+            #: a store's object is read through one stream (small read-ahead) for the zip's directory and headers
+            self._stream = None if self.where.local is not None else self.where.open()
+            self._zip = zipfile.ZipFile(self.where.local if self._stream is None else self._stream)
             infos = self._zip.infolist()
         except Exception as exc:  # BadZipFile, OSError, ValueError, UnicodeDecodeError, struct.error ...
             raise InputError(f"{source}: not a readable .npz archive ({reason(exc)}).") from None
@@ -79,11 +84,15 @@ class NpzArchive(Container):
                 shape, fortran, dtype, header = read_header(fh, where)  # type: ignore[arg-type]
             nbytes = array_bytes(shape, dtype.itemsize)
             check_stored(nbytes, info.file_size - header, where, dtype, shape, "the archive entry")
-            if info.compress_type == zipfile.ZIP_STORED and nbytes >= MAP_BYTES:
-                with open(self.path, "rb") as raw:
-                    start = zip_data_offset(raw, info, self.size)
-                return np.memmap(self.path, dtype=dtype, mode="r", offset=start + header, shape=shape,
-                                 order="F" if fortran else "C")
+            remote = self.where.local is None
+            if info.compress_type == zipfile.ZIP_STORED and (nbytes >= MAP_BYTES or remote):
+                if self._stream is not None:
+                    start = zip_data_offset(self._stream, info, self.size)
+                else:
+                    with open(self.where.local, "rb") as raw:
+                        start = zip_data_offset(raw, info, self.size)
+                return self.where.array(dtype, start + header, shape,  # type: ignore[no-any-return]
+                                        "F" if fortran else "C")
             check_memory(nbytes, where, "", shape)
             with self._zip.open(info) as fh:
                 return np.lib.format.read_array(fh, allow_pickle=False)  # type: ignore[arg-type]
@@ -99,5 +108,5 @@ class NpzArchive(Container):
             raise InputError(f"{where}: unreadable ({reason(exc)}).") from None
 
 
-def open_file(p: Path, source: str) -> NpzArchive:
+def open_file(p: str | Path, source: str) -> NpzArchive:
     return NpzArchive(p, source)

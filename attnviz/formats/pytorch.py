@@ -32,7 +32,6 @@ from attnviz.formats._base import (
     check_memory,
     check_zip_members,
     reason,
-    regular_file,
     size_str,
     upcast_half,
 )
@@ -53,15 +52,16 @@ def _torch(source: str) -> Any:
                          f"({reason(exc)}).") from None
 
 
-def _check_sizes(p: Path, source: str) -> bool:
+def _check_sizes(where: Any, source: str) -> bool:
     """Whether the file is a zip archive (torch.save's default), its directory checked; a legacy file is
     read whole, so it must fit in ``memory_limit()``."""
-    size = regular_file(p, source)
+    size = where.size
     try:
-        is_zip = zipfile.is_zipfile(p)
-        if is_zip:
-            with zipfile.ZipFile(p) as archive:
-                infos = archive.infolist()
+        with where.open() as fh:
+            is_zip = zipfile.is_zipfile(fh)
+            if is_zip:
+                with zipfile.ZipFile(fh) as archive:
+                    infos = archive.infolist()
     except Exception as exc:
         raise InputError(f"{source}: not a readable torch.save file ({reason(exc)}).") from None
     if is_zip:
@@ -78,17 +78,23 @@ def _check_sizes(p: Path, source: str) -> bool:
     return is_zip
 
 
-def _load(torch: Any, p: Path, source: str) -> Any:
+def _load(torch: Any, p: str | Path, source: str) -> Any:
     import pickle
     import warnings
 
-    is_zip = _check_sizes(p, source)
+    from attnviz import storage
+
+    where = storage.open_input(p, source)
+    is_zip = _check_sizes(where, source)
     try:
         with warnings.catch_warnings():  # torch's warnings about a file are not for attnviz's users
             warnings.simplefilter("ignore")
+            if where.local is None:  # an object of a store: read through a stream (torch reads every tensor)
+                with where.open() as fh:
+                    return torch.load(fh, map_location="cpu", weights_only=True)
             if is_zip:
-                return torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-            return torch.load(p, map_location="cpu", weights_only=True)
+                return torch.load(where.local, map_location="cpu", weights_only=True, mmap=True)
+            return torch.load(where.local, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
         if found:
@@ -180,7 +186,7 @@ class TorchFile(Container):
         return arr
 
 
-def open_file(p: Path, source: str) -> np.ndarray | TorchFile:
+def open_file(p: str | Path, source: str) -> np.ndarray | TorchFile:
     """A single tensor as an array; a container of tensors as a ``TorchFile``."""
     torch = _torch(source)
     value = _load(torch, p, source)

@@ -2,7 +2,9 @@
 API (never torch).
 
 ``safe_open(..., framework="np")`` checks the file and lists its tensors; the data is then
-memory-mapped at the offsets the header gives, so a large tensor stays on disk until it is read.
+memory-mapped at the offsets the header gives, so a large tensor stays on disk until it is read. From an
+object store (``attnviz.storage``) the header is one ranged request (two for a header past ``FIRST_READ``)
+and each tensor read is one more, of exactly its bytes: a key of a large file costs that key.
 bfloat16 (and 8-bit float) tensors are viewed through ``ml_dtypes``; half-precision tensors become
 float32. ``safetensors`` and ``ml_dtypes`` are imported only when such a file is read.
 
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import Container, check_memory, decode_text, loads_json, natural, reason, regular_file, short
+from attnviz.formats._base import Container, check_memory, decode_text, loads_json, natural, reason, short
 
 SUFFIXES = (".safetensors",)
 #: the longest header read (the safetensors library's own limit)
@@ -37,17 +39,23 @@ NATIVE = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", 
 ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
-def _header(p: Path, file_size: int, source: str) -> tuple[int, dict[str, Any]]:
+#: the bytes read first: the header's length and, in most files, the whole header (one request to a store)
+FIRST_READ = 16 * 2**10
+
+
+def _header(where: Any, file_size: int, source: str) -> tuple[int, dict[str, Any]]:
     """The header length and the parsed header (tensor name -> dtype, shape, data_offsets), every entry
-    checked against the file's real size; a ``ValueError`` says what is wrong."""
-    with open(p, "rb") as fh:
-        first = fh.read(8)
-        if len(first) < 8:
-            raise ValueError("shorter than the 8-byte header length")
-        (size,) = struct.unpack("<Q", first)
-        if size > min(MAX_HEADER, file_size - 8):
-            raise ValueError(f"the header claims {size} bytes; the file holds {max(file_size - 8, 0)} after its length")
-        text = fh.read(size)
+    checked against the file's real size; a ``ValueError`` says what is wrong. ``where`` is the file
+    (``attnviz.storage.open_input``): the first ``FIRST_READ`` bytes, then the rest of a longer header."""
+    first = where.read(0, min(file_size, FIRST_READ))
+    if len(first) < 8:
+        raise ValueError("shorter than the 8-byte header length")
+    (size,) = struct.unpack("<Q", first[:8])
+    if size > min(MAX_HEADER, file_size - 8):
+        raise ValueError(f"the header claims {size} bytes; the file holds {max(file_size - 8, 0)} after its length")
+    text = first[8:8 + size]
+    if len(text) < size:
+        text += where.read(len(first), 8 + size)
     try:
         header = loads_json(decode_text(text, source, "header"))
     except InputError as exc:
@@ -75,18 +83,24 @@ def _header(p: Path, file_size: int, source: str) -> tuple[int, dict[str, Any]]:
 
 
 class SafetensorsFile(Container):
-    def __init__(self, p: Path, source: str) -> None:
+    def __init__(self, p: str | Path, source: str) -> None:
+        from attnviz import storage
+
         try:
             from safetensors import safe_open
         except ImportError:
             raise InputError(f"{source}: reading .safetensors files needs the safetensors package, which is not "
                              "installed; pip install safetensors.") from None
         self.path = p
-        file_size = regular_file(p, source)
+        self.where = storage.open_input(p, source)
+        file_size = self.where.size
         try:
-            size, header = _header(p, file_size, source)  # bounded reads, before the library maps the file
-            with safe_open(str(p), framework="np") as f:  # checks the header against the file
-                keys = list(f.keys())
+            size, header = _header(self.where, file_size, source)  # bounded reads, before the library maps the file
+            if self.where.local is not None:
+                with safe_open(str(self.where.local), framework="np") as f:  # checks the header against the file
+                    keys = list(f.keys())
+            else:  # an object of a store: the header's own checks (above) stand for the library's
+                keys = [k for k in header if k != "__metadata__"]
             self._start = 8 + size
             self._entries = {k: header[k] for k in keys}
             meta = header.get("__metadata__")
@@ -117,11 +131,8 @@ class SafetensorsFile(Container):
             if dtype is not None and int(end) - int(begin) == math.prod(shape) * dtype.itemsize:
                 arr = self._map(self._start + int(begin), dtype, shape)
             else:
-                from safetensors import safe_open
-
                 check_memory(int(end) - int(begin), f"{self.source}:{key}", "", shape)
-                with safe_open(str(self.path), framework="np") as f:
-                    arr = f.get_tensor(key)
+                arr = self._library_read(key, entry)
             return self.upcast(key, arr)
         except InputError:
             raise
@@ -129,12 +140,30 @@ class SafetensorsFile(Container):
             raise InputError(f"{self.source}:{key}: cannot read the {entry.get('dtype', '?')} tensor "
                              f"({reason(exc)}).") from None
 
+    def _library_read(self, key: str, entry: dict[str, Any]) -> np.ndarray:
+        """A tensor NumPy cannot view by itself, read by the safetensors library: from the file, or from a
+        file of that one tensor made of its bytes (an object of a store)."""
+        from safetensors import safe_open
+
+        if self.where.local is not None:
+            with safe_open(str(self.where.local), framework="np") as f:
+                return f.get_tensor(key)  # type: ignore[no-any-return]
+        import json
+
+        from safetensors.numpy import load
+
+        begin, end = (int(n) for n in entry["data_offsets"])
+        head = json.dumps({key: {**entry, "data_offsets": [0, end - begin]}}).encode("utf-8")
+        head += b" " * (-len(head) % 8)
+        data = self.where.read(self._start + begin, self._start + end)
+        return load(len(head).to_bytes(8, "little") + head + data)[key]  # type: ignore[no-any-return]
+
     def _map(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         count = math.prod(shape)
         if count == 0:
             return np.empty(shape, dtype)
-        return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=(count,)).reshape(shape)
+        return self.where.array(dtype, offset, (count,)).reshape(shape)  # type: ignore[no-any-return]
 
 
-def open_file(p: Path, source: str) -> SafetensorsFile:
+def open_file(p: str | Path, source: str) -> SafetensorsFile:
     return SafetensorsFile(p, source)

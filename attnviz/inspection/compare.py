@@ -4,7 +4,6 @@ agreement, the most different rows, and the tolerance check."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from attnviz.inspection.options import CompareOptions
 from attnviz.inspection.selection import GridChoice, grid_choice
 from attnviz.inspection.weights import Weights, load_weights
 from attnviz.masks import Mask
+from attnviz.storage import Place
 
 # Comparing two sets of weights
 
@@ -111,7 +111,7 @@ class CompareRun:
     masks: Mask
     index: tuple[int, int, int]
     grid: GridChoice
-    paths: list[Path]
+    paths: list[Place]
 
 
 @dataclass

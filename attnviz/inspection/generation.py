@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from attnviz.errors import InputError, ShapeError, UsageError, shape_str
 from attnviz.formats import listing
 from attnviz.formats._base import Container, memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
+from attnviz.storage import Place
 
 STEP_LAYER = re.compile(r"^(?P<prefix>(?:.*\.)?)(?P<step>\d+)\.(?P<layer>\d+)$")
 
@@ -64,7 +64,7 @@ def _keys(raw: Container, source: str) -> dict[tuple[int, int], str]:
 
 
 def load_generation(spec: str, stdin: StdinReader | None = None
-                    ) -> tuple[np.ndarray, str, Generation, list[str], Path | None]:
+                    ) -> tuple[np.ndarray, str, Generation, list[str], Place | None]:
     """The stitched weights ``[layers, batch, heads, rows, keys]`` (float32), the source's name, what
     the dump held, the keys read and the file."""
     opened = open_spec(spec, stdin)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from attnviz.inspection.selection import GridChoice, grid_choice, read_labels
 from attnviz.inspection.tokens import TOKEN_NOTE, TOKEN_STATS, add_token_scores
 from attnviz.inspection.weights import Weights, load_weights
 from attnviz.masks import Mask
+from attnviz.storage import Place
 
 __all__ = ["InspectOptions", "InspectResult", "Opened", "analyse", "prepare"]
 
@@ -51,7 +51,7 @@ class Opened:
     grid: GridChoice
     masks: Mask  # --mask and --key-padding-mask (and --check-mask), with their padding
     checked: Mask | None  # --check-mask alone
-    paths: list[Path]  # every file read: outputs may not replace them
+    paths: list[Place]  # every file read: outputs may not replace them
     words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
     image: ImageInput | None = None  # --image (or --patch-grid, --image-tokens): the patches and the query
 

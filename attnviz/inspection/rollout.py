@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +44,7 @@ from attnviz.inspection.mixing import (
 from attnviz.inspection.options import LabelOptions, RolloutOptions, Selection
 from attnviz.inspection.weights import Weights, load_weights
 from attnviz.masks import Mask
+from attnviz.storage import Place
 
 __all__ = ["METHODS", "Method", "Rollout", "RolloutRun", "combine_heads", "discard_lowest", "rollout", "run_rollout",
            "with_residual"]
@@ -108,7 +108,7 @@ class RolloutRun:
     entries: list[int]  # the batch entries rolled out
     results: dict[int, Rollout]  # by batch entry
     padded: np.ndarray | None  # the padded tokens of the shown entry
-    paths: list[Path]
+    paths: list[Place]
     words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
     image: Any = None  # attnviz.inspection.images.ImageInput, with --image (or --patch-grid, --image-tokens)
     mask: np.ndarray | None = None  # the shown entry's query row over the patches [gh, gw], divided by its max

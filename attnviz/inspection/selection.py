@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnviz.errors import InputError, UsageError
 from attnviz.inspection.options import LabelOptions
+from attnviz.storage import Place
 from attnviz.text import visible
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def grid_choice(layers: str | None, heads: str | None, shape: tuple[int, ...],
                       chosen_heads if chosen_heads is not None else list(range(shape[2])), reduce_heads)
 
 
-def read_labels(options: LabelOptions, lq: int, lk: int, paths: list[Path],
+def read_labels(options: LabelOptions, lq: int, lk: int, paths: list[Place],
                 generation: Generation | None = None) -> tuple[list[str] | None, list[str] | None]:
     """The labels of the queries and the keys (None where not given), checked against ``lq`` and
     ``lk``; the files read are appended to ``paths``. For a stitched generation, the whole sequence

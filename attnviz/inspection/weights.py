@@ -10,7 +10,6 @@ By rank a file is read as ``[Lq, Lk]``, ``[heads, Lq, Lk]``, ``[batch, heads, Lq
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from attnviz.errors import InputError, ShapeError, UsageError, shape_str
 from attnviz.formats import is_glob, listing
 from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
+from attnviz.storage import Place
 
 if TYPE_CHECKING:
     from attnviz.capturing.fileformat import Capture
@@ -39,7 +39,7 @@ class Weights:
     source: str
     layout: tuple[str, ...]  # the axes the file had, in its order
     file_shape: tuple[int, ...]
-    paths: list[Path] = field(default_factory=list)
+    paths: list[Place] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # the .npz keys stacked as layers, if any
     #: the dtype the file stored the weights in (bfloat16 and float16 files are read as float32):
     #: how closely rows can sum to 1 depends on it

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from attnviz.device import Device, softmax_dtype, tensorflow
 from attnviz.errors import AttnvizError, ShapeError, shape_str
+from attnviz.storage import Place
 
 if TYPE_CHECKING:  # NumPy is imported inside the functions: the registry must load without it
-    from pathlib import Path
 
     import numpy as np
 
@@ -74,7 +74,7 @@ class Problem:
     #: a keep mask the variant itself imposes (an attention window), ANDed with the user's masks
     keep: np.ndarray | None = None
     keep_described: str = ""
-    files: list[Path] = field(default_factory=list)  # further files read (an adjacency), never overwritten
+    files: list[Place] = field(default_factory=list)  # further files read (an adjacency), never overwritten
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class Variant:
     key_input: str = "k"  # ... and the key axis
     learned: bool = False  # has learned parameters: --params, --seed, --save-params
     #: parameters from somewhere other than --params (a saved Keras model): (arrays, file, option)
-    external_params: Callable[[Any], tuple[dict[str, np.ndarray], Path, str] | None] | None = None
+    external_params: Callable[[Any], tuple[dict[str, np.ndarray], Place, str] | None] | None = None
     axis_names: tuple[str, str] = ("query", "key")  # what heatmaps and tables call the two axes
     weights_title: str = "weights"  # what the primary map is called beside further maps
     lead_names: tuple[str, ...] = ()  # names of the last leading axes of the weights, e.g. ("head",)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from attnviz.choices import MAX_HEADS, MAX_WIDTH
 from attnviz.errors import ParamsError, ShapeError, UsageError, shape_str
 from attnviz.params import ParamSpec
+from attnviz.storage import Place
 from attnviz.variants._base import (
     Context,
     InputSpec,
@@ -255,17 +256,25 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params=used, maps={"head_outputs": per_head})
 
 
-def from_keras(params: Params) -> tuple[dict[str, np.ndarray], Path, str] | None:
-    """The weights of a MultiHeadAttention / GroupQueryAttention layer of a saved ``.keras`` model."""
+def from_keras(params: Params) -> tuple[dict[str, np.ndarray], Place, str] | None:
+    """The weights of a MultiHeadAttention / GroupQueryAttention layer of a saved ``.keras`` model (a local
+    file, or a URL's object copied to the temporary folder for Keras)."""
+    from attnviz import storage
+
     if params.from_keras is None:
         if params.layer is not None:
             raise UsageError("--layer goes with --from-keras MODEL.keras.")
         return None
-    path = Path(params.from_keras)
+    path = storage.place(params.from_keras)
     if path.suffix != ".keras":
         raise UsageError(f"--from-keras {path}: expected a Keras v3 model file ending in .keras.")
-    if not path.is_file():
+    if isinstance(path, Path) and not path.is_file():
         raise UsageError(f"--from-keras {path}: no such file.")
+    with storage.local_copy(str(path), f"--from-keras {path}") as copy:
+        return _keras_weights(params, path, copy)
+
+
+def _keras_weights(params: Params, path: Place, copy: Path) -> tuple[dict[str, np.ndarray], Place, str]:
     import numpy as np
 
     from attnviz.device import tensorflow
@@ -274,7 +283,7 @@ def from_keras(params: Params) -> tuple[dict[str, np.ndarray], Path, str] | None
     import keras
 
     try:
-        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        model = keras.saving.load_model(copy, compile=False, safe_mode=True)
     except Exception as exc:  # a corrupt zip, unknown custom layers, unsafe lambdas: all unreadable here
         raise ParamsError(f"--from-keras {path}: Keras cannot load it in safe mode ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}).") from None

@@ -9,7 +9,8 @@ and a round trip on a Unix socket.
 **When not.** The command runs in its own process, as it always did, with ``ATTNVIZ_NO_SERVER=1`` or
 the global ``--no-server`` flag; for help, ``--version``, ``attnviz`` alone and ``attnviz serve``
 itself; for a shell's completion request (``_ATTNVIZ_COMPLETE``); when an argument names a pipe
-(``<(...)`` is open in this process only); with ``ATTNVIZ_DEBUG`` or a
+(``<(...)`` is open in this process only); when an argument is a URL (an object store's credentials and
+endpoint come from the environment of the process that opens it: this one); with ``ATTNVIZ_DEBUG`` or a
 ``TF_CPP_MIN_LOG_LEVEL`` of 0 to 2 (TensorFlow's own messages come from a fresh import only); when no
 worker listens; when the one listening is another attnviz (version, installation or source files
 changed since it started) or runs with another environment for TensorFlow, CUDA, matplotlib or Python
@@ -67,6 +68,8 @@ def bypass_reason(args: list[str], environ: Any = None) -> str | None:
         return "standard input from a terminal"
     if any(_names_a_pipe(a) for a in args[1:]):  # <(...) is open in this process only; a FIFO is read here once
         return "a named pipe among the arguments"
+    if any("://" in a for a in args[1:]):  # credentials and endpoints: this process's environment, not the worker's
+        return "a URL among the arguments"
     if environ.get("ATTNVIZ_DEBUG", "") not in ("", "0") or \
             environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() in ("0", "1", "2"):
         return "TensorFlow's messages asked for (they come from a fresh import)"

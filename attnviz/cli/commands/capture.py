@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
@@ -88,10 +89,22 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         raise UsageError(f"{'--target' if target else '--check'} needs the weights; drop --no-weights.")
     wanted = parse_layers(layers)
     all_texts = read_texts(texts, text_file)
-    check_outputs({"-o": output}, [])
-    done = capture_folder(model, all_texts, output, device=device, dtype=dtype, layers=wanted, generate=generate,
-                          weights=not no_weights, weights_dtype=weights_dtype, target=target,
-                          decoder_text=decoder_text, check=check)
+    targets = check_outputs({"-o": output}, [])
+
+    def run(path: Any) -> Any:
+        return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
+                              weights=not no_weights, weights_dtype=weights_dtype, target=target,
+                              decoder_text=decoder_text, check=check)
+
+    if isinstance(targets["-o"], Path):
+        done = run(output)
+    else:  # a URL: captured into its staged file, then uploaded whole (its bucket checked before the model runs)
+        from attnviz.staging import staged_outputs
+
+        with staged_outputs(targets) as staged:
+            done = run(staged["-o"])
+            staged.commit()
+        done.path = targets["-o"]
     err = err_console()
     if atol is None:
         from attnviz.capturing.check import TOLERANCE, model_dtype
@@ -188,7 +201,6 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
         raise UsageError("--model captures the weights to read: give WEIGHTS or --model, not both.")
     import shutil
     import tempfile
-    from pathlib import Path
 
     from attnviz.capturing.folder import capture_folder, read_texts
 
