@@ -29,6 +29,7 @@ class Captured:
     seconds: float
     warnings: list[str] = field(default_factory=list)
     checked: dict[str, float] | None = None  # --check: each site's largest difference
+    dtype: str = "float32"  # what the model computed in (--check's tolerance follows it)
 
 
 def read_texts(texts: list[str], text_file: str | None) -> list[str]:
@@ -179,7 +180,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \
             tuple(raw.entry(f"{first}.q")["shape"])
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
-                      time.perf_counter() - started, list(rec.warnings))
+                      time.perf_counter() - started, list(rec.warnings), dtype=str(meta.get("dtype") or "float32"))
     if check:
         from attnviz.capturing.check import check_capture
 

@@ -107,9 +107,9 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         done.path = targets["-o"]
     err = err_console()
     if atol is None:
-        from attnviz.capturing.check import TOLERANCE, model_dtype
+        from attnviz.capturing.check import TOLERANCE
 
-        atol = TOLERANCE.get(model_dtype(done.path), 1e-5) if done.checked is not None else 1e-5
+        atol = TOLERANCE.get(done.dtype, 1e-5)
     for text in done.warnings:
         err.print(f"warning: {text}", markup=False, style="yellow")
     failed = done.checked is not None and any(v > atol for v in done.checked.values())
