@@ -52,12 +52,6 @@ def recompute(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float, soft
     return w[..., :-1] if sinks is not None else w
 
 
-def model_dtype(path: str | Path) -> str:
-    """The dtype the captured model computed in (its metadata's ``dtype``)."""
-    with open_capture(path) as (_, capture):
-        return str(capture.metadata.get("dtype") or "float32")
-
-
 def check_capture(path: str | Path) -> dict[str, float]:
     """Each site's largest |attnviz - model| over the rows that attend to some key."""
     out: dict[str, float] = {}
