@@ -241,6 +241,7 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     spec = _spec(weights, "weights", memory)
     with in_memory(memory):
         run = run_rollout(replace(built, weights=spec))
+    _warn(run.warnings)
     return RolledOut(run)
 
 

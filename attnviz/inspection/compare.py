@@ -154,7 +154,10 @@ def run_compare(run: CompareRun) -> CompareResult:
     checks = []
     if o.atol is not None or o.rtol is not None:
         checks.append(tolerance_check(a.data, b.data, o.atol or 0.0, o.rtol or 0.0, masks.real_rows))
-    warnings = []
+    from attnviz.inspection.masks import mask_warnings
+
+    # weight on hidden keys in A, else in B: once (an inverted mask hides the weight of both)
+    warnings = mask_warnings(a, masks, o.masks, "compare") or mask_warnings(b, masks, o.masks, "compare")
     for w, found in zip((a, b), result.distributions or ()):
         text = found.warning(f"{'A' if w is a else 'B'} ({w.source})", tags=False)
         if text:

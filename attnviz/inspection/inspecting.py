@@ -235,7 +235,14 @@ def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
                                            columns=passed.columns)
     result.stats, result.distributions, result.chosen, result.data_shape = stats, found, chosen, data.shape
     result.notes = [note] if note else []
-    result.warnings = [text for text in (found.warning(w.source),) if text]
+    hidden = None
+    if chosen.keep is not None and opened.checked is None:  # (--check-mask says where weight lies itself)
+        from attnviz.inspection.masks import hidden_weight_warning
+
+        hidden = hidden_weight_warning(w.source, o.masks, passed.held, passed.hidden, int(np.sum(stats["rows"])),
+                                       captured=w.capture is not None and o.masks.mask is None
+                                       and o.masks.key_padding_mask is None)
+    result.warnings = [text for text in (hidden, found.warning(w.source)) if text]
     result.padded = chosen.padded_rows(data.shape)
     one = w.data[li, bi, hi]
     one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]

@@ -24,7 +24,7 @@ reads the files and runs the method chosen, and the renderers draw and table any
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,7 @@ class RolloutRun:
     image: Any = None  # attnviz.inspection.images.ImageInput, with --image (or --patch-grid, --image-tokens)
     mask: np.ndarray | None = None  # the shown entry's query row over the patches [gh, gw], divided by its max
     grads: Weights | None = None  # --method grad: the gradients, [layers, batch, heads, L, L] as the weights
+    warnings: list[str] = field(default_factory=list)  # for stderr (the API: ``warnings``)
 
     @property
     def method(self) -> Method:
@@ -200,7 +201,10 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         except ValueError as exc:  # what the data cannot give (flow: a negative weight)
             raise InputError(f"{w.source}: batch entry {b}: {exc}.") from None
     padded = None if real_tokens is None else ~real_tokens[0, bi, 0]
-    run = RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words, image, grads=grads)
+    from attnviz.inspection.masks import mask_warnings
+
+    run = RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words, image, grads=grads,
+                     warnings=mask_warnings(w, masks, options.masks, "rollout"))
     if image is not None:
         run.mask = image_mask(results[bi].result, image.query, image.layout)
     return run

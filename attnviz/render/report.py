@@ -235,4 +235,4 @@ def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
         "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
         **({"words": run.words} if run.words is not None else {}),
         "mask": run.masks.described, "rollout": rollout_doc, **({"overlay": overlay} if overlay else {}),
-        "files": files})
+        "warnings": run.warnings, "files": files})

@@ -135,6 +135,8 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
             document = to_json(rollout_document(run, files))
             save_json(document, staged)
         staged.commit()
+    for text in run.warnings:
+        err_console().print(f"warning: {text}", markup=False, style="yellow")
     if not out.quiet:
         err = err_console()
         err.print(f"{run.title}: {w.read_as('[layers, batch, heads, L, L]')}; {run.how}", markup=False, style="dim")
