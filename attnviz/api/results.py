@@ -329,6 +329,20 @@ class RolledOut(_Result):
     def map(self) -> np.ndarray:
         return self.run.results[self.run.shown].result
 
+    @property
+    def q_labels(self) -> list[str] | None:
+        """The tokens of the entry shown (rows: the outputs)."""
+        return self.run.tokens
+
+    @property
+    def k_labels(self) -> list[str] | None:
+        """The tokens of the entry shown (columns: the inputs)."""
+        return self.run.tokens
+
+    @property
+    def labels(self) -> tuple[list[str] | None, list[str] | None]:
+        return self.q_labels, self.k_labels
+
     def document(self) -> dict[str, Any]:
         from attnviz.render.report import rollout_document
 

@@ -95,10 +95,15 @@ def to_value(value: Any, name: str) -> Any:
     return arr
 
 
-def labels_value(value: Any, name: str) -> list[str]:
+def labels_value(value: Any, name: str) -> list[str] | list[list[str]]:
+    """Token labels handed over: one list of strings, or one list per batch entry."""
     if isinstance(value, str) or not hasattr(value, "__iter__"):
-        raise InputError(f"{name}: a list of token strings is needed.")
-    return [str(v) for v in value]
+        raise InputError(f"{name}: a list of token strings (or one list per batch entry) is needed; received "
+                         f"{type(value).__name__}.")
+    items = list(value)
+    if items and all(not isinstance(v, str) and hasattr(v, "__iter__") for v in items):
+        return [[str(t) for t in row] for row in items]
+    return [str(v) for v in items]
 
 
 def option_values(options: dict[str, Any], memory: dict[str, Any], classes: Sequence[type]) -> dict[str, Any]:

@@ -189,16 +189,20 @@ def capture_mask(w: Weights) -> np.ndarray | None:
     return keep.reshape(keep.shape[0], keep.shape[1], 1, *keep.shape[-2:])
 
 
-def capture_labels(w: Weights, row: int) -> tuple[list[str] | None, list[str] | None]:
-    """The tokens of a capture's batch entry ``row`` for the queries and the keys (None where the file
-    has none, or they do not fit the maps)."""
+def capture_labels(w: Weights) -> tuple[list[list[str]] | None, list[list[str]] | None]:
+    """The tokens of a capture for the queries and the keys, one list per batch entry (None where the
+    file has none, or they do not fit the maps)."""
     if w.capture is None or w.kind is None:
         return None, None
     lq, lk = w.shape[-2:]
-    q_rows, k_rows = w.capture.tokens(w.kind), w.capture.key_tokens(w.kind)
-    q = q_rows[row] if q_rows and row < len(q_rows) and len(q_rows[row]) == lq else None
-    k = k_rows[row] if k_rows and row < len(k_rows) and len(k_rows[row]) == lk else None
-    return q, k
+    batches = w.shape[1]
+
+    def fitting(rows: list[list[str]] | None, n: int) -> list[list[str]] | None:
+        if not rows or len(rows) not in (1, batches) or any(len(r) != n for r in rows):
+            return None
+        return [list(r) for r in rows]
+
+    return fitting(w.capture.tokens(w.kind), lq), fitting(w.capture.key_tokens(w.kind), lk)
 
 
 def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:

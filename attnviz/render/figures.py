@@ -210,8 +210,10 @@ def rollout_html(run: RolloutRun, fig: FigureOptions) -> str:
 
     subtitle = f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, L, L] = {shape_str(w.shape)}"
     name = fig.title or run.title
+    per_entry = [run.tokens_of(b) for b in entries] if run.labels is not None and run.labels.per_entry else None
     return grid_report(get, len(entries), len(columns), first.result.shape, title=f"{name} ({run.how})",
                        subtitle=subtitle, row_labels=[str(b) for b in entries], col_labels=[str(li) for li in columns],
                        row_name="batch", col_name="after layer", q_labels=run.tokens, k_labels=run.tokens,
-                       q_name="output", k_name="input", cmap=fig.cmap, reduce=fig.reduce,
+                       row_q_labels=per_entry, row_k_labels=per_entry, q_name="output", k_name="input",
+                       cmap=fig.cmap, reduce=fig.reduce,
                        colorbar_label=run.method.label, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm)

@@ -156,6 +156,8 @@ def grid_report(
     map_names: Sequence[Sequence[str]] | None = None,
     q_labels: Sequence[str] | None = None,
     k_labels: Sequence[str] | None = None,
+    row_q_labels: Sequence[Sequence[str] | None] | None = None,
+    row_k_labels: Sequence[Sequence[str] | None] | None = None,
     q_name: str = "query",
     k_name: str = "key",
     cmap: str | None = None,
@@ -178,9 +180,10 @@ def grid_report(
     """The HTML document of ``rows x cols`` maps of ``shape`` (``get(r, c)`` as for
     ``mosaic.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
     slot, ``count`` the maps that are not; maps already aggregated come with ``blocks`` and their
-    ``full_shape``). The opened maps hold at most ``budget`` values in all. ``vmin``/``vmax`` fix the
-    ends of the colour scale (``--vmin``/``--vmax``; ``vmax`` alone for diverging maps); the page's
-    colours are linear whatever ``norm`` the PNGs use, and the page says so."""
+    ``full_shape``). ``row_q_labels``/``row_k_labels``: each grid row's own labels (a row per batch
+    entry), instead of ``q_labels``/``k_labels``. The opened maps hold at most ``budget`` values in all.
+    ``vmin``/``vmax`` fix the ends of the colour scale (``--vmin``/``--vmax``; ``vmax`` alone for diverging
+    maps); the page's colours are linear whatever ``norm`` the PNGs use, and the page says so."""
     full = full_shape or shape
     thumb_blocks = mosaic_layout(rows, cols, shape).blocks  # the PNG grid's
     fr, fc = detail_blocks(count or rows * cols, shape, budget)
@@ -201,6 +204,7 @@ def grid_report(
         "shape": list(full), "cells": [math.ceil(shape[0] / fr), math.ceil(shape[1] / fc)], "blocks": list(total),
         "thumbCells": list(found.thumbs[0].shape) if found.thumbs else [0, 0], "reduce": reduce,
         **_map_axes(q_labels, k_labels, q_name, k_name),
+        **_row_axes(row_q_labels, row_k_labels),
         "scale": _scale_doc(low, high, diverging, colorbar_label, colour_table(cmap, diverging), found.masked),
         "headView": {"max": HEAD_VIEW_MAX,
                      "enabled": total == (1, 1) and max(full) <= HEAD_VIEW_MAX and bool(found.maps)},
@@ -322,6 +326,17 @@ def _map_axes(q_labels: Sequence[str] | None, k_labels: Sequence[str] | None, q_
     return {"qLabels": None if q_labels is None else [inert.label(t, LABEL_WIDTH) for t in q_labels],
             "kLabels": None if k_labels is None else [inert.label(t, LABEL_WIDTH) for t in k_labels],
             "qName": inert.label(q_name, 40), "kName": inert.label(k_name, 40)}
+
+
+def _row_axes(row_q: Sequence[Sequence[str] | None] | None,
+              row_k: Sequence[Sequence[str] | None] | None) -> dict[str, Any]:
+    """Each grid row's own token labels (``qLabelRows``, ``kLabelRows``), where the rows have their own."""
+    def rows(given: Sequence[Sequence[str] | None] | None) -> list[list[str] | None] | None:
+        if given is None:
+            return None
+        return [None if r is None else [inert.label(t, LABEL_WIDTH) for t in r] for r in given]
+
+    return {"qLabelRows": rows(row_q), "kLabelRows": rows(row_k)}
 
 
 def _asset(name: str) -> str:
