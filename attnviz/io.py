@@ -320,6 +320,8 @@ class Opened:
         if isinstance(raw, Container):
             key = self.key
             if key is None:
+                if not raw.keys:
+                    raise InputError(f"{source}: holds no arrays.")
                 if len(raw.keys) != 1:
                     raise InputError(
                         f"{source}: holds {len(raw.keys)} arrays ({listing(raw.keys) if raw.keys else 'none'}); "

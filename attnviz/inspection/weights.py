@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
-from attnviz.formats import is_glob, listing
+from attnviz.formats import Container, is_glob, listing
 from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
 
@@ -99,6 +99,10 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
         data, source, held, keys, path = load_generation(spec, stdin)
         return Weights(data, source, AXES, tuple(data.shape), [path] if path else [], keys, "float32", held)
     opened = open_spec(spec, stdin)
+    if isinstance(opened.raw, Container) and not opened.raw.keys:  # numpy.savez(f, *()) of an SDPA model's
+        from attnviz.errors import no_weights
+
+        raise InputError(no_weights(f"{opened.source} holds no arrays"))
     captured = _captured(opened, layout)
     if captured is not None:
         return captured
@@ -110,7 +114,13 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
         arrays = [opened.raw.get(k) for k in keys]
         shapes = {tuple(a.shape) for a in arrays}
         if len(shapes) != 1:
+            from attnviz.inspection.generation import looks_generated
+
             listed = listing([f"{k} {shape_str(a.shape)}" for k, a in zip(keys, arrays)])
+            if looks_generated(keys):
+                raise ShapeError(f"{source}: generate()'s attentions, keys STEP.LAYER whose maps grow a step at a "
+                                 f"time ({listed}); read them with --generation, which stitches them into one map "
+                                 "per layer.")
             raise ShapeError(f"{source}: the layers have different shapes ({listed}); inspect one with "
                              f"{opened.source}:KEY.")
         for k, a in zip(keys, arrays):
