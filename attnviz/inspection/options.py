@@ -168,6 +168,10 @@ class CompareOptions:
     b: str = option("", cli=False)
     layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
     generation: bool = option(False, GENERATION_HELP + " (both files)", panel=SELECT)
+    generation_a: bool = option(False, "A alone holds generate()'s attentions (as --generation); B may be a forward "
+                                "pass over out.sequences, whose last token, never fed back, is left out", panel=SELECT)
+    generation_b: bool = option(False, "B alone holds generate()'s attentions (as --generation-a)", panel=SELECT)
+    labels: LabelOptions = field(default_factory=LabelOptions)
     atol: float | None = option(None, "fail (exit 3) where |A - B| > atol + rtol |B|", panel=CHECKS, min=0)
     rtol: float | None = option(None, "relative tolerance of the check (default 0)", panel=CHECKS, min=0)
     worst: int = option(5, "list this many of the most different rows", panel=OUTPUT, min=1)

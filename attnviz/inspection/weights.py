@@ -87,11 +87,11 @@ def to_standard(arr: np.ndarray, layout: tuple[str, ...]) -> np.ndarray:
 
 
 def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None = None,
-                 generation: bool = False) -> Weights:
+                 generation: bool = False, generation_option: str = "--generation") -> Weights:
     """Read attention weights from a file (any rank), a file of one array per layer (.npz, .safetensors,
     HDF5, torch.save; named keys in natural order), or the matches of a key glob (``FILE:blocks.*.attn``),
     stacked as layers; with ``generation``, a generation dump stitched into one map per layer
-    (``attnviz.inspection.generation``)."""
+    (``attnviz.inspection.generation``). ``generation_option``: the option messages name for that."""
     if generation:
         from attnviz.inspection.generation import check_layout, load_generation
 
@@ -119,8 +119,8 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
             listed = listing([f"{k} {shape_str(a.shape)}" for k, a in zip(keys, arrays)])
             if looks_generated(keys):
                 raise ShapeError(f"{source}: generate()'s attentions, keys STEP.LAYER whose maps grow a step at a "
-                                 f"time ({listed}); read them with --generation, which stitches them into one map "
-                                 "per layer.")
+                                 f"time ({listed}); read them with {generation_option}, which stitches them into "
+                                 "one map per layer.")
             raise ShapeError(f"{source}: the layers have different shapes ({listed}); inspect one with "
                              f"{opened.source}:KEY.")
         for k, a in zip(keys, arrays):

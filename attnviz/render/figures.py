@@ -160,16 +160,26 @@ def compare_figure(result: CompareResult, fig: FigureOptions, max_panels: int) -
     layers, heads, reduce_heads = run.grid.layers, run.grid.heads, run.grid.reduce_heads
     panels: list[tuple[int, int | None]] = (
         [(layer, None) for layer in layers] if reduce_heads else [(layer, h) for layer in layers for h in heads])
-    if len(panels) == 1 and not reduce_heads:
-        layer, head = layers[0], heads[0]
+    ranked = rank_panels(diff, panels, keep=keep, real_rows=real, heads=heads, reduce_heads=reduce_heads)
+    # maps that do not differ (max |A - B| within --atol, or 0) are not drawn: the grid holds those that do
+    atol = run.options.atol or 0.0
+    differing = [item for item in ranked if item[1] > atol]
+    if len(differing) == 1 and not reduce_heads or len(panels) == 1 and not reduce_heads:
+        (layer, head), _ = (differing or ranked)[0]
         data, one = grid_getter(diff, keep, real)(layer, head)
         where = f", layer {layer}, head {head}" if diff.shape[0] * diff.shape[1] > 1 else ""
-        return heatmap_figure(data, title=name + where, keep=one, diverging=True, cmap=fig.cmap, reduce=fig.reduce,
-                              colorbar_label="A - B", scale=scale)
-    ranked = rank_panels(diff, panels, keep=keep, real_rows=real, heads=heads, reduce_heads=reduce_heads)
-    return ranked_grid_figure(diff, ranked[:max_panels or None], title=name, total=len(panels), cmap=fig.cmap,
+        alone = (f" (the only one of {len(panels)} maps that differs)" if len(panels) > 1 and differing else "")
+        return heatmap_figure(data, title=name + where + alone, keep=one, diverging=True, cmap=fig.cmap,
+                              reduce=fig.reduce, colorbar_label="A - B", scale=scale, q_labels=run.q_labels,
+                              k_labels=run.k_labels)
+    same = len(ranked) - len(differing)
+    within = f"within --atol {atol:g}" if atol else "identical"
+    note = (f"; the other {same} are {within}" if differing and same else
+            f"; every map is {within}" if not differing else "")
+    shown = (differing or ranked[:1])[:max_panels or None]
+    return ranked_grid_figure(diff, shown, title=name, total=len(panels), cmap=fig.cmap,
                               reduce=fig.reduce, keep=keep, real_rows=real, heads=heads, reduce_heads=reduce_heads,
-                              scale=scale)
+                              scale=scale, note=note)
 
 
 def rollout_figure(run: RolloutRun, fig: FigureOptions) -> Any:

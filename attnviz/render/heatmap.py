@@ -328,14 +328,31 @@ def _write_values(ax: Any, data: np.ndarray, positions: np.ndarray, shape: tuple
     """The value of each unmasked cell of a small map written in it: black on the light colours of the
     scale (``positions`` 0..1 on it), white on the dark ones."""
     masked = np.isnan(data)
+    digits = cell_digits(data)
     for i in range(shape[0]):
         for j in range(shape[1]):
             if masked[i, j]:
                 continue
             position = float(positions[i, j])
             light = abs(position - 0.5) < 0.3 if diverging else position > 0.6
-            ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=7,
+            ax.text(j, i, cell_text(float(data[i, j]), digits), ha="center", va="center", fontsize=7,
                     color="black" if light else "white", **PLAIN)
+
+
+def cell_digits(data: np.ndarray) -> int:
+    """Digits after the point for the values written in a map's cells: 2, or as many as show the largest
+    |value| to two significant digits (at most 4): differences of 0.003 read 0.0030, not 0.00."""
+    finite = np.abs(data[np.isfinite(data)])
+    top = float(finite.max()) if finite.size else 0.0
+    if top == 0.0 or top >= 0.1:
+        return 2
+    return int(min(4, 1 - math.floor(math.log10(top))))
+
+
+def cell_text(value: float, digits: int) -> str:
+    """A cell's value with ``digits`` after the point; one that rounds to 0 is written 0 (never -0.00)."""
+    text = f"{value:.{digits}f}"
+    return "0" if float(text) == 0.0 else text
 
 
 def _panels_colour_bar(fig: Any, image: Any, axes: Sequence[Any], look: _PanelLook, label: str) -> None:

@@ -109,6 +109,7 @@ class StatsTable:
     maps: list[int | None] = field(default_factory=list)
     caption: str = ""
     precision: int = 3
+    sort: int | None = None  # the column the page sorts on when it opens (numbers: largest first)
 
     def as_json(self) -> dict[str, Any]:
         def value(v: Any) -> Any:
@@ -119,7 +120,7 @@ class StatsTable:
             return None if v is None else inert.label(str(v), 80)
 
         return {"title": inert.title(self.title), "caption": inert.title(self.caption, 2000),
-                "precision": self.precision,
+                "precision": self.precision, "sort": self.sort,
                 "columns": [{"name": n, "kind": k, "description": d} for n, k, d in self.columns],
                 "rows": [[value(v) for v in row] for row in self.rows], "maps": self.maps}
 
@@ -580,12 +581,29 @@ def compare_html(result: Any, fig: Any, precision: int) -> str:
     run, c = result.run, result.comparison
     a, b, (li, bi, hi) = run.a, run.b, run.index
     keep, real = grid_masks(run.masks, a.shape, bi)
+    if run.options.selection.layer is None:  # open on the largest difference of the entry shown
+        li, hi = largest_difference(c.diff[:, bi], keep, real, run.grid.layers, run.grid.heads)
+    stats = compare_stats_table(c.diff, c.js, precision)
+    stats.sort = 2  # max |A-B|, largest first
     return model_report(
         c.diff[:, bi], title=fig.title or f"A - B: {a.source} - {b.source}, batch {bi}",
         subtitle=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]; "
                  f"batch entry {bi}", keep=keep, real_rows=real, diverging=True, colorbar_label="A - B",
-        stats=compare_stats_table(c.diff, c.js, precision), selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce,
-        layers=run.grid.layers, heads=run.grid.heads, vmax=fig.vmax, norm=fig.norm)
+        stats=stats, selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce, q_labels=run.q_labels,
+        k_labels=run.k_labels, layers=run.grid.layers, heads=run.grid.heads, vmax=fig.vmax, norm=fig.norm,
+        notes=run.notes)
+
+
+def largest_difference(diff: np.ndarray, keep: np.ndarray | None, real: np.ndarray | None, layers: Sequence[int],
+                       heads: Sequence[int]) -> tuple[int, int]:
+    """The (layer, head) of ``diff [layers, heads, Lq, Lk]`` with the largest |A - B| (masked cells and padded
+    rows left out; ties: the first)."""
+    from attnviz.render.mosaic import rank_panels
+
+    ranked = rank_panels(diff, [(layer, head) for layer in layers for head in heads], keep=keep, real_rows=real,
+                         heads=heads)
+    (layer, head), _ = ranked[0]
+    return layer, int(head or 0)
 
 
 #: the image panel holds at most this many values (float32, base64: about 6 MB): every query row over

@@ -327,11 +327,12 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
                        cmap: str | None = None, reduce: str = "mean", keep: np.ndarray | None = None,
                        real_rows: np.ndarray | None = None, heads: Sequence[int] | None = None,
                        reduce_heads: str | None = None, diverging: bool = True, colorbar_label: str = "A - B",
-                       measure: str = "max |A - B|", scale: ColourScale | None = None) -> Any:
+                       measure: str = "max |A - B|", scale: ColourScale | None = None, note: str = "") -> Any:
     """Chosen panels of ``w [layers, heads, Lq, Lk]`` in the order given (``rank_panels``: largest
     difference first), each with its score: ``(layer, head)``, or ``(layer, None)`` with
     ``reduce_heads`` (the ``heads`` reduced to one map). Each panel's caption names its layer and
-    head and its ``measure``; the heading says how many of ``total`` are shown and in what order."""
+    head and its ``measure``; the heading says how many of ``total`` are shown and in what order (and
+    ``note``, what of the others)."""
     get_map = grid_getter(w, keep, real_rows)
     shape = (w.shape[-2], w.shape[-1])
     heads = list(heads) if heads is not None else list(range(w.shape[1]))
@@ -352,7 +353,7 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
     what = "(layer, head) maps" if not reduce_heads else f"layers ({reduce_heads} of heads {spans(heads)})"
     shown = f"the {count} of {total} {what}" if count < total else f"all {total} {what}"
     heading = (f"{inert.title(title)}: {shown}, ordered by largest difference ({measure}; under each: layer, head, "
-               f"{measure}), maps [{shape[0]}, {shape[1]}]")
+               f"{measure}), maps [{shape[0]}, {shape[1]}]{note}")
 
     def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         n = r * cols + c

@@ -201,8 +201,12 @@ def _picture(image: Any) -> dict[str, Any]:
 
 def compare_document(run: CompareRun, result: CompareResult, files: dict[str, str]) -> dict[str, Any]:
     """``compare``'s JSON document."""
-    return compare_report(run.a, run.b, result.comparison, result.checks, files, warnings=result.warnings,
-                          mask=run.masks.described)
+    doc = compare_report(run.a, run.b, result.comparison, result.checks, files, warnings=result.warnings,
+                         mask=run.masks.described)
+    doc["labels"] = plain({"q": run.q_labels, "k": run.k_labels,
+                           **({"per_entry": run.labels.document()} if run.labels.per_entry else {})})
+    doc["notes"] = list(run.notes)
+    return doc
 
 
 def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:

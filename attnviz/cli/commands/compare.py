@@ -37,7 +37,8 @@ FIGURE_OVERRIDES = {
     "norm": {"help": "linear; log: symmetric log scale (linear near 0, within 4 decades of V or the smallest "
                      "|A - B|); power:G: sign(x) |x|^G, e.g. power:0.5"},
 }
-ORDER = ("layout", "generation",
+ORDER = ("layout", "generation", "generation_a", "generation_b",
+         "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "atol", "rtol", "worst", "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention",
          "mask_kind", "png", "html", "title", "cmap", "reduce", "vmax", "norm", "scale_per_panel", "layers", "heads",
          "reduce_heads", "max_panels", "show", "graphics", "precision", "json", "json_file", "no_table", "quiet")
@@ -85,6 +86,9 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
         failed = report_checks(result.checks, err) if result.checks else False
         for warning in result.warnings:
             err.print(f"warning: {warning}", markup=False, style="yellow")
+        if not out.quiet:
+            for note in run.notes:
+                err.print(note, markup=False, style="dim")
         if run.masks.described and not out.quiet:
             padded = result.comparison.padded_rows
             left_out = f"; {padded} padded query rows left out" if padded else ""

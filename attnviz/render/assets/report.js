@@ -570,6 +570,7 @@
         th.querySelector(".arrow").textContent = i === k ? (dir > 0 ? " \u25b2" : " \u25bc") : "";
       });
     }
+    if (s.sort !== null && s.sort !== undefined) sortBy(s.sort);  // e.g. compare: the largest difference first
     const section = el("section", { className: "card", id: "stats" }, [
       el("h2", { text: s.title }),
       el("p", { className: "hint", text: "Click a column header to sort (again to reverse); click a row to open its map." }),
