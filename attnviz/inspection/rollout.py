@@ -88,9 +88,10 @@ class Method:
 #: every method of ``attnviz rollout``: the one place a method is added (``choices.ROLLOUT_METHODS``
 #: names them for the options, which load no NumPy; a test keeps the two the same)
 METHODS: dict[str, Method] = {
-    "rollout": Method(rollout, "attention rollout", "rollout"),
-    "flow": Method(attention_flow, "attention flow", "flow"),
-    "grad": Method(gradient_entry, "gradient rollout", "relevance", options=("heads",), gradients=True),
+    "rollout": Method(rollout, "attention rollout", "rollout: share of each input token"),
+    "flow": Method(attention_flow, "attention flow", "flow: share of each input token"),
+    "grad": Method(gradient_entry, "gradient rollout", "relevance of each input token", options=("heads",),
+                   gradients=True),
 }
 
 

@@ -194,9 +194,10 @@ def rollout_figure(run: RolloutRun, fig: FigureOptions) -> Any:
     scale = fig.scale()
     if run.options.all_layers:
         maps = np.stack([cumulative(run.results[b]) for b in run.entries])  # [B, n, L, L]
-        return slices_mosaic(maps, title=f"{name} ({run.how}), cumulative after each layer",
+        entries = f"batch {run.entries[0]}" if len(run.entries) == 1 else "every batch entry"
+        return slices_mosaic(maps, title=f"{name}, {entries} ({run.how}), cumulative after each layer",
                              names=["batch", "after layer"], cmap=fig.cmap, reduce=fig.reduce, scale=scale,
-                             colorbar_label=label)
+                             colorbar_label=label, ids=[run.entries, run.results[run.shown].layers])
     return heatmap_figure(run.results[run.shown].result, title=f"{name}, batch {run.shown} ({run.how})",
                           q_labels=run.tokens, k_labels=run.tokens, cmap=fig.cmap, reduce=fig.reduce,
                           ylabel="token (output)", xlabel="input token", colorbar_label=label, scale=scale)

@@ -44,23 +44,26 @@ from attnviz.render.scale import (
 MOSAIC_PANELS = 5  # compute commands draw this many slices or more as one mosaic
 
 
-def slices_layout(lead: tuple[int, ...], names: Sequence[str],
-                  offset: str = "+ offset in the row") -> tuple[int, int, list[str], list[str], str, str]:
+def slices_layout(lead: tuple[int, ...], names: Sequence[str], offset: str = "+ offset in the row",
+                  ids: Sequence[Sequence[Any]] | None = None) -> tuple[int, int, list[str], list[str], str, str]:
     """How the slices of leading axes ``lead`` are laid out, in a picture or in the terminal: the last axis
     across and the others down; one axis of more than 16 wraps into rows. (rows, cols, row labels, column
-    labels, the rows' name, the columns' name.)"""
+    labels, the rows' name, the columns' name.) ``ids``: what each axis's positions are called (the batch
+    entries and layers shown), instead of 0, 1, ..."""
     axis = lead_axis_names(len(lead), names)
     count = int(np.prod(lead))
+    ids = [list(range(n)) for n in lead] if ids is None else [list(i) for i in ids]
     if len(lead) == 1:
         cols = lead[0] if lead[0] <= 16 else math.ceil(math.sqrt(lead[0]))
         rows = math.ceil(lead[0] / cols)
-        col_labels = [str(c) if rows == 1 else f"+{c}" for c in range(cols)]
-        row_labels = [""] if rows == 1 else [f"{r * cols}-{min(count, (r + 1) * cols) - 1}" for r in range(rows)]
+        col_labels = [str(ids[0][c]) if rows == 1 else f"+{c}" for c in range(cols)]
+        row_labels = [""] if rows == 1 else [f"{ids[0][r * cols]}-{ids[0][min(count, (r + 1) * cols) - 1]}"
+                                             for r in range(rows)]
         row_name, col_name = ("", axis[0]) if rows == 1 else (f"{axis[0]}s", offset)
     else:
         cols, rows = lead[-1], count // lead[-1]
-        col_labels = [str(c) for c in range(cols)]
-        row_labels = [", ".join(str(i) for i in index) for index in np.ndindex(*lead[:-1])]
+        col_labels = [str(ids[-1][c]) for c in range(cols)]
+        row_labels = [", ".join(str(ids[a][i]) for a, i in enumerate(index)) for index in np.ndindex(*lead[:-1])]
         row_name, col_name = ", ".join(axis[:-1]), axis[-1]
     return rows, cols, row_labels, col_labels, row_name, col_name
 
@@ -390,11 +393,12 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
                   grids: Sequence[np.ndarray] | None = None, lead: tuple[int, ...] | None = None,
                   full_shape: tuple[int, int] | None = None, blocks: tuple[int, int] = (1, 1),
                   cmap: str | None = None, reduce: str = "mean", colorbar_label: str = "weight",
-                  scale: ColourScale | None = None) -> Any:
+                  scale: ColourScale | None = None, ids: Sequence[Sequence[Any]] | None = None) -> Any:
     """The slices of ``maps [..., Lq, Lk]`` (``keep`` broadcasts to it) as one mosaic titled ``title``: the last
     leading axis across, the others down (``batch 0``, or ``0, 1`` for several); one leading axis of
     more than 16 wraps into rows. Or already aggregated ``grids`` of the slices of ``lead`` in
-    C order (a blockwise run's), with ``full_shape`` and ``blocks``."""
+    C order (a blockwise run's), with ``full_shape`` and ``blocks``. ``ids``: each axis's positions' names
+    (``slices_layout``)."""
     if maps is not None:
         lead = tuple(maps.shape[:-2])
         shape = (maps.shape[-2], maps.shape[-1])
@@ -404,7 +408,7 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
         shape = (grids[0].shape[0], grids[0].shape[1])
         full_keep = None
     count = int(np.prod(lead))
-    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names)
+    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names, ids=ids)
 
     def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         n = r * cols + c

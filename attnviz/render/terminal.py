@@ -533,7 +533,7 @@ def grid_picture(get: Callable[[int, int], TermPanel | None], rows: int, cols: i
 
 def slices_picture(maps: np.ndarray | None, *, title: str, names: Sequence[str] = (), keep: np.ndarray | None = None,
                    grids: Sequence[np.ndarray] | None = None, lead: tuple[int, ...] | None = None,
-                   **look: Any) -> TermPicture:
+                   ids: Sequence[Sequence[Any]] | None = None, **look: Any) -> TermPicture:
     """The slices of ``maps [..., Lq, Lk]`` laid out as ``attnviz.render.mosaic.slices_mosaic`` lays them:
     the last leading axis across, the others down; one axis of more than 16 wraps into rows. Or a
     blockwise run's aggregated ``grids`` of the slices of ``lead``."""
@@ -544,7 +544,7 @@ def slices_picture(maps: np.ndarray | None, *, title: str, names: Sequence[str] 
         full_keep = None if keep is None else np.broadcast_to(keep, maps.shape)
     assert lead is not None
     count = int(np.prod(lead))
-    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names, "+ offset")
+    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names, "+ offset", ids)
 
     def get(r: int, c: int) -> TermPanel | None:
         n = r * cols + c
@@ -694,7 +694,8 @@ def rollout_picture(run: RolloutRun, fig: FigureOptions, plain: bool = False, he
     if run.options.all_layers:
         maps = np.stack([cumulative(run.results[b]) for b in run.entries])
         return slices_picture(maps, title=f"{name} ({run.how}), cumulative after each layer",
-                              names=["batch", "after layer"], **look)
+                              names=["batch", "after layer"], ids=[run.entries, run.results[run.shown].layers],
+                              **look)
     return single_picture(run.results[run.shown].result, None, title=f"{name}, batch {run.shown} ({run.how})",
                           q_labels=run.tokens, k_labels=run.tokens, ylabel="token (output)", xlabel="input token",
                           **look)
