@@ -166,7 +166,7 @@ def compare_figure(result: CompareResult, fig: FigureOptions, max_panels: int) -
     differing = [item for item in ranked if item[1] > atol]
     if len(differing) == 1 and not reduce_heads or len(panels) == 1 and not reduce_heads:
         (layer, head), _ = (differing or ranked)[0]
-        data, one = grid_getter(diff, keep, real)(layer, head)
+        data, one = grid_getter(diff, keep, real)(layer, int(head or 0))
         where = f", layer {layer}, head {head}" if diff.shape[0] * diff.shape[1] > 1 else ""
         alone = (f" (the only one of {len(panels)} maps that differs)" if len(panels) > 1 and differing else "")
         return heatmap_figure(data, title=name + where + alone, keep=one, diverging=True, cmap=fig.cmap,

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.checked import report_checks, run_checked
 from attnviz.cli.options import FIGURE, OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
@@ -55,9 +56,11 @@ def compare_command(**values: Any) -> None:
 
 compare_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("a", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
-        metavar="A", show_default=False, help="attention weights (as for inspect)")]),
+        metavar="A", show_default=False,
+        help=f"attention weights, as inspect reads them ({INPUT_FORMATS}; FILE:KEY, a glob over layers, a capture "
+             "file)")]),
     inspect.Parameter("b", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
-        metavar="B", show_default=False, help="weights of the same shape")]),
+        metavar="B", show_default=False, help="weights of the same shape, in any of those formats")]),
     *parameters(CompareOptions, FigureOptions, CompareOutputs, ShowOptions, order=ORDER, overrides=FIGURE_OVERRIDES,
                 exclude=("vmin", "check_mask", "max_rows", "max_cols"))])
 

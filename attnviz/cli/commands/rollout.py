@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.checked import run_checked
 from attnviz.cli.commands.capture import model_parameters
 from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
@@ -79,8 +80,8 @@ rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
     inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
         str | None, typer.Argument(
         metavar="WEIGHTS", show_default=False,
-        help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] (.npy, .npz of "
-             "one array per layer, FILE:KEY with a glob over layers, a capture file, ...)")]),
+        help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] "
+             f"({INPUT_FORMATS}; a file of one array per layer, FILE:KEY with a glob over layers, a capture file)")]),
     *parameters(RolloutOptions, FigureOptions, RolloutOutputs, ShowOptions, order=ORDER,
                 exclude=("check_mask", "scale_per_panel")),
     *model_parameters()])

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.errors import user_errors
 from attnviz.cli.options import build, parameters
 from attnviz.errors import UsageError
@@ -38,8 +39,9 @@ def view_command(**values: Any) -> None:
 
 view_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
-        metavar="WEIGHTS", show_default=False, help="attention weights, as inspect reads them (.npy, .npz, "
-        ".npz:KEY, a glob over layers, .safetensors, .pt, .h5, .json)")]),
+        metavar="WEIGHTS", show_default=False,
+        help=f"attention weights, as inspect reads them ({INPUT_FORMATS}; FILE:KEY, a glob over layers, a capture "
+             "file)")]),
     *parameters(InspectOptions, FigureOptions, order=ORDER, exclude=LEFT_OUT)])
 
 
