@@ -5,6 +5,7 @@ did-you-mean and the command line's output options pointed to where they go."""
 
 from __future__ import annotations
 
+import io
 import re
 
 import numpy as np
@@ -97,3 +98,68 @@ def test_arrays_in_memory_are_named_by_what_they_are():
     assert "attention weights of weights" not in report.html()
     assert attnviz.inspect(w).document()["source"] == "the array [2, 1, 2, 3, 3] given"
     assert attnviz.compare(w, w).document()["a"] == "the array [2, 1, 2, 3, 3] given as a"
+
+
+def _padded():
+    rng = np.random.default_rng(7)
+    return rng.dirichlet(np.ones(6), size=(2, 2, 3, 6)).astype(np.float32)
+
+
+def test_the_command_s_output_options_go_where_they_belong(tmp_path):
+    w = _padded()
+    report = attnviz.inspect(w, sort="entropy", top=2, png=tmp_path / "g.png", html=str(tmp_path / "r.html"),
+                             cmap="magma", map_png=tmp_path / "m.svg", stats_png=tmp_path / "s.png", stat="distance",
+                             json_file=tmp_path / "d.json")
+    for name in ("g.png", "r.html", "m.svg", "s.png", "d.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert report.figure_defaults == {"cmap": "magma"}
+    images = [a for ax in report.figure().axes for a in ax.get_images()]
+    assert images and all(image.get_cmap().name == "magma" for image in images)
+    from rich.console import Console
+
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(report.table())
+    text = console.export_text()
+    heads = text[text.index("head statistics"):text.index("tokens that receive")]
+    rows = [line.split() for line in heads.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 2  # top=2
+    entropies = [float(r[2]) for r in rows]
+    assert entropies == sorted(entropies, reverse=True)  # sort="entropy": largest first
+    assert attnviz.rollout(w, png=tmp_path / "ro.png", max_rows=3).table_defaults == {"max_rows": 3}
+    assert (tmp_path / "ro.png").exists()
+    attnviz.compare(w, w * 1.0, png=tmp_path / "c.png", precision=5)
+    q = np.ones((3, 4), np.float32)
+    attnviz.scaled(q, q, q, png=tmp_path / "s2.png", save_weights=tmp_path / "sw.npy")
+    assert np.load(tmp_path / "sw.npy").shape == (3, 3)
+
+
+def test_keywords_misspelt_or_of_no_use_say_what_to_do():
+    w = _padded()
+    cases = [(dict(cmpa="x"), "did you mean cmap=?"), (dict(lables=["a"]), "did you mean labels=?"),
+             (dict(sotr="entropy"), "did you mean sort=?"), (dict(show=True), "show= goes to the result's .figure()"),
+             (dict(json=True), "json= goes to the result's .to_json()")]
+    for given, said in cases:
+        with pytest.raises(attnviz.UsageError) as info:
+            attnviz.inspect(w, **given)
+        assert said in str(info.value), str(info.value)
+    with pytest.raises(attnviz.UsageError, match="did you mean cmap="):
+        attnviz.inspect(w).figure(cmpa="x")
+
+
+def test_every_result_has_the_same_names_and_the_docs_list_them():
+    w = _padded()
+    q = np.ones((3, 4), np.float32)
+    results = [attnviz.scaled(q, q, q), attnviz.inspect(w), attnviz.compare(w, w), attnviz.rollout(w)]
+    common = ("weights", "q_labels", "k_labels", "labels", "warnings", "document", "to_json", "table", "figure",
+              "html", "save")
+    for result in results:
+        for name in common:
+            assert hasattr(result, name), (type(result).__name__, name)
+        assert isinstance(result.weights, np.ndarray) and isinstance(result.warnings, list)
+    assert attnviz.rollout(w).weights is not None and np.array_equal(results[3].weights, results[3].map)
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "python.md").read_text()
+    table = page[page.index("## Results"):page.index("## Reference")]
+    for name in (*common, "head_stats", "checks", "passed", "comparison", "map", "maps", "output", "params"):
+        assert f"`{name}" in table, name

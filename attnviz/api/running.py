@@ -28,10 +28,91 @@ def _split(command: str, options: dict[str, Any], classes: Sequence[type]) -> li
             known.setdefault(f.name, (f, hint))
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise UsageError(unknown_keywords(command, unknown, known))
+        raise UsageError(unknown_keywords(command, unknown, [*known, *output_keywords(command)]))
     for name, value in options.items():
         check_value(*known[name], value)
     return [build(cls, options) for cls in classes]
+
+
+#: the command line's table options each function takes, kept for the result's ``table()`` (and compare's
+#: ``figure()``: max_panels)
+TABLE_KEYWORDS = {"inspect": ("precision", "max_rows", "max_cols", "sort", "reverse", "top"),
+                  "compare": ("precision", "max_panels"), "rollout": ("precision", "max_rows", "max_cols"),
+                  "compute": ("index", "precision", "max_rows", "max_cols")}
+#: the files each function writes as its command does: keyword -> how the result saves it (a picture's
+#: ``figure`` keywords, "html", "json", or the array it saves)
+FILE_KEYWORDS: dict[str, dict[str, Any]] = {
+    "inspect": {"png": {}, "map_png": {"kind": "map"}, "stats_png": {"kind": "stats"},
+                "received_png": {"kind": "received"}, "overlay_png": {"kind": "overlay"}, "html": "html",
+                "json_file": "json", "save_maps": "maps"},
+    "compare": {"png": {}, "html": "html", "json_file": "json"},
+    "rollout": {"png": {}, "overlay_png": {"kind": "overlay"}, "html": "html", "json_file": "json"},
+    "compute": {"png": {}, "html": "html", "json_file": "json", "save_weights": "weights", "save_output": "output"},
+}
+
+
+def output_keywords(command: str) -> list[str]:
+    """The figure, table and file keywords a function takes besides its run's options."""
+    from attnviz.fields import flat_fields
+    from attnviz.render.options import FigureOptions
+
+    key = command if command in TABLE_KEYWORDS else "compute"
+    return [*(f.name for f, _ in flat_fields(FigureOptions)), *TABLE_KEYWORDS[key], *FILE_KEYWORDS[key],
+            *(["stat"] if key == "inspect" else [])]
+
+
+def _outputs(command: str, options: dict[str, Any], classes: Sequence[type]) -> tuple[dict[str, Any], ...]:
+    """The keywords of ``options`` that are the command line's figure, table and file options rather than the
+    run's: (figure keywords, table keywords, files to write, the run's own options). Where a name is both,
+    the run's wins."""
+    from attnviz.api.results import _figure_options
+    from attnviz.fields import flat_fields
+    from attnviz.render.options import FigureOptions
+
+    own = {f.name for cls in classes for f, _ in flat_fields(cls)}
+    figure_names = {f.name for f, _ in flat_fields(FigureOptions)}
+    table_names = set(TABLE_KEYWORDS[command])
+    file_names = set(FILE_KEYWORDS[command]) | ({"stat"} if command == "inspect" else set())
+    figure, table, files, rest = {}, {}, {}, {}
+    for name, value in options.items():
+        if name in own:
+            rest[name] = value
+        elif name in figure_names:
+            figure[name] = value
+        elif name in table_names:
+            table[name] = value
+        elif name in file_names:
+            files[name] = value
+        else:
+            rest[name] = value
+    _figure_options(figure)  # checked before the run
+    return figure, table, files, rest
+
+
+def _finish(result: Any, command: str, figure: dict[str, Any], table: dict[str, Any], files: dict[str, Any]) -> Any:
+    """The result with the figure and table keywords the run was given, and the files asked for written."""
+    from pathlib import Path
+
+    result.figure_defaults, result.table_defaults = dict(figure), dict(table)
+    how = FILE_KEYWORDS[command]
+    for name, path in files.items():
+        if name == "stat" or path is None:
+            continue
+        way = how[name]
+        if isinstance(way, dict):
+            suffix = Path(str(path)).suffix.lower().lstrip(".")
+            picture = {"png": "png", "svg": "svg", "pdf": "pdf"}.get(suffix, "png")
+            extra = {"stat": files["stat"]} if way.get("kind") == "stats" and "stat" in files else {}
+            result.save(**{picture: path}, **way, **extra)
+        elif way in ("html", "json"):
+            result.save(**{way: path})
+        elif way == "maps":
+            from attnviz.io import save_array
+
+            save_array(Path(str(path)), result.weights, suffix=Path(str(path)).suffix)
+        else:  # compute's weights and output arrays
+            result.save(**{way: path})
+    return result
 
 
 def unknown_keywords(command: str, unknown: Sequence[str], known: Sequence[str] | dict[str, Any]) -> str:
@@ -162,6 +243,7 @@ def compute(name: str, *arrays: Any, **options: Any) -> Computed:
         classes.append(CaptureOptions)
     memory: dict[str, Any] = {}
     with python_words(classes):
+        figure, table, files, options = _outputs("compute", options, classes)
         options = option_values(options, memory, classes)
         built = dict(zip((c.__name__ for c in classes), _split(name, options, classes)))
         specs: list[str | None] = []
@@ -180,8 +262,8 @@ def compute(name: str, *arrays: Any, **options: Any) -> Computed:
             prepared = prepare(variant, specs, built["RunOptions"], built[variant.params.__name__],
                                param_options=built.get("ParamOptions"), capture=built.get("CaptureOptions"))
             outcome = execute(prepared)
-    _warn(outcome.warnings, classes)
-    return Computed(outcome)
+        _warn(outcome.warnings, classes)
+        return _finish(Computed(outcome), "compute", figure, table, files)
 
 
 def variant_function(name: str) -> Callable[..., Computed]:
@@ -239,14 +321,15 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     memory: dict[str, Any] = {}
     shown = described(weights)
     with python_words([InspectOptions], {shown: "weights"}):
+        figure, table, files, options = _outputs("inspect", options, [InspectOptions])
         options = option_values({**options, "labels": labels, "mask": mask}, memory, [InspectOptions])
         (built,) = _split("inspect", options, [InspectOptions])
         spec = _spec(weights, "weights", memory, shown)
         with in_memory(memory):
             opened = inspecting.prepare(replace(built, weights=spec))
             result = inspecting.analyse(opened)
-    _warn(result.warnings, [InspectOptions], {shown: "weights"})
-    return Inspected(result)
+        _warn(result.warnings, [InspectOptions], {shown: "weights"})
+        return _finish(Inspected(result), "inspect", figure, table, files)
 
 
 def compare(a: Any, b: Any, **options: Any) -> Compared:
@@ -261,14 +344,15 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
     memory: dict[str, Any] = {}
     names = {described(a, "a"): "a", described(b, "b"): "b"}
     with python_words([CompareOptions], names):
+        figure, table, files, options = _outputs("compare", options, [CompareOptions])
         options = option_values(options, memory, [CompareOptions])
         (built,) = _split("compare", options, [CompareOptions])
         specs = [_spec(a, "a", memory, described(a, "a")), _spec(b, "b", memory, described(b, "b"))]
         with in_memory(memory):
             run = comparing.prepare_compare(replace(built, a=specs[0], b=specs[1]))
             result = comparing.run_compare(run)
-    _warn(result.warnings, [CompareOptions], names)
-    return Compared(run, result)
+        _warn(result.warnings, [CompareOptions], names)
+        return _finish(Compared(run, result), "compare", figure, table, files)
 
 
 def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> RolledOut:
@@ -287,13 +371,14 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     memory: dict[str, Any] = {}
     shown = described(weights)
     with python_words([RolloutOptions], {shown: "weights"}):
+        figure, table, files, options = _outputs("rollout", options, [RolloutOptions])
         options = option_values({**options, "labels": labels, "mask": mask}, memory, [RolloutOptions])
         (built,) = _split("rollout", options, [RolloutOptions])
         spec = _spec(weights, "weights", memory, shown)
         with in_memory(memory):
             run = run_rollout(replace(built, weights=spec))
-    _warn(run.warnings, [RolloutOptions], {shown: "weights"})
-    return RolledOut(run)
+        _warn(run.warnings, [RolloutOptions], {shown: "weights"})
+        return _finish(RolledOut(run), "rollout", figure, table, files)
 
 
 def load(spec: str, layout: str | None = None, generation: bool = False) -> Any:
