@@ -97,6 +97,7 @@ class TermPicture:
     height: int | None = None  # text rows the picture may take (None: DEFAULT_HEIGHT)
     blocks: int = 1  # the maps handed over are already in blocks of this many positions a side (the viewer's)
     marked: int | None = None  # a panel whose row and column labels are shown reversed (the viewer's choice)
+    fit: bool = False  # a grid fits ``height`` too (the viewer's), its panels smaller: else it may scroll
     cursor: tuple[int, int] | None = None  # a single map's cell (of its cells as drawn) drawn in CURSOR
     placed: list[Placed | None] = field(default_factory=list, repr=False)  # as last laid out
     origin: tuple[int, int] = (0, 0)  # where the first panel's top-left pixel was drawn: (text row, cell)
@@ -229,6 +230,18 @@ class _Drawing:
         band_rows = max(1, (self.height - overhead) // p.rows - (1 if p.rows > 1 else 0)
                         - (1 if caption_fits else 0))
         ph = max(2 * band_rows, min(pw, 8) if not p.single else 2)
+        out = self.laid_out(margin, pw, gap, shown_cols, ph, captions, caption_fits)
+        # a single map (or a picture that must fit, the viewer's) fits the height: its colour bar is never cut
+        while (p.single or p.fit) and len(out) > self.height and ph > 2:
+            ph = max(2, ph - 2 * (len(out) - self.height))
+            out = self.laid_out(margin, pw, gap, shown_cols, ph, captions, caption_fits)
+        return out
+
+    def laid_out(self, margin: int, pw: int, gap: int, shown_cols: int, ph: int, captions: bool,
+                 caption_fits: bool) -> list[list[Segment]]:
+        """The picture's lines with panels at most ``pw`` cells wide and ``ph`` pixels tall."""
+        p = self.p
+        cols = p.cols
         placed: list[Placed | None] = []
         for n, panel in enumerate(p.panels):
             if panel is None or n % cols >= shown_cols:

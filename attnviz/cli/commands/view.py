@@ -29,8 +29,9 @@ ORDER = ("layout", "generation", "labels", "q_labels", "k_labels", "merge_subwor
 
 
 def view_command(**values: Any) -> None:
-    """Walk every layer and head of attention weights in the terminal (arrows or h/j/k/l; shift+arrows or
-    H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; r shows the rollout; q quits)."""
+    """Walk every layer and head of attention weights in the terminal (arrows or h/j/k/l; b/B the batch entry;
+    shift+arrows or H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; r shows the rollout;
+    ? lists the keys; q quits)."""
     with user_errors():
         options: InspectOptions = build(InspectOptions, values, weights=values["weights"])
         fig: FigureOptions = build(FigureOptions, values)
