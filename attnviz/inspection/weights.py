@@ -48,18 +48,22 @@ class Weights:
     capture: Capture | None = None  # a capture file (attnviz capture): its tokens and masks go with the weights
     kind: str | None = None  # which of its kinds of attention (layers; encoder, decoder, cross)
     container: Any = None  # the capture file, opened
+    pieces_shape: tuple[int, ...] | None = None  # --merge-subwords: the shape over sub-word pieces, before merging
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
 
     def read_as(self, axes: str = "[layers, batch, heads, Lq, Lk]") -> str:
-        """How the file was read, for the information line: ``FILE [shape] read as AXES = [shape]``."""
+        """How the file was read, for the information line: ``FILE [shape] read as AXES = [shape]`` (stitched,
+        and merged into words, in that order)."""
+        read = self.shape if self.pieces_shape is None else self.pieces_shape
+        merged = "" if self.pieces_shape is None else f", then merged into words: {shape_str(self.shape)}"
         if self.generation is not None:
             g = self.generation
             return (f"{self.source}: a generation of {g.steps} steps x {g.layers} layers ({g.kind}-attention, "
-                    f"{g.prompt} prompt rows) stitched into {axes} = {shape_str(self.shape)}")
-        return f"{self.source} {shape_str(self.file_shape)} read as {axes} = {shape_str(self.shape)}"
+                    f"{g.prompt} prompt rows) stitched into {axes} = {shape_str(read)}{merged}")
+        return f"{self.source} {shape_str(self.file_shape)} read as {axes} = {shape_str(read)}{merged}"
 
 
 def parse_layout(text: str | None, rank: int, source: str) -> tuple[str, ...]:

@@ -94,7 +94,8 @@ def opened_grid_figure(opened: Opened, fig: FigureOptions) -> Any:
     if grid.reduce_heads or len(grid.layers) * len(grid.heads) > 1:
         return model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=fig.cmap, reduce=fig.reduce,
                                  keep=keep, real_rows=real, layers=grid.layers, heads=grid.heads,
-                                 reduce_heads=grid.reduce_heads, scale=fig.scale())
+                                 reduce_heads=grid.reduce_heads, scale=fig.scale(),
+                                 tokens=(opened.q_labels, opened.k_labels))
     data, drawn_keep = grid_getter(w.data[:, bi], keep, real)(grid.layers[0], grid.heads[0])
     where = f", layer {grid.layers[0]}, batch {bi}, head {grid.heads[0]}" if w.shape[0] * w.shape[2] > 1 else ""
     return heatmap_figure(data, title=name + where, q_labels=opened.q_labels, k_labels=opened.k_labels,
@@ -179,7 +180,7 @@ def compare_figure(result: CompareResult, fig: FigureOptions, max_panels: int) -
     shown = (differing or ranked[:1])[:max_panels or None]
     return ranked_grid_figure(diff, shown, title=name, total=len(panels), cmap=fig.cmap,
                               reduce=fig.reduce, keep=keep, real_rows=real, heads=heads, reduce_heads=reduce_heads,
-                              scale=scale, note=note)
+                              scale=scale, note=note, tokens=(run.q_labels, run.k_labels))
 
 
 def rollout_figure(run: RolloutRun, fig: FigureOptions) -> Any:
@@ -197,7 +198,9 @@ def rollout_figure(run: RolloutRun, fig: FigureOptions) -> Any:
         entries = f"batch {run.entries[0]}" if len(run.entries) == 1 else "every batch entry"
         return slices_mosaic(maps, title=f"{name}, {entries} ({run.how}), cumulative after each layer",
                              names=["batch", "after layer"], cmap=fig.cmap, reduce=fig.reduce, scale=scale,
-                             colorbar_label=label, ids=[run.entries, run.results[run.shown].layers])
+                             colorbar_label=label, ids=[run.entries, run.results[run.shown].layers],
+                             tokens=(run.tokens, run.tokens) if len(run.entries) == 1 or run.labels is None
+                             or not run.labels.per_entry else (None, None))
     return heatmap_figure(run.results[run.shown].result, title=f"{name}, batch {run.shown} ({run.how})",
                           q_labels=run.tokens, k_labels=run.tokens, cmap=fig.cmap, reduce=fig.reduce,
                           ylabel="token (output)", xlabel="input token", colorbar_label=label, scale=scale)

@@ -101,6 +101,7 @@ def mosaic_figure(
     side: int = MOSAIC_SIDE,
     scale: ColourScale | None = None,
     captions: Sequence[str] | None = None,
+    tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None),
 ) -> Any:
     """``rows x cols`` maps of ``shape`` as one picture on one axes (see the module's docstring).
 
@@ -110,7 +111,8 @@ def mosaic_figure(
     with ``blocks`` and the maps' ``full_shape``. One colour scale for every panel (``scale``; by
     default ``[min(0, low), high]`` of the values shown, or symmetric around 0 with ``diverging``),
     and one colour bar; with ``scale.per_panel`` each panel is drawn on its own scale and its maximum
-    is written under it. ``captions`` (row-major, one per panel) are written under the panels too."""
+    is written under it. ``captions`` (row-major, one per panel) are written under the panels too.
+    ``tokens``: the maps' query and key labels, written where they fit (``canvas.token_labels``)."""
     scale = scale or ColourScale()
     texts = [list(captions[r * cols:(r + 1) * cols]) if captions else [""] * cols for r in range(rows)]
     layout = _captioned_layout(rows, cols, shape, side, texts, scale.per_panel)
@@ -126,7 +128,7 @@ def mosaic_figure(
     return mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
                          scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
                          picture_map=picture_map, extend=scaling.extend, captions=texts,
-                         per_panel=(scale, diverging) if scale.per_panel else None)
+                         per_panel=(scale, diverging) if scale.per_panel else None, tokens=tokens)
 
 
 def _captioned_layout(rows: int, cols: int, shape: tuple[int, int], side: int, texts: Sequence[Sequence[str]],
@@ -259,7 +261,8 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
                       keep: np.ndarray | None = None, real_rows: np.ndarray | None = None,
                       diverging: bool = False, colorbar_label: str = "weight",
                       layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                      reduce_heads: str | None = None, scale: ColourScale | None = None) -> Any:
+                      reduce_heads: str | None = None, scale: ColourScale | None = None,
+                      tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)) -> Any:
     """The layer x head grid of ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped) as one mosaic
     (like bertviz's model view, as a file), read a layer at a time. ``keep`` broadcasts to ``w``;
     ``real_rows`` (``[layers, heads, Lq]``, broadcasting) greys padded query rows too. ``layers`` and
@@ -291,12 +294,12 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
         return mosaic_figure(get_reduced, 1, len(layers), shape, title=heading, row_labels=[reduce_heads],
                              col_labels=layer_names, row_name="heads", col_name="layer", cmap=cmap, reduce=reduce,
                              diverging=diverging, colorbar_label=colorbar_label,
-                             after_row=lambda _: release_pages(w), scale=scale)
+                             after_row=lambda _: release_pages(w), scale=scale, tokens=tokens)
     heading = f"{inert.title(title)}: layers x heads{which}, maps [{shape[0]}, {shape[1]}]"
     return mosaic_figure(lambda r, c: get_map(layers[r], heads[c]), len(layers), len(heads), shape, title=heading,
                          row_labels=layer_names, col_labels=head_names, row_name="layer", col_name="head",
                          cmap=cmap, reduce=reduce, diverging=diverging, colorbar_label=colorbar_label,
-                         after_row=lambda _: release_pages(w), scale=scale)
+                         after_row=lambda _: release_pages(w), scale=scale, tokens=tokens)
 
 
 def grid_getter(w: np.ndarray, keep: np.ndarray | None,
@@ -330,7 +333,8 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
                        cmap: str | None = None, reduce: str = "mean", keep: np.ndarray | None = None,
                        real_rows: np.ndarray | None = None, heads: Sequence[int] | None = None,
                        reduce_heads: str | None = None, diverging: bool = True, colorbar_label: str = "A - B",
-                       measure: str = "max |A - B|", scale: ColourScale | None = None, note: str = "") -> Any:
+                       measure: str = "max |A - B|", scale: ColourScale | None = None, note: str = "",
+                       tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)) -> Any:
     """Chosen panels of ``w [layers, heads, Lq, Lk]`` in the order given (``rank_panels``: largest
     difference first), each with its score: ``(layer, head)``, or ``(layer, None)`` with
     ``reduce_heads`` (the ``heads`` reduced to one map). Each panel's caption names its layer and
@@ -366,7 +370,7 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
                   f"#{r * cols + 1}-{min(count, (r + 1) * cols)}" for r in range(rows)]
     return mosaic_figure(get, rows, cols, shape, title=heading, row_labels=row_labels, col_labels=[""] * cols,
                          row_name="rank", col_name="", cmap=cmap, reduce=reduce, diverging=diverging,
-                         colorbar_label=colorbar_label, scale=scale, captions=captions)
+                         colorbar_label=colorbar_label, scale=scale, captions=captions, tokens=tokens)
 
 
 def rank_panels(w: np.ndarray, panels: Sequence[tuple[int, int | None]], *, keep: np.ndarray | None = None,
@@ -393,7 +397,8 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
                   grids: Sequence[np.ndarray] | None = None, lead: tuple[int, ...] | None = None,
                   full_shape: tuple[int, int] | None = None, blocks: tuple[int, int] = (1, 1),
                   cmap: str | None = None, reduce: str = "mean", colorbar_label: str = "weight",
-                  scale: ColourScale | None = None, ids: Sequence[Sequence[Any]] | None = None) -> Any:
+                  scale: ColourScale | None = None, ids: Sequence[Sequence[Any]] | None = None,
+                  tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)) -> Any:
     """The slices of ``maps [..., Lq, Lk]`` (``keep`` broadcasts to it) as one mosaic titled ``title``: the last
     leading axis across, the others down (``batch 0``, or ``0, 1`` for several); one leading axis of
     more than 16 wraps into rows. Or already aggregated ``grids`` of the slices of ``lead`` in
@@ -422,4 +427,5 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
 
     return mosaic_figure(get, rows, cols, shape, title=title, row_labels=row_labels, col_labels=col_labels,
                          row_name=row_name, col_name=col_name, cmap=cmap, reduce=reduce,
-                         colorbar_label=colorbar_label, full_shape=full_shape, blocks=blocks, scale=scale)
+                         colorbar_label=colorbar_label, full_shape=full_shape, blocks=blocks, scale=scale,
+                         tokens=tokens)

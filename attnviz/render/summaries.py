@@ -37,7 +37,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     names them), never a number cut short."""
     import numpy as np
 
-    from attnviz.render.table import Fitted
+    from attnviz.render.table import UNDEFINED, Fitted, number_text
 
     layers, heads = stats["entropy"].shape
     rows = [(li, hi) for li in range(layers) for hi in range(heads)]
@@ -57,7 +57,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     if "induction" in stats:
         caption += ("; ind, dup: mean weight on the token after an earlier occurrence of the query's token "
                     "(induction) and on the earlier occurrences (duplicate-token), over queries whose token "
-                    "occurred before")
+                    f"occurred before ({UNDEFINED} where no token occurs twice)")
     else:
         caption += "; induction and duplicate-token scores need the tokens (--labels)"
     if padded:
@@ -70,7 +70,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         if key not in stats:
             continue
         column = np.asarray(stats[key])
-        cells[name] = [f"{float(column[li, hi]):.{p}f}" for li, hi in shown]
+        cells[name] = [number_text(float(column[li, hi]), p) for li, hi in shown]
     cells["pattern"] = [str(stats["tag"][li, hi]) for li, hi in shown]
     widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
 
