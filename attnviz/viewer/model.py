@@ -37,6 +37,7 @@ class ViewerModel:
     _maps: dict[tuple[int, int], tuple[np.ndarray, int]] = field(default_factory=dict)
     _thumbs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _rollout: np.ndarray | None = None
+    _fitting: dict[tuple[int, int, bool], int] = field(default_factory=dict)  # layers that fit, by size
 
     def __post_init__(self) -> None:
         opened = self.result.opened
@@ -189,13 +190,23 @@ class ViewerModel:
                     data, keep = self.get(li, hi)
                     self._thumbs[(li, hi)] = reduce_blocks(data, keep, f, f, self.fig.reduce)
         n, at = len(self.layers), self.layers.index(self.layer)
-        picture = self._thumbnail_grid(self.layers, plain, height, f)
-        count = n
-        while count > 1 and len(picture.lines(width)) > height:
-            count -= 1
+
+        def window(count: int) -> TermPicture:
             start = min(max(0, at - count // 2), n - count)
-            picture = self._thumbnail_grid(self.layers[start:start + count], plain, height, f)
-        return picture
+            return self._thumbnail_grid(self.layers[start:start + count], plain, height, f)
+
+        def fits(count: int) -> bool:
+            return len(window(count).lines(width)) <= height
+
+        key = (width, height, plain)
+        count = self._fitting.get(key)
+        if count is None:  # the most layers that fit: found once per size (a key press lays out once)
+            low, high = 1, n
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if fits(middle) else (low, middle - 1)
+            count = self._fitting[key] = low
+        return window(count)
 
     def _thumbnail_grid(self, layers: list[int], plain: bool, height: int, f: int) -> TermPicture:
         from attnviz.render.terminal import grid_picture
