@@ -17,6 +17,11 @@ ROLLOUT_METHODS = ("rollout", "flow", "grad")
 WEIGH_BY = ("weights", "value-norms")  # what inspect and rollout analyse (--weigh-by)
 UPSAMPLING = ("nearest", "bilinear")  # how a patch grid is brought to the image's pixels (--upsample)
 
+#: every file an array argument reads, as help texts and the documentation list them (``attnviz.formats`` reads
+#: them; a test keeps the two the same); KEYED: those that hold several named arrays (FILE:KEY picks one)
+INPUT_FORMATS = ".npy, .npz, .safetensors, .h5/.hdf5, .pt/.pth/.bin (torch.save), .json, or - (JSON on stdin)"
+KEYED_FORMATS = ".npz, .safetensors, .h5/.hdf5, .pt/.pth/.bin, .json"
+
 #: the largest width of a learned layer (--units, --key-dim, ...) and number of heads an option may
 #: ask for: drawn parameters stay within a few hundred megabytes
 MAX_WIDTH = 8192

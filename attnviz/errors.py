@@ -49,3 +49,16 @@ class DeviceError(AttnvizError):
 
 class OutputError(AttnvizError):
     """An output file cannot be written (exit 1)."""
+
+
+#: how the command line names recording a model (the Python API says ``attnviz.capture(model)``)
+CAPTURE_HINT = "attnviz capture (attnviz.capture(model) in Python)"
+
+
+def no_weights(subject: str) -> str:
+    """The message for a dump with no attention weights in it (``subject``: "attn.npz holds no arrays",
+    "weights is an empty tuple"): what a model built with SDPA or flash attention gives for
+    ``output_attentions``, and what to do."""
+    return (f"{subject}: what a model run with SDPA or flash attention gives (it returns no attention weights); "
+            "load the model with attn_implementation=\"eager\" and run it with output_attentions=True, or record it "
+            f"with {CAPTURE_HINT}.")

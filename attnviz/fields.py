@@ -107,6 +107,11 @@ def check_value(f: dataclasses.Field[Any], hint: Any, value: Any) -> None:
         raise UsageError(f"{name} {value}: must be greater than {meta['above']}.")
 
 
+def choices_of(hint: Any) -> tuple[Any, ...]:
+    """The allowed values of an option typed ``Literal[...]`` (or ``Literal[...] | None``); () otherwise."""
+    return _choices(hint)
+
+
 def _choices(hint: Any) -> tuple[Any, ...]:
     if get_origin(hint) is Literal:
         return get_args(hint)

@@ -323,8 +323,8 @@ def _labels_from_value(value: Any, source: str) -> list[str]:
             raise InputError(f"{source}: labels must be a 1-D array of strings, got {value.dtype} "
                              f"of shape {shape_str(value.shape)}.")
         return [str(x) for x in value.tolist()]
-    if not isinstance(value, list) or not all(isinstance(x, (str, int, float)) for x in value):
-        raise InputError(f"{source}: labels must be a list of strings.")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(x, (str, int, float)) for x in value):
+        raise InputError(f"{source}: labels must be a list of strings, or one list of strings per batch entry.")
     return [str(x) for x in value]
 
 
@@ -354,6 +354,8 @@ class Opened:
         if isinstance(raw, Container):
             key = self.key
             if key is None:
+                if not raw.keys:
+                    raise InputError(f"{source}: holds no arrays.")
                 if len(raw.keys) != 1:
                     raise InputError(
                         f"{source}: holds {len(raw.keys)} arrays ({listing(raw.keys) if raw.keys else 'none'}); "
@@ -472,25 +474,64 @@ def load_array(spec: str, stdin: StdinReader | None = None, *, allow_neg_inf: bo
     return open_spec(spec, stdin).array(allow_neg_inf=allow_neg_inf)
 
 
-def load_labels(spec: str) -> tuple[list[str], Place | None, str]:
-    """Token labels from a text file (one a line; a URL of one), a JSON file or literal list, or ``a,b,c``.
+def _nested(value: Any) -> bool:
+    """A list of label lists (one per batch entry), not a list of labels."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 2
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(v, (list, tuple)) or (isinstance(v, np.ndarray) and v.ndim == 1) for v in value)
 
-    Returns the labels, the file they came from (or None) and how the value was read (for messages).
-    """
-    from attnviz import storage
 
+PER_ENTRY = ("one list per batch entry is read by inspect, compare, rollout and view (--labels a JSON list of "
+             "lists, or a text file with a blank line between the entries)")
+
+
+@dataclass
+class LabelInput:
+    """Labels as given: ``rows``, one list per batch entry (one list: the same for every entry); ``lines``,
+    a text file's lines read as one list (blank lines included) where its blank lines also split it into
+    entries; the file read (or None) and how the value was read (for messages)."""
+
+    rows: list[list[str]]
+    path: Place | None
+    how: str
+    lines: list[str] | None = None
+
+    @property
+    def per_entry(self) -> bool:
+        return len(self.rows) > 1 or self.lines is not None
+
+
+def _label_rows(value: Any, source: str) -> list[list[str]]:
+    if _nested(value):
+        rows = [_labels_from_value(list(v) if not isinstance(v, np.ndarray) else v, f"{source} (entry {i})")
+                for i, v in enumerate(value)]
+        return rows
+    return [_labels_from_value(value, source)]
+
+
+def load_label_rows(spec: str) -> LabelInput:
+    """Token labels, one list for every batch entry or one list per entry: a text file (one label a line;
+    a blank line between entries), a JSON file or literal list (a list of lists: one per entry), or
+    ``a,b,c``; a list handed over in memory (the API), flat or nested."""
     if spec.startswith(MEMORY):
         value = memory_value(spec)
-        return _labels_from_value(list(value), spec[len(MEMORY):]), None, "a list"
+        return LabelInput(_label_rows(value, spec[len(MEMORY):]), None, "a list")
     if is_url(spec):
+        from attnviz import storage
+
         url = check_url(spec)
         text = storage.read_text(url, spec, what="labels")
         if url.suffix.lower() == ".json":
             value = _parse_json_text(text, spec)
             if isinstance(value, dict) and "labels" in value:
                 value = value["labels"]
-            return _labels_from_value(value, spec), url, f"file {spec}"
-        return text.splitlines(), url, f"file {spec}"
+            return LabelInput(_label_rows(value, spec), url, f"file {spec}")
+        lines = text.splitlines()
+        blocks = _blocks(lines)
+        if len(blocks) > 1:
+            return LabelInput(blocks, url, f"file {spec}", lines=lines)
+        return LabelInput([lines], url, f"file {spec}")
     p = Path(spec)
     special = os.path.lexists(p) and not os.path.isdir(p)  # a pipe is read once; a device is refused
     if os.path.isfile(p) or special:  # False (not an error) for a name too long to be a file: a long list
@@ -499,16 +540,46 @@ def load_labels(spec: str) -> tuple[list[str], Place | None, str]:
             value = _parse_json_text(text, spec)
             if isinstance(value, dict) and "labels" in value:
                 value = value["labels"]
-            return _labels_from_value(value, spec), p, f"file {spec}"
-        return text.splitlines(), p, f"file {spec}"
+            return LabelInput(_label_rows(value, spec), p, f"file {spec}")
+        lines = text.splitlines()
+        blocks = _blocks(lines)
+        if len(blocks) > 1:
+            return LabelInput(blocks, p, f"file {spec}", lines=lines)
+        return LabelInput([lines], p, f"file {spec}")
     if spec.lstrip().startswith("["):
         try:
             value = loads_json(spec)
         except ValueError:
             value = None  # "[CLS],the,cat" is a comma-separated list that starts with a bracket
         if isinstance(value, list):
-            return _labels_from_value(value, "labels"), None, "a JSON list"
-    return [s.strip() for s in spec.split(",")], None, "a comma-separated list (no such file)"
+            return LabelInput(_label_rows(value, "labels"), None, "a JSON list")
+    return LabelInput([[s.strip() for s in spec.split(",")]], None, "a comma-separated list (no such file)")
+
+
+def _blocks(lines: list[str]) -> list[list[str]]:
+    """A text file's lines split at blank lines (one or more), blank lines at its ends dropped."""
+    blocks: list[list[str]] = [[]]
+    for line in lines:
+        if line.strip():
+            blocks[-1].append(line)
+        elif blocks[-1]:
+            blocks.append([])
+    return [b for b in blocks if b]
+
+
+def load_labels(spec: str) -> tuple[list[str], Place | None, str]:
+    """Token labels from a text file (one a line), a JSON file or literal list, or ``a,b,c``: one list.
+
+    Returns the labels, the file they came from (or None) and how the value was read (for messages).
+    A list of lists (one per batch entry) is refused here: the compute commands take one.
+    """
+    given = load_label_rows(spec)
+    if given.lines is not None:
+        return given.lines, given.path, given.how
+    if len(given.rows) > 1:
+        raise InputError(f"{spec_name(spec)}: {len(given.rows)} lists of labels; this command takes one list "
+                         f"({PER_ENTRY}).")
+    return given.rows[0], given.path, given.how
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from attnviz import params as learned_params
 from attnviz.blockwise import Streamed
 from attnviz.captured import CaptureOptions
 from attnviz.captured import prepare as prepare_captured
-from attnviz.choices import CAUSAL_ALIGNS, DEVICES, MASK_CONVENTIONS, MASK_KINDS
+from attnviz.choices import CAUSAL_ALIGNS, DEVICES, KEYED_FORMATS, MASK_CONVENTIONS, MASK_KINDS
 from attnviz.device import DTYPE_MAX, DTYPES, Device, resolve_device
 from attnviz.errors import AttnvizError, InputError, ParamsError, ShapeError, UsageError
 from attnviz.io import MEMORY, Loaded, StdinReader, load_array, load_labels, open_spec, shape_str
@@ -141,7 +141,7 @@ def _resolve_inputs(variant: Variant, specs: Sequence[str | None], stdin: StdinR
         listed = ", ".join(required)
         raise UsageError(
             f"{variant.name} needs {' '.join(n.upper() for n in required)}: {len(required)} files, or one "
-            f"file (.npz, .safetensors, .h5, .pt, JSON) holding arrays named {listed}; received {' '.join(given)}."
+            f"file ({KEYED_FORMATS}) holding arrays named {listed}; received {' '.join(given)}."
         )
     result: dict[str, Loaded] = {}
     for spec, o in zip(variant.inputs, opened):

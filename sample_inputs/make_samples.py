@@ -12,6 +12,12 @@
   ("cat", "mat"); a little seeded noise keeps it realistic.
 * ``tokens.txt``: the sentence's tokens, one a line (for --labels).
 * ``padding_mask.npy``: a keep mask [4] for the seed example that masks the last key.
+* ``batch_attn.npz``: attention weights as ``numpy.savez(f, *out.attentions)`` saves a BERT-style model's on
+  a padded batch of two sentences: two layers (``arr_0``, ``arr_1``) of [2 entries, 4 heads, 9, 9]; padded keys
+  get 0 and padded query rows attend the real keys, as BERT's do. The heads are built: previous token, next
+  token, [SEP] sink, broad; [CLS] sink, the same word, itself, the nouns.
+* ``batch_tokens.json``: the tokens of each entry, one list per entry (``--labels``); ``attention_mask.npy``
+  the batch's attention_mask [2, 9] (``--mask``).
 """
 
 from __future__ import annotations
@@ -58,6 +64,37 @@ def sentence() -> dict[str, np.ndarray]:
     }
 
 
+BATCH = [["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"],
+         ["[CLS]", "a", "dog", "ran", ".", "[SEP]", "[PAD]", "[PAD]", "[PAD]"]]
+
+
+def padded_batch() -> tuple[list[np.ndarray], np.ndarray]:
+    """Two layers of [2, 4, 9, 9] over ``BATCH`` (module docstring), and the attention_mask [2, 9]."""
+    rng = np.random.default_rng(11)
+    n = len(BATCH[0])
+    mask = np.array([[t != "[PAD]" for t in row] for row in BATCH], dtype=np.int64)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    layers = []
+    for layer in range(2):
+        scores = rng.normal(scale=0.3, size=(2, 4, n, n))
+        for b, row in enumerate(BATCH):
+            real = int(mask[b].sum())
+            sep = row.index("[SEP]")
+            nouns = np.array([t in ("cat", "mat", "dog") for t in row])
+            same = np.array([[a == c and a not in ("[PAD]",) for c in row] for a in row])
+            if layer == 0:
+                patterns = [j == np.maximum(i - 1, 0), j == np.minimum(i + 1, real - 1),
+                            np.broadcast_to(j == sep, (n, n)), np.zeros((n, n), bool)]
+            else:
+                patterns = [np.broadcast_to(j == 0, (n, n)), same, i == j, np.broadcast_to(nouns[None, :], (n, n))]
+            for h, pattern in enumerate(patterns):
+                scores[b, h] += 4.0 * pattern
+        scores = np.where(mask[:, None, None, :] == 1, scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        layers.append((weights / weights.sum(-1, keepdims=True)).astype(np.float32))
+    return layers, mask
+
+
 def main(out: Path = HERE) -> None:
     ex = seed_example()
     for name, arr in ex.items():
@@ -68,6 +105,10 @@ def main(out: Path = HERE) -> None:
     s = sentence()
     np.savez(out / "sentence.npz", **s)
     (out / "tokens.txt").write_text("\n".join(s["q_labels"].tolist()) + "\n")
+    layers, mask = padded_batch()
+    np.savez(out / "batch_attn.npz", *layers)
+    np.save(out / "attention_mask.npy", mask)
+    (out / "batch_tokens.json").write_text(json.dumps(BATCH) + "\n")
 
 
 if __name__ == "__main__":

@@ -472,3 +472,67 @@ def test_bad_figure_options_are_usage_errors(tmp_path, command, args, words):
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not out.exists()
+
+
+# Issue 33, item 9: the grid's token labels where they fit, --stats-png from 0 with its range said, one convention
+# for undefined numbers, and the size stitched then merged
+
+
+def _texts(fig):
+    return [t.get_text() for t in fig.findobj(lambda o: hasattr(o, "get_text") and hasattr(o, "get_rotation"))]
+
+
+def test_the_grid_writes_token_labels_where_they_fit():
+    import attnviz
+
+    rng = np.random.default_rng(3)
+    tokens = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
+    small = rng.dirichlet(np.ones(8), size=(2, 1, 4, 8)).astype(np.float32)
+    texts = _texts(attnviz.inspect(small, labels=tokens).figure())
+    assert texts.count("cat") == 2 + 4  # the queries of each row of panels, the keys under each of the last row's
+    long = rng.dirichlet(np.ones(300), size=(2, 1, 4, 300)).astype(np.float32)
+    texts = _texts(attnviz.inspect(long, labels=[f"t{i}" for i in range(300)]).figure())
+    assert "t5" not in texts  # in blocks: no token has a cell of its own
+
+
+def test_stats_png_starts_at_zero_and_says_its_range(tmp_path):
+    w = np.full((2, 1, 3, 5, 5), 0.2)
+    w[..., 0] += np.array([0.0, 0.002, 0.004]).reshape(1, 1, 3, 1)
+    w /= w.sum(-1, keepdims=True)
+    np.save(tmp_path / "flat.npy", w)
+    import attnviz
+
+    fig = attnviz.inspect(str(tmp_path / "flat.npy")).figure("stats")
+    image = fig.axes[0].get_images()[0]
+    assert image.norm.vmin == 0.0
+    texts = _texts(fig)
+    heading = next(" ".join(t.split()) for t in texts if "entropy per" in t)
+    assert "from 1.6094" in heading and "colours from 0" in heading, heading
+    cells = {t for t in texts if t.startswith("1.609")}
+    assert len(cells) == 3  # the three heads told apart (2 decimals wrote 1.61 in every cell)
+
+
+def test_tables_write_undefined_numbers_as_the_report_does(tmp_path):
+    w = np.random.default_rng(1).dirichlet(np.ones(4), size=(1, 1, 2, 4))
+    np.save(tmp_path / "w.npy", w)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "w.npy"), "--labels", "a,b,c,d"])
+    assert r.exit_code == 0, r.stderr
+    heads = r.stdout[r.stdout.index("head statistics"):]
+    assert "nan" not in heads and "–" in heads  # no token repeats: induction and duplicate undefined
+
+
+def test_merged_sizes_say_stitched_then_merged(tmp_path):
+    rng = np.random.default_rng(2)
+
+    def rows(q, k):
+        x = rng.random((1, 2, q, k))
+        return (x / x.sum(-1, keepdims=True)).astype(np.float32)
+
+    steps = {f"{s}.{li}": rows(4 if s == 0 else 1, 4 + s) for s in range(5) for li in range(2)}
+    np.savez(tmp_path / "gen.npz", **steps)  # a prompt of 4, 8 positions stitched
+    (tmp_path / "tok.txt").write_text("\n".join(["▁the", "▁ca", "t", "▁sat", "▁on", "▁a", "▁ma", "t", "▁."]) + "\n")
+    r = runner.invoke(app, ["inspect", str(tmp_path / "gen.npz"), "--generation", "--labels", str(tmp_path / "tok.txt"),
+                            "--merge-subwords", "--no-table"])
+    assert r.exit_code == 0, r.stderr
+    line = " ".join(r.stderr.split())
+    assert "= [2, 1, 2, 8, 8], then merged into words: [2, 1, 2, 6, 6]" in line, line

@@ -329,3 +329,72 @@ def test_compare_with_padding_and_raw_scores(files):
 def _save(path, arr):
     np.save(path, arr)
     return path
+
+
+# A mask that hides weight the model put there (issue 33, item 1): an inverted attention_mask, or a keep
+# mask read with --mask-convention block, drops the real tokens' weight and keeps the padding's zeros
+
+
+def _hidden_lines(stderr):
+    return [line for line in stderr.splitlines() if "lies on keys they hide" in line]
+
+
+@pytest.mark.parametrize("how", ["inverted", "block convention", "inverted, key padding"])
+def test_a_mask_that_hides_weight_is_said(files, how):
+    w, am = padded_batch()
+    np.save(files / "inverted.npy", 1 - am)
+    args = {"inverted": ["--mask", files / "inverted.npy"],
+            "block convention": ["--mask", files / "am.npy", "--mask-convention", "block"],
+            "inverted, key padding": ["--key-padding-mask", files / "inverted.npy"]}[how]
+    r = invoke("inspect", files / "w.npy", *args, "--check-rows", "--batch", "1", "--no-table")
+    assert r.exit_code == 0 and "check-rows: passed" in r.stderr, r.stderr
+    (line,) = _hidden_lines(r.stderr)
+    import re
+
+    share = re.search(r"w\.npy: ([\d.]+)% of the attention weight of the query rows the masks keep", line)
+    assert share and 50 < float(share.group(1)) < 100 and "--check-mask with that mask" in line, line
+    assert ("--mask-convention block reads 1 as masked" in line) == (how == "block convention")
+    assert ("1 - attention_mask" in line) == (how != "block convention")
+    doc = json.loads(invoke("inspect", files / "w.npy", *args, "--json").stdout)
+    assert [text for text in doc["warnings"] if "lies on keys they hide" in text]
+    for command in (["rollout", files / "w.npy"], ["compare", files / "w.npy", files / "w.npy"]):
+        r = invoke(*command, *args, "--no-table")
+        assert r.exit_code == 0 and len(_hidden_lines(r.stderr)) == 1, r.stderr
+        assert "inspect's --check-mask" in r.stderr
+
+
+def test_a_mask_that_hides_only_zeros_says_nothing(files):
+    for form, (data, extra) in _forms(np.load(files / "am.npy")).items():
+        np.save(files / "mask.npy", data)
+        for command in (["inspect"], ["rollout"]):
+            r = invoke(*command, files / "w.npy", "--mask", files / "mask.npy", "--no-table", *extra)
+            assert r.exit_code == 0 and "warning" not in r.stderr, (form, r.stderr)
+
+
+def test_a_small_share_is_said_with_its_size(files):
+    w, am = padded_batch()
+    w[:, 1, :, PAD:, 0] += 0.01  # real rows of entry 1 put a little weight on a padded key
+    w[:, 1, :, PAD:] /= w[:, 1, :, PAD:].sum(-1, keepdims=True)
+    np.save(files / "leaky.npy", w)
+    r = invoke("inspect", files / "leaky.npy", "--mask", files / "am.npy", "--no-table")
+    (line,) = _hidden_lines(r.stderr)
+    share = LAYERS * HEADS * (S - PAD) * 0.01 / 1.01 / (LAYERS * HEADS * (2 * S - PAD))
+    assert f"{share:.1%} of the attention weight" in line
+
+
+def test_a_mask_that_leaves_no_row_is_said(files):
+    w, _ = padded_batch()
+    np.save(files / "first.npy", w[:, :1])
+    np.save(files / "nothing.npy", np.zeros((1, S), np.int64))  # an attention_mask of ones, inverted
+    r = invoke("inspect", files / "first.npy", "--mask", files / "nothing.npy", "--no-table")
+    assert r.exit_code == 0 and "the masks leave out every query row" in r.stderr, r.stderr
+
+
+def test_the_api_warns_of_a_mask_that_hides_weight():
+    import attnviz
+
+    w, am = padded_batch()
+    with pytest.warns(UserWarning, match="lies on keys they hide"):
+        attnviz.inspect(w, mask=1 - am)
+    with pytest.warns(UserWarning, match="lies on keys they hide"):
+        attnviz.rollout(w, mask=1 - am)

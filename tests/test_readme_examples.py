@@ -245,6 +245,13 @@ def folder(tmp_path_factory) -> Path:
     np.savez(d / "attn.npz", *layers)
     np.savez(d / "grads.npz", *[normal(*layer.shape) for layer in layers])  # d(score)/d(weights), rollout --method grad
     save("ours.npy", layers[0])
+    # generate()'s attentions of entry 0 as a dump of steps (keys STEP.LAYER: a prompt of 4, a row a step) and the
+    # forward pass over the whole sequence it stitches into (compare --generation-a)
+    forward = [layer[:1] for layer in layers]
+    steps = {f"{s}.{li}": f[:, :, (slice(0, 4) if s == 0 else slice(3 + s, 4 + s)), :4 + s]
+             for s in range(n_tok - 4) for li, f in enumerate(forward)}
+    np.savez(d / "gen.npz", **steps)
+    np.savez(d / "forward.npz", *forward)
     theirs = layers[0] * (1 + rng.normal(scale=1e-6, size=layers[0].shape))  # the same to float32 rounding
     save("theirs.npy", (theirs / theirs.sum(-1, keepdims=True)).astype(np.float32))
 

@@ -245,3 +245,25 @@ def test_repeat_test_writes_the_probe(tmp_path):
     assert again.stdout.split() == [str(i) for i in ids[0]]
     bad = invoke("repeat-test", "60", "--vocab-size", "50")
     assert bad.exit_code == 2 and "--vocab-size 50" in bad.stderr
+
+
+def test_all_layers_picture_names_the_entry_layers_and_colours():
+    """Issue 33, item 5: rollout --batch 1 --all-layers --png labelled its row "batch 0" and its colour bar
+    "weight"; the picture names the entry shown, the layers after which each map is, and what the colours are."""
+    import attnviz
+    from attnviz.render.options import FigureOptions
+    from attnviz.render.terminal import rollout_picture, segments_text
+
+    rng = np.random.default_rng(2)
+    w = rng.dirichlet(np.ones(5), size=(3, 2, 2, 5))
+    for method in ("rollout", "flow"):
+        run = attnviz.rollout(w, batch=1, all_layers=True, start_layer=1, method=method)
+        fig = run.figure()
+        assert [t.get_text() for t in fig.mosaic_labels.rows] == ["1"]
+        assert [t.get_text() for t in fig.mosaic_labels.cols] == ["1", "2"]  # after layers 1 and 2
+        bar = {ax.get_ylabel() for ax in fig.axes}
+        assert f"{method}: share of each input token" in bar and "weight" not in bar
+        heading = " ".join(t.get_text() for t in fig.findobj(lambda o: hasattr(o, "get_text")))
+        assert "batch 1" in heading
+        text = segments_text(rollout_picture(run.run, FigureOptions(), plain=True, height=40).lines(100))
+        assert "share of each input token" in text

@@ -519,3 +519,75 @@ def test_xterm_draws_sixel(files, tmp_path):
     keep = os.environ.get("ATTNVIZ_KEEP_SCREENSHOTS")
     if keep:
         shutil.copy(shot, Path(keep) / "xterm-sixel.png")
+
+
+def _screen_text(app, size):
+    """The characters on the viewer's screen, a line each."""
+    from rich.console import Console
+    from rich.segment import Segment
+
+    console = Console(width=size[0], height=size[1], file=io.StringIO(), force_terminal=True, record=True,
+                      legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True))
+    segments = [s for s in console._record_buffer if not s.control]
+    return ["".join(s.text for s in line) for line in Segment.split_and_crop_lines(segments, size[0],
+                                                                                  include_new_lines=False)]
+
+
+@pytest.mark.parametrize("layers", [2, 12])
+def test_the_viewer_fits_80_by_24_with_the_batch_entry_and_its_keys(tmp_path, layers):
+    """Issue 33, item 8: at 80 x 24 the last layer's thumbnails were clipped, the footer lost "q quit", the colour
+    bar went; no key or indicator for the batch entry; the statistics stayed on a head while the rollout was shown;
+    ^p palette appeared while ? did nothing."""
+    from attnviz.cli.commands.view import view
+    from attnviz.inspection.options import InspectOptions, LabelOptions, MaskOptions
+    from attnviz.render.options import FigureOptions
+    from attnviz.viewer.app import KEYS
+
+    rng = np.random.default_rng(4)
+    w = rng.dirichlet(np.ones(9), size=(layers, 2, 4, 9)).astype(np.float32)
+    w[:, 1, :, :, 6:] = 0  # entry 1 is padded: three keys
+    w[:, 1] /= w[:, 1].sum(-1, keepdims=True)
+    np.save(tmp_path / "w.npy", w)
+    np.save(tmp_path / "am.npy", np.array([[1] * 9, [1] * 6 + [0] * 3]))
+    rows = [[f"a{i}" for i in range(9)], [f"b{i}" for i in range(6)] + ["[PAD]"] * 3]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    options = InspectOptions(weights=str(tmp_path / "w.npy"), labels=LabelOptions(labels=str(tmp_path / "rows.json")),
+                             masks=MaskOptions(mask=str(tmp_path / "am.npy")))
+    viewer = view(options, FigureOptions(), run=False)
+    model = viewer.model
+    size = (80, 24)
+    assert not viewer.ENABLE_COMMAND_PALETTE
+
+    async def drive():
+        async with viewer.run_test(size=size) as pilot:
+            await pilot.pause()
+            screen = _screen_text(viewer, size)
+            footer = screen[-1]
+            assert "q quit" in footer and "? keys" in footer and "palette" not in footer, footer
+            thumbs, stats, the_map = (viewer.query_one(f"#{n}") for n in ("thumbs", "stats", "map"))
+            picture = model.thumbnails(thumbs.size.width, thumbs.size.height)
+            assert len(picture.lines(thumbs.size.width)) <= thumbs.size.height  # nothing clipped
+            assert ("layers 0-" in picture.title) == (layers == 12)  # the layers that fit, said
+            shown = model.picture(the_map.size.width, the_map.size.height).lines(the_map.size.width)
+            assert len(shown) <= the_map.size.height and "weight" in "".join(s.text for s in shown[-1])
+            assert "entry 0 of 2" in " ".join(screen)
+            await pilot.press("b")
+            assert model.batch == 1 and model.q_labels == rows[1]
+            await pilot.press("L", "J")
+            assert "'b1'" in model.cursor_line() and "entry 1 of 2" in model.cursor_line()
+            assert "entry 1 of 2" in " ".join(_screen_text(viewer, size))
+            await pilot.press("r")
+            assert model.stats_lines()[0].startswith("rollout, entry 1 of 2")
+            assert model.thumbnails(thumbs.size.width, thumbs.size.height).marked is None
+            assert "rollout" in str(stats.render())
+            await pilot.press("r", "B")
+            assert model.batch == 0 and str(stats.render()).startswith("layer")
+            await pilot.press("question_mark")
+            keys = viewer.query_one("#keys")
+            assert keys.has_class("open") and all(k in str(keys.render()) for k, _ in KEYS)
+            await pilot.press("escape")
+            assert not keys.has_class("open")
+            await pilot.press("q")
+
+    asyncio.run(drive())

@@ -23,16 +23,22 @@ if TYPE_CHECKING:
     from attnviz.render.options import FigureOptions
 
 PICTURES = (".png", ".svg", ".pdf")
+#: keywords of ``figure`` that choose a picture, not how it is drawn (the report has no use for them)
+PICTURE_ONLY = ("kind", "stat", "max_panels")
 
 
 def _figure_options(options: dict[str, Any]) -> FigureOptions:
+    import difflib
+
     from attnviz.fields import check_value, flat_fields
     from attnviz.render.options import FigureOptions
 
     known = {f.name: (f, hint) for f, hint in flat_fields(FigureOptions)}
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise UsageError(f"no figure option {unknown[0]!r}; the figure options are {', '.join(sorted(known))}.")
+        close = difflib.get_close_matches(unknown[0], list(known), n=1, cutoff=0.75)
+        guess = f"; did you mean {close[0]}=?" if close else ""
+        raise UsageError(f"no figure keyword {unknown[0]!r}{guess} (the figure keywords: {', '.join(sorted(known))}).")
     for name, value in options.items():
         check_value(*known[name], value)
     fig = FigureOptions(**options)
@@ -63,9 +69,28 @@ def _write(files: dict[str, Any], storage_options: dict[str, Any] | None = None)
 
 
 class _Result:
-    """What every result shares: JSON, save, inline HTML."""
+    """What every result shares: ``weights`` (the maps it shows), ``q_labels``, ``k_labels`` and ``labels`` (both),
+    ``warnings``, the JSON document (``document``, ``to_json``), ``table``, ``figure``, ``html``, ``save`` and the
+    inline report. ``figure_defaults`` and ``table_defaults``: keywords given to the run that its figures and
+    tables take (``attnviz.inspect(w, cmap="magma", sort="entropy")``)."""
 
     command = ""
+    figure_defaults: dict[str, Any] = {}  # replaced per result, never changed in place
+    table_defaults: dict[str, Any] = {}
+
+    @property
+    def labels(self) -> tuple[list[str] | None, list[str] | None]:
+        """(``q_labels``, ``k_labels``): the labels of the rows and columns of the map shown."""
+        return getattr(self, "q_labels", None), getattr(self, "k_labels", None)
+
+    def _fig(self, options: dict[str, Any]) -> FigureOptions:
+        """The figure options of a call, over those the run was given."""
+        return _figure_options({**self.figure_defaults, **options})
+
+    def _tab(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The table keywords of a call: those given (not None), else the run's, else the method's defaults."""
+        return {name: (value if value is not None else self.table_defaults.get(name, value))
+                for name, value in given.items()}
 
     def document(self) -> dict[str, Any]:
         """The command's JSON document as a dict."""
@@ -102,7 +127,8 @@ class _Result:
                     raise UsageError(f"{kind}={path}: a picture's file ends in .png, .svg or .pdf.")
                 files[str(path)] = (kind, lambda target: save_figure(self.figure(**figure_options), target))
         if html is not None:
-            files[str(html)] = ("html", lambda target: save_text(target, self.html(**figure_options)))
+            page_options = {k: v for k, v in figure_options.items() if k not in PICTURE_ONLY}
+            files[str(html)] = ("html", lambda target: save_text(target, self.html(**page_options)))
         if json is not None:
             files[str(json)] = ("json", lambda target: save_text(target, self.to_json() + "\n"))
         _write(files, storage_options)
@@ -139,28 +165,31 @@ class Computed(_Result):
 
         return build_report(self.outcome, {})
 
-    def table(self, index: tuple[int, ...] | None = None, precision: int = 3, max_rows: int | None = 40,
+    def table(self, index: tuple[int, ...] | None = None, precision: int | None = None, max_rows: int | None = None,
               max_cols: int | None = None) -> Any:
-        """The tables the command prints, of the slice ``index`` of the leading axes (default the first)."""
+        """The tables the command prints, of the slice ``index`` of the leading axes (default the first);
+        ``precision`` (3), ``max_rows`` (40), ``max_cols``."""
         from rich.console import Group
 
         from attnviz.render.summaries import compute_tables
 
+        got = self._tab({"index": index, "precision": precision, "max_rows": max_rows, "max_cols": max_cols})
         lead = self.outcome.prepared.weights_shape[:-2]
-        return Group(*compute_tables(self.outcome, _index(index, lead), precision, max_rows, max_cols))
+        return Group(*compute_tables(self.outcome, _index(got["index"], lead), _or(got["precision"], 3),
+                                     _or(got["max_rows"], 40), got["max_cols"]))
 
     def figure(self, **options: Any) -> Any:
         """The command's heatmap (``--png``) as a matplotlib Figure; options as the command's Figure
         options (``title``, ``cmap``, ``reduce``, ``vmin``, ``vmax``, ``norm``)."""
         from attnviz.render.figures import compute_figure
 
-        return compute_figure(self.outcome, _figure_options(options))
+        return compute_figure(self.outcome, self._fig(options))
 
     def html(self, **options: Any) -> str:
         """The offline HTML report (``--html``) as text."""
         from attnviz.render.html import compute_report
 
-        fig = _figure_options(options)
+        fig = self._fig(options)
         return compute_report(self.outcome, title=fig.title, cmap=fig.cmap, reduce=fig.reduce, vmin=fig.vmin,
                               vmax=fig.vmax, norm=fig.norm)
 
@@ -189,7 +218,13 @@ class Computed(_Result):
                 f"{prep.options.dtype}>")
 
 
-def _index(index: tuple[int, ...] | None, lead: tuple[int, ...]) -> tuple[int, ...]:
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _index(index: tuple[int, ...] | str | None, lead: tuple[int, ...]) -> tuple[int, ...]:
+    if isinstance(index, str):  # the command line's form, "0,2"
+        index = tuple(int(part) for part in index.split(",") if part.strip())
     if index is None:
         return tuple(0 for _ in lead)
     index = tuple(index)
@@ -225,8 +260,16 @@ class Inspected(_Result):
         return {} if rows is None else dict(rows.as_dict())
 
     @property
-    def labels(self) -> tuple[list[str] | None, list[str] | None]:
-        return self.result.opened.q_labels, self.result.opened.k_labels
+    def q_labels(self) -> list[str] | None:
+        return self.result.opened.q_labels
+
+    @property
+    def k_labels(self) -> list[str] | None:
+        return self.result.opened.k_labels
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.result.warnings)
 
     @property
     def passed(self) -> bool:
@@ -237,35 +280,49 @@ class Inspected(_Result):
 
         return inspect_document(self.result, {})
 
-    def table(self, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None,
-              sort: str = "layer", reverse: bool = False, top: int | None = None) -> Any:
+    def table(self, precision: int | None = None, max_rows: int | None = None, max_cols: int | None = None,
+              sort: str | None = None, reverse: bool | None = None, top: int | None = None) -> Any:
+        """The tables the command prints: ``precision`` (3), ``max_rows`` (40), ``max_cols``, and the head
+        statistics' order: ``sort`` (a column: "layer", "entropy", ...), ``reverse``, ``top`` (the first N)."""
         from rich.console import Group
 
         from attnviz.render.summaries import inspect_tables
 
-        return Group(*inspect_tables(self.result, precision, max_rows, max_cols, sort=sort, reverse=reverse,
-                                     top=top))
+        got = self._tab({"precision": precision, "max_rows": max_rows, "max_cols": max_cols, "sort": sort,
+                         "reverse": reverse, "top": top})
+        return Group(*inspect_tables(self.result, _or(got["precision"], 3), _or(got["max_rows"], 40), got["max_cols"],
+                                     sort=_or(got["sort"], "layer"), reverse=bool(got["reverse"]), top=got["top"]))
 
-    def figure(self, kind: str = "grid", **options: Any) -> Any:
-        """The layer x head grid (``kind="grid"``, ``--png``), the shown map (``"map"``, ``--map-png``) or the
-        received attention (``"received"``)."""
+    def figure(self, kind: str = "grid", stat: str = "entropy", **options: Any) -> Any:
+        """The layer x head grid (``kind="grid"``, ``--png``), the shown map (``"map"``, ``--map-png``), a head
+        statistic per layer and head (``"stats"``, ``--stats-png``; ``stat``), the received attention
+        (``"received"``) or the attention over the image (``"overlay"``, ``--overlay-png``)."""
         from attnviz.render import figures
 
         makers = {"grid": figures.inspect_grid_figure, "map": figures.inspect_map_figure,
-                  "received": figures.inspect_received_figure}
+                  "stats": lambda r, f: figures.inspect_stat_figure(r, f, stat),
+                  "received": figures.inspect_received_figure, "overlay": _inspect_overlay}
         if kind not in makers:
             raise UsageError(f"kind={kind!r}: expected one of {', '.join(makers)}.")
-        return makers[kind](self.result, _figure_options(options))
+        return makers[kind](self.result, self._fig(options))
 
     def html(self, **options: Any) -> str:
         from attnviz.render.html import inspect_html
 
-        return inspect_html(self.result, _figure_options(options), 3)
+        return inspect_html(self.result, self._fig(options), _or(self.table_defaults.get("precision"), 3))
 
     def __repr__(self) -> str:
         w = self.result.opened.weights
         checks = "" if not self.result.checks else f", checks {'passed' if self.passed else 'FAILED'}"
         return f"<attnviz inspect: {w.source}, weights {shape_str(w.shape)}{checks}>"
+
+
+def _inspect_overlay(result: Any, fig: Any) -> Any:
+    from attnviz.render.overlay import inspect_overlay_figure
+
+    if result.overlay is None:
+        raise UsageError("kind=\"overlay\": draws attention over an image; give image= (or patch_grid=).")
+    return inspect_overlay_figure(result, fig)
 
 
 @dataclass(repr=False)
@@ -282,6 +339,31 @@ class Compared(_Result):
         return self.result.comparison
 
     @property
+    def weights(self) -> np.ndarray:
+        """The maps the result shows: A - B, ``[layers, batch, heads, Lq, Lk]`` (0 in padded rows)."""
+        return self.result.comparison.diff
+
+    @property
+    def a(self) -> np.ndarray:
+        return self.run.a.data
+
+    @property
+    def b(self) -> np.ndarray:
+        return self.run.b.data
+
+    @property
+    def q_labels(self) -> list[str] | None:
+        return self.run.q_labels
+
+    @property
+    def k_labels(self) -> list[str] | None:
+        return self.run.k_labels
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.result.warnings)
+
+    @property
     def checks(self) -> list[Any]:
         return list(self.result.checks)
 
@@ -294,24 +376,26 @@ class Compared(_Result):
 
         return compare_document(self.run, self.result, {})
 
-    def table(self, precision: int = 3) -> Any:
+    def table(self, precision: int | None = None) -> Any:
+        """The tables the command prints (``precision``: 3)."""
         from rich.console import Group
 
         from attnviz.render.summaries import compare_tables
 
-        return Group(*compare_tables(self.result, precision))
+        return Group(*compare_tables(self.result, _or(self._tab({"precision": precision})["precision"], 3)))
 
-    def figure(self, max_panels: int = 16, **options: Any) -> Any:
+    def figure(self, max_panels: int | None = None, **options: Any) -> Any:
+        """A - B of the maps that differ, largest first (``--png``): at most ``max_panels`` (16; 0: all)."""
         from attnviz.render.figures import compare_figure
 
-        fig = _figure_options(options)
+        fig = self._fig(options)
         fig.check(diverging=True)
-        return compare_figure(self.result, fig, max_panels)
+        return compare_figure(self.result, fig, _or(_or(max_panels, self.table_defaults.get("max_panels")), 16))
 
     def html(self, **options: Any) -> str:
         from attnviz.render.html import compare_html
 
-        return compare_html(self.result, _figure_options(options), 3)
+        return compare_html(self.result, self._fig(options), _or(self.table_defaults.get("precision"), 3))
 
     def __repr__(self) -> str:
         return f"<attnviz compare: {self.run.a.source} vs {self.run.b.source}, max |A - B| " \
@@ -332,27 +416,63 @@ class RolledOut(_Result):
 
     @property
     def map(self) -> np.ndarray:
+        """The shown entry's result ``[L, L]`` (also ``weights``)."""
         return self.run.results[self.run.shown].result
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The maps the result shows: the shown entry's rollout (flow, relevance) ``[L, L]``, as ``map``."""
+        return self.map
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.run.warnings)
+
+    @property
+    def q_labels(self) -> list[str] | None:
+        """The tokens of the entry shown (rows: the outputs)."""
+        return self.run.tokens
+
+    @property
+    def k_labels(self) -> list[str] | None:
+        """The tokens of the entry shown (columns: the inputs)."""
+        return self.run.tokens
+
+    @property
+    def labels(self) -> tuple[list[str] | None, list[str] | None]:
+        return self.q_labels, self.k_labels
 
     def document(self) -> dict[str, Any]:
         from attnviz.render.report import rollout_document
 
         return rollout_document(self.run, {})
 
-    def table(self, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None) -> Any:
+    def table(self, precision: int | None = None, max_rows: int | None = None, max_cols: int | None = None) -> Any:
+        """The table the command prints: ``precision`` (3), ``max_rows`` (40), ``max_cols``."""
         from attnviz.render.summaries import rollout_table
 
-        return rollout_table(self.run, precision, max_rows, max_cols)
+        got = self._tab({"precision": precision, "max_rows": max_rows, "max_cols": max_cols})
+        return rollout_table(self.run, _or(got["precision"], 3), _or(got["max_rows"], 40), got["max_cols"])
 
-    def figure(self, **options: Any) -> Any:
+    def figure(self, kind: str = "map", **options: Any) -> Any:
+        """The rollout (``kind="map"``, ``--png``; every layer's with ``all_layers=True``) or, over an image,
+        the query's row over the patches (``"overlay"``, ``--overlay-png``)."""
         from attnviz.render.figures import rollout_figure
 
-        return rollout_figure(self.run, _figure_options(options))
+        if kind == "overlay":
+            from attnviz.render.overlay import rollout_overlay_figure
+
+            if self.run.image is None:
+                raise UsageError("kind=\"overlay\": draws the rollout over an image; give image= (or patch_grid=).")
+            return rollout_overlay_figure(self.run, self._fig(options))
+        if kind != "map":
+            raise UsageError(f"kind={kind!r}: expected map or overlay.")
+        return rollout_figure(self.run, self._fig(options))
 
     def html(self, **options: Any) -> str:
         from attnviz.render.figures import rollout_html
 
-        return rollout_html(self.run, _figure_options(options))
+        return rollout_html(self.run, self._fig(options))
 
     def __repr__(self) -> str:
         return f"<attnviz {self.run.title}: {self.run.weights.source}, {self.run.how}>"

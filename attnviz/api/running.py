@@ -13,12 +13,13 @@ from typing import Any
 
 from attnviz.api.results import Compared, Computed, Inspected, RolledOut
 from attnviz.api.values import option_values, to_value
+from attnviz.api.wording import python_words
 from attnviz.errors import UsageError
 
 
 def _split(command: str, options: dict[str, Any], classes: Sequence[type]) -> list[Any]:
     """One instance of each option dataclass from flat keyword ``options`` (nested dataclasses
-    included), every value checked; an unknown name is a ``UsageError`` listing the known ones."""
+    included), every value checked; an unknown name is a ``UsageError`` with the nearest known one."""
     from attnviz.fields import build, check_value, flat_fields
 
     known: dict[str, tuple[Any, Any]] = {}
@@ -27,15 +28,118 @@ def _split(command: str, options: dict[str, Any], classes: Sequence[type]) -> li
             known.setdefault(f.name, (f, hint))
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise UsageError(f"{command}: no option {unknown[0]!r}; its options are {', '.join(sorted(known))}.")
+        raise UsageError(unknown_keywords(command, unknown, [*known, *output_keywords(command)]))
     for name, value in options.items():
         check_value(*known[name], value)
     return [build(cls, options) for cls in classes]
 
 
-def _spec(value: Any, name: str, memory: dict[str, Any]) -> str:
-    """A file spec as given, or the in-memory spec of an array, tensor or tuple of them (put in ``memory``);
-    a capture (``attnviz.capture``) or a path is its file."""
+#: the command line's table options each function takes, kept for the result's ``table()`` (and compare's
+#: ``figure()``: max_panels)
+TABLE_KEYWORDS = {"inspect": ("precision", "max_rows", "max_cols", "sort", "reverse", "top"),
+                  "compare": ("precision", "max_panels"), "rollout": ("precision", "max_rows", "max_cols"),
+                  "compute": ("index", "precision", "max_rows", "max_cols")}
+#: the files each function writes as its command does: keyword -> how the result saves it (a picture's
+#: ``figure`` keywords, "html", "json", or the array it saves)
+FILE_KEYWORDS: dict[str, dict[str, Any]] = {
+    "inspect": {"png": {}, "map_png": {"kind": "map"}, "stats_png": {"kind": "stats"},
+                "received_png": {"kind": "received"}, "overlay_png": {"kind": "overlay"}, "html": "html",
+                "json_file": "json", "save_maps": "maps"},
+    "compare": {"png": {}, "html": "html", "json_file": "json"},
+    "rollout": {"png": {}, "overlay_png": {"kind": "overlay"}, "html": "html", "json_file": "json"},
+    "compute": {"png": {}, "html": "html", "json_file": "json", "save_weights": "weights", "save_output": "output"},
+}
+
+
+def output_keywords(command: str) -> list[str]:
+    """The figure, table and file keywords a function takes besides its run's options."""
+    from attnviz.fields import flat_fields
+    from attnviz.render.options import FigureOptions
+
+    key = command if command in TABLE_KEYWORDS else "compute"
+    return [*(f.name for f, _ in flat_fields(FigureOptions)), *TABLE_KEYWORDS[key], *FILE_KEYWORDS[key],
+            *(["stat"] if key == "inspect" else [])]
+
+
+def _outputs(command: str, options: dict[str, Any], classes: Sequence[type]) -> tuple[dict[str, Any], ...]:
+    """The keywords of ``options`` that are the command line's figure, table and file options rather than the
+    run's: (figure keywords, table keywords, files to write, the run's own options). Where a name is both,
+    the run's wins."""
+    from attnviz.api.results import _figure_options
+    from attnviz.fields import flat_fields
+    from attnviz.render.options import FigureOptions
+
+    own = {f.name for cls in classes for f, _ in flat_fields(cls)}
+    figure_names = {f.name for f, _ in flat_fields(FigureOptions)}
+    table_names = set(TABLE_KEYWORDS[command])
+    file_names = set(FILE_KEYWORDS[command]) | ({"stat"} if command == "inspect" else set())
+    figure, table, files, rest = {}, {}, {}, {}
+    for name, value in options.items():
+        if name in own:
+            rest[name] = value
+        elif name in figure_names:
+            figure[name] = value
+        elif name in table_names:
+            table[name] = value
+        elif name in file_names:
+            files[name] = value
+        else:
+            rest[name] = value
+    _figure_options(figure)  # checked before the run
+    return figure, table, files, rest
+
+
+def _finish(result: Any, command: str, figure: dict[str, Any], table: dict[str, Any], files: dict[str, Any]) -> Any:
+    """The result with the figure and table keywords the run was given, and the files asked for written."""
+    from pathlib import Path
+
+    result.figure_defaults, result.table_defaults = dict(figure), dict(table)
+    how = FILE_KEYWORDS[command]
+    for name, path in files.items():
+        if name == "stat" or path is None:
+            continue
+        way = how[name]
+        if isinstance(way, dict):
+            suffix = Path(str(path)).suffix.lower().lstrip(".")
+            picture = {"png": "png", "svg": "svg", "pdf": "pdf"}.get(suffix, "png")
+            extra = {"stat": files["stat"]} if way.get("kind") == "stats" and "stat" in files else {}
+            result.save(**{picture: path}, **way, **extra)
+        elif way in ("html", "json"):
+            result.save(**{way: path})
+        elif way == "maps":
+            from attnviz.io import save_array
+
+            save_array(Path(str(path)), result.weights, suffix=Path(str(path)).suffix)
+        else:  # compute's weights and output arrays
+            result.save(**{way: path})
+    return result
+
+
+def unknown_keywords(command: str, unknown: Sequence[str], known: Sequence[str] | dict[str, Any]) -> str:
+    """One line for keywords ``command`` does not take: a did-you-mean for a misspelt one, and where an output
+    option of the command line goes in the API instead."""
+    import difflib
+
+    from attnviz.api.wording import ELSEWHERE
+
+    parts = []
+    for name in unknown:
+        where = ELSEWHERE.get(name.replace("_", "-"))
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+        if where is not None:
+            parts.append(f"{name}= goes to the result's {where}")
+        elif close:
+            parts.append(f"no keyword {name!r}; did you mean {close[0]}=?")
+        else:
+            parts.append(f"no keyword {name!r}")
+    listed = ", ".join(sorted(known))
+    return f"attnviz.{command}: {'; '.join(parts)} (its keywords: {listed})."
+
+
+def _spec(value: Any, name: str, memory: dict[str, Any], shown: str | None = None) -> str:
+    """A file spec as given, or the in-memory spec of an array, tensor or tuple of them (put in ``memory``
+    under ``shown``, how messages and titles name it; default ``name``); a capture (``attnviz.capture``) or
+    a path is its file."""
     import os
 
     from attnviz.io import memory_spec
@@ -45,24 +149,41 @@ def _spec(value: Any, name: str, memory: dict[str, Any]) -> str:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     _no_weights(value, name)
-    memory[name] = to_value(value, name)
-    return memory_spec(name)
+    if hasattr(value, "keys") and "attentions" in value.keys():  # a model's whole output
+        raise UsageError(f"{name}: a model's output ({type(value).__name__}); hand over its attentions: "
+                         "out.attentions (out.encoder_attentions, out.cross_attentions for an encoder-decoder).")
+    key = shown or name
+    memory[key] = to_value(value, name)
+    return memory_spec(key)
 
 
-NO_WEIGHTS = ("the model returned no attention weights ({what}): models built with SDPA or flash attention "
-              "return none; load the model with attn_implementation=\"eager\" and run it with "
-              "output_attentions=True, or record it with attnviz.capture(model)")
+def described(value: Any, given_as: str = "") -> str:
+    """How messages, titles and documents name weights handed over in memory (``the tuple of 12 arrays
+    given``, ``the array [2, 12, 7, 7] given as a``): what they are, since their variable's name is unknown."""
+    from collections.abc import Mapping
+
+    from attnviz.errors import shape_str
+
+    suffix = f" given as {given_as}" if given_as else " given"
+    if isinstance(value, (tuple, list, Mapping)):
+        items = list(value.values()) if isinstance(value, Mapping) else list(value)
+        inner = {type(v).__name__ for v in items if isinstance(v, (tuple, list, Mapping))}
+        what = f"{inner.pop()}s" if len(inner) == 1 and len(items) > 0 else "arrays"
+        return f"the {type(value).__name__} of {len(value)} {what}{suffix}"
+    shape = getattr(value, "shape", None)
+    what = "tensor" if hasattr(value, "detach") or type(value).__module__.startswith("tensorflow") else "array"
+    return f"the {what} {shape_str(shape)}{suffix}" if shape is not None else f"the value{suffix}"
 
 
 def _no_weights(value: Any, name: str) -> None:
     """What a model built with SDPA returns for ``output_attentions``: an empty tuple, or Nones."""
-    from attnviz.errors import InputError
+    from attnviz.errors import InputError, no_weights
 
     if value is None:
-        raise InputError(f"{name}: " + NO_WEIGHTS.format(what="None"))
+        raise InputError(no_weights(f"{name} is None"))
     if isinstance(value, (tuple, list)) and (not value or all(v is None for v in value)):
-        raise InputError(f"{name}: " + NO_WEIGHTS.format(what="an empty tuple" if not value else
-                                                       f"a tuple of {len(value)} Nones"))
+        raise InputError(no_weights(f"{name} is " + ("an empty tuple" if not value else
+                                                     f"a tuple of {len(value)} Nones")))
 
 
 def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: Any) -> Any:
@@ -95,9 +216,13 @@ def _stores(run: Callable[..., Any]) -> Callable[..., Any]:
     return with_options
 
 
-def _warn(texts: Sequence[str]) -> None:
+def _warn(texts: Sequence[str], classes: Sequence[type] = (), memory: dict[str, str] | None = None) -> None:
+    """Each warning of a run through ``warnings``, in the API's words."""
+    from attnviz.api.wording import for_python, keywords
+
+    known = keywords(classes)
     for text in texts:
-        warnings.warn(text, UserWarning, stacklevel=3)
+        warnings.warn(for_python(text, known, memory), UserWarning, stacklevel=3)
 
 
 @_stores
@@ -133,26 +258,28 @@ def compute(name: str, *arrays: Any, **options: Any) -> Computed:
     if variant.captured_qkv:
         classes.append(CaptureOptions)
     memory: dict[str, Any] = {}
-    options = option_values(options, memory, classes)
-    built = dict(zip((c.__name__ for c in classes), _split(name, options, classes)))
-    specs: list[str | None] = []
-    for input_name in names:
-        value = given.get(input_name)
-        if value is None:
-            specs.append(None)
-            continue
-        specs.append(_spec(value, input_name, memory))
-    while specs and specs[-1] is None:
-        specs.pop()
-    if any(s is None for s in specs):
-        missing = names[specs.index(None)]
-        raise UsageError(f"{name}: {missing} is needed before the inputs given after it.")
-    with in_memory(memory):
-        prepared = prepare(variant, specs, built["RunOptions"], built[variant.params.__name__],
-                           param_options=built.get("ParamOptions"), capture=built.get("CaptureOptions"))
-        outcome = execute(prepared)
-    _warn(outcome.warnings)
-    return Computed(outcome)
+    with python_words(classes):
+        figure, table, files, options = _outputs("compute", options, classes)
+        options = option_values(options, memory, classes)
+        built = dict(zip((c.__name__ for c in classes), _split(name, options, classes)))
+        specs: list[str | None] = []
+        for input_name in names:
+            value = given.get(input_name)
+            if value is None:
+                specs.append(None)
+                continue
+            specs.append(_spec(value, input_name, memory))
+        while specs and specs[-1] is None:
+            specs.pop()
+        if any(s is None for s in specs):
+            missing = names[specs.index(None)]
+            raise UsageError(f"{name}: {missing} is needed before the inputs given after it.")
+        with in_memory(memory):
+            prepared = prepare(variant, specs, built["RunOptions"], built[variant.params.__name__],
+                               param_options=built.get("ParamOptions"), capture=built.get("CaptureOptions"))
+            outcome = execute(prepared)
+        _warn(outcome.warnings, classes)
+        return _finish(Computed(outcome), "compute", figure, table, files)
 
 
 def variant_function(name: str) -> Callable[..., Computed]:
@@ -202,21 +329,24 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     >>> report.head_stats["entropy"].shape
     (12, 12)
     """
+    from dataclasses import replace
+
     from attnviz.inspection import inspecting
     from attnviz.inspection.options import InspectOptions
     from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
-    options = option_values({**options, "labels": labels, "mask": mask}, memory, [InspectOptions])
-    (built,) = _split("inspect", options, [InspectOptions])
-    spec = _spec(weights, "weights", memory)
-    from dataclasses import replace
-
-    with in_memory(memory):
-        opened = inspecting.prepare(replace(built, weights=spec))
-        result = inspecting.analyse(opened)
-    _warn(result.warnings)
-    return Inspected(result)
+    shown = described(weights)
+    with python_words([InspectOptions], {shown: "weights"}):
+        figure, table, files, options = _outputs("inspect", options, [InspectOptions])
+        options = option_values({**options, "labels": labels, "mask": mask}, memory, [InspectOptions])
+        (built,) = _split("inspect", options, [InspectOptions])
+        spec = _spec(weights, "weights", memory, shown)
+        with in_memory(memory):
+            opened = inspecting.prepare(replace(built, weights=spec))
+            result = inspecting.analyse(opened)
+        _warn(result.warnings, [InspectOptions], {shown: "weights"})
+        return _finish(Inspected(result), "inspect", figure, table, files)
 
 
 @_stores
@@ -230,14 +360,17 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
     from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
-    options = option_values(options, memory, [CompareOptions])
-    (built,) = _split("compare", options, [CompareOptions])
-    specs = [_spec(a, "a", memory), _spec(b, "b", memory)]
-    with in_memory(memory):
-        run = comparing.prepare_compare(replace(built, a=specs[0], b=specs[1]))
-        result = comparing.run_compare(run)
-    _warn(result.warnings)
-    return Compared(run, result)
+    names = {described(a, "a"): "a", described(b, "b"): "b"}
+    with python_words([CompareOptions], names):
+        figure, table, files, options = _outputs("compare", options, [CompareOptions])
+        options = option_values(options, memory, [CompareOptions])
+        (built,) = _split("compare", options, [CompareOptions])
+        specs = [_spec(a, "a", memory, described(a, "a")), _spec(b, "b", memory, described(b, "b"))]
+        with in_memory(memory):
+            run = comparing.prepare_compare(replace(built, a=specs[0], b=specs[1]))
+            result = comparing.run_compare(run)
+        _warn(result.warnings, [CompareOptions], names)
+        return _finish(Compared(run, result), "compare", figure, table, files)
 
 
 @_stores
@@ -255,12 +388,16 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     from attnviz.io import in_memory
 
     memory: dict[str, Any] = {}
-    options = option_values({**options, "labels": labels, "mask": mask}, memory, [RolloutOptions])
-    (built,) = _split("rollout", options, [RolloutOptions])
-    spec = _spec(weights, "weights", memory)
-    with in_memory(memory):
-        run = run_rollout(replace(built, weights=spec))
-    return RolledOut(run)
+    shown = described(weights)
+    with python_words([RolloutOptions], {shown: "weights"}):
+        figure, table, files, options = _outputs("rollout", options, [RolloutOptions])
+        options = option_values({**options, "labels": labels, "mask": mask}, memory, [RolloutOptions])
+        (built,) = _split("rollout", options, [RolloutOptions])
+        spec = _spec(weights, "weights", memory, shown)
+        with in_memory(memory):
+            run = run_rollout(replace(built, weights=spec))
+        _warn(run.warnings, [RolloutOptions], {shown: "weights"})
+        return _finish(RolledOut(run), "rollout", figure, table, files)
 
 
 @_stores
@@ -268,6 +405,8 @@ def load(spec: str, layout: str | None = None, generation: bool = False) -> Any:
     """Read attention weights as the command line does (every format, ``FILE:KEY``, key globs stacked as
     layers, ``generation=True`` for generate()'s steps): an ``attnviz.inspection.weights.Weights`` whose
     ``data`` is ``[layers, batch, heads, Lq, Lk]``."""
+    from attnviz.inspection.options import InspectOptions
     from attnviz.inspection.weights import load_weights
 
-    return load_weights(spec, layout, generation=generation)
+    with python_words([InspectOptions]):
+        return load_weights(spec, layout, generation=generation)

@@ -52,13 +52,19 @@ def to_array(value: Any, name: str) -> np.ndarray:
             arr = tensor.view(getattr(torch, small[0])).numpy().view(getattr(ml_dtypes, small[1]))
         else:
             arr = tensor.numpy()
+    elif value is None:
+        from attnviz.errors import no_weights
+
+        raise InputError(no_weights(f"{name} is None"))
     else:
         try:
             arr = np.asarray(value)
         except (TypeError, ValueError) as exc:
             raise InputError(f"{name}: not an array ({exc}).") from None
     if arr.dtype.kind not in "biuf" and arr.dtype.name not in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        raise InputError(f"{name}: an array of numbers is needed; received one of {arr.dtype}.")
+        kind = type(value).__name__
+        what = f"an array of {arr.dtype}" if arr.dtype.kind != "O" else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+        raise InputError(f"{name}: an array of numbers (or a tensor) is needed; received {what}.")
     return arr
 
 
@@ -77,7 +83,7 @@ def _flatten(value: Any, prefix: str, out: dict[str, np.ndarray], name: str) -> 
     elif _is_nested(value):
         items = enumerate(value)
     else:
-        out[prefix] = to_array(value, f"{name}:{prefix}" if prefix else name)
+        out[prefix] = to_array(value, f"{name}[{prefix.replace('.', '][')}]" if prefix else name)
         return
     for key, item in items:
         _flatten(item, f"{prefix}.{key}" if prefix else str(key), out, name)
@@ -95,10 +101,15 @@ def to_value(value: Any, name: str) -> Any:
     return arr
 
 
-def labels_value(value: Any, name: str) -> list[str]:
+def labels_value(value: Any, name: str) -> list[str] | list[list[str]]:
+    """Token labels handed over: one list of strings, or one list per batch entry."""
     if isinstance(value, str) or not hasattr(value, "__iter__"):
-        raise InputError(f"{name}: a list of token strings is needed.")
-    return [str(v) for v in value]
+        raise InputError(f"{name}: a list of token strings (or one list per batch entry) is needed; received "
+                         f"{type(value).__name__}.")
+    items = list(value)
+    if items and all(not isinstance(v, str) and hasattr(v, "__iter__") for v in items):
+        return [[str(t) for t in row] for row in items]
+    return [str(v) for v in items]
 
 
 def option_values(options: dict[str, Any], memory: dict[str, Any], classes: Sequence[type]) -> dict[str, Any]:

@@ -111,6 +111,16 @@ def _load(torch: Any, p: str | Path, source: str) -> Any:
         raise InputError(f"{source}: not a readable torch.save file ({reason(exc)}).") from None
 
 
+def _no_attentions(value: Any) -> bool:
+    """``out.attentions`` of a model that returns no weights: an empty tuple, or Nones (per layer, or per
+    step and layer for generate())."""
+    if value is None:
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_no_attentions(v) for v in value)
+    return False
+
+
 def _flatten(torch: Any, value: Any, source: str) -> dict[str, Any]:
     """Tensors (and lists of strings, as labels) under dotted keys, in the file's order; other leaves
     (numbers, None) are left out. Iterative: deep nesting is an error, never a RecursionError."""
@@ -199,6 +209,12 @@ def open_file(p: str | Path, source: str) -> np.ndarray | TorchFile:
             raise InputError(f"{source}: cannot convert the {value.dtype} tensor to an array ({reason(exc)}).") \
                 from None
     tensors = _flatten(torch, value, source)
+    if not tensors and _no_attentions(value):
+        from attnviz.errors import no_weights
+
+        what = ("an empty tuple" if not value else f"a tuple of {len(value)} Nones" if all(v is None for v in value)
+                else "only Nones")
+        raise InputError(no_weights(f"{source} holds {what}"))
     if not tensors:
         raise InputError(f"{source}: holds no tensors (a {type(value).__name__}); attnviz reads a tensor, or a "
                          "dict or list of tensors.")

@@ -3,7 +3,8 @@ agreement, the most different rows, and the tolerance check."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from attnviz.inspection.checks import CheckResult, all_finite, locate
 from attnviz.inspection.heads import Distributions, row_distributions, row_sum_tolerance
 from attnviz.inspection.masks import read_masks
 from attnviz.inspection.options import CompareOptions
-from attnviz.inspection.selection import GridChoice, grid_choice
+from attnviz.inspection.selection import GridChoice, TokenLabels, grid_choice
 from attnviz.inspection.weights import Weights, load_weights
 from attnviz.masks import Mask
 from attnviz.storage import Place
@@ -112,6 +113,16 @@ class CompareRun:
     index: tuple[int, int, int]
     grid: GridChoice
     paths: list[Place]
+    labels: TokenLabels = field(default_factory=TokenLabels)  # every entry's (``q_labels``: the shown one's)
+    notes: list[str] = field(default_factory=list)  # how the two were brought to one shape
+
+    @property
+    def q_labels(self) -> list[str] | None:
+        return self.labels.of(self.index[1])[0]
+
+    @property
+    def k_labels(self) -> list[str] | None:
+        return self.labels.of(self.index[1])[1]
 
 
 @dataclass
@@ -126,24 +137,83 @@ class CompareResult:
         return any(not c.passed for c in self.checks)
 
 
+def _load_side(options: CompareOptions, side: str, stdin: Any) -> Weights:
+    """A or B, stitched when its --generation (or --generation-a/-b) says so."""
+    spec = options.a if side == "a" else options.b
+    alone = options.generation_a if side == "a" else options.generation_b
+    stitched = options.generation or alone
+    other = "--generation-b" if side == "a" else "--generation-a"
+    try:
+        return load_weights(spec, None if stitched else options.layout, stdin, stitched,
+                            generation_option=f"--generation-{side} (--generation: both)")
+    except InputError as exc:
+        if options.generation and not alone and "--generation reads" in exc.message:
+            exc.message += f" If only {'B' if side == 'a' else 'A'} is generate()'s, give {other} instead."
+            exc.args = (exc.message,)
+        raise
+
+
+def _one_shape(a: Weights, b: Weights) -> tuple[Weights, Weights, list[str]]:
+    """A stitched generation and a forward pass over ``out.sequences``: the forward pass has one position more
+    (the last token, never fed back), left out. Other shapes that differ are an error."""
+    from dataclasses import replace
+
+    if a.shape == b.shape:
+        return a, b, []
+    for stitched, forward in ((a, b), (b, a)):
+        if stitched.generation is None or forward.generation is not None:
+            continue
+        one_more = tuple(n + 1 for n in stitched.shape[-2:])
+        if forward.shape[:-2] == stitched.shape[:-2] and forward.shape[-2:] == one_more:
+            cut = replace(forward, data=forward.data[..., :-1, :-1])
+            note = (f"{forward.source}: its last position (the last generated token, which generate() never fed "
+                    f"back) is left out to match the {stitched.shape[-1]} positions stitched from {stitched.source}")
+            return (cut, stitched, [note]) if forward is a else (stitched, cut, [note])
+    hint = ""
+    if a.generation is None and b.generation is None:
+        hint = " (generate()'s attentions against a forward pass: --generation-a or --generation-b)"
+    raise ShapeError(f"A ({a.source}) is {shape_str(a.shape)} and B ({b.source}) {shape_str(b.shape)} as [layers, "
+                     f"batch, heads, Lq, Lk]; compare needs the same shape{hint}.")
+
+
 def prepare_compare(options: CompareOptions) -> CompareRun:
-    """Read A and B (same shape) and their masks; every usage and data error is raised here."""
+    """Read A and B (same shape), their masks and labels; every usage and data error is raised here."""
+    from attnviz.errors import UsageError
+    from attnviz.inspection.selection import read_labels
     from attnviz.io import StdinReader
 
+    if options.generation and (options.generation_a or options.generation_b):
+        raise UsageError("--generation stitches both files; give it alone, or --generation-a or --generation-b.")
     stdin = StdinReader()
-    a = load_weights(options.a, options.layout, stdin, options.generation)
-    b = load_weights(options.b, options.layout, stdin, options.generation)
-    if a.shape != b.shape:
-        raise ShapeError(f"A ({a.source}) is {shape_str(a.file_shape)} and B ({b.source}) {shape_str(b.file_shape)}; "
-                         "compare needs the same shape.")
+    a, b, notes = _one_shape(_load_side(options, "a", stdin), _load_side(options, "b", stdin))
     paths = [*a.paths, *b.paths]
-    masks, _ = read_masks(options.masks, a, paths, stdin, check=False)
+    stitched = a if a.generation is not None else b
+    masks, _ = read_masks(options.masks, stitched, paths, stdin, check=False)
+    lq, lk = a.shape[-2:]
+    labels = read_labels(options.labels, lq, lk, paths, stitched.generation, a.shape[1])
+    for w in (a, b):
+        if w.capture is not None and labels.q is None and labels.k is None:
+            from attnviz.inspection.weights import capture_labels
+
+            labels = TokenLabels(*capture_labels(w), given=False)
+    index = options.selection.index(a.shape)
+    if options.labels.merge_subwords:
+        from dataclasses import replace
+
+        from attnviz.inspection.selection import entry_labels_to_merge
+        from attnviz.inspection.words import merge_run
+
+        q_labels, k_labels = entry_labels_to_merge(labels, options.selection.batch, index[1])
+        merged_a = merge_run(a, masks, None, q_labels, k_labels, options.labels.subword_style)
+        merged_b = merge_run(b, masks, None, q_labels, k_labels, options.labels.subword_style)
+        a, b, masks = merged_a.weights, replace(b, data=merged_b.weights.data), merged_a.masks
+        labels = TokenLabels(None if merged_a.q_labels is None else [merged_a.q_labels],
+                             None if merged_a.k_labels is None else [merged_a.k_labels], labels.given)
     for w in (a, b):
         if not all_finite(w.data, rows=masks.real_rows):
             raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")
-    index = options.selection.index(a.shape)
     grid = grid_choice(options.grid.layers, options.grid.heads, a.shape, options.grid.reduce_heads)
-    return CompareRun(options, a, b, masks, index, grid, paths)
+    return CompareRun(options, a, b, masks, index, grid, paths, labels, notes)
 
 
 def run_compare(run: CompareRun) -> CompareResult:
@@ -154,7 +224,15 @@ def run_compare(run: CompareRun) -> CompareResult:
     checks = []
     if o.atol is not None or o.rtol is not None:
         checks.append(tolerance_check(a.data, b.data, o.atol or 0.0, o.rtol or 0.0, masks.real_rows))
-    warnings = []
+    from attnviz.inspection.masks import mask_warnings
+
+    # weight on hidden keys in both (an inverted mask hides the weight of both; in one alone it is a difference)
+    warnings = mask_warnings(a, masks, o.masks, "compare")
+    if warnings and not mask_warnings(b, masks, o.masks, "compare"):
+        warnings = []
+    from attnviz.inspection.selection import label_warnings
+
+    warnings += label_warnings(run.labels, masks, a.shape, o.selection.batch, run.index[1])
     for w, found in zip((a, b), result.distributions or ()):
         text = found.warning(f"{'A' if w is a else 'B'} ({w.source})", tags=False)
         if text:

@@ -46,6 +46,12 @@ class Generation:
         return {"steps": self.steps, "layers": self.layers, "prompt_rows": self.prompt, "attention": self.kind}
 
 
+def looks_generated(keys: list[str]) -> bool:
+    """Keys of generate()'s attentions saved whole (STEP.LAYER, several steps): to be read with --generation."""
+    found = [STEP_LAYER.match(k) for k in keys]
+    return bool(keys) and all(found) and len({m["step"] for m in found if m}) > 1
+
+
 def _keys(raw: Container, source: str) -> dict[tuple[int, int], str]:
     found: dict[tuple[int, int], str] = {}
     prefixes = set()
@@ -72,6 +78,10 @@ def load_generation(spec: str, stdin: StdinReader | None = None
     if not isinstance(raw, Container):
         raise InputError(f"{source}: --generation reads a file of arrays under keys STEP.LAYER (torch.save, .npz, "
                          ".safetensors, HDF5); this holds a single array.")
+    if not raw.keys:
+        from attnviz.errors import no_weights
+
+        raise InputError(no_weights(f"{source} holds no arrays"))
     keys = _keys(raw, source)
     if opened.key is not None:
         wanted = set(raw.select(opened.key))

@@ -84,7 +84,7 @@ def default_atol(stored: str) -> float:
 
 #: the sums ``_head_sums`` returns per (layer, head)
 _SUMS = ("rows", "later", "entropy", "distance", "max", "last", "diagonal", "previous", "first", "first_all",
-         "norm_full", "count_full", "norm_causal", "count_causal", "off_rows", "negative")
+         "norm_full", "count_full", "norm_causal", "count_causal", "off_rows", "negative", "held")
 
 
 def work_dtype(dtype: np.dtype[Any]) -> type:
@@ -216,6 +216,9 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
         "count_causal": (live & (n_causal > 1)).sum(axis=(1, 3)).astype(np.float64),
         "off_rows": (live & ~near).sum(axis=(1, 3)).astype(np.float64),
         "negative": negative.sum(axis=(1, 3)).astype(np.float64),
+        # the weight of the rows counted, as the file holds them (masked keys included): what the masks hide
+        # of it is this less the columns' sums (``HeadPass.hidden``)
+        "held": total(row_sum),
     }
     finite = bool(np.isfinite(row_sum if real is None else row_sum[np.broadcast_to(real, row_sum.shape)]).all())
     return _Sums(sums, extremes, above, x.sum(axis=-2, dtype=np.float64 if x.dtype.itemsize > 4 else None), finite)
@@ -290,6 +293,10 @@ class HeadPass:
     #: the real rows' sums are all finite; False when a row holds NaN or infinity (or its sum overflows:
     #: ``checks.all_finite`` tells which)
     finite: bool
+    #: the weight of the rows counted (real rows that may attend somewhere), as the file holds them, and the
+    #: part of it on keys the masks hide: weight a mask drops (``masks.hidden_weight_warning``)
+    held: float = 0.0
+    hidden: float = 0.0
 
 
 def head_pass(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
@@ -363,7 +370,9 @@ def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | N
     stats["tag"] = head_tags(stats)
     if not distributions(stats, tol).ok:
         stats["tag"][...] = ""
-    return HeadPass(stats, columns, finite)
+    held = float(np.sum(sums["held"]))
+    hidden = max(0.0, held - float(columns.sum())) if keep is not None else 0.0
+    return HeadPass(stats, columns, finite, held, hidden)
 
 
 @dataclass

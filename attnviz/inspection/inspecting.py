@@ -29,7 +29,14 @@ from attnviz.inspection.images import ImageInput, Overlay, overlay, read_image_i
 from attnviz.inspection.masks import read_masks
 from attnviz.inspection.options import InspectOptions
 from attnviz.inspection.received import received_summary
-from attnviz.inspection.selection import GridChoice, grid_choice, read_labels
+from attnviz.inspection.selection import (
+    GridChoice,
+    TokenLabels,
+    entry_labels_to_merge,
+    grid_choice,
+    label_warnings,
+    read_labels,
+)
 from attnviz.inspection.tokens import TOKEN_NOTE, TOKEN_STATS, add_token_scores
 from attnviz.inspection.weights import Weights, load_weights
 from attnviz.masks import Mask
@@ -46,7 +53,7 @@ class Opened:
     weights: Weights
     q_labels: list[str] | None
     k_labels: list[str] | None
-    tokens: list[str] | None  # the labels when both axes carry the same: token-aware scores need them
+    tokens: list[list[str]] | None  # each counted entry's labels when both axes carry the same (token scores)
     index: tuple[int, int, int]  # (layer, batch, head) of the shown map
     grid: GridChoice
     masks: Mask  # --mask and --key-padding-mask (and --check-mask), with their padding
@@ -54,6 +61,14 @@ class Opened:
     paths: list[Place]  # every file read: outputs may not replace them
     words: dict[str, Any] | None = None  # --merge-subwords: the words and their pieces (for the JSON document)
     image: ImageInput | None = None  # --image (or --patch-grid, --image-tokens): the patches and the query
+    labels: TokenLabels = field(default_factory=TokenLabels)  # every entry's: ``q_labels`` are the shown one's
+    warnings: list[str] = field(default_factory=list)  # what reading found (a label list that may not fit)
+
+    def labels_of(self, entry: int) -> tuple[list[str] | None, list[str] | None]:
+        """The labels of batch entry ``entry`` (queries, keys)."""
+        if entry == self.index[1]:
+            return self.q_labels, self.k_labels
+        return self.labels.of(entry)
 
     @property
     def overlay_layer(self) -> int:
@@ -108,28 +123,35 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
         w = weigh(w, options.weigh_by)
     lq, lk = w.shape[-2:]
     paths = list(w.paths)
-    q_labels, k_labels = read_labels(options.labels, lq, lk, paths, w.generation)
-    if w.capture is not None and q_labels is None and k_labels is None:  # the tokens the capture recorded
+    labels = read_labels(options.labels, lq, lk, paths, w.generation, w.shape[1])
+    if w.capture is not None and labels.q is None and labels.k is None:  # the tokens the capture recorded
         from attnviz.inspection.weights import capture_labels
 
-        q_labels, k_labels = capture_labels(w, options.selection.batch or 0)
+        labels = TokenLabels(*capture_labels(w), given=False)
     masks, checked = read_masks(options.masks, w, paths)
+    index = options.selection.index(w.shape)
     words = None
     if options.labels.merge_subwords:
         from attnviz.inspection.words import merge_run
 
+        q_labels, k_labels = entry_labels_to_merge(labels, options.selection.batch, index[1])
         merged = merge_run(w, masks, checked, q_labels, k_labels, options.labels.subword_style)
-        w, masks, checked, q_labels, k_labels = (merged.weights, merged.masks, merged.checked, merged.q_labels,
-                                                 merged.k_labels)
+        w, masks, checked = merged.weights, merged.masks, merged.checked
+        labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels],
+                             None if merged.k_labels is None else [merged.k_labels], labels.given)
         words = merged.document()
-    tokens = q_labels if q_labels is not None and q_labels == k_labels else None
+    q_labels, k_labels = labels.of(index[1])
+    entries = [index[1]] if options.selection.batch is not None else list(range(w.shape[1]))
+    tokens = labels.tokens(entries)
     for option, value in token_options:
         if value in TOKEN_STATS and tokens is None:
             raise UsageError(f"{option} {value}: {TOKEN_NOTE}.")
-    index = options.selection.index(w.shape)
     grid = grid_choice(options.grid.layers, options.grid.heads, w.shape, options.grid.reduce_heads)
     image = read_image_input(options.images, w.shape, w.source, q_labels, paths)
-    return Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths, words, image)
+    opened = Opened(options, w, q_labels, k_labels, tokens, index, grid, masks, checked, paths, words, image,
+                    labels=labels)
+    opened.warnings = label_warnings(labels, masks, w.shape, options.selection.batch, index[1])
+    return opened
 
 
 def analyse(opened: Opened, meanwhile: Callable[[], Any] | None = None) -> InspectResult:
@@ -234,13 +256,23 @@ def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
     found = distributions(stats, row_sum_tolerance(w.stored_dtype))
     note = add_token_scores(stats, data, opened.tokens, chosen.real_rows, found.ok)
     if o.received:
-        result.received = received_summary(data, chosen.keep, chosen.real_rows, opened.k_labels,
+        # the keys' labels: the shown entry's, unless the counted entries have labels of their own
+        k_labels = None if opened.labels.per_entry and batch is None else opened.k_labels
+        result.received = received_summary(data, chosen.keep, chosen.real_rows, k_labels,
                                            lq == lk and bool(stats["causal"]), list(range(w.shape[0])),
                                            columns=passed.columns)
     result.stats, result.distributions, result.chosen, result.data_shape = stats, found, chosen, data.shape
     result.notes = [note] if note else []
+    hidden = None
+    if chosen.keep is not None and opened.checked is None:  # (--check-mask says where weight lies itself)
+        from attnviz.inspection.masks import hidden_weight_warning
+
+        hidden = hidden_weight_warning(w.source, o.masks, passed.held, passed.hidden, int(np.sum(stats["rows"])),
+                                       captured=w.capture is not None and o.masks.mask is None
+                                       and o.masks.key_padding_mask is None)
     # value-norm maps are not distributions by design (their rows sum to the norm-weighted mass moved)
-    result.warnings = [text for text in (found.warning(w.source),) if text and w.weighed == "weights"]
+    distributed = found.warning(w.source) if w.weighed == "weights" else None
+    result.warnings = [text for text in (hidden, *opened.warnings, distributed) if text]
     result.padded = chosen.padded_rows(data.shape)
     one = w.data[li, bi, hi]
     one_keep = None if keep is None else np.broadcast_to(keep, w.shape)[li, bi, hi]

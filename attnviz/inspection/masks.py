@@ -127,3 +127,66 @@ def grid_masks(masks: Mask | None, shape: tuple[int, ...],
     if masks is not None and masks.real_rows is not None:
         real = np.broadcast_to(masks.real_rows, shape[:-1])[:, bi]
     return keep, real
+
+
+#: the share of the weight of the rows a mask keeps that may lie on the keys it hides before a run says so:
+#: a model that applied the mask puts exactly 0 there (exp(-inf), or of the dtype's minimum, underflows)
+HIDDEN_SHARE = 1e-3
+
+
+def hidden_weight_warning(source: str, options: MaskOptions, held: float, hidden: float, rows: int,
+                          captured: bool = False, command: str = "inspect") -> str | None:
+    """One line when the masks drop weight the model put somewhere: ``hidden`` of the ``held`` weight of the
+    ``rows`` rows they keep lies on keys they hide (an inverted mask: the weights of the real tokens are
+    dropped, those of the padding shown); or they keep no row at all. None when they hide only zeros.
+    ``command``: the run that says it (another than inspect points to inspect's --check-mask)."""
+    if captured:
+        cause = "the capture's masks do not fit its weights?"
+    elif options.mask_kind == "additive":
+        cause = "an additive mask of the wrong sign, or one made for other inputs?"
+    elif options.mask_convention == "block":
+        cause = ("the wrong convention? --mask-convention block reads 1 as masked, but a Hugging Face "
+                 "attention_mask is keep (1 = real token)")
+    else:
+        cause = "an inverted mask (1 - attention_mask, or a 1 = masked mask without --mask-convention block)?"
+    check = ("--check-mask" if command == "inspect" else "inspect's --check-mask") + \
+        " with that mask lists where the weight lies"
+    if rows == 0:
+        return (f"{source}: the masks leave out every query row (each is padding or fully masked), so nothing is "
+                f"counted; {cause} {check}.")
+    if not np.isfinite(held) or held <= 0 or hidden < HIDDEN_SHARE * held:
+        return None
+    return (f"{source}: {hidden / held:.1%} of the attention weight of the query rows the masks keep lies on keys "
+            f"they hide and is left out; {cause} {check}.")
+
+
+def hidden_weight(data: np.ndarray, masks: Mask) -> tuple[float, float, int]:
+    """The weight of the query rows ``masks`` keep (real rows that may attend somewhere) of ``data [L, B, H,
+    Lq, Lk]``, the part of it on keys the masks hide, and the number of those rows; a layer at a time (the
+    head pass of inspect sums the same as it goes: ``heads.HeadPass``)."""
+    if masks.keep is None:
+        return 0.0, 0.0, 0
+    held = hidden = 0.0
+    rows = 0
+    for li in range(data.shape[0]):
+        one = np.asarray(data[li], dtype=np.float64)
+        keep = np.broadcast_to(masks.keep, data.shape)[li]
+        live = keep.any(axis=-1)
+        if masks.real_rows is not None:
+            live = live & np.broadcast_to(masks.real_rows, data.shape[:-1])[li]
+        with np.errstate(all="ignore"):
+            held += float(np.where(live, one.sum(axis=-1), 0.0).sum())
+            hidden += float(np.where(live[..., None] & ~keep, one, 0.0).sum())
+        rows += int(live.sum())
+    return held, hidden, rows
+
+
+def mask_warnings(w: Weights, masks: Mask, options: MaskOptions, command: str) -> list[str]:
+    """``hidden_weight_warning`` for weights held whole (compare, rollout): [] or one line."""
+    if masks.keep is None:
+        return []
+    held, hidden, rows = hidden_weight(w.data, masks)
+    text = hidden_weight_warning(w.source, options, held, hidden, rows,
+                                 captured=w.capture is not None and options.mask is None
+                                 and options.key_padding_mask is None, command=command)
+    return [text] if text else []

@@ -29,6 +29,8 @@ MERGE_HELP = ("merge sub-word tokens into words (WordPiece ##, SentencePiece ▁
 STYLE_HELP = "the sub-word convention of --merge-subwords (auto: read from the labels)"
 GENERATION_HELP = ("the file holds generate()'s attentions, keys STEP.LAYER (torch.save of out.attentions): "
                    "stitched into one map per layer over the prompt and the generated tokens")
+PER_ENTRY_HELP = ("a padded batch of different sentences: one list per batch entry (a JSON list of lists, or a text "
+                  "file with a blank line between the entries)")
 BATCH_HELP = "the batch entry shown; head statistics average over all entries unless this is given"
 
 
@@ -37,9 +39,9 @@ class LabelOptions:
     """Token labels: ``--labels`` (both axes, self-attention) or ``--q-labels``/``--k-labels``."""
 
     labels: str | None = option(None, "labels for both axes (self-attention): a text file (one a line), JSON list, "
-                                "or a,b,c", panel=LABELS, metavar="TOKENS")
-    q_labels: str | None = option(None, "labels of the queries (rows)", panel=LABELS, metavar="TOKENS")
-    k_labels: str | None = option(None, "labels of the keys (columns)", panel=LABELS, metavar="TOKENS")
+                                "or a,b,c; " + PER_ENTRY_HELP, panel=LABELS, metavar="TOKENS")
+    q_labels: str | None = option(None, "labels of the queries (rows), as --labels", panel=LABELS, metavar="TOKENS")
+    k_labels: str | None = option(None, "labels of the keys (columns), as --labels", panel=LABELS, metavar="TOKENS")
     merge_subwords: bool = option(False, MERGE_HELP, panel=LABELS)
     subword_style: Literal[SUBWORD_STYLES] = option("auto", STYLE_HELP, panel=LABELS)  # type: ignore[valid-type]
 
@@ -170,6 +172,10 @@ class CompareOptions:
     b: str = option("", cli=False)
     layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
     generation: bool = option(False, GENERATION_HELP + " (both files)", panel=SELECT)
+    generation_a: bool = option(False, "A alone holds generate()'s attentions (as --generation); B may be a forward "
+                                "pass over out.sequences, whose last token, never fed back, is left out", panel=SELECT)
+    generation_b: bool = option(False, "B alone holds generate()'s attentions (as --generation-a)", panel=SELECT)
+    labels: LabelOptions = field(default_factory=LabelOptions)
     atol: float | None = option(None, "fail (exit 3) where |A - B| > atol + rtol |B|", panel=CHECKS, min=0)
     rtol: float | None = option(None, "relative tolerance of the check (default 0)", panel=CHECKS, min=0)
     worst: int = option(5, "list this many of the most different rows", panel=OUTPUT, min=1)
@@ -185,8 +191,8 @@ class RolloutOptions:
     weights: str = option("", cli=False)
     layout: str | None = option(None, LAYOUT_HELP, panel=SELECT, metavar="AXES")
     generation: bool = option(False, GENERATION_HELP, panel=SELECT)
-    labels: str | None = option(None, "the tokens (both axes): a text file (one a line), JSON list or a,b,c",
-                                panel=LABELS, metavar="TOKENS")
+    labels: str | None = option(None, "the tokens (both axes): a text file (one a line), JSON list or a,b,c; "
+                                + PER_ENTRY_HELP, panel=LABELS, metavar="TOKENS")
     merge_subwords: bool = option(False, MERGE_HELP, panel=LABELS)
     subword_style: Literal[SUBWORD_STYLES] = option("auto", STYLE_HELP, panel=LABELS)  # type: ignore[valid-type]
     batch: int | None = option(None, BATCH_HELP, panel=SELECT)

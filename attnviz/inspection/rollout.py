@@ -24,7 +24,7 @@ reads the files and runs the method chosen, and the renderers draw and table any
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,9 +88,10 @@ class Method:
 #: every method of ``attnviz rollout``: the one place a method is added (``choices.ROLLOUT_METHODS``
 #: names them for the options, which load no NumPy; a test keeps the two the same)
 METHODS: dict[str, Method] = {
-    "rollout": Method(rollout, "attention rollout", "rollout"),
-    "flow": Method(attention_flow, "attention flow", "flow"),
-    "grad": Method(gradient_entry, "gradient rollout", "relevance", options=("heads",), gradients=True),
+    "rollout": Method(rollout, "attention rollout", "rollout: share of each input token"),
+    "flow": Method(attention_flow, "attention flow", "flow: share of each input token"),
+    "grad": Method(gradient_entry, "gradient rollout", "relevance of each input token", options=("heads",),
+                   gradients=True),
 }
 
 
@@ -113,6 +114,12 @@ class RolloutRun:
     image: Any = None  # attnviz.inspection.images.ImageInput, with --image (or --patch-grid, --image-tokens)
     mask: np.ndarray | None = None  # the shown entry's query row over the patches [gh, gw], divided by its max
     grads: Weights | None = None  # --method grad: the gradients, [layers, batch, heads, L, L] as the weights
+    warnings: list[str] = field(default_factory=list)  # for stderr (the API: ``warnings``)
+    labels: Any = None  # attnviz.inspection.selection.TokenLabels: every entry's tokens (``tokens``: the shown one's)
+
+    def tokens_of(self, entry: int) -> list[str] | None:
+        """The tokens of batch entry ``entry``."""
+        return self.tokens if self.labels is None or entry == self.shown else self.labels.of(entry)[0]
 
     @property
     def method(self) -> Method:
@@ -169,22 +176,27 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
     grads = read_gradients(options, w) if method.gradients else None
     if grads is not None:
         paths += [p for p in grads.paths if p not in paths]
-    tokens, _ = read_labels(LabelOptions(labels=options.labels), lq, lk, paths, w.generation)
-    if w.capture is not None and tokens is None:  # the tokens the capture recorded
+    labels = read_labels(LabelOptions(labels=options.labels), lq, lk, paths, w.generation, batches)
+    if w.capture is not None and labels.q is None:  # the tokens the capture recorded
+        from attnviz.inspection.selection import TokenLabels
         from attnviz.inspection.weights import capture_labels
 
-        tokens = capture_labels(w, getattr(options, "batch", None) or 0)[0]
+        labels = TokenLabels(*capture_labels(w), given=False)
     masks, _ = read_masks(options.masks, w, paths, check=False)
+    _, bi, _ = Selection(batch=options.batch).index(w.shape)
     words = None
     if options.merge_subwords:
+        from attnviz.inspection.selection import TokenLabels, entry_labels_to_merge
         from attnviz.inspection.words import merge_run
 
+        tokens = entry_labels_to_merge(labels, options.batch, bi)[0]
         merged = merge_run(w, masks, None, tokens, tokens, options.subword_style)
-        w, masks, tokens, words = merged.weights, merged.masks, merged.q_labels, merged.document()
+        w, masks, words = merged.weights, merged.masks, merged.document()
+        labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels], None, labels.given)
         layers, batches, _, lq, lk = w.shape
-    _, bi, _ = Selection(batch=options.batch).index(w.shape)
     from attnviz.inspection.images import read_image_input
 
+    tokens = labels.of(bi)[0]
     image = read_image_input(options.images, w.shape, w.source, tokens, paths)
     for read in (w, grads):
         if read is not None and not all_finite(read.data, rows=masks.real_rows):
@@ -204,7 +216,13 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         except ValueError as exc:  # what the data cannot give (flow: a negative weight)
             raise InputError(f"{w.source}: batch entry {b}: {exc}.") from None
     padded = None if real_tokens is None else ~real_tokens[0, bi, 0]
-    run = RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words, image, grads=grads)
+    from attnviz.inspection.masks import mask_warnings
+    from attnviz.inspection.selection import label_warnings
+
+    warnings = mask_warnings(w, masks, options.masks, "rollout") + label_warnings(labels, masks, w.shape,
+                                                                                  options.batch, bi)
+    run = RolloutRun(options, w, tokens, masks, bi, entries, results, padded, paths, words, image, grads=grads,
+                     warnings=warnings, labels=labels)
     if image is not None:
         run.mask = image_mask(results[bi].result, image.query, image.layout)
     return run

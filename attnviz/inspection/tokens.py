@@ -60,23 +60,36 @@ def earlier_occurrences(ids: np.ndarray, limit: int = CHUNK) -> Iterator[tuple[n
         yield np.concatenate(rows), np.concatenate(cols)
 
 
-def token_scores(w: np.ndarray, tokens: Sequence[str], real_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per (layer, head) of ``w [L, B, H, Lq, Lk]`` (``Lq == Lk == len(tokens)``): the ``induction``
-    and ``duplicate`` scores (module docstring), averaged over the real query rows whose token
-    occurred before and over batch entries; ``repeated`` is how many such rows there are per batch
-    entry (``[B]``). NaN where no query qualifies. ``real_rows`` broadcasts to ``[L, B, H, Lq]``.
-    Only the weights of the patterns' pairs are read."""
+def _entry_tokens(tokens: Sequence[str] | Sequence[Sequence[str]], batches: int) -> list[Sequence[str]]:
+    """One token list per batch entry, from one list for all or a list per entry."""
+    if tokens and not isinstance(tokens[0], str):
+        rows = list(tokens)
+        return rows if len(rows) == batches else [rows[0]] * batches  # type: ignore[list-item]
+    return [tokens] * batches  # type: ignore[list-item]
+
+
+def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
+                 real_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per (layer, head) of ``w [L, B, H, Lq, Lk]`` (``Lq == Lk == len(tokens)``; ``tokens`` one list, or
+    one per batch entry): the ``induction`` and ``duplicate`` scores (module docstring), averaged over
+    the real query rows whose token occurred before and over batch entries; ``repeated`` is how many
+    such rows there are per batch entry (``[B]``). NaN where no query qualifies. ``real_rows``
+    broadcasts to ``[L, B, H, Lq]``. Only the weights of the patterns' pairs are read."""
     layers, batches, heads, lq, lk = w.shape
-    ids = token_ids(tokens)
-    qualifies = np.zeros(lq, bool)  # [Lq]: the token occurred before
-    for pi, _ in earlier_occurrences(ids):
-        qualifies[pi] = True
+    entry_ids = [token_ids(t) for t in _entry_tokens(tokens, batches)]
+    entry_qualifies = []
+    for ids in entry_ids:
+        qualifies = np.zeros(lq, bool)  # [Lq]: the token occurred before
+        for pi, _ in earlier_occurrences(ids):
+            qualifies[pi] = True
+        entry_qualifies.append(qualifies)
     rows = None if real_rows is None else np.broadcast_to(real_rows, w.shape[:-1])
     sums = {name: np.zeros((layers, heads)) for name in ("induction", "duplicate")}
     counts = np.zeros((layers, heads))
     repeated = np.zeros(batches, dtype=np.int64)
     for li in range(layers):
         for bi in range(batches):
+            ids, qualifies = entry_ids[bi], entry_qualifies[bi]
             block = w[li, bi]  # [H, Lq, Lk], perhaps memory-mapped
             live = np.broadcast_to(qualifies, (heads, lq)) if rows is None else rows[li, bi] & qualifies
             if li == 0:
@@ -125,7 +138,8 @@ TOKEN_STATS = ("induction", "duplicate")
 TOKEN_NOTE = "induction and duplicate-token scores need the tokens: --labels (self-attention, Lq = Lk)"
 
 
-def add_token_scores(stats: dict[str, Any], data: np.ndarray, tokens: Sequence[str] | None, real_rows: Any,
+def add_token_scores(stats: dict[str, Any], data: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]] | None,
+                     real_rows: Any,
                      tags: bool) -> str | None:
     """Put the ``induction`` and ``duplicate`` scores of ``data [L, B, H, L, L]`` into the head
     statistics and their tags into ``stats["tag"]`` (with ``tags``: the rows are distributions);

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
-from attnviz.formats import is_glob, listing
+from attnviz.formats import Container, is_glob, listing
 from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
 from attnviz.storage import Place
@@ -49,19 +49,23 @@ class Weights:
     kind: str | None = None  # which of its kinds of attention (layers; encoder, decoder, cross)
     container: Any = None  # the capture file, opened
     weighed: str = "weights"  # --weigh-by: value-norms when the maps are alpha * ||v W_O|| (inspection.norms)
+    pieces_shape: tuple[int, ...] | None = None  # --merge-subwords: the shape over sub-word pieces, before merging
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
 
     def read_as(self, axes: str = "[layers, batch, heads, Lq, Lk]") -> str:
-        """How the file was read, for the information line: ``FILE [shape] read as AXES = [shape]``."""
+        """How the file was read, for the information line: ``FILE [shape] read as AXES = [shape]`` (stitched,
+        and merged into words, in that order)."""
+        read = self.shape if self.pieces_shape is None else self.pieces_shape
+        merged = "" if self.pieces_shape is None else f", then merged into words: {shape_str(self.shape)}"
         if self.generation is not None:
             g = self.generation
             return (f"{self.source}: a generation of {g.steps} steps x {g.layers} layers ({g.kind}-attention, "
-                    f"{g.prompt} prompt rows) stitched into {axes} = {shape_str(self.shape)}")
+                    f"{g.prompt} prompt rows) stitched into {axes} = {shape_str(read)}{merged}")
         weighed = ", weighed by value norms (alpha * ||v W_O||)" if self.weighed == "value-norms" else ""
-        return f"{self.source} {shape_str(self.file_shape)} read as {axes} = {shape_str(self.shape)}{weighed}"
+        return f"{self.source} {shape_str(self.file_shape)} read as {axes} = {shape_str(read)}{merged}{weighed}"
 
 
 def parse_layout(text: str | None, rank: int, source: str) -> tuple[str, ...]:
@@ -89,11 +93,11 @@ def to_standard(arr: np.ndarray, layout: tuple[str, ...]) -> np.ndarray:
 
 
 def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None = None,
-                 generation: bool = False) -> Weights:
+                 generation: bool = False, generation_option: str = "--generation") -> Weights:
     """Read attention weights from a file (any rank), a file of one array per layer (.npz, .safetensors,
     HDF5, torch.save; named keys in natural order), or the matches of a key glob (``FILE:blocks.*.attn``),
     stacked as layers; with ``generation``, a generation dump stitched into one map per layer
-    (``attnviz.inspection.generation``)."""
+    (``attnviz.inspection.generation``). ``generation_option``: the option messages name for that."""
     if generation:
         from attnviz.inspection.generation import check_layout, load_generation
 
@@ -101,6 +105,10 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
         data, source, held, keys, path = load_generation(spec, stdin)
         return Weights(data, source, AXES, tuple(data.shape), [path] if path else [], keys, "float32", held)
     opened = open_spec(spec, stdin)
+    if isinstance(opened.raw, Container) and not opened.raw.keys:  # numpy.savez(f, *()) of an SDPA model's
+        from attnviz.errors import no_weights
+
+        raise InputError(no_weights(f"{opened.source} holds no arrays"))
     captured = _captured(opened, layout)
     if captured is not None:
         return captured
@@ -112,7 +120,13 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
         arrays = [opened.raw.get(k) for k in keys]
         shapes = {tuple(a.shape) for a in arrays}
         if len(shapes) != 1:
+            from attnviz.inspection.generation import looks_generated
+
             listed = listing([f"{k} {shape_str(a.shape)}" for k, a in zip(keys, arrays)])
+            if looks_generated(keys):
+                raise ShapeError(f"{source}: generate()'s attentions, keys STEP.LAYER whose maps grow a step at a "
+                                 f"time ({listed}); read them with {generation_option}, which stitches them into "
+                                 "one map per layer.")
             raise ShapeError(f"{source}: the layers have different shapes ({listed}); inspect one with "
                              f"{opened.source}:KEY.")
         for k, a in zip(keys, arrays):
@@ -194,16 +208,20 @@ def capture_mask(w: Weights) -> np.ndarray | None:
     return keep.reshape(keep.shape[0], keep.shape[1], 1, *keep.shape[-2:])
 
 
-def capture_labels(w: Weights, row: int) -> tuple[list[str] | None, list[str] | None]:
-    """The tokens of a capture's batch entry ``row`` for the queries and the keys (None where the file
-    has none, or they do not fit the maps)."""
+def capture_labels(w: Weights) -> tuple[list[list[str]] | None, list[list[str]] | None]:
+    """The tokens of a capture for the queries and the keys, one list per batch entry (None where the
+    file has none, or they do not fit the maps)."""
     if w.capture is None or w.kind is None:
         return None, None
     lq, lk = w.shape[-2:]
-    q_rows, k_rows = w.capture.tokens(w.kind), w.capture.key_tokens(w.kind)
-    q = q_rows[row] if q_rows and row < len(q_rows) and len(q_rows[row]) == lq else None
-    k = k_rows[row] if k_rows and row < len(k_rows) and len(k_rows[row]) == lk else None
-    return q, k
+    batches = w.shape[1]
+
+    def fitting(rows: list[list[str]] | None, n: int) -> list[list[str]] | None:
+        if not rows or len(rows) not in (1, batches) or any(len(r) != n for r in rows):
+            return None
+        return [list(r) for r in rows]
+
+    return fitting(w.capture.tokens(w.kind), lq), fitting(w.capture.key_tokens(w.kind), lk)
 
 
 def standard_mask(w: Weights, keep: np.ndarray, source: str) -> np.ndarray:

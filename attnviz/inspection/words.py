@@ -41,7 +41,7 @@ def merge_run(w: Weights, masks: Mask, checked: Mask | None, q_labels: list[str]
     q = words(q_labels, style) if q_labels is not None else None
     k = q if k_labels is not None and k_labels == q_labels else words(k_labels, style) if k_labels is not None \
         else None
-    merged = replace(w, data=merge(w.data, q, k))
+    merged = replace(w, data=merge(w.data, q, k), pieces_shape=w.pieces_shape or w.shape)
     shape = merged.shape
     return Merged(merged, _mask(masks, q, k, shape), None if checked is None else _mask(checked, q, k, shape),
                   q.labels if q else None, k.labels if k else None, q, k)

@@ -32,6 +32,8 @@ PANEL_MAX = 160  # ... each panel at most this many a side (small maps: cells of
 PANEL_MIN = 12  # ... and at least this many (the picture grows beyond MOSAIC_SIDE instead)
 CAPTION_FONT = 7  # points: the line of text under each panel (its layer and head, or its own maximum)
 TICK_FONT, AXIS_FONT, TITLE_FONT = 9, 10, 12  # points
+TOKEN_FONT = 7  # points: the token labels along the grid's outer panels, drawn when a cell holds a line of them
+TOKEN_WIDTH = 12  # characters of a token label there (longer ones shortened with …)
 PAD = 12  # pixels around the figure's content
 BAR_GAP, BAR_W = 16, 18  # pixels: between the picture and the colour bar, and the colour bar's width
 
@@ -96,12 +98,14 @@ def _thin(n: int, pitch: int, needed: float) -> int:
 def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappable: Any, colorbar_label: str,
                   row_labels: Sequence[str], col_labels: Sequence[str], row_name: str, col_name: str, *,
                   picture_map: Any = None, extend: str = "neither", captions: Sequence[Sequence[str]] = (),
-                  per_panel: tuple[ColourScale, bool] | None = None) -> Any:
+                  per_panel: tuple[ColourScale, bool] | None = None,
+                  tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)) -> Any:
     """The figure around a mosaic picture: one axes exactly the picture's size in pixels (at ``DPI``),
     row labels on the left, column labels on top, a colour bar on the right (``mappable``; the picture
     is drawn with ``picture_map``, whose "over" colour is the separators'), the heading above,
     wrapped to the figure's width, and each panel's caption under it; margins measured from the text,
-    so nothing is clipped."""
+    so nothing is clipped. ``tokens``: the maps' query and key labels, written along the first column's
+    panels and under the last row's where each cell holds a line of them (``token_labels``)."""
     from matplotlib.figure import Figure
 
     quiet_matplotlib()
@@ -111,7 +115,8 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
     agg_canvas(fig)
     ax = _picture_axes(fig, picture, picture_map or mappable.cmap, mappable.norm)
     renderer = fig.canvas.get_renderer()
-    labels = _label_picture(ax, layout, row_labels, col_labels, row_name, col_name, renderer)
+    beside = token_labels(ax, layout, tokens[0], tokens[1], renderer)
+    labels = _label_picture(ax, layout, row_labels, col_labels, row_name, col_name, renderer, beside)
     cax = _mosaic_colour_bar(fig, mappable, colorbar_label, extend, per_panel)
     labels.captions = _write_captions(ax, layout, captions, renderer)
     _place(ax, cax, (spare, spare), picture.shape, (width + 2 * spare, height + 2 * spare))
@@ -190,8 +195,41 @@ class MosaicLabels:
     captions: list[Any] = field(default_factory=list)  # the panels' captions, row-major (empty ones left out)
 
 
+def token_labels(ax: Any, layout: MosaicLayout, q_labels: Sequence[str] | None, k_labels: Sequence[str] | None,
+                 renderer: Any) -> float:
+    """The query labels left of the first column's panels (every row of panels) and the key labels under the
+    last row's (written downwards), as ``--map-png`` writes them, where the maps are drawn a cell a position
+    and a cell holds a line of ``TOKEN_FONT``; the pixels the query labels take on the left (0: none)."""
+    from matplotlib.transforms import blended_transform_factory, offset_copy
+
+    if layout.blocks != (1, 1):
+        return 0.0
+    line = TOKEN_FONT * DPI / 72
+    sq, sk = layout.scale
+    ph, pw = layout.panel
+    fig = ax.figure
+    pad = 3 * DPI / 72
+    widest = 0.0
+    if q_labels is not None and sq >= 1.05 * line:
+        left = offset_copy(blended_transform_factory(ax.transAxes, ax.transData), fig=fig, x=-pad, units="dots")
+        for r in range(layout.rows):
+            y0 = layout.origin(r, 0)[0]
+            for i, text in enumerate(q_labels[:layout.cells[0]]):
+                drawn = ax.text(0, y0 + i * sq + (sq - 1) / 2, inert.label(str(text), TOKEN_WIDTH), transform=left,
+                                ha="right", va="center_baseline", fontsize=TOKEN_FONT, **PLAIN)
+                widest = max(widest, drawn.get_window_extent(renderer).width)
+    if k_labels is not None and sk >= 1.05 * line:
+        below = offset_copy(blended_transform_factory(ax.transData, ax.transAxes), fig=fig, y=-pad, units="dots")
+        for c in range(layout.cols):
+            x0 = layout.origin(layout.rows - 1, c)[1]
+            for j, text in enumerate(k_labels[:layout.cells[1]]):
+                ax.text(x0 + j * sk + (sk - 1) / 2, 0, inert.label(str(text), TOKEN_WIDTH), transform=below,
+                        rotation=90, ha="center", va="top", fontsize=TOKEN_FONT, **PLAIN)
+    return widest + pad if widest else 0.0
+
+
 def _label_picture(ax: Any, layout: MosaicLayout, row_labels: Sequence[str], col_labels: Sequence[str],
-                   row_name: str, col_name: str, renderer: Any) -> MosaicLabels:
+                   row_name: str, col_name: str, renderer: Any, beside: float = 0.0) -> MosaicLabels:
     """The rows of panels labelled on the left and the columns on top, every one or every ``step``-th
     so that labels never touch (the axis name then says which), and the axes named. Plain texts placed
     in pixels from the picture's edges, as tick labels and axis labels would be (3 points out, the
@@ -209,7 +247,8 @@ def _label_picture(ax: Any, layout: MosaicLayout, row_labels: Sequence[str], col
     ax.set_axis_off()
     fig = ax.figure
     pad, name_pad = 3 * DPI / 72, 4 * DPI / 72  # pixels: matplotlib's tick label and axis label pads
-    left = offset_copy(blended_transform_factory(ax.transAxes, ax.transData), fig=fig, x=-pad, units="dots")
+    left = offset_copy(blended_transform_factory(ax.transAxes, ax.transData), fig=fig, x=-(pad + beside),
+                       units="dots")  # beyond the token labels, when there are
     top = offset_copy(blended_transform_factory(ax.transData, ax.transAxes), fig=fig, y=pad, units="dots")
     rows = [ax.text(0, layout.origin(r, 0)[0] + (ph - 1) / 2, row_text[r], transform=left, ha="right",
                     va="center_baseline", fontsize=TICK_FONT, **PLAIN)
@@ -222,7 +261,7 @@ def _label_picture(ax: Any, layout: MosaicLayout, row_labels: Sequence[str], col
     col_title = inert.label(col_name, PANEL_TITLE_WIDTH) + (thinned % col_step if col_step > 1 else "")
     row_named = col_named = None
     if row_title:
-        out = pad + max((t.get_window_extent(renderer).width for t in rows), default=0.0) + name_pad
+        out = pad + beside + max((t.get_window_extent(renderer).width for t in rows), default=0.0) + name_pad
         row_named = ax.text(0, 0.5, row_title, transform=offset_copy(ax.transAxes, fig=fig, x=-out, units="dots"),
                             rotation=90, rotation_mode="anchor", ha="center", va="bottom", fontsize=AXIS_FONT,
                             **PLAIN)

@@ -94,7 +94,8 @@ def opened_grid_figure(opened: Opened, fig: FigureOptions) -> Any:
     if grid.reduce_heads or len(grid.layers) * len(grid.heads) > 1:
         return model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=fig.cmap, reduce=fig.reduce,
                                  keep=keep, real_rows=real, layers=grid.layers, heads=grid.heads,
-                                 reduce_heads=grid.reduce_heads, scale=fig.scale())
+                                 reduce_heads=grid.reduce_heads, scale=fig.scale(),
+                                 tokens=(opened.q_labels, opened.k_labels))
     data, drawn_keep = grid_getter(w.data[:, bi], keep, real)(grid.layers[0], grid.heads[0])
     where = f", layer {grid.layers[0]}, batch {bi}, head {grid.heads[0]}" if w.shape[0] * w.shape[2] > 1 else ""
     return heatmap_figure(data, title=name + where, q_labels=opened.q_labels, k_labels=opened.k_labels,
@@ -160,16 +161,26 @@ def compare_figure(result: CompareResult, fig: FigureOptions, max_panels: int) -
     layers, heads, reduce_heads = run.grid.layers, run.grid.heads, run.grid.reduce_heads
     panels: list[tuple[int, int | None]] = (
         [(layer, None) for layer in layers] if reduce_heads else [(layer, h) for layer in layers for h in heads])
-    if len(panels) == 1 and not reduce_heads:
-        layer, head = layers[0], heads[0]
-        data, one = grid_getter(diff, keep, real)(layer, head)
-        where = f", layer {layer}, head {head}" if diff.shape[0] * diff.shape[1] > 1 else ""
-        return heatmap_figure(data, title=name + where, keep=one, diverging=True, cmap=fig.cmap, reduce=fig.reduce,
-                              colorbar_label="A - B", scale=scale)
     ranked = rank_panels(diff, panels, keep=keep, real_rows=real, heads=heads, reduce_heads=reduce_heads)
-    return ranked_grid_figure(diff, ranked[:max_panels or None], title=name, total=len(panels), cmap=fig.cmap,
+    # maps that do not differ (max |A - B| within --atol, or 0) are not drawn: the grid holds those that do
+    atol = run.options.atol or 0.0
+    differing = [item for item in ranked if item[1] > atol]
+    if len(differing) == 1 and not reduce_heads or len(panels) == 1 and not reduce_heads:
+        (layer, head), _ = (differing or ranked)[0]
+        data, one = grid_getter(diff, keep, real)(layer, int(head or 0))
+        where = f", layer {layer}, head {head}" if diff.shape[0] * diff.shape[1] > 1 else ""
+        alone = (f" (the only one of {len(panels)} maps that differs)" if len(panels) > 1 and differing else "")
+        return heatmap_figure(data, title=name + where + alone, keep=one, diverging=True, cmap=fig.cmap,
+                              reduce=fig.reduce, colorbar_label="A - B", scale=scale, q_labels=run.q_labels,
+                              k_labels=run.k_labels)
+    same = len(ranked) - len(differing)
+    within = f"within --atol {atol:g}" if atol else "identical"
+    note = (f"; the other {same} are {within}" if differing and same else
+            f"; every map is {within}" if not differing else "")
+    shown = (differing or ranked[:1])[:max_panels or None]
+    return ranked_grid_figure(diff, shown, title=name, total=len(panels), cmap=fig.cmap,
                               reduce=fig.reduce, keep=keep, real_rows=real, heads=heads, reduce_heads=reduce_heads,
-                              scale=scale)
+                              scale=scale, note=note, tokens=(run.q_labels, run.k_labels))
 
 
 def rollout_figure(run: RolloutRun, fig: FigureOptions) -> Any:
@@ -184,9 +195,12 @@ def rollout_figure(run: RolloutRun, fig: FigureOptions) -> Any:
     scale = fig.scale()
     if run.options.all_layers:
         maps = np.stack([cumulative(run.results[b]) for b in run.entries])  # [B, n, L, L]
-        return slices_mosaic(maps, title=f"{name} ({run.how}), cumulative after each layer",
+        entries = f"batch {run.entries[0]}" if len(run.entries) == 1 else "every batch entry"
+        return slices_mosaic(maps, title=f"{name}, {entries} ({run.how}), cumulative after each layer",
                              names=["batch", "after layer"], cmap=fig.cmap, reduce=fig.reduce, scale=scale,
-                             colorbar_label=label)
+                             colorbar_label=label, ids=[run.entries, run.results[run.shown].layers],
+                             tokens=(run.tokens, run.tokens) if len(run.entries) == 1 or run.labels is None
+                             or not run.labels.per_entry else (None, None))
     return heatmap_figure(run.results[run.shown].result, title=f"{name}, batch {run.shown} ({run.how})",
                           q_labels=run.tokens, k_labels=run.tokens, cmap=fig.cmap, reduce=fig.reduce,
                           ylabel="token (output)", xlabel="input token", colorbar_label=label, scale=scale)
@@ -210,8 +224,10 @@ def rollout_html(run: RolloutRun, fig: FigureOptions) -> str:
 
     subtitle = f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, L, L] = {shape_str(w.shape)}"
     name = fig.title or run.title
+    per_entry = [run.tokens_of(b) for b in entries] if run.labels is not None and run.labels.per_entry else None
     return grid_report(get, len(entries), len(columns), first.result.shape, title=f"{name} ({run.how})",
                        subtitle=subtitle, row_labels=[str(b) for b in entries], col_labels=[str(li) for li in columns],
                        row_name="batch", col_name="after layer", q_labels=run.tokens, k_labels=run.tokens,
-                       q_name="output", k_name="input", cmap=fig.cmap, reduce=fig.reduce,
+                       row_q_labels=per_entry, row_k_labels=per_entry, q_name="output", k_name="input",
+                       cmap=fig.cmap, reduce=fig.reduce,
                        colorbar_label=run.method.label, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm)

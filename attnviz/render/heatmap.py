@@ -328,14 +328,31 @@ def _write_values(ax: Any, data: np.ndarray, positions: np.ndarray, shape: tuple
     """The value of each unmasked cell of a small map written in it: black on the light colours of the
     scale (``positions`` 0..1 on it), white on the dark ones."""
     masked = np.isnan(data)
+    digits = cell_digits(data)
     for i in range(shape[0]):
         for j in range(shape[1]):
             if masked[i, j]:
                 continue
             position = float(positions[i, j])
             light = abs(position - 0.5) < 0.3 if diverging else position > 0.6
-            ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=7,
+            ax.text(j, i, cell_text(float(data[i, j]), digits), ha="center", va="center", fontsize=7,
                     color="black" if light else "white", **PLAIN)
+
+
+def cell_digits(data: np.ndarray) -> int:
+    """Digits after the point for the values written in a map's cells: 2, or as many as show the largest
+    |value| to two significant digits (at most 4): differences of 0.003 read 0.0030, not 0.00."""
+    finite = np.abs(data[np.isfinite(data)])
+    top = float(finite.max()) if finite.size else 0.0
+    if top == 0.0 or top >= 0.1:
+        return 2
+    return int(min(4, 1 - math.floor(math.log10(top))))
+
+
+def cell_text(value: float, digits: int) -> str:
+    """A cell's value with ``digits`` after the point; one that rounds to 0 is written 0 (never -0.00)."""
+    text = f"{value:.{digits}f}"
+    return "0" if float(text) == 0.0 else text
 
 
 def _panels_colour_bar(fig: Any, image: Any, axes: Sequence[Any], look: _PanelLook, label: str) -> None:
@@ -360,7 +377,12 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
     ax = fig.add_subplot(1, 1, 1)
     shown = values[np.isfinite(values)]
     low, high = (float(shown.min()), float(shown.max())) if shown.size else (0.0, 1.0)
-    norm = Normalize(low, high if high > low else low + 1.0)
+    # from 0, as the maps are drawn (a statistic that varies by 0.004 around 1.56 is not stretched from black to
+    # white); the range is said in the heading, and the cells carry the digits that tell the values apart
+    bottom = min(0.0, low)
+    norm = Normalize(bottom, high if high > bottom else bottom + 1.0)
+    spread = high - low
+    digits = 2 if spread == 0 or spread >= 0.1 else int(min(5, 1 - math.floor(math.log10(spread))))
     image = ax.imshow(values, cmap=_colormap(cmap or "magma"), norm=norm, aspect="auto", interpolation="nearest")
     width_px, height_px = fig.get_figwidth() * DPI * 0.7, fig.get_figheight() * DPI * 0.6
     _ticks(ax, heads, [str(h) for h in head_ids] if head_ids is not None else None, "x",
@@ -372,11 +394,14 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
     if layers * heads <= 400:
         for i in range(layers):
             for j in range(heads):
-                ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if float(norm(values[i, j])) > 0.6 else "white", **PLAIN)
+                value = float(values[i, j])
+                ax.text(j, i, "\u2013" if value != value else f"{value:.{digits}f}", ha="center", va="center",
+                        fontsize=7, color="black" if value == value and float(norm(value)) > 0.6 else "white",
+                        **PLAIN)
     fig.colorbar(image, ax=ax).set_label(inert.label(stat, PANEL_TITLE_WIDTH), **PLAIN)
-    heading = fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per head", fontsize=11,
-                           **PLAIN)
+    ranged = f" (from {low:.{digits}f} to {high:.{digits}f}; colours from {bottom:g})" if shown.size else ""
+    heading = fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per head{ranged}",
+                           fontsize=11, **PLAIN)
     wrap_text(heading, fig.get_figwidth() * DPI - 24, fig.canvas.get_renderer())
     return fig
 

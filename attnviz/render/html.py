@@ -109,6 +109,7 @@ class StatsTable:
     maps: list[int | None] = field(default_factory=list)
     caption: str = ""
     precision: int = 3
+    sort: int | None = None  # the column the page sorts on when it opens (numbers: largest first)
 
     def as_json(self) -> dict[str, Any]:
         def value(v: Any) -> Any:
@@ -119,7 +120,7 @@ class StatsTable:
             return None if v is None else inert.label(str(v), 80)
 
         return {"title": inert.title(self.title), "caption": inert.title(self.caption, 2000),
-                "precision": self.precision,
+                "precision": self.precision, "sort": self.sort,
                 "columns": [{"name": n, "kind": k, "description": d} for n, k, d in self.columns],
                 "rows": [[value(v) for v in row] for row in self.rows], "maps": self.maps}
 
@@ -156,6 +157,8 @@ def grid_report(
     map_names: Sequence[Sequence[str]] | None = None,
     q_labels: Sequence[str] | None = None,
     k_labels: Sequence[str] | None = None,
+    row_q_labels: Sequence[Sequence[str] | None] | None = None,
+    row_k_labels: Sequence[Sequence[str] | None] | None = None,
     q_name: str = "query",
     k_name: str = "key",
     cmap: str | None = None,
@@ -178,9 +181,10 @@ def grid_report(
     """The HTML document of ``rows x cols`` maps of ``shape`` (``get(r, c)`` as for
     ``mosaic.mosaic_figure``: the map of panel ``(r, c)`` and its keep mask, or None for an empty
     slot, ``count`` the maps that are not; maps already aggregated come with ``blocks`` and their
-    ``full_shape``). The opened maps hold at most ``budget`` values in all. ``vmin``/``vmax`` fix the
-    ends of the colour scale (``--vmin``/``--vmax``; ``vmax`` alone for diverging maps); the page's
-    colours are linear whatever ``norm`` the PNGs use, and the page says so."""
+    ``full_shape``). ``row_q_labels``/``row_k_labels``: each grid row's own labels (a row per batch
+    entry), instead of ``q_labels``/``k_labels``. The opened maps hold at most ``budget`` values in all.
+    ``vmin``/``vmax`` fix the ends of the colour scale (``--vmin``/``--vmax``; ``vmax`` alone for diverging
+    maps); the page's colours are linear whatever ``norm`` the PNGs use, and the page says so."""
     full = full_shape or shape
     thumb_blocks = mosaic_layout(rows, cols, shape).blocks  # the PNG grid's
     fr, fc = detail_blocks(count or rows * cols, shape, budget)
@@ -201,6 +205,7 @@ def grid_report(
         "shape": list(full), "cells": [math.ceil(shape[0] / fr), math.ceil(shape[1] / fc)], "blocks": list(total),
         "thumbCells": list(found.thumbs[0].shape) if found.thumbs else [0, 0], "reduce": reduce,
         **_map_axes(q_labels, k_labels, q_name, k_name),
+        **_row_axes(row_q_labels, row_k_labels),
         "scale": _scale_doc(low, high, diverging, colorbar_label, colour_table(cmap, diverging), found.masked),
         "headView": {"max": HEAD_VIEW_MAX,
                      "enabled": total == (1, 1) and max(full) <= HEAD_VIEW_MAX and bool(found.maps)},
@@ -322,6 +327,17 @@ def _map_axes(q_labels: Sequence[str] | None, k_labels: Sequence[str] | None, q_
     return {"qLabels": None if q_labels is None else [inert.label(t, LABEL_WIDTH) for t in q_labels],
             "kLabels": None if k_labels is None else [inert.label(t, LABEL_WIDTH) for t in k_labels],
             "qName": inert.label(q_name, 40), "kName": inert.label(k_name, 40)}
+
+
+def _row_axes(row_q: Sequence[Sequence[str] | None] | None,
+              row_k: Sequence[Sequence[str] | None] | None) -> dict[str, Any]:
+    """Each grid row's own token labels (``qLabelRows``, ``kLabelRows``), where the rows have their own."""
+    def rows(given: Sequence[Sequence[str] | None] | None) -> list[list[str] | None] | None:
+        if given is None:
+            return None
+        return [None if r is None else [inert.label(t, LABEL_WIDTH) for t in r] for r in given]
+
+    return {"qLabelRows": rows(row_q), "kLabelRows": rows(row_k)}
 
 
 def _asset(name: str) -> str:
@@ -565,12 +581,29 @@ def compare_html(result: Any, fig: Any, precision: int) -> str:
     run, c = result.run, result.comparison
     a, b, (li, bi, hi) = run.a, run.b, run.index
     keep, real = grid_masks(run.masks, a.shape, bi)
+    if run.options.selection.layer is None:  # open on the largest difference of the entry shown
+        li, hi = largest_difference(c.diff[:, bi], keep, real, run.grid.layers, run.grid.heads)
+    stats = compare_stats_table(c.diff, c.js, precision)
+    stats.sort = 2  # max |A-B|, largest first
     return model_report(
         c.diff[:, bi], title=fig.title or f"A - B: {a.source} - {b.source}, batch {bi}",
         subtitle=f"A = {a.source}, B = {b.source}, {shape_str(a.shape)} [layers, batch, heads, Lq, Lk]; "
                  f"batch entry {bi}", keep=keep, real_rows=real, diverging=True, colorbar_label="A - B",
-        stats=compare_stats_table(c.diff, c.js, precision), selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce,
-        layers=run.grid.layers, heads=run.grid.heads, vmax=fig.vmax, norm=fig.norm)
+        stats=stats, selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce, q_labels=run.q_labels,
+        k_labels=run.k_labels, layers=run.grid.layers, heads=run.grid.heads, vmax=fig.vmax, norm=fig.norm,
+        notes=run.notes)
+
+
+def largest_difference(diff: np.ndarray, keep: np.ndarray | None, real: np.ndarray | None, layers: Sequence[int],
+                       heads: Sequence[int]) -> tuple[int, int]:
+    """The (layer, head) of ``diff [layers, heads, Lq, Lk]`` with the largest |A - B| (masked cells and padded
+    rows left out; ties: the first)."""
+    from attnviz.render.mosaic import rank_panels
+
+    ranked = rank_panels(diff, [(layer, head) for layer in layers for head in heads], keep=keep, real_rows=real,
+                         heads=heads)
+    (layer, head), _ = ranked[0]
+    return layer, int(head or 0)
 
 
 #: the image panel holds at most this many values (float32, base64: about 6 MB): every query row over

@@ -44,23 +44,26 @@ from attnviz.render.scale import (
 MOSAIC_PANELS = 5  # compute commands draw this many slices or more as one mosaic
 
 
-def slices_layout(lead: tuple[int, ...], names: Sequence[str],
-                  offset: str = "+ offset in the row") -> tuple[int, int, list[str], list[str], str, str]:
+def slices_layout(lead: tuple[int, ...], names: Sequence[str], offset: str = "+ offset in the row",
+                  ids: Sequence[Sequence[Any]] | None = None) -> tuple[int, int, list[str], list[str], str, str]:
     """How the slices of leading axes ``lead`` are laid out, in a picture or in the terminal: the last axis
     across and the others down; one axis of more than 16 wraps into rows. (rows, cols, row labels, column
-    labels, the rows' name, the columns' name.)"""
+    labels, the rows' name, the columns' name.) ``ids``: what each axis's positions are called (the batch
+    entries and layers shown), instead of 0, 1, ..."""
     axis = lead_axis_names(len(lead), names)
     count = int(np.prod(lead))
+    ids = [list(range(n)) for n in lead] if ids is None else [list(i) for i in ids]
     if len(lead) == 1:
         cols = lead[0] if lead[0] <= 16 else math.ceil(math.sqrt(lead[0]))
         rows = math.ceil(lead[0] / cols)
-        col_labels = [str(c) if rows == 1 else f"+{c}" for c in range(cols)]
-        row_labels = [""] if rows == 1 else [f"{r * cols}-{min(count, (r + 1) * cols) - 1}" for r in range(rows)]
+        col_labels = [str(ids[0][c]) if rows == 1 else f"+{c}" for c in range(cols)]
+        row_labels = [""] if rows == 1 else [f"{ids[0][r * cols]}-{ids[0][min(count, (r + 1) * cols) - 1]}"
+                                             for r in range(rows)]
         row_name, col_name = ("", axis[0]) if rows == 1 else (f"{axis[0]}s", offset)
     else:
         cols, rows = lead[-1], count // lead[-1]
-        col_labels = [str(c) for c in range(cols)]
-        row_labels = [", ".join(str(i) for i in index) for index in np.ndindex(*lead[:-1])]
+        col_labels = [str(ids[-1][c]) for c in range(cols)]
+        row_labels = [", ".join(str(ids[a][i]) for a, i in enumerate(index)) for index in np.ndindex(*lead[:-1])]
         row_name, col_name = ", ".join(axis[:-1]), axis[-1]
     return rows, cols, row_labels, col_labels, row_name, col_name
 
@@ -98,6 +101,7 @@ def mosaic_figure(
     side: int = MOSAIC_SIDE,
     scale: ColourScale | None = None,
     captions: Sequence[str] | None = None,
+    tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None),
 ) -> Any:
     """``rows x cols`` maps of ``shape`` as one picture on one axes (see the module's docstring).
 
@@ -107,7 +111,8 @@ def mosaic_figure(
     with ``blocks`` and the maps' ``full_shape``. One colour scale for every panel (``scale``; by
     default ``[min(0, low), high]`` of the values shown, or symmetric around 0 with ``diverging``),
     and one colour bar; with ``scale.per_panel`` each panel is drawn on its own scale and its maximum
-    is written under it. ``captions`` (row-major, one per panel) are written under the panels too."""
+    is written under it. ``captions`` (row-major, one per panel) are written under the panels too.
+    ``tokens``: the maps' query and key labels, written where they fit (``canvas.token_labels``)."""
     scale = scale or ColourScale()
     texts = [list(captions[r * cols:(r + 1) * cols]) if captions else [""] * cols for r in range(rows)]
     layout = _captioned_layout(rows, cols, shape, side, texts, scale.per_panel)
@@ -123,7 +128,7 @@ def mosaic_figure(
     return mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
                          scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
                          picture_map=picture_map, extend=scaling.extend, captions=texts,
-                         per_panel=(scale, diverging) if scale.per_panel else None)
+                         per_panel=(scale, diverging) if scale.per_panel else None, tokens=tokens)
 
 
 def _captioned_layout(rows: int, cols: int, shape: tuple[int, int], side: int, texts: Sequence[Sequence[str]],
@@ -256,7 +261,8 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
                       keep: np.ndarray | None = None, real_rows: np.ndarray | None = None,
                       diverging: bool = False, colorbar_label: str = "weight",
                       layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                      reduce_heads: str | None = None, scale: ColourScale | None = None) -> Any:
+                      reduce_heads: str | None = None, scale: ColourScale | None = None,
+                      tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)) -> Any:
     """The layer x head grid of ``w [layers, heads, Lq, Lk]`` (perhaps memory-mapped) as one mosaic
     (like bertviz's model view, as a file), read a layer at a time. ``keep`` broadcasts to ``w``;
     ``real_rows`` (``[layers, heads, Lq]``, broadcasting) greys padded query rows too. ``layers`` and
@@ -288,12 +294,12 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
         return mosaic_figure(get_reduced, 1, len(layers), shape, title=heading, row_labels=[reduce_heads],
                              col_labels=layer_names, row_name="heads", col_name="layer", cmap=cmap, reduce=reduce,
                              diverging=diverging, colorbar_label=colorbar_label,
-                             after_row=lambda _: release_pages(w), scale=scale)
+                             after_row=lambda _: release_pages(w), scale=scale, tokens=tokens)
     heading = f"{inert.title(title)}: layers x heads{which}, maps [{shape[0]}, {shape[1]}]"
     return mosaic_figure(lambda r, c: get_map(layers[r], heads[c]), len(layers), len(heads), shape, title=heading,
                          row_labels=layer_names, col_labels=head_names, row_name="layer", col_name="head",
                          cmap=cmap, reduce=reduce, diverging=diverging, colorbar_label=colorbar_label,
-                         after_row=lambda _: release_pages(w), scale=scale)
+                         after_row=lambda _: release_pages(w), scale=scale, tokens=tokens)
 
 
 def grid_getter(w: np.ndarray, keep: np.ndarray | None,
@@ -327,11 +333,13 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
                        cmap: str | None = None, reduce: str = "mean", keep: np.ndarray | None = None,
                        real_rows: np.ndarray | None = None, heads: Sequence[int] | None = None,
                        reduce_heads: str | None = None, diverging: bool = True, colorbar_label: str = "A - B",
-                       measure: str = "max |A - B|", scale: ColourScale | None = None) -> Any:
+                       measure: str = "max |A - B|", scale: ColourScale | None = None, note: str = "",
+                       tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)) -> Any:
     """Chosen panels of ``w [layers, heads, Lq, Lk]`` in the order given (``rank_panels``: largest
     difference first), each with its score: ``(layer, head)``, or ``(layer, None)`` with
     ``reduce_heads`` (the ``heads`` reduced to one map). Each panel's caption names its layer and
-    head and its ``measure``; the heading says how many of ``total`` are shown and in what order."""
+    head and its ``measure``; the heading says how many of ``total`` are shown and in what order (and
+    ``note``, what of the others)."""
     get_map = grid_getter(w, keep, real_rows)
     shape = (w.shape[-2], w.shape[-1])
     heads = list(heads) if heads is not None else list(range(w.shape[1]))
@@ -352,7 +360,7 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
     what = "(layer, head) maps" if not reduce_heads else f"layers ({reduce_heads} of heads {spans(heads)})"
     shown = f"the {count} of {total} {what}" if count < total else f"all {total} {what}"
     heading = (f"{inert.title(title)}: {shown}, ordered by largest difference ({measure}; under each: layer, head, "
-               f"{measure}), maps [{shape[0]}, {shape[1]}]")
+               f"{measure}), maps [{shape[0]}, {shape[1]}]{note}")
 
     def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         n = r * cols + c
@@ -362,7 +370,7 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
                   f"#{r * cols + 1}-{min(count, (r + 1) * cols)}" for r in range(rows)]
     return mosaic_figure(get, rows, cols, shape, title=heading, row_labels=row_labels, col_labels=[""] * cols,
                          row_name="rank", col_name="", cmap=cmap, reduce=reduce, diverging=diverging,
-                         colorbar_label=colorbar_label, scale=scale, captions=captions)
+                         colorbar_label=colorbar_label, scale=scale, captions=captions, tokens=tokens)
 
 
 def rank_panels(w: np.ndarray, panels: Sequence[tuple[int, int | None]], *, keep: np.ndarray | None = None,
@@ -389,11 +397,13 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
                   grids: Sequence[np.ndarray] | None = None, lead: tuple[int, ...] | None = None,
                   full_shape: tuple[int, int] | None = None, blocks: tuple[int, int] = (1, 1),
                   cmap: str | None = None, reduce: str = "mean", colorbar_label: str = "weight",
-                  scale: ColourScale | None = None) -> Any:
+                  scale: ColourScale | None = None, ids: Sequence[Sequence[Any]] | None = None,
+                  tokens: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)) -> Any:
     """The slices of ``maps [..., Lq, Lk]`` (``keep`` broadcasts to it) as one mosaic titled ``title``: the last
     leading axis across, the others down (``batch 0``, or ``0, 1`` for several); one leading axis of
     more than 16 wraps into rows. Or already aggregated ``grids`` of the slices of ``lead`` in
-    C order (a blockwise run's), with ``full_shape`` and ``blocks``."""
+    C order (a blockwise run's), with ``full_shape`` and ``blocks``. ``ids``: each axis's positions' names
+    (``slices_layout``)."""
     if maps is not None:
         lead = tuple(maps.shape[:-2])
         shape = (maps.shape[-2], maps.shape[-1])
@@ -403,7 +413,7 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
         shape = (grids[0].shape[0], grids[0].shape[1])
         full_keep = None
     count = int(np.prod(lead))
-    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names)
+    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names, ids=ids)
 
     def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         n = r * cols + c
@@ -417,4 +427,5 @@ def slices_mosaic(maps: np.ndarray | None, *, title: str, names: Sequence[str] =
 
     return mosaic_figure(get, rows, cols, shape, title=title, row_labels=row_labels, col_labels=col_labels,
                          row_name=row_name, col_name=col_name, cmap=cmap, reduce=reduce,
-                         colorbar_label=colorbar_label, full_shape=full_shape, blocks=blocks, scale=scale)
+                         colorbar_label=colorbar_label, full_shape=full_shape, blocks=blocks, scale=scale,
+                         tokens=tokens)

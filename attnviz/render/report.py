@@ -185,6 +185,9 @@ def inspect_document(result: InspectResult, files: dict[str, str]) -> dict[str, 
                          opened.q_labels, opened.k_labels, warnings=result.warnings, mask=opened.masks.described,
                          padded=result.one_padded, padded_rows=result.padded, notes=result.notes,
                          received=result.received, words=opened.words)
+    per_entry = opened.labels.document()
+    if per_entry is not None:  # each batch entry's own labels ("labels": the shown entry's)
+        doc["labels"]["per_entry"] = per_entry
     if result.overlay is not None:
         doc["overlay"] = plain({**_picture(opened.image), **result.overlay.document()})
     return doc
@@ -199,8 +202,12 @@ def _picture(image: Any) -> dict[str, Any]:
 
 def compare_document(run: CompareRun, result: CompareResult, files: dict[str, str]) -> dict[str, Any]:
     """``compare``'s JSON document."""
-    return compare_report(run.a, run.b, result.comparison, result.checks, files, warnings=result.warnings,
-                          mask=run.masks.described)
+    doc = compare_report(run.a, run.b, result.comparison, result.checks, files, warnings=result.warnings,
+                         mask=run.masks.described)
+    doc["labels"] = plain({"q": run.q_labels, "k": run.k_labels,
+                           **({"per_entry": run.labels.document()} if run.labels.per_entry else {})})
+    doc["notes"] = list(run.notes)
+    return doc
 
 
 def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
@@ -234,6 +241,8 @@ def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
     return plain({
         "attnviz": __version__, "command": "rollout", "source": w.source,
         "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
+        **({"labels_per_entry": run.labels.document()["q"]} if run.labels is not None and run.labels.per_entry
+           else {}),
         **({"words": run.words} if run.words is not None else {}),
         "mask": run.masks.described, "rollout": rollout_doc, **({"overlay": overlay} if overlay else {}),
-        "files": files})
+        "warnings": run.warnings, "files": files})

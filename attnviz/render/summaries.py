@@ -37,7 +37,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     names them), never a number cut short."""
     import numpy as np
 
-    from attnviz.render.table import Fitted
+    from attnviz.render.table import UNDEFINED, Fitted, number_text
 
     layers, heads = stats["entropy"].shape
     rows = [(li, hi) for li in range(layers) for hi in range(heads)]
@@ -57,7 +57,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     if "induction" in stats:
         caption += ("; ind, dup: mean weight on the token after an earlier occurrence of the query's token "
                     "(induction) and on the earlier occurrences (duplicate-token), over queries whose token "
-                    "occurred before")
+                    f"occurred before ({UNDEFINED} where no token occurs twice)")
     else:
         caption += "; induction and duplicate-token scores need the tokens (--labels)"
     if padded:
@@ -70,7 +70,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         if key not in stats:
             continue
         column = np.asarray(stats[key])
-        cells[name] = [f"{float(column[li, hi]):.{p}f}" for li, hi in shown]
+        cells[name] = [number_text(float(column[li, hi]), p) for li, hi in shown]
     cells["pattern"] = [str(stats["tag"][li, hi]) for li, hi in shown]
     widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
 
@@ -127,6 +127,7 @@ def received_table(summary: dict[str, Any], precision: int) -> Any:
 
 def compare_tables(result: CompareResult, precision: int) -> list[Table]:
     """compare's tables: the summary measures, and the most different rows."""
+    from attnviz.text import label as inert_label
     from attnviz.text import title as inert_title
 
     run, c, p = result.run, result.comparison, precision
@@ -144,8 +145,15 @@ def compare_tables(result: CompareResult, precision: int) -> list[Table]:
     for column in ("where", "JS", "max |A - B|", "argmax A", "argmax B"):
         rows.add_column(column, justify="left" if column == "where" else "right")
     for r in c.worst_rows:
-        rows.add_row(str(r["where"]), f"{r['js']:.{max(p, 3)}g}", f"{r['max_abs']:.{max(p, 3)}g}",
-                     str(r["argmax_a"]), str(r["argmax_b"]))
+        q_labels, k_labels = run.labels.of(int(r["index"][1]))  # type: ignore[index]
+        where = str(r["where"]) + (f" ({inert_label(q_labels[int(r['index'][3])], 12)})"  # type: ignore[index]
+                                   if q_labels is not None else "")
+
+        def key(j: Any, k_labels: list[str] | None = k_labels) -> str:
+            return str(j) + (f" {inert_label(k_labels[int(j)], 12)}" if k_labels is not None else "")
+
+        rows.add_row(where, f"{r['js']:.{max(p, 3)}g}", f"{r['max_abs']:.{max(p, 3)}g}", key(r["argmax_a"]),
+                     key(r["argmax_b"]))
     return [summary, rows]
 
 

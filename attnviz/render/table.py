@@ -85,6 +85,16 @@ def row_label_cells(width: int | None) -> int:
     return ROW_LABEL_CELLS if width is None else max(6, min(ROW_LABEL_CELLS, width // 5))
 
 
+#: what the tables (and the HTML report) write for a number that is undefined (NaN)
+UNDEFINED = "\u2013"
+
+
+def number_text(value: float, precision: int) -> str:
+    """A number as the tables write it: ``precision`` digits after the point, ``UNDEFINED`` for NaN (the HTML
+    report's convention: one convention for both)."""
+    return UNDEFINED if value != value else f"{value:.{precision}f}"
+
+
 def number_width(values: Any, precision: int) -> int:
     """Cells of the widest of ``values`` as the tables print them (``f"{x:.{precision}f}"``)."""
     data = np.asarray(values, dtype=np.float64)
@@ -439,7 +449,7 @@ def weights_table(
                     cells.append(Text(MASKED, style="dim", justify="center"))
                 else:
                     value = float(grid[i, j])
-                    cells.append(Text(f"{value:.{precision}f}", style="dim" if pad else shade(value, vmax)))
+                    cells.append(Text(number_text(value, precision), style="dim" if pad else shade(value, vmax)))
             table.add_row(Text(labels[i]), *cells)
         return table
 
@@ -683,7 +693,7 @@ def vector_table(
         table = Table(title=_title(title), caption=_caption(f"not shown: {elided} (--max-cols shows more)")
                       if elided else None, caption_justify="left")
         _add_key_columns(table, cols, labels, number, cap)
-        table.add_row(*[GAP if j is None else Text(f"{float(values[j]):.{precision}f}",
+        table.add_row(*[GAP if j is None else Text(number_text(float(values[j]), precision),
                                                    style=shade(float(values[j]), vmax)) for j in cols])
         return table
 

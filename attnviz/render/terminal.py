@@ -97,6 +97,7 @@ class TermPicture:
     height: int | None = None  # text rows the picture may take (None: DEFAULT_HEIGHT)
     blocks: int = 1  # the maps handed over are already in blocks of this many positions a side (the viewer's)
     marked: int | None = None  # a panel whose row and column labels are shown reversed (the viewer's choice)
+    fit: bool = False  # a grid fits ``height`` too (the viewer's), its panels smaller: else it may scroll
     cursor: tuple[int, int] | None = None  # a single map's cell (of its cells as drawn) drawn in CURSOR
     placed: list[Placed | None] = field(default_factory=list, repr=False)  # as last laid out
     origin: tuple[int, int] = (0, 0)  # where the first panel's top-left pixel was drawn: (text row, cell)
@@ -229,6 +230,18 @@ class _Drawing:
         band_rows = max(1, (self.height - overhead) // p.rows - (1 if p.rows > 1 else 0)
                         - (1 if caption_fits else 0))
         ph = max(2 * band_rows, min(pw, 8) if not p.single else 2)
+        out = self.laid_out(margin, pw, gap, shown_cols, ph, captions, caption_fits)
+        # a single map (or a picture that must fit, the viewer's) fits the height: its colour bar is never cut
+        while (p.single or p.fit) and len(out) > self.height and ph > 2:
+            ph = max(2, ph - 2 * (len(out) - self.height))
+            out = self.laid_out(margin, pw, gap, shown_cols, ph, captions, caption_fits)
+        return out
+
+    def laid_out(self, margin: int, pw: int, gap: int, shown_cols: int, ph: int, captions: bool,
+                 caption_fits: bool) -> list[list[Segment]]:
+        """The picture's lines with panels at most ``pw`` cells wide and ``ph`` pixels tall."""
+        p = self.p
+        cols = p.cols
         placed: list[Placed | None] = []
         for n, panel in enumerate(p.panels):
             if panel is None or n % cols >= shown_cols:
@@ -533,7 +546,7 @@ def grid_picture(get: Callable[[int, int], TermPanel | None], rows: int, cols: i
 
 def slices_picture(maps: np.ndarray | None, *, title: str, names: Sequence[str] = (), keep: np.ndarray | None = None,
                    grids: Sequence[np.ndarray] | None = None, lead: tuple[int, ...] | None = None,
-                   **look: Any) -> TermPicture:
+                   ids: Sequence[Sequence[Any]] | None = None, **look: Any) -> TermPicture:
     """The slices of ``maps [..., Lq, Lk]`` laid out as ``attnviz.render.mosaic.slices_mosaic`` lays them:
     the last leading axis across, the others down; one axis of more than 16 wraps into rows. Or a
     blockwise run's aggregated ``grids`` of the slices of ``lead``."""
@@ -544,7 +557,7 @@ def slices_picture(maps: np.ndarray | None, *, title: str, names: Sequence[str] 
         full_keep = None if keep is None else np.broadcast_to(keep, maps.shape)
     assert lead is not None
     count = int(np.prod(lead))
-    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names, "+ offset")
+    rows, cols, row_labels, col_labels, row_name, col_name = slices_layout(lead, names, "+ offset", ids)
 
     def get(r: int, c: int) -> TermPanel | None:
         n = r * cols + c
@@ -694,7 +707,8 @@ def rollout_picture(run: RolloutRun, fig: FigureOptions, plain: bool = False, he
     if run.options.all_layers:
         maps = np.stack([cumulative(run.results[b]) for b in run.entries])
         return slices_picture(maps, title=f"{name} ({run.how}), cumulative after each layer",
-                              names=["batch", "after layer"], **look)
+                              names=["batch", "after layer"], ids=[run.entries, run.results[run.shown].layers],
+                              **look)
     return single_picture(run.results[run.shown].result, None, title=f"{name}, batch {run.shown} ({run.how})",
                           q_labels=run.tokens, k_labels=run.tokens, ylabel="token (output)", xlabel="input token",
                           **look)

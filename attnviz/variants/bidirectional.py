@@ -102,7 +102,7 @@ VARIANT = Variant(
     summary="bidirectional attention flow (BiDAF, Seo et al. 2017): context-to-query and query-to-context",
     formula="S = w^T[h; u; h*u]; C2Q = softmax_j(S); Q2C = softmax_t(max_j S); G = [h; u~; h*u~; h*h~]",
     doc=__doc__ or "",
-    inputs=(InputSpec("context", "the context H [..., T, e], or one .npz/JSON holding context and query"),
+    inputs=(InputSpec("context", "the context H [..., T, e], or one file holding context and query"),
             InputSpec("query", "the query U [..., J, e]")),
     params=Params,
     check=check,

@@ -56,7 +56,7 @@ class Params:
 
 
 INPUTS = (
-    InputSpec("a", "sequence A [..., La, d], or one .npz/JSON holding a and b"),
+    InputSpec("a", "sequence A [..., La, d], or one file holding a and b"),
     InputSpec("b", "sequence B [..., Lb, d]"),
     InputSpec("vb", "values of B [..., Lb, d_vb], averaged by A's attention (default: B)", optional=True),
     InputSpec("va", "values of A [..., La, d_va], averaged by B's attention (default: A)", optional=True),

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from attnviz.masks import Mask
 
 QKV = (
-    InputSpec("q", "queries [..., Lq, d_k], or one file holding q, k and v (.npz, .safetensors, .h5, .pt, JSON)"),
+    InputSpec("q", "queries [..., Lq, d_k], or one file holding q, k and v"),
     InputSpec("k", "keys [..., Lk, d_k]"),
     InputSpec("v", "values [..., Lk, d_v]"),
 )

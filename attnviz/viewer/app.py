@@ -2,9 +2,11 @@
 draws them) with a cursor, the layer x head grid of thumbnails, the head's statistics and tags, and a
 line saying what is under the cursor.
 
-Keys: arrows or ``h``/``j``/``k``/``l`` move between heads (left, right) and layers (up, down);
-shift+arrows or ``H``/``J``/``K``/``L`` move the cursor (the mouse too); ``/`` finds a token; ``s`` sorts
-the heads by the next statistic; ``r`` shows the rollout (again: the head); ``q`` quits.
+Keys (``KEYS``; ``?`` shows them): arrows or ``h``/``j``/``k``/``l`` move between heads (left, right) and
+layers (up, down); ``b``/``B`` to the next or previous batch entry; shift+arrows or ``H``/``J``/``K``/``L``
+move the cursor (the mouse too); ``/`` finds a token; ``s`` sorts the heads by the next statistic; ``r``
+shows the rollout (again: the head); ``q`` quits. It fits 80 x 24: the thumbnails show as many layers as fit,
+around the selected one.
 """
 
 from __future__ import annotations
@@ -73,30 +75,44 @@ class Thumbnails(Widget):
         return _text(picture.lines(width))
 
 
+#: every key of the viewer and what it does (``?`` shows them; docs/terminal.md lists the same)
+KEYS = (("left, right, h, l", "the previous or next head"), ("up, down, k, j", "the previous or next layer"),
+        ("b, B", "the next or previous batch entry"), ("shift+arrows, H J K L", "move the cursor (the mouse too)"),
+        ("/", "find a token (Enter: next; Escape: close)"), ("s", "walk the heads by the next statistic"),
+        ("r", "the rollout of the entry; again: the head"), ("?", "these keys (again or Escape: close)"),
+        ("q", "quit"))
+
+
 class ViewerApp(App[None]):
     """``attnviz view``: walk every head of a model's attention with the keyboard."""
 
     AUTO_FOCUS = None  # the keys are the application's; the search box takes them only when '/' opens it
+    ENABLE_COMMAND_PALETTE = False  # its ^p would be a key the viewer does not document
     CSS = """
     #title { height: 1; background: $boost; }
     #body { height: 1fr; }
     #map { width: 1fr; }
-    #side { width: 40%; max-width: 60; min-width: 28; }
+    #side { width: 40%; max-width: 60; min-width: 30; padding-left: 1; }
     #thumbs { height: 1fr; }
-    #stats { height: auto; max-height: 12; }
+    #stats { height: auto; max-height: 9; }
+    #keys { display: none; dock: top; height: auto; background: $panel; border: round $accent; padding: 0 1; }
+    #keys.open { display: block; }
     #status { height: 1; background: $boost; }
     #search { display: none; }
     #search.open { display: block; }
     """
+    #: the footer shows the keys a newcomer needs first (quit and the list of keys among them), to fit 80 columns
     BINDINGS = [
+        Binding("q", "quit", "quit"), Binding("question_mark", "keys", "keys"),
         Binding("left,h", "head(-1)", "head", show=False), Binding("right,l", "head(1)", "head"),
         Binding("up,k", "layer(-1)", "layer", show=False), Binding("down,j", "layer(1)", "layer"),
+        Binding("b", "batch(1)", "entry"), Binding("B", "batch(-1)", "entry", show=False),
         Binding("shift+left,H", "cursor(0,-1)", "cursor", show=False),
-        Binding("shift+right,L", "cursor(0,1)", "cursor"),
+        Binding("shift+right,L", "cursor(0,1)", "cursor", show=False),
         Binding("shift+up,K", "cursor(-1,0)", "cursor", show=False),
         Binding("shift+down,J", "cursor(1,0)", "cursor", show=False),
-        Binding("slash", "search", "find token"), Binding("s", "sort", "sort heads"),
-        Binding("r", "rollout", "rollout"), Binding("q", "quit", "quit"),
+        Binding("slash", "search", "find"), Binding("s", "sort", "sort"),
+        Binding("r", "rollout", "rollout"),
     ]
 
     def __init__(self, model: ViewerModel, title: str) -> None:
@@ -106,6 +122,7 @@ class ViewerApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(Text(self.heading, no_wrap=True, overflow="ellipsis"), id="title")
+        yield Static(_keys_text(), id="keys")
         with Horizontal(id="body"):
             yield MapView(self.model, id="map")
             with Vertical(id="side"):
@@ -142,6 +159,15 @@ class ViewerApp(App[None]):
         self.model.move_cursor(dq, dk, (g, g))
         self.refresh_all()
 
+    def action_batch(self, step: int) -> None:
+        if not self.model.move_batch(step):
+            self.refresh_all("one batch entry only")
+            return
+        self.refresh_all(f"batch {self.model.entry}")
+
+    def action_keys(self) -> None:
+        self.query_one("#keys", Static).toggle_class("open")
+
     def action_sort(self) -> None:
         key = self.model.next_sort()
         self.refresh_all(f"heads walked by {key}" + (" (largest first)" if key != "head" else ""))
@@ -168,3 +194,16 @@ class ViewerApp(App[None]):
             box.remove_class("open")
             self.set_focus(None)
             event.stop()
+        elif event.key == "escape" and self.query_one("#keys", Static).has_class("open"):
+            self.query_one("#keys", Static).remove_class("open")
+            event.stop()
+
+
+def _keys_text() -> Text:
+    """The list of keys ``?`` shows."""
+    text = Text("keys\n", style="bold", no_wrap=False)
+    for keys, what in KEYS:
+        text.append(f"{keys:<20}", style="bold")
+        text.append(f" {what}\n", style="")
+    text.rstrip()
+    return text

@@ -9,6 +9,7 @@ press redraws small arrays only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,22 +37,43 @@ class ViewerModel:
     _maps: dict[tuple[int, int], tuple[np.ndarray, int]] = field(default_factory=dict)
     _thumbs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _rollout: np.ndarray | None = None
+    _fitting: dict[tuple[int, int, bool], int] = field(default_factory=dict)  # layers that fit, by size
 
     def __post_init__(self) -> None:
+        opened = self.result.opened
+        w = opened.weights
+        self.layers, self.heads = list(opened.grid.layers), list(opened.grid.heads)
+        self.shape = (int(w.shape[-2]), int(w.shape[-1]))
+        self.batches = int(w.shape[1])
+        li, bi, hi = opened.index
+        self.layer = li if li in self.layers else self.layers[0]
+        self.head = hi if hi in self.heads else self.heads[0]
+        self.set_batch(bi)
+
+    def set_batch(self, entry: int) -> None:
+        """Show batch entry ``entry``: its maps, masks and labels (what was reduced for another is dropped)."""
         from attnviz.inspection.masks import grid_masks
         from attnviz.render.mosaic import grid_getter
 
         opened = self.result.opened
         w = opened.weights
-        _, bi, _ = opened.index
-        self.batch = bi
-        self.layers, self.heads = list(opened.grid.layers), list(opened.grid.heads)
-        self.keep, self.real = grid_masks(opened.masks, w.shape, bi)
-        self.get = grid_getter(w.data[:, bi], self.keep, self.real)
-        self.shape = (int(w.shape[-2]), int(w.shape[-1]))
-        li, _, hi = opened.index
-        self.layer = li if li in self.layers else self.layers[0]
-        self.head = hi if hi in self.heads else self.heads[0]
+        self.batch = entry % self.batches
+        self.keep, self.real = grid_masks(opened.masks, w.shape, self.batch)
+        self.get = grid_getter(w.data[:, self.batch], self.keep, self.real)
+        self.q_labels, self.k_labels = opened.labels_of(self.batch)
+        self._maps, self._thumbs, self._rollout = {}, {}, None
+
+    def move_batch(self, step: int) -> bool:
+        """The next (or previous) batch entry; False when there is one entry only."""
+        if self.batches < 2:
+            return False
+        self.set_batch(self.batch + step)
+        return True
+
+    @property
+    def entry(self) -> str:
+        """The batch entry shown, for titles: "entry 1 of 2" (empty for a single entry)."""
+        return f"entry {self.batch} of {self.batches}" if self.batches > 1 else ""
 
     # -- walking ---------------------------------------------------------------------------------
     def order(self) -> list[int]:
@@ -80,7 +102,7 @@ class ViewerModel:
     def find(self, text: str) -> bool:
         """Move the cursor's query (and key, when the keys carry the same labels) to the next token whose
         label contains ``text`` (case ignored), after the cursor's; whether one was found."""
-        labels = self.result.opened.q_labels
+        labels = self.q_labels
         if not text or labels is None:
             return False
         needle = text.lower()
@@ -89,7 +111,7 @@ class ViewerModel:
         for i in range(1, n + 1):
             q = (start + i) % n
             if needle in str(labels[q]).lower():
-                k = q if self.result.opened.k_labels == labels else self.cursor[1]
+                k = q if self.k_labels == labels else self.cursor[1]
                 self.cursor = (q, min(k, self.shape[1] - 1))
                 return True
         return False
@@ -132,12 +154,12 @@ class ViewerModel:
         from attnviz.render.terminal import single_picture
 
         cells, f = self.map()
-        opened = self.result.opened
-        q_labels, k_labels = opened.q_labels, opened.k_labels
+        q_labels, k_labels = self.q_labels, self.k_labels
         if f > 1:  # already in blocks: the labels of each block's first position
             q_labels = None if q_labels is None else list(q_labels[::f])
             k_labels = None if k_labels is None else list(k_labels[::f])
         title = "rollout (heads mean, residual 0.5)" if self.rollout else f"layer {self.layer}, head {self.head}"
+        title += f", {self.entry}" if self.entry else ""
         picture = single_picture(cells, None, title=title, q_labels=q_labels, k_labels=k_labels,
                                  cmap=self.fig.cmap, reduce=self.fig.reduce, scale=self.fig.scale(), plain=plain,
                                  height=height, colorbar_label="rollout" if self.rollout else "weight")
@@ -159,36 +181,68 @@ class ViewerModel:
 
     def thumbnails(self, width: int, height: int, plain: bool = False) -> TermPicture:
         """The layer x head grid, each head's map reduced once to ``THUMB`` cells a side; the selected head
-        marked."""
-        from attnviz.render.terminal import grid_picture
-
+        marked (none while the rollout is shown). As many layers as fit ``height``, around the selected one
+        (the title says which)."""
         f = max(block_factors(self.shape[0], self.shape[1], THUMB))
         for li in self.layers:
             for hi in self.heads:
                 if (li, hi) not in self._thumbs:
                     data, keep = self.get(li, hi)
                     self._thumbs[(li, hi)] = reduce_blocks(data, keep, f, f, self.fig.reduce)
+        n, at = len(self.layers), self.layers.index(self.layer)
+
+        def window(count: int) -> TermPicture:
+            start = min(max(0, at - count // 2), n - count)
+            return self._thumbnail_grid(self.layers[start:start + count], plain, height, f)
+
+        def fits(count: int) -> bool:
+            return len(window(count).lines(width)) <= height
+
+        key = (width, height, plain)
+        count = self._fitting.get(key)
+        if count is None:  # the most layers that fit: found once per size (a key press lays out once)
+            low, high = 1, n
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if fits(middle) else (low, middle - 1)
+            count = self._fitting[key] = low
+        return window(count)
+
+    def _thumbnail_grid(self, layers: list[int], plain: bool, height: int, f: int) -> TermPicture:
+        from attnviz.render.terminal import grid_picture
 
         def panel(r: int, c: int) -> TermPanel:
-            cells = self._thumbs[(self.layers[r], self.heads[c])]
+            cells = self._thumbs[(layers[r], self.heads[c])]
             return TermPanel(lambda: (cells, None), (int(cells.shape[0]), int(cells.shape[1])))
 
-        picture = grid_picture(panel, len(self.layers), len(self.heads), title="layers x heads",
-                               row_labels=[str(x) for x in self.layers], col_labels=[str(h) for h in self.heads],
+        n = len(self.layers)
+        which = "layers" if len(layers) == n else f"layers {layers[0]}-{layers[-1]} of {n}"
+        picture = grid_picture(panel, len(layers), len(self.heads), title=f"{which} x heads",
+                               row_labels=[str(x) for x in layers], col_labels=[str(h) for h in self.heads],
                                row_name="L", col_name="H", cmap=self.fig.cmap, reduce=self.fig.reduce,
                                scale=self.fig.scale(), plain=plain, height=height)
+        picture.fit = True
         picture.blocks = f
-        picture.marked = self.layers.index(self.layer) * len(self.heads) + self.heads.index(self.head)
+        if not self.rollout and self.layer in layers:
+            picture.marked = layers.index(self.layer) * len(self.heads) + self.heads.index(self.head)
         return picture
 
     def stats_lines(self) -> list[str]:
-        """The selected head's statistics and tag, then the heads of the layer in the walking order."""
+        """What the side panel says of the map shown: the selected head's statistics (two a line) and tag, then
+        the heads of the layer in the walking order; or, while the rollout is shown, what it is."""
+        if self.rollout:
+            return [f"rollout{', ' + self.entry if self.entry else ''}", "heads mean, residual 0.5",
+                    f"layers {self.layers[0]}-{self.layers[-1]}" if len(self.layers) > 1 else f"layer {self.layers[0]}",
+                    "each row: its share of each input token", "(r: back to the head)"]
+        from attnviz.render.summaries import COLUMNS
+
         stats = self.result.stats
         li, hi = self.layer, self.head
         tag = str(stats["tag"][li, hi]) if "tag" in stats else ""
-        lines = [f"layer {li}  head {hi}" + (f"  [{tag}]" if tag else "")]
-        for name in HEAD_STATS:
-            lines.append(f"{name:<13}{float(stats[name][li, hi]):8.3f}")
+        averaged = self.result.opened.options.selection.batch is None and self.batches > 1
+        lines = [f"layer {li}  head {hi}" + ("  (all entries)" if averaged else ""), *([f"[{tag}]"] if tag else [])]
+        pairs = [f"{COLUMNS.get(name, name):<6}{_stat(stats[name][li, hi]):>6}" for name in HEAD_STATS]
+        lines += ["  ".join(pairs[i:i + 2]) for i in range(0, len(pairs), 2)]
         key = self.sort
         lines.append(f"order: {key}" + (" (largest first)" if key != "head" else ""))
         order = self.order()
@@ -202,13 +256,19 @@ class ViewerModel:
 
     def cursor_line(self) -> str:
         """The query token, key token and weight under the cursor."""
-        opened = self.result.opened
         q, k = self.cursor
         _, f = self.map()
-        qname = f"{q}" + (f" {opened.q_labels[q]!r}" if opened.q_labels is not None else "")
-        kname = f"{k}" + (f" {opened.k_labels[k]!r}" if opened.k_labels is not None else "")
+        qname = f"{q}" + (f" {self.q_labels[q]!r}" if self.q_labels is not None else "")
+        kname = f"{k}" + (f" {self.k_labels[k]!r}" if self.k_labels is not None else "")
         value = self.value()
         weight = "masked" if np.isnan(value) else f"{value:.4f}"
         what = "rollout" if self.rollout else "weight"
         block = f" ({self.fig.reduce} of a {f}x{f} block)" if f > 1 else ""
-        return f"query {qname}  key {kname}  {what} {weight}{block}"
+        entry = f"[{self.entry}]  " if self.entry else ""
+        return f"{entry}query {qname}  key {kname}  {what} {weight}{block}"
+
+
+def _stat(value: Any) -> str:
+    """A head statistic as the panel writes it: three decimals, a dash where it is undefined (as the tables)."""
+    number = float(value)
+    return "–" if math.isnan(number) else f"{number:.3f}"

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.checked import report_checks, run_checked
 from attnviz.cli.options import FIGURE, OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
@@ -37,7 +38,8 @@ FIGURE_OVERRIDES = {
     "norm": {"help": "linear; log: symmetric log scale (linear near 0, within 4 decades of V or the smallest "
                      "|A - B|); power:G: sign(x) |x|^G, e.g. power:0.5"},
 }
-ORDER = ("layout", "generation",
+ORDER = ("layout", "generation", "generation_a", "generation_b",
+         "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "atol", "rtol", "worst", "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention",
          "mask_kind", "png", "html", "title", "cmap", "reduce", "vmax", "norm", "scale_per_panel", "layers", "heads",
          "reduce_heads", "max_panels", "show", "graphics", "precision", "json", "json_file", "no_table", "quiet")
@@ -54,9 +56,11 @@ def compare_command(**values: Any) -> None:
 
 compare_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("a", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
-        metavar="A", show_default=False, help="attention weights (as for inspect)")]),
+        metavar="A", show_default=False,
+        help=f"attention weights, as inspect reads them ({INPUT_FORMATS}; FILE:KEY, a glob over layers, a capture "
+             "file)")]),
     inspect.Parameter("b", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[str, typer.Argument(
-        metavar="B", show_default=False, help="weights of the same shape")]),
+        metavar="B", show_default=False, help="weights of the same shape, in any of those formats")]),
     *parameters(CompareOptions, FigureOptions, CompareOutputs, ShowOptions, order=ORDER, overrides=FIGURE_OVERRIDES,
                 exclude=("vmin", "check_mask", "max_rows", "max_cols"))])
 
@@ -85,6 +89,9 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
         failed = report_checks(result.checks, err) if result.checks else False
         for warning in result.warnings:
             err.print(f"warning: {warning}", markup=False, style="yellow")
+        if not out.quiet:
+            for note in run.notes:
+                err.print(note, markup=False, style="dim")
         if run.masks.described and not out.quiet:
             padded = result.comparison.padded_rows
             left_out = f"; {padded} padded query rows left out" if padded else ""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.errors import user_errors
 from attnviz.cli.options import OutputOptions, check_save_params, parameters, parse_index
 from attnviz.cli.show import check as show_check
@@ -33,7 +34,8 @@ def _variant_parameters(variant: Variant) -> list[inspect.Parameter]:
     params = []
     for n, spec in enumerate(variant.inputs):
         if n == 0:
-            annotation: Any = Annotated[str, typer.Argument(metavar=spec.name.upper(), help=spec.help,
+            first = f"{spec.help} ({INPUT_FORMATS}; FILE:KEY for one array of a file of several)"
+            annotation: Any = Annotated[str, typer.Argument(metavar=spec.name.upper(), help=first,
                                                             show_default=False)]
             params.append(inspect.Parameter(spec.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                             annotation=annotation))

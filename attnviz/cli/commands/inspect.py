@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.checked import report_checks, run_each
 from attnviz.cli.commands.capture import model_parameters
 from attnviz.cli.options import (
@@ -97,9 +98,9 @@ def _inspect_files(files: list[str], values: dict[str, Any]) -> None:
 inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
         list[str] | None, typer.Argument(metavar="WEIGHTS", show_default=False,
-        help="attention weights [..., Lq, Lk] (.npy, .npz, .npz:KEY, .json, .safetensors, .h5, .pt, -), or a "
-             "capture file (attnviz capture; an encoder-decoder's as FILE:encoder, :decoder or :cross); an .npz of "
-             "one array per layer is stacked; several files are inspected in turn, output names then need a "
+        help=f"attention weights [..., Lq, Lk] ({INPUT_FORMATS}; FILE:KEY for one array of a file of several), "
+             "or a capture file (attnviz capture; an encoder-decoder's as FILE:encoder, :decoder or :cross); a file "
+             "of one array per layer is stacked; several files are inspected in turn, output names then need a "
              "placeholder ({stem}, {name}, {dir}, {index}, {})")]),
     *parameters(InspectOptions, FigureOptions, InspectOutputs, ShowOptions, order=ORDER, overrides={"cmap": {
         "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}}),

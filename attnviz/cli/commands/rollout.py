@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.checked import run_checked
 from attnviz.cli.commands.capture import model_parameters
 from attnviz.cli.options import OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
@@ -79,8 +80,8 @@ rollout_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
     inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
         str | None, typer.Argument(
         metavar="WEIGHTS", show_default=False,
-        help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] (.npy, .npz of "
-             "one array per layer, FILE:KEY with a glob over layers, a capture file, ...)")]),
+        help="attention weights of every layer, as inspect reads them: [layers, batch, heads, L, L] "
+             f"({INPUT_FORMATS}; a file of one array per layer, FILE:KEY with a glob over layers, a capture file)")]),
     *parameters(RolloutOptions, FigureOptions, RolloutOutputs, ShowOptions, order=ORDER,
                 exclude=("check_mask", "scale_per_panel")),
     *model_parameters()])
@@ -135,6 +136,8 @@ def rollout_file(options: RolloutOptions, fig: FigureOptions, out: RolloutOutput
             document = to_json(rollout_document(run, files))
             save_json(document, staged)
         staged.commit()
+    for text in run.warnings:
+        err_console().print(f"warning: {text}", markup=False, style="yellow")
     if not out.quiet:
         err = err_console()
         err.print(f"{run.title}: {w.read_as('[layers, batch, heads, L, L]')}; {run.how}", markup=False, style="dim")

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.commands.capture import model_parameters
 from attnviz.cli.errors import user_errors
 from attnviz.cli.options import build, parameters
@@ -29,8 +30,9 @@ ORDER = ("layout", "generation", "weigh_by", "labels", "q_labels", "k_labels", "
 
 
 def view_command(**values: Any) -> None:
-    """Walk every layer and head of attention weights in the terminal (arrows or h/j/k/l; shift+arrows or
-    H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; r shows the rollout; q quits)."""
+    """Walk every layer and head of attention weights in the terminal (arrows or h/j/k/l; b/B the batch entry;
+    shift+arrows or H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; r shows the rollout;
+    ? lists the keys; q quits)."""
     from attnviz.cli.commands.capture import captured_input
 
     with user_errors():
@@ -45,9 +47,10 @@ def view_command(**values: Any) -> None:
 
 view_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("weights", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
-        str | None, typer.Argument(metavar="WEIGHTS", show_default=False,
-                                   help="attention weights, as inspect reads them (.npy, .npz, .npz:KEY, a glob over "
-                                        "layers, .safetensors, .pt, .h5, .json, a capture file)")]),
+        str | None, typer.Argument(
+            metavar="WEIGHTS", show_default=False,
+            help=f"attention weights, as inspect reads them ({INPUT_FORMATS}; FILE:KEY, a glob over layers, a capture "
+                 "file)")]),
     *parameters(InspectOptions, FigureOptions, order=ORDER, exclude=LEFT_OUT),
     *model_parameters()])
 

@@ -98,8 +98,17 @@
     return [i * f, Math.min(n, (i + 1) * f) - 1];
   }
 
+  /** The labels of an axis (0: queries, 1: keys) of the map shown: its grid row's own (a batch entry's
+   * tokens) where the page has labels per row, else the page's. */
+  function labelsOf(axis) {
+    const rows = axis === 0 ? data.qLabelRows : data.kLabelRows;
+    const m = typeof current === "number" && current >= 0 ? data.maps[current] : data.maps[0];
+    if (rows && m && rows[m.row]) return rows[m.row];
+    return axis === 0 ? data.qLabels : data.kLabels;
+  }
+
   function label(axis, pos) {
-    const labels = axis === 0 ? data.qLabels : data.kLabels;
+    const labels = labelsOf(axis);
     return labels ? labels[pos] : null;
   }
 
@@ -561,6 +570,7 @@
         th.querySelector(".arrow").textContent = i === k ? (dir > 0 ? " \u25b2" : " \u25bc") : "";
       });
     }
+    if (s.sort !== null && s.sort !== undefined) sortBy(s.sort);  // e.g. compare: the largest difference first
     const section = el("section", { className: "card", id: "stats" }, [
       el("h2", { text: s.title }),
       el("p", { className: "hint", text: "Click a column header to sort (again to reverse); click a row to open its map." }),
@@ -587,6 +597,10 @@
     thumbs.forEach(function (t, k) { if (t && k !== n) t.setAttribute("aria-pressed", "false"); });
     detailTitle.textContent = data.maps[n].name;
     headSelect.value = String(n);
+    if (headView.leftTokens) {  // a batch entry's own tokens, where the rows have their own
+      headView.leftTokens.forEach(function (t, i) { t.textContent = label(0, i) === null ? String(i) : label(0, i); });
+      headView.rightTokens.forEach(function (t, j) { t.textContent = label(1, j) === null ? String(j) : label(1, j); });
+    }
     for (const item of statRows) item.tr.classList.toggle("selected", item.map === n);
     drawDetail();
     drawHeadView();
