@@ -356,6 +356,12 @@ def test_cli_capture_to_a_bucket(bert_folder: Path, tmp_path: Path, monkeypatch:
     for key in mine:
         np.testing.assert_array_equal(mine[key], theirs[key])
     assert server.uploads(bucket) == []
+    # read back from the bucket as from the disk: the sites, the tokens, the masks, value norms
+    docs = [json.loads(r.stdout) for r in (CliRunner().invoke(app, ["inspect", where, "--weigh-by", "value-norms",
+                                                                    "--json"]) for where in
+                                           (f"s3://{bucket}/runs/run.safetensors", str(tmp_path / "run.safetensors")))]
+    assert docs[0]["head_stats"] == docs[1]["head_stats"] and docs[0]["labels"] == docs[1]["labels"]
+    assert docs[0]["labels"]["q"][:3] == ["[CLS]", "the", "cat"]
     gone = CliRunner().invoke(app, [*args, "s3://no-such-bucket-here/run.safetensors"])
     assert gone.exit_code == 1 and "no such bucket" in gone.stderr and gone.stderr.count("\n") == 1
 
