@@ -275,7 +275,7 @@ def test_two_inline_python_reports_draw_in_their_own_frames(browser, tmp_path):
         headings.append(browser.execute_script("return document.querySelector('h1').textContent"))
     browser.switch_to.default_content()
     assert headings[0].startswith("scaled attention weights [2, 4, 6, 6]")
-    assert headings[1].startswith("attention weights of weights")
+    assert headings[1].startswith("attention weights of the array [2, 4, 6, 6] given")
     assert requests_made(browser, page) == []
 
 
