@@ -318,16 +318,20 @@ def test_cli_capture_then_inspect(bert_folder: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["sites"] == ["layers.0", "layers.1"] and doc["shape"] == [2, 4, 8, 8] and doc["check"]["passed"]
-    shown = _cli("inspect", str(out), "--batch", "1", "--json")
-    assert shown.returncode == 0, shown.stderr
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    shown = CliRunner().invoke(app, ["inspect", str(out), "--batch", "1", "--json"])  # in this process: quicker
+    assert shown.exit_code == 0, shown.stderr
     report = json.loads(shown.stdout)
     assert report["labels"]["q"][:5] == ["[CLS]", "a", "dog", "ran", "[SEP]"]
     # the capture's tokens are one list per entry (issue 33, item 2): each entry's own, and no warning
     rows = report["labels"]["per_entry"]["q"]
     assert rows[0][:4] == ["[CLS]", "the", "cat", "sat"] and rows[1] == report["labels"]["q"]
     assert "one list of labels" not in shown.stderr
-    one = _cli("inspect", "--model", str(bert_folder), "--text", "the cat sat", "--json")
-    assert one.returncode == 0, one.stderr
+    one = CliRunner().invoke(app, ["inspect", "--model", str(bert_folder), "--text", "the cat sat", "--json"])
+    assert one.exit_code == 0, one.stderr
     assert json.loads(one.stdout)["weights_shape"][-1] == 5
 
 
