@@ -540,3 +540,43 @@ def test_encoder_decoder_generate_keeps_the_encoder_inputs(tmp_path: Path) -> No
                          ("cross", ref.cross_attentions)):
         for i, layer in enumerate(layers):
             _compare(tmp_path / "s2s.safetensors", f"{kind}.layers.{i}", layer.cpu().numpy())
+
+
+@pytest.mark.parametrize("family", ["llama (grouped-query)", "mistral (sliding window)", "gemma2 (softcap, windows)"])
+def test_generate_past_a_sliding_window_is_stitched(family: str, tmp_path: Path) -> None:
+    """generate() beyond the window: a sliding-window cache hands each step only the window's keys; the steps
+    are placed at their positions, and the whole equals one eager forward over the sequence fed. The keys and
+    values are the prompt's and each step's new ones: the sequence's, once."""
+    config_name, extra = DECODERS[family]
+    model, eager = _pair(config_name, extra)
+    ids, mask = _ids(length=6, left=False)
+    mask[:] = 1
+    with torch.no_grad():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # one run, not one per step
+            with attnviz.capture(model, path=tmp_path / "w.safetensors"):
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                     pad_token_id=0)
+        fed = out[:, :-1]
+        ref = eager(fed, output_attentions=True).attentions
+    with safe_open(str(tmp_path / "w.safetensors"), "np") as f:
+        assert f.get_tensor("layers.0.weights").shape[-2:] == (11, 11)
+        assert f.get_tensor("layers.0.k").shape[1] == 11 and f.get_tensor("layers.0.q").shape[1] == 11
+    for i in range(2):
+        _compare(tmp_path / "w.safetensors", f"layers.{i}", ref[i].cpu().numpy())
+    assert max(check_capture(tmp_path / "w.safetensors").values()) < 1e-5  # q, k, masks agree with the weights
+
+
+def test_two_runs_in_one_block_keep_the_last_whole(tmp_path: Path) -> None:
+    model, eager = _pair("LlamaConfig", dict(num_key_value_heads=2))
+    ids, mask = _ids()
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="ran 2 times"):
+            with attnviz.capture(model, path=tmp_path / "two.safetensors"):
+                model(ids, attention_mask=mask)
+                model(ids[:, :5], attention_mask=mask[:, :5])
+        ref = eager(ids[:, :5], attention_mask=mask[:, :5], output_attentions=True).attentions
+    for i in range(2):
+        _compare(tmp_path / "two.safetensors", f"layers.{i}", ref[i].cpu().numpy())
+    with safe_open(str(tmp_path / "two.safetensors"), "np") as f:
+        np.testing.assert_array_equal(f.get_tensor("input_ids"), ids[:, :5].cpu().numpy())

@@ -283,6 +283,7 @@ class HFCapture:
             self._encoder_inputs(module, (), {k: given.get(k) for k in ("input_ids", "attention_mask")})
         arrays = {n: _numpy(given[n].detach().cpu()) for n in names if _is_tensor(given.get(n))}
         self.rec.record_inputs(arrays, continuing, names)
+        self.rec.stepping = continuing
 
     def _encoder_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         given = dict(kwargs)
@@ -359,8 +360,12 @@ class HFCapture:
             arrays["weights"] = host(weights, self.dtype)
         if self.qkv:
             arrays["q"] = host(query.transpose(1, 2), torch.float32)
-            arrays["k"] = host(key.transpose(1, 2), torch.float32)
-            arrays["v"] = host(value.transpose(1, 2), torch.float32)
+            if not self.rec.is_step(site, lq, lk):
+                arrays["k"] = host(key.transpose(1, 2), torch.float32)
+                arrays["v"] = host(value.transpose(1, 2), torch.float32)
+            elif site.kind != "cross":  # a step: only the new positions' keys and values (the rest came before)
+                arrays["k"] = host(key.transpose(1, 2)[:, -lq:], torch.float32)
+                arrays["v"] = host(value.transpose(1, 2)[:, -lq:], torch.float32)
         b = int(query.shape[0])
         keep = torch.ones((b, 1, lq, lk), dtype=torch.bool, device=query.device) if mask is None else _keep(mask)
         if keep.shape[-1] != lk:

@@ -128,6 +128,8 @@ class Recorder:
         self.steps = 0
         self.metadata: dict[str, Any] = {}
         self.metadata_extra: dict[str, Any] = {}
+        #: set by the framework for each forward: whether it continues the last (a KV cache in use); None: unknown
+        self.stepping: bool | None = None
         self.finished = False
 
     # -- sites
@@ -148,6 +150,15 @@ class Recorder:
         self.sites[key] = site
         return site
 
+    def is_step(self, site: Site, lq: int, lk: int) -> bool:
+        """Whether a call of a site that ran already continues its run (a step of generate()): as the
+        framework says (``stepping``: the forward continues a KV cache), else by the key lengths."""
+        if site.name not in self.run:
+            return False
+        if self.stepping is not None:
+            return self.stepping
+        return self.continues(site, lq, lk)
+
     def continues(self, site: Site, lq: int, lk: int) -> bool:
         chunks = self.run.get(site.name)
         if not chunks:
@@ -160,7 +171,7 @@ class Recorder:
     def record(self, site: Site, lq: int, lk: int, arrays: dict[str, HostArray]) -> None:
         """One call of ``site``: its arrays (``weights``, ``q``, ``k``, ``v``, ``mask``, ...) queued for
         the file."""
-        if site.name in self.run and not self.continues(site, lq, lk):
+        if site.name in self.run and not self.is_step(site, lq, lk):
             self.run = {}  # the model ran again: the file keeps the last run (the hooks keep its inputs)
             self.runs += 1
             self.steps = 0
@@ -224,13 +235,14 @@ class Recorder:
 
     def _stitched(self, full: str, part: str, entries: list[Entry],
                   chunks: list[Chunk]) -> tuple[str, np.dtype, tuple[int, ...], Source]:
+        """One array of a site over its calls: a single call's as it is; generate()'s steps stitched. A step
+        holds the new positions' queries and keys only (a cross-attention's keys come once), and its map's
+        keys are the sequence's last ``lk`` positions (all of them, or a sliding window's cache)."""
         first = entries[0]
+        cross = full.startswith("cross.")
         if len(entries) == 1:
             return full, first.dtype, first.shape, lambda: self.stream.read(first)
-        if part in ("k", "v"):  # the last step's keys and values cover the whole sequence
-            last = entries[-1]
-            return full, last.dtype, last.shape, lambda: self.stream.read(last)
-        if part == "q":
+        if part in ("q", "k", "v"):  # the prompt's, then each step's new positions
             shape = (*first.shape[:1], sum(e.shape[1] for e in entries), *first.shape[2:])
 
             def rows() -> np.ndarray:
@@ -238,8 +250,8 @@ class Recorder:
 
             return full, first.dtype, shape, rows
         if part in ROW_MAPS:
-            lk = max(e.shape[-1] for e in entries)
             lq = sum(e.shape[-2] for e in entries)
+            lk = max(e.shape[-1] for e in entries) if cross else lq
             shape = (*first.shape[:-2], lq, lk)
 
             def stitched() -> np.ndarray:
@@ -249,8 +261,10 @@ class Recorder:
                     arr = self.stream.read(e)
                     if arr.shape[:-2] != shape[:-2]:  # a bias broadcast over the batch in one step only
                         arr = np.broadcast_to(arr, (*shape[:-2], *arr.shape[-2:]))
-                    out[..., at:at + arr.shape[-2], :arr.shape[-1]] = arr
-                    at += arr.shape[-2]
+                    end = at + arr.shape[-2]
+                    keys = slice(0, arr.shape[-1]) if cross else slice(end - arr.shape[-1], end)
+                    out[..., at:end, keys] = arr
+                    at = end
                 return out
 
             return full, first.dtype, shape, stitched
@@ -270,7 +284,8 @@ class Recorder:
         simple = all(len(chunks) == 1 for chunks in self.run.values())
         if simple:
             # the sites were streamed call by call; the file lists them in its order, the inputs last
-            order = [e for e in self.stream.entries if e.name in self._live()]
+            live = self._live()
+            order = [e for e in self.stream.entries if id(e) in live]
             for name, parts in self.inputs.items():
                 order.append(self.stream.append(name, _joined(parts)))
             if finish_in_place(self.stream, order, self.metadata):
@@ -282,14 +297,23 @@ class Recorder:
             self.stream.close()
             self.stream.path.replace(aside)
             self.stream.path = aside
-        write_safetensors(target, self.arrays(), self.metadata)
-        self.discard_stream()
+        try:
+            write_safetensors(target, self.arrays(), self.metadata)
+        except BaseException:
+            try:
+                target.unlink()
+            except OSError:
+                pass
+            raise
+        finally:
+            self.discard_stream()
         return target
 
-    def _live(self) -> set[str]:
-        """The streamed arrays of the last run (and the output projections of its sites)."""
-        names = {e.name for chunks in self.run.values() for c in chunks for e in c.entries.values()}
-        return names | {e.name for site, entries in self.statics.items() if site in self.run for e in entries.values()}
+    def _live(self) -> set[int]:
+        """The streamed arrays of the last run (and the output projections of its sites), by identity: an
+        earlier run's arrays have the same names."""
+        live = {id(e) for chunks in self.run.values() for c in chunks for e in c.entries.values()}
+        return live | {id(e) for site, entries in self.statics.items() if site in self.run for e in entries.values()}
 
     def discard_stream(self) -> None:
         self.stream.close()
