@@ -313,32 +313,32 @@ def iter_sites(keys: list[str]) -> Iterator[tuple[str, str]]:
             yield m.group("site"), m.group("name")
 
 
-def to_npz(source: Path, target: Path) -> None:
-    """A capture ``.safetensors`` file rewritten as ``.npz`` (atomically), array by array; bfloat16
-    arrays become float32 (``.npy`` has no bfloat16)."""
-    from attnviz.formats.safetensor import SafetensorsFile
+def convert(source: Path, target: Path) -> None:
+    """A capture file written again as ``target``'s format (``.npz`` or ``.safetensors``), array by array,
+    through a staged file renamed into place; bfloat16 and float16 arrays become float32 (``.npy`` has no
+    bfloat16)."""
+    from attnviz.formats import open_file
     from attnviz.staging import forget, hidden_file
 
-    raw = SafetensorsFile(source, str(source))
+    raw = open_file(source, str(source))
     meta = read_metadata(raw)
     if meta is None:
         raise InputError(f"{source}: not a capture file.")
     arrays: list[tuple[str, np.dtype, tuple[int, ...], Source]] = []
     for key in raw.keys:
-        entry = raw.entry(key)
-        dtype = np.dtype(bool) if entry["dtype"] == "BOOL" else (
-            np.dtype(np.int64) if entry["dtype"].startswith("I") else np.dtype(np.float32))
-        if entry["dtype"] in ("F16", "F64", "I32", "U8"):
-            dtype = np.dtype({"F16": "<f2", "F64": "<f8", "I32": "<i4", "U8": "u1"}[entry["dtype"]])
-        arrays.append((key, dtype, tuple(entry["shape"]), _reader(raw, key, dtype)))
+        if key == META_KEY:
+            continue
+        arr = raw.read(key)  # memory-mapped where the format allows: read again when written
+        arrays.append((key, arr.dtype, tuple(arr.shape), _reader(raw, key, arr.dtype)))
     folder = target.parent if str(target.parent) else Path(".")
     try:
-        fd, name = hidden_file(folder, f".{target.name[:60]}.", ".part.npz")
+        fd, name = hidden_file(folder, f".{target.name[:60]}.", f".part{target.suffix}")
     except OSError as exc:
         raise OutputError(f"{target}: cannot write into {folder} ({exc.strerror or exc}).") from None
     os.close(fd)
     try:
-        write_npz(Path(name), arrays, meta)
+        (write_npz if target.suffix.lower() == ".npz" else write_safetensors)(Path(name), arrays, meta)
+        os.chmod(name, 0o666 & ~_umask())
         os.replace(name, target)
     except OSError as exc:
         raise OutputError(f"{target}: cannot write ({exc.strerror or exc}).") from None
@@ -346,6 +346,12 @@ def to_npz(source: Path, target: Path) -> None:
         if os.path.exists(name):
             os.unlink(name)
         forget(name)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class open_capture:  # noqa: N801 - used as a context manager, like open()

@@ -105,9 +105,14 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
     if dtype != "auto":
         kwargs["dtype"] = getattr(torch, dtype)
     try:
-        model = cls.from_pretrained(str(path), **kwargs).to(device).eval()
+        model, info = cls.from_pretrained(str(path), output_loading_info=True, **kwargs)
+        model = model.to(device).eval()
     except Exception as exc:  # noqa: BLE001 - weights that do not fit the config, a missing file ...
         raise InputError(f"{path}: cannot load the model ({_reason(exc)}).") from None
+    missing = list((info or {}).get("missing_keys") or [])
+    if missing:  # transformers would initialise them at random and say so in a log line attnviz hides
+        raise InputError(f"{path}: the weights file lacks {len(missing)} of the model's parameters ({missing[0]}, "
+                         "...): they would be random; save the model with save_pretrained.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # noqa: BLE001
@@ -129,7 +134,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     causal = not getattr(model.config, "is_encoder_decoder", False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    if generate and causal:
+    if (generate or target is not None) and causal:  # each row ends at the last column: generate() and --target
         tokenizer.padding_side = "left"  # generate() continues each row from its last real token
     try:
         batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
@@ -157,7 +162,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
                        target=target_value) as rec:
         try:
             if generate:
-                if not hasattr(model, "generate") or model.__class__.__name__.endswith("Model"):
+                if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
                     raise UsageError(f"--generate: {type(model).__name__} has no language-model head to generate "
                                      "with.")
                 model.generate(**inputs, max_new_tokens=generate, do_sample=False,

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.capturing.recorder import HostArray, Pending, Recorder, Site
-from attnviz.errors import AttnvizError, InputError
+from attnviz.errors import AttnvizError, InputError, UsageError
 
 IMPLEMENTATION = "attnviz_capture"
 #: attribute names of an attention module's output projection, by family
@@ -424,10 +424,20 @@ class HFCapture:
 
         if not self.graph:
             raise InputError("--target: no attention weights were recorded to take the gradient of.")
-        last = logits[:, -1, :]
+        # each row's last real position (a right-padded row's is not the last column)
+        mask = self.rec.inputs.get("decoder_attention_mask" if self.encoder_decoder else "attention_mask")
+        position = np.full(logits.shape[0], logits.shape[1] - 1)
+        if mask and mask[-1].shape == tuple(logits.shape[:2]):
+            real = np.asarray(mask[-1]).astype(bool)
+            position = np.where(real.any(1), real.shape[1] - 1 - np.argmax(real[:, ::-1], axis=1), position)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        last = logits[rows, torch.as_tensor(position, device=logits.device)]
         if target == "next":
             ids = last.argmax(-1)
         else:
+            if not 0 <= int(target) < last.shape[-1]:
+                raise UsageError(f"--target {target}: no such token id; the model's vocabulary is "
+                                 f"0..{last.shape[-1] - 1}.")
             ids = torch.as_tensor(target, device=last.device).reshape(-1).expand(last.shape[0])
         chosen = last.gather(1, ids[:, None]).sum()
         names = [n for n in self.graph if n in self.rec.run]
@@ -438,6 +448,7 @@ class HFCapture:
             self.rec.record_more(name, {"grad": self.pool.host(grad, torch.float32)})
         self.graph.clear()
         self.rec.metadata_extra["target_ids"] = [int(i) for i in ids.reshape(-1).tolist()]
+        self.rec.metadata_extra["target_positions"] = [int(p) for p in position]
 
 
 def _keep(mask: Any) -> Any:

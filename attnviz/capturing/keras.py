@@ -90,24 +90,28 @@ class KerasCapture:
         return compute_attention
 
     def _record(self, layer: Any, query: Any, key: Any, value: Any, attention_mask: Any, causal: bool) -> None:
-        import tensorflow as tf
+        import keras
 
         from attnviz.capturing.check import recompute
 
-        if not tf.executing_eagerly():
-            raise AttnvizError(f"{layer.name}: the model runs as a graph (predict() or a tf.function), whose tensors "
-                               "attnviz cannot read; inside attnviz.capture call the model directly: model(x).")
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            if not tf.executing_eagerly():
+                raise AttnvizError(f"{layer.name}: the model runs as a graph (predict() or a tf.function), whose "
+                                   "tensors attnviz cannot read; inside attnviz.capture call the model directly: "
+                                   "model(x).")
         if len(query.shape) != 4:
             raise InputError(f"{layer.name}: attention over several axes ({len(query.shape)}-D queries); attnviz "
                              "captures MultiHeadAttention over one sequence axis.")
-        q, k, v = (np.asarray(t, dtype=np.float32) for t in (query, key, value))
+        q, k, v = (np.asarray(_numpy(t), dtype=np.float32) for t in (query, key, value))
         b, lq, heads, _ = q.shape
         lk = k.shape[1]
         keep = np.ones((b, lq, lk), bool)
         if attention_mask is not None:
-            keep &= np.broadcast_to(np.asarray(attention_mask).astype(bool), (b, lq, lk))
-        if causal:
-            keep &= np.tril(np.ones((lq, lk), bool), lk - lq)
+            keep &= np.broadcast_to(np.asarray(_numpy(attention_mask)).astype(bool), (b, lq, lk))
+        if causal:  # Keras' causal mask is lower-triangular from the top left (query i sees keys 0..i)
+            keep &= np.tril(np.ones((lq, lk), bool))
         scale = float(layer._inverse_sqrt_key_dim)
         site = self.rec.site(id(layer), "layers", layer.name,
                              {"scale": scale, "window": None, "softcap": None, "sinks": False, "heads": int(heads),
@@ -121,11 +125,18 @@ class KerasCapture:
         dense = getattr(layer, "_output_dense", None)
         kernel = getattr(dense, "kernel", None)
         if kernel is not None and len(kernel.shape) == 3:
-            statics: dict[str, Any] = {"wo": np.asarray(kernel, dtype=np.float32)}
+            statics: dict[str, Any] = {"wo": np.asarray(_numpy(kernel), dtype=np.float32)}
             bias = getattr(dense, "bias", None)
             if bias is not None:
-                statics["bo"] = np.asarray(bias, dtype=np.float32)
+                statics["bo"] = np.asarray(_numpy(bias), dtype=np.float32)
             self.rec.record_static(site, statics)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A backend tensor or a Keras variable as NumPy, whatever the backend (``keras.ops.convert_to_numpy``)."""
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(value))
 
 
 def _bfloat16() -> np.dtype:

@@ -135,10 +135,20 @@ class Capture:
                                  "within the with statement.")
             raise AttnvizError("attnviz.capture: no attention site ran (the layers asked for are not in the model?).")
         self.metadata = self._metadata()
-        final = self.target_path if self.target_path is not None and self.target_path.suffix.lower() == ".npz" \
-            else rec.stream.path
-        done = rec.finish(final if final.suffix.lower() == ".npz" else rec.stream.path, self.metadata)
+        done = rec.finish(rec.stream.path, self.metadata)
+        self.metadata = rec.metadata  # as the file has it (the target's ids and positions included)
+        if self.target_path is not None and self.target_path.suffix.lower() == ".npz":
+            from attnviz.capturing.fileformat import convert
+
+            try:  # written whole next to the target, then renamed into place
+                convert(done, self.target_path)
+            finally:
+                rec.discard_stream()
+            done = self.target_path
         if self.target_path is not None and done != self.target_path:
+            from attnviz.capturing.fileformat import _umask
+
+            os.chmod(done, 0o666 & ~_umask())  # as any file the user writes (the staged file was private)
             try:
                 os.replace(done, self.target_path)
             except OSError as exc:
@@ -189,12 +199,12 @@ class Capture:
         target = Path(path)
         if target.suffix.lower() not in (".safetensors", ".npz"):
             raise UsageError(f"{target}: a capture is saved as .safetensors or .npz.")
-        if target.suffix.lower() == ".npz":
-            from attnviz.capturing.fileformat import to_npz
-
-            to_npz(self.path, target)
-            return target
         if target.resolve() == self.path.resolve():
+            return target
+        if target.suffix.lower() != self.path.suffix.lower():
+            from attnviz.capturing.fileformat import convert
+
+            convert(self.path, target)
             return target
 
         def copy(fh: Any) -> None:

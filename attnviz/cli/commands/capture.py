@@ -89,7 +89,8 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         raise UsageError(f"{'--target' if target else '--check'} needs the weights; drop --no-weights.")
     wanted = parse_layers(layers)
     all_texts = read_texts(texts, text_file)
-    targets = check_outputs({"-o": output}, [])
+    folder = Path(model)  # -o may not replace a file of the model's own (its weights, its config)
+    targets = check_outputs({"-o": output}, list(folder.iterdir()) if folder.is_dir() else [])
 
     def run(path: Any) -> Any:
         return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
