@@ -114,6 +114,11 @@ def implementation(model: Any, name: str) -> Iterator[dict[int, Any]]:
             config._attn_implementation_internal = value
 
 
+#: tensors from this size on are copied into reused pinned buffers (smaller ones, such as generate()'s steps,
+#: plainly: a pinned allocation per new shape would cost more than the copy)
+PINNED_FROM = 1 << 20
+
+
 class HostPool:
     """Pinned host buffers reused across layers for copies from a GPU (the copy runs beside the next
     layer's compute and the writer waits for it), or plain NumPy conversion on the CPU."""
@@ -130,6 +135,8 @@ class HostPool:
             t = t.to(dtype)
         if t.device.type == "cpu":
             return _numpy(t.contiguous())
+        if t.numel() * t.element_size() < PINNED_FROM:  # a step's rows: a plain copy costs less than pinning
+            return _numpy(t.cpu())
         key = (tuple(t.shape), t.dtype)
         with self.lock:
             free = self.free.setdefault(key, [])

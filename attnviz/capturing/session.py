@@ -92,13 +92,24 @@ class Capture:
         except BaseException:
             rec.writer.close() if rec.writer.thread.is_alive() else None
             rec.discard_stream()
+            self._release()
             raise
+        self._release()
         if exc_type is not None:
             try:
                 rec.writer.close()
             except BaseException:  # noqa: BLE001 - the block's own exception is the one to see
                 pass
             rec.discard_stream()
+
+    def _release(self) -> None:
+        """What the capture held for the run: pinned buffers, the logits and graph of a target."""
+        adapter = self._adapter
+        if adapter is not None:
+            for name in ("pool", "logits", "graph"):
+                if hasattr(adapter, name):
+                    setattr(adapter, name, None)
+        self._adapter = None
 
     def _stream_path(self) -> Path:
         if self.target_path is not None:
