@@ -521,31 +521,11 @@ def load_label_rows(spec: str) -> LabelInput:
         from attnviz import storage
 
         url = check_url(spec)
-        text = storage.read_text(url, spec, what="labels")
-        if url.suffix.lower() == ".json":
-            value = _parse_json_text(text, spec)
-            if isinstance(value, dict) and "labels" in value:
-                value = value["labels"]
-            return LabelInput(_label_rows(value, spec), url, f"file {spec}")
-        lines = text.splitlines()
-        blocks = _blocks(lines)
-        if len(blocks) > 1:
-            return LabelInput(blocks, url, f"file {spec}", lines=lines)
-        return LabelInput([lines], url, f"file {spec}")
+        return _labels_file(storage.read_text(url, spec, what="labels"), url, spec)
     p = Path(spec)
     special = os.path.lexists(p) and not os.path.isdir(p)  # a pipe is read once; a device is refused
     if os.path.isfile(p) or special:  # False (not an error) for a name too long to be a file: a long list
-        text = read_text_file(p, spec, what="labels")
-        if p.suffix.lower() == ".json":
-            value = _parse_json_text(text, spec)
-            if isinstance(value, dict) and "labels" in value:
-                value = value["labels"]
-            return LabelInput(_label_rows(value, spec), p, f"file {spec}")
-        lines = text.splitlines()
-        blocks = _blocks(lines)
-        if len(blocks) > 1:
-            return LabelInput(blocks, p, f"file {spec}", lines=lines)
-        return LabelInput([lines], p, f"file {spec}")
+        return _labels_file(read_text_file(p, spec, what="labels"), p, spec)
     if spec.lstrip().startswith("["):
         try:
             value = loads_json(spec)
@@ -554,6 +534,21 @@ def load_label_rows(spec: str) -> LabelInput:
         if isinstance(value, list):
             return LabelInput(_label_rows(value, "labels"), None, "a JSON list")
     return LabelInput([[s.strip() for s in spec.split(",")]], None, "a comma-separated list (no such file)")
+
+
+def _labels_file(text: str, place: Place, spec: str) -> LabelInput:
+    """The labels of a file's text (local or at a URL): JSON (a list, a list of lists, or an object with
+    ``labels``), else one label a line with a blank line between batch entries."""
+    if place.suffix.lower() == ".json":
+        value = _parse_json_text(text, spec)
+        if isinstance(value, dict) and "labels" in value:
+            value = value["labels"]
+        return LabelInput(_label_rows(value, spec), place, f"file {spec}")
+    lines = text.splitlines()
+    blocks = _blocks(lines)
+    if len(blocks) > 1:
+        return LabelInput(blocks, place, f"file {spec}", lines=lines)
+    return LabelInput([lines], place, f"file {spec}")
 
 
 def _blocks(lines: list[str]) -> list[list[str]]:
