@@ -235,12 +235,17 @@ def _info(url: Url, refresh: bool = False) -> dict[str, Any] | None:
             fs.invalidate_cache(path)
         info = fs.info(path)
     except FileNotFoundError as exc:
-        if "bucket" in str(exc).lower():
-            raise failure(exc, url) from None
+        _no_object(exc, url)
         return None
     except Exception as exc:
         raise failure(exc, url) from None
     return None if info.get("type") == "directory" else dict(info)
+
+
+def _no_object(exc: FileNotFoundError, url: Url) -> None:
+    """A missing object is the caller's None; a missing bucket is the one-line error, raised here."""
+    if "bucket" in str(exc).lower():
+        raise failure(exc, url) from None
 
 
 def glob(pattern: str, option: str = "--each") -> list[str]:
@@ -282,8 +287,7 @@ def read_whole(url: Url) -> bytes | None:
     try:
         return bytes(fs.cat_file(path))
     except FileNotFoundError as exc:
-        if "bucket" in str(exc).lower():
-            raise failure(exc, url) from None
+        _no_object(exc, url)
         return None
     except Exception as exc:
         raise failure(exc, url) from None
