@@ -198,8 +198,11 @@ def capture_mask(w: Weights) -> np.ndarray | None:
     layers where every site has the same)."""
     if w.capture is None or w.kind is None:
         return None
+    from attnviz.capturing.fileformat import site_keep
+
     sites = w.capture.sites(w.kind)
-    masks = [w.container.get(f"{s}.mask").astype(bool) for s in sites if w.capture.has(s, "mask")]
+    found = [site_keep(w.container, w.capture, s) for s in sites]
+    masks = [m for m in found if m is not None]
     if len(masks) != len(sites) or not masks:
         return None
     if all(np.array_equal(m, masks[0]) for m in masks[1:]):
