@@ -527,6 +527,9 @@ class HFCapture:
         ours = step_row(q, key, scale=scale, dense=sub, softcap=softcap, sinks=sinks,
                         bias=None if bias is None else bias[..., rows, :])
         tol = 1e-4 if query.dtype == torch.float32 else 2e-2
+        if theirs is not None and theirs.shape == ours.shape and sub is not None:  # rows that attend to nothing:
+            live = sub.any(-1, keepdim=True)  # eager spreads them evenly (a mask of the dtype's minimum), no weights
+            theirs, ours = torch.where(live, theirs.float(), 0.0), torch.where(live, ours, 0.0)
         if theirs is None or theirs.shape != ours.shape or not bool(torch.allclose(theirs.float(), ours, atol=tol)):
             raise InputError(f"{family}: attnviz cannot reproduce this family's attention a block of rows at a time "
                              "(its weights differ from what its scale, mask, softcap and sinks give); capture its "
