@@ -196,9 +196,9 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
     k = np.repeat(k, h // k.shape[1], axis=1)
     if dense is not None:
         dense = np.broadcast_to(np.asarray(dense, bool), (b, 1, lq, lk))
-        real_keys = dense.any(axis=-2)[:, 0]
+        real_keys = np.asarray(dense.any(axis=-2))[:, 0]
     else:
-        real_keys = parts.keep_rows(b, 0, 1, lk)[:, 0, 0] if parts.padding is not None else np.ones((b, lk), bool)
+        real_keys = np.ones((b, lk), bool)
         if parts.padding is not None:
             real_keys = np.broadcast_to(np.asarray(parts.padding, bool)[..., -lk:], (b, lk)).copy()
     if parts.self_attention and lq <= lk:
@@ -222,6 +222,7 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
     positions = settings.row_positions(lq)
     rows = np.zeros((b, h, len(positions), lk))
     j = np.arange(lk)
+    block = max(1, min(block, (1 << 21) // max(1, h * lk)))  # float64 blocks of at most 16 MiB
     for r0 in range(0, lq, block):
         r1 = min(lq, r0 + block)
         keep = dense[:, :, r0:r1] if dense is not None else parts.keep_rows(b, r0, r1, lk)
@@ -252,14 +253,18 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
         a = a * counted[:, None, :, None]
         received += a.sum(-2)
         seen_by += (keep[:, 0] & counted[..., None]).sum(-2)
-        for i in range(r0, r1):
-            qi = np.searchsorted(qe, i, side="right") - 1
-            cell_rows[:, qi] += counted[:, i - r0]
-            for kj in range(len(ke) - 1):
-                part = a[:, :, i - r0, ke[kj]:ke[kj + 1]]
-                cell_sum[:, :, qi, kj] += part.sum(-1)
-                cell_max[:, :, qi, kj] = np.maximum(cell_max[:, :, qi, kj], part.max(-1))
-                cell_seen[:, qi, kj] |= (keep[:, 0, i - r0, ke[kj]:ke[kj + 1]] & counted[:, i - r0, None]).any(-1)
+        # the pooled cells: each key block's sum and maximum per row, then added into the rows' query blocks
+        bk = ke[1] - ke[0]
+        pad = (len(ke) - 1) * bk - lk
+        blocks = np.pad(a, ((0, 0), (0, 0), (0, 0), (0, pad))).reshape(b, h, r1 - r0, len(ke) - 1, bk)
+        seen = np.pad(keep[:, 0] & counted[..., None], ((0, 0), (0, 0), (0, pad))).reshape(b, r1 - r0, -1, bk)
+        qblock = np.searchsorted(qe, np.arange(r0, r1), side="right") - 1
+        for qi in np.unique(qblock):
+            at = qblock == qi
+            cell_rows[:, qi] += counted[:, at].sum(-1)
+            cell_sum[:, :, qi] += blocks[:, :, at].sum((2, 4))
+            cell_max[:, :, qi] = np.maximum(cell_max[:, :, qi], blocks[:, :, at].max((2, 4)))
+            cell_seen[:, qi] |= seen[:, at].any((1, 3))
     widths = np.diff(ke).astype(np.float64)
     ok = (cell_seen & (cell_rows[:, :, None] > 0))[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):

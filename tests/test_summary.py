@@ -244,3 +244,192 @@ def test_pool_edges_and_bad_settings() -> None:
         SummarySettings(rows="x")
     assert SummarySettings(rows="0,-1,2:4,last").row_positions(10) == [0, 2, 3, 9]
     assert set(PER_ROW) >= {"entropy", "max", "sink_mass", "local_mass", "total"}
+
+
+# -- the command line: a Llama folder with a word-level tokenizer (benchmarks/models.py), long-ish inputs
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from models import llama_folder as make
+
+    folder = tmp_path_factory.mktemp("models") / "llama"
+    return make(folder, layers=2, heads=4, kv_heads=2, hidden=32, positions=4096)
+
+
+def invoke(*args: object) -> object:
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def _text(tokens: int, needle: str | None = None) -> str:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from models import long_text
+
+    return long_text(tokens, needle)
+
+
+def test_inspect_of_a_summary_equals_inspect_of_the_exact_capture(llama_folder: Path, tmp_path: Path) -> None:
+    """The same run captured whole and summarised: inspect --json gives the same head statistics and received
+    attention (a padded batch of two texts; the document as one text through --text @FILE)."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(_text(300).replace(" . ", " .\n"))  # newlines inside: still one text
+    args = ["--text", f"@{doc}", "--text", _text(120)]
+    exact, summary = tmp_path / "exact.safetensors", tmp_path / "summary.safetensors"
+    assert invoke("capture", llama_folder, *args, "-o", exact).exit_code == 0
+    done = invoke("capture", llama_folder, *args, "-o", summary, "--summary", "--json")
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["summary"] is True
+    a = json.loads(invoke("inspect", exact, "--json").stdout)
+    b = json.loads(invoke("inspect", summary, "--json").stdout)
+    assert len(a["head_stats"]) == len(b["head_stats"]) == 8
+    for x, y in zip(a["head_stats"], b["head_stats"]):
+        for name in ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max", "rows"):
+            assert y[name] == pytest.approx(x[name], rel=1e-5, abs=1e-5), (x["layer"], x["head"], name)
+        assert y["tag"] == x["tag"]
+    ra, rb = np.array(a["received"]["per_head"], float), np.array(b["received"]["per_head"], float)
+    np.testing.assert_allclose(rb, ra, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert b["summary"]["sinks"] == 4 and b["shape"]["keys"] == 300
+
+
+def test_summary_pictures_spans_and_sorting(llama_folder: Path, tmp_path: Path) -> None:
+    needle = "the secret code is magic blue"
+    path = tmp_path / "s.safetensors"
+    assert invoke("capture", llama_folder, "--text", _text(600, needle), "-o", path, "--summary", "--pool", "32",
+                  "--rows", "0,-1").exit_code == 0
+    out = invoke("inspect", path, "--png", tmp_path / "grid.png", "--received-png", tmp_path / "rec.png",
+                 "--map-png", tmp_path / "rows.png", "--span-text", f"needle={needle}", "--span", "start=1:50",
+                 "--sort", "sink_mass", "--top", "3", "--json")
+    assert out.exit_code == 0, out.stderr
+    doc = json.loads(out.stdout)
+    sinks = [r["sink_mass"] for r in doc["head_stats"]]
+    assert len(sinks) == 3 and sinks == sorted(sinks, reverse=True)
+    spans = doc["spans"]
+    assert spans["needle"]["end"] - spans["needle"]["start"] == 6 and spans["start"]["start"] == 1
+    assert np.array(spans["needle"]["rows"]).shape == (2, 4, 2)  # [layers, heads, chosen rows]
+    from PIL import Image
+
+    for name in ("grid.png", "rec.png", "rows.png"):
+        with Image.open(tmp_path / name) as im:
+            assert im.size[0] > 300 and len(set(im.convert("L").getdata())) > 10, name
+
+
+def test_retrieval_scores_from_generated_steps(llama_folder: Path, tmp_path: Path) -> None:
+    """--generate with --summary keeps each decode step's row; --needle scores each head as Wu et al.:
+    a hit when the step's top key lies in the needle and holds the token generated. Checked against the
+    eager model's own weights of the same generation."""
+    import transformers
+
+    needle = "the secret code is magic blue"
+    text = _text(200, needle)
+    path = tmp_path / "g.safetensors"
+    done = invoke("capture", llama_folder, "--text", text, "-o", path, "--summary", "--generate", "4")
+    assert done.exit_code == 0, done.stderr
+    out = invoke("inspect", path, "--needle", needle, "--json")
+    assert out.exit_code == 0, out.stderr
+    doc = json.loads(out.stdout)
+    scores = np.array(doc["retrieval"]["scores"])
+    assert scores.shape == (2, 4) and doc["retrieval"]["decode_rows"] == 4
+    # the same generation with the model's eager weights, scored by hand
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_folder, attn_implementation="eager").eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama_folder)
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        gen = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        attn = model(gen, output_attentions=True).attentions
+    start, end = doc["needle_span"] if "needle_span" in doc else (doc["retrieval"]["needle"]["start"],
+                                                                   doc["retrieval"]["needle"]["end"])
+    p = ids.shape[1]
+    want = np.zeros((2, 4))
+    for li in range(2):
+        for t in range(4):  # the row that produced generated token t is position p - 1 + t
+            row = attn[li][0, :, p - 1 + t, : p + t].numpy()
+            top = row.argmax(-1)
+            want[li] += ((top >= start) & (top < end) & (gen[0, top].numpy() == int(gen[0, p + t])))
+    np.testing.assert_allclose(scores, want / (end - start))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--summary", "--rows", "5000"], "--rows 5000: outside the sequence"),
+    (["--summary", "--pool", "0"], "--pool"),
+    (["--summary", "--no-weights"], "drop --no-weights"),
+    (["--max-file", "1K"], "--summary"),
+])
+def test_capture_bad_summary_input(llama_folder: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "x.safetensors"
+    done = invoke("capture", llama_folder, "--text", _text(50), "-o", out, *args)
+    assert done.exit_code in (1, 2) and message in done.stderr, done.stderr
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing written, nothing staged left behind
+
+
+def test_inspect_bad_summary_input(llama_folder: Path, tmp_path: Path) -> None:
+    path = tmp_path / "s.safetensors"
+    assert invoke("capture", llama_folder, "--text", _text(80), "-o", path, "--summary").exit_code == 0
+    for args, message in ((["--span", "a=70:900"], "outside the sequence"), (["--span", "oops"], "NAME=START:END"),
+                          (["--span-text", "n=magic purple"], "do not spell"),
+                          (["--needle", "the"], "--generate"), (["--stats-png", tmp_path / "x.png"], "summaries"),
+                          (["--batch", "3"], "--batch 3")):
+        done = invoke("inspect", path, *args)
+        assert done.exit_code == 2 and message in done.stderr, (args, done.stderr)
+    done = invoke("rollout", path)
+    assert done.exit_code in (1, 2) and "summar" in done.stderr, done.stderr
+
+
+def test_inspect_model_chooses_the_summary_when_weights_would_not_fit(llama_folder: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnviz.capturing import folder
+
+    monkeypatch.setattr(folder, "MAX_FILE", 2**16)
+    done = invoke("inspect", "--model", llama_folder, "--text", _text(100), "--json")
+    assert done.exit_code == 0, done.stderr
+    assert "captured a summary instead" in done.stderr and "summary" in json.loads(done.stdout)
+
+
+def test_inspect_of_a_no_weights_capture_summarises_its_q_and_k(llama_folder: Path, tmp_path: Path) -> None:
+    """--no-weights keeps q, k and v: inspect computes the summary from them (NumPy) instead of refusing, equal
+    to the summary the capture computes where the model runs."""
+    args = ["--text", _text(150), "--text", _text(90)]
+    qk, summary = tmp_path / "qk.safetensors", tmp_path / "summary.safetensors"
+    assert invoke("capture", llama_folder, *args, "-o", qk, "--no-weights").exit_code == 0
+    assert invoke("capture", llama_folder, *args, "-o", summary, "--summary").exit_code == 0
+    a = json.loads(invoke("inspect", qk, "--json").stdout)
+    b = json.loads(invoke("inspect", summary, "--json").stdout)
+    assert a["summary"]["computed_from"] == "q and k"
+    for x, y in zip(a["head_stats"], b["head_stats"]):
+        for name in ("entropy", "entropy_norm", "max", "sink_mass", "local_mass", "distance", "first", "last"):
+            assert x[name] == pytest.approx(y[name], rel=1e-5, abs=1e-6), name
+    np.testing.assert_allclose(np.array(a["received"]["per_head"], float), np.array(b["received"]["per_head"], float),
+                               rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+def test_retrieval_score_counts_hits_as_wu_et_al() -> None:
+    """Decode rows whose top key lies in the needle and holds the generated token score; others do not."""
+    from attnviz.inspection.summary import Span, SummaryRead, retrieval_scores
+
+    lq, lk, n = 6, 9, 3  # a 6-token prompt, 3 generated tokens (rows: the prompt's last and 2 steps)
+    ids = np.array([[5, 7, 8, 9, 4, 2, 8, 9, 3]])  # the generated tokens are 8, 9, 3
+    step = np.zeros((1, 1, 2, 2, lk))  # [layers, B, H, steps, Lk]
+    last = np.zeros((1, 1, 2, 1, lq))  # the prompt's last row ("--rows last")
+    last[0, 0, 0, 0, 2] = 1  # head 0 decodes token 8 from key 2 (token 8, in the needle 1:4): a hit
+    last[0, 0, 1, 0, 0] = 1  # head 1 looks at key 0 (outside the needle)
+    step[0, 0, 0, 0, 3] = 1  # head 0 decodes 9 from key 3 (token 9, in the needle): a hit
+    step[0, 0, 1, 0, 1] = 1  # head 1 looks at key 1 (token 7, in the needle, but not the token decoded): no hit
+    step[0, 0, 0, 1, 1] = 1  # head 0 decodes 3 from key 1 (token 7): no hit
+    rows = {name: np.zeros((1, 1, 2, lq)) for name in PER_ROW}
+    rows["entropy"][:] = 1.0
+    read = SummaryRead("x", "layers", ["layers.0"], {}, rows, np.ones((1, 1, lq), np.int64), np.zeros((1, 1, 2, lq)),
+                       np.ones((1, 1, lq), np.int64), np.zeros((1, 1, 2, 1, 1)), np.zeros((1, 1, 2, 1, 1)), [0, lq],
+                       [0, lq], np.ones((1, lq), bool), last, [lq - 1], step, None, None, ids)
+    scores, decoded = retrieval_scores(read, Span("needle", 1, 4))
+    assert decoded == n
+    np.testing.assert_allclose(scores, [[2 / 3, 0.0]])

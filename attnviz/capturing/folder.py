@@ -259,9 +259,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     assert rec.path is not None
     meta = rec.metadata
     first = rec.sites[0]
-    from attnviz.capturing.fileformat import open_capture
-
-    from attnviz.capturing.fileformat import site_lengths
+    from attnviz.capturing.fileformat import open_capture, site_lengths
 
     with open_capture(rec.path) as (raw, capture):
         if raw.has(f"{first}.weights"):

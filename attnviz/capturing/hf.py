@@ -211,7 +211,7 @@ class HFCapture:
         #: ``attnviz.summarystats.SummarySettings``: record each site's summary instead of its weights
         self.summary = summary
         #: the parts of each mask tensor seen in this forward, by id (the tensor kept, so that its id stays its own)
-        self.parts_of: dict[int, tuple[Any, Any, Any]] = {}
+        self.parts_of: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
         self.checked_families: set[str] = set()
         self.dense_bytes = 0  # the dense masks kept (masks not made of padding, causal and a window)
 
@@ -450,7 +450,8 @@ class HFCapture:
         when it is not made of them; worked out once per mask tensor of a forward."""
         from attnviz.capturing.summary import mask_parts
 
-        window = _number(kwargs.get("sliding_window"))
+        found = _number(kwargs.get("sliding_window"))
+        window = None if found is None else int(found)
         self_attention = site.kind != "cross"
         causal = bool(getattr(module, "is_causal", False)) and self_attention
         key = (id(keep), window, self_attention, causal, lq, lk)
@@ -475,11 +476,10 @@ class HFCapture:
         scale = float(query.shape[-1] ** -0.5 if scale is None else scale)
         softcap = _number(kwargs.get("softcap"))
         sinks = kwargs.get("s_aux") if _is_tensor(kwargs.get("s_aux")) else None
-        bias = kwargs.get("position_bias")
-        if _is_tensor(bias):
-            bias = bias[..., -lq:, :lk] if bias.shape[-2] != lq else bias[..., :lk]
-        else:
-            bias = None
+        given: Any = kwargs.get("position_bias")
+        bias = None
+        if _is_tensor(given):
+            bias = given[..., -lq:, :lk] if given.shape[-2] != lq else given[..., :lk]
         self._check_family(module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias)
         host = self.pool.host
         if step:

@@ -316,3 +316,89 @@ def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[
         result.retrieval, result.decode_rows = scores, rows
         result.needle = {"start": target.start, "end": target.end, "name": target.name}
     return result
+
+
+class _Computed:
+    """Arrays computed in memory, read as ``read_summary`` reads a file's."""
+
+    def __init__(self, source: str, arrays: dict[str, np.ndarray]) -> None:
+        self.source, self.arrays, self.keys = source, arrays, list(arrays)
+
+    def get(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def has(self, key: str) -> bool:
+        return key in self.arrays
+
+
+def summarise_qk(raw: Any, capture: Any, kind: str, settings: Any = None) -> tuple[Any, Any]:
+    """The summary of a capture that holds q and k but no weights (``--no-weights``), computed by attnviz's
+    own blockwise scoring in NumPy (``attnviz.summarystats.summarise``) with each site's scale, softcap,
+    sinks, position bias and mask: ``(arrays, capture)`` as ``read_summary`` takes them."""
+    from dataclasses import replace
+
+    from attnviz.capturing.fileformat import mask_parts_of
+    from attnviz.summarystats import MaskParts, SummarySettings, summarise
+
+    settings = settings or SummarySettings()
+    arrays: dict[str, np.ndarray] = {}
+    meta_sites = capture.metadata.get("sites", {})
+    for site in capture.sites(kind):
+        if not (capture.has(site, "q") and capture.has(site, "k")):
+            raise InputError(f"{capture.source}: the site {site} holds neither weights nor q and k.")
+        q = np.asarray(raw.get(f"{site}.q"), np.float32).transpose(0, 2, 1, 3)
+        k = np.asarray(raw.get(f"{site}.k"), np.float32).transpose(0, 2, 1, 3)
+        meta = meta_sites.get(site, {})
+        if meta.get("window") and not mask_parts_of(capture, site) and not capture.has(site, "mask"):
+            raise InputError(f"{capture.source}: {site} has a sliding window but no mask recorded.")
+        parts_meta = mask_parts_of(capture, site)
+        dense = None
+        parts = MaskParts(self_attention=kind != "cross")
+        if capture.has(site, "mask"):
+            dense = np.asarray(raw.get(f"{site}.mask"), bool)
+        elif parts_meta is not None:
+            real = np.asarray(raw.get(f"{site}.real_keys"), bool) if capture.has(site, "real_keys") else None
+            lq, lk = q.shape[2], k.shape[2]
+            parts = MaskParts(causal=bool(parts_meta.get("causal")), window=parts_meta.get("window"), padding=real,
+                              q_offset=lk - lq if parts_meta.get("self_attention", True) else 0,
+                              self_attention=bool(parts_meta.get("self_attention", True)))
+        sinks = np.asarray(raw.get(f"{site}.sinks")) if capture.has(site, "sinks") else None
+        bias = np.asarray(raw.get(f"{site}.position_bias")) if capture.has(site, "position_bias") else None
+        scale = meta.get("scale") or q.shape[-1] ** -0.5
+        got = summarise(q, k, scale=float(scale), settings=settings, parts=parts, dense=dense,
+                        softcap=meta.get("softcap"), sinks=sinks, bias=bias)
+        real_keys = got.pop("real_keys")
+        for name, value in got.items():
+            arrays[f"{site}.{name}"] = value
+        arrays[f"{site}.real_keys"] = real_keys
+    for name in ("input_ids", "decoder_input_ids"):
+        if name in raw.keys:
+            arrays[name] = np.asarray(raw.get(name))
+    computed = _Computed(capture.source, arrays)
+    meta = dict(capture.metadata)
+    meta["summary"] = {**settings.as_metadata(), "computed_from": "q and k"}
+    return computed, replace(capture, metadata=meta, keys=list(arrays))
+
+
+def open_qk_capture(spec: str) -> tuple[Any, Any, str] | None:
+    """``(arrays, capture, kind)`` of the summary computed from a capture's q and k when it holds no weights
+    (``--no-weights``); None for any other input."""
+    from attnviz.capturing.fileformat import as_capture
+    from attnviz.formats import Container
+    from attnviz.io import open_spec
+
+    try:
+        opened = open_spec(spec)
+    except Exception:  # noqa: BLE001 - the weights reader says what is wrong with it
+        return None
+    if not isinstance(opened.raw, Container):
+        return None
+    capture = as_capture(opened.raw)
+    if capture is None or is_summary(capture) or (opened.key is not None and opened.raw.has(opened.key)):
+        return None
+    kind = capture.choose_kind(opened.key)
+    sites = capture.sites(kind)
+    if not sites or any(capture.has(s, "weights") for s in sites):
+        return None
+    computed, described = summarise_qk(opened.raw, capture, kind)
+    return computed, described, kind

@@ -19,14 +19,18 @@ COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "max": "max", "sink_mass": 
 def head_rows(result: SummaryResult, sort: str = "layer", reverse: bool = False,
               top: int | None = None) -> list[dict[str, Any]]:
     """One dict per (layer, head): its statistics, sorted (statistics largest first) and cut to ``top``."""
+    from attnviz.inspection.heads import head_tags
+
     stats = result.heads
     layers, heads = stats["entropy"].shape
+    tags = head_tags(stats)
     rows = []
     for li in range(layers):
         for hi in range(heads):
             row: dict[str, Any] = {"layer": li, "head": hi, "rows": int(stats["rows"][li, hi])}
             for name in HEAD_FIELDS:
                 row[name] = _num(stats[name][li, hi])
+            row["tag"] = str(tags[li, hi]) or None
             if result.retrieval is not None:
                 row["retrieval"] = _num(result.retrieval[li, hi])
             for name, got in result.spans.items():
@@ -118,13 +122,11 @@ def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "
     s = result.read
     layers, b, h, lq, lk = s.shape
     bi = result.batch
-    profile = result.received["mean"][:, bi].mean(1)  # [layers, Lk]: mean over heads
     doc: dict[str, Any] = {
         "attnviz": __version__, "command": "inspect", "file": s.source, "kind": s.kind, "summary": s.settings,
         "shape": {"sites": layers, "batch": b, "heads": h, "queries": lq, "keys": lk}, "batch": bi,
         "head_stats": head_rows(result, sort, reverse, top),
-        "received": {"mean_over_heads": [[_num(v) for v in row] for row in profile],
-                     "note": "per key: attention received from the real rows that see it, divided by their number"},
+        "received": received_document(result),
         "pooled": {"q_edges": s.q_edges, "k_edges": s.k_edges},
         "warnings": result.warnings, "files": files,
     }
@@ -143,6 +145,39 @@ def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "
         doc["retrieval"] = {"needle": result.needle, "decode_rows": result.decode_rows,
                             "scores": [[_num(v) for v in row] for row in result.retrieval]}
     return doc
+
+
+def received_document(result: SummaryResult) -> dict[str, Any]:
+    """The attention each key receives, as ``inspect``'s JSON of exact weights has it (``received``): per key
+    the mean over the real rows that see it, averaged over batch entries: ``per_head [L, H, Lk]``,
+    ``per_layer [L, Lk]``, ``mean [Lk]``, and the ``top`` receivers."""
+    import warnings
+
+    from attnviz.inspection.received import TOP_RECEIVERS
+
+    s = result.read
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_head = np.nanmean(result.received["mean"], axis=1)
+        per_layer = np.nanmean(per_head, axis=1)
+        mean = np.nanmean(per_layer, axis=0)
+    order = [int(j) for j in np.argsort(-np.nan_to_num(mean, nan=-np.inf), kind="stable")[:TOP_RECEIVERS]
+             if not np.isnan(mean[j])]
+    tokens = s.key_tokens[0] if s.key_tokens else None
+    top = []
+    for j in order:
+        column = np.nan_to_num(per_head[:, :, j], nan=-np.inf)
+        li, hi = np.unravel_index(int(np.argmax(column)), column.shape)
+        top.append({"position": j, "token": tokens[j] if tokens and j < len(tokens) else None, "mean": float(mean[j]),
+                    "max": float(per_head[li, hi, j]), "layer": int(li), "head": int(hi)})
+
+    def listed(a: np.ndarray) -> Any:
+        return [listed(x) for x in a] if a.ndim > 1 else [_num(v) for v in a]
+
+    causal = bool((s.metadata.get("sites", {}).get(s.sites[0], {}).get("mask") or {}).get("causal"))
+    return {"causal": causal, "layers": list(range(len(s.sites))), "mean": listed(mean),
+            "per_layer": listed(per_layer), "per_head": listed(per_head), "top": top,
+            "note": "per key: the attention it receives from the real rows that see it, divided by their number"}
 
 
 def _norm_for(fig: Any, values: np.ndarray, skip: int = 0) -> tuple[Any, str]:

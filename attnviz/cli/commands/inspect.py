@@ -92,9 +92,9 @@ def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, An
     show: ShowOptions = build(ShowOptions, values)
 
     def one(path: str, names: dict[str, Any], source: str | None) -> bool:
-        from attnviz.inspection.summary import open_summary
+        from attnviz.inspection.summary import open_qk_capture, open_summary
 
-        found = open_summary(path)
+        found = open_summary(path) or open_qk_capture(path)
         if found is not None:
             return inspect_summary(found, options, fig, replace(out, **names), asked or {})
         if asked and any(asked.values()):
