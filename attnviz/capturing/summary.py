@@ -22,7 +22,7 @@ from typing import Any
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
 
 #: scores held at a time per block (float32 values, all heads): the block's rows follow from it
-BLOCK_VALUES = 1 << 24  # 64 MiB of scores; with the weights and their shifted scores about 3x that
+BLOCK_VALUES = 1 << 20  # 4 MiB of scores a block: the block stays in the caches while it is read again
 MASKED = -1e30  # masked scores: exp underflows to exactly 0, and 0 * MASKED is 0 (not NaN as with -inf)
 
 
@@ -39,8 +39,14 @@ def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, 
               row_budget: int = BLOCK_VALUES) -> dict[str, Any]:
     """The summary of one call of a site: ``query [B, H, Lq, d]``, ``key [B, Hkv, Lk, d]`` (torch, any
     device), ``dense`` a boolean keep mask ``[B or 1, 1 or H, Lq, Lk]`` (or None: ``parts`` say it all).
-    Returns torch tensors on the same device, named as ``attnviz.summarystats.PER_ROW`` and the per-key and
-    pooled arrays."""
+    Returns torch tensors on the same device, named as ``attnviz.summarystats`` names them.
+
+    Each block of query rows is read a few times only: its scores ``s`` (the keys it may see, in whole
+    blocks of the pooled map), the maximum of each (row, key block) (which gives the row's maximum, its key,
+    and the pooled maxima), ``e = exp(s - max)`` in place of the scores' copy, its row sums, one small matrix
+    product for the per-row sums over key functions (sink keys, the first and last real key, positions),
+    one row dot for the entropy, and one matrix product per query block for the received attention and the
+    pooled sums; every per-row quantity is divided by the row's sum at the end, not each weight."""
     import torch
 
     dev = query.device
@@ -48,147 +54,218 @@ def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, 
     hkv, lk = key.shape[1], key.shape[-2]
     groups = h // hkv
     f32 = torch.float32
-    k32 = key.to(f32)
-    kt = k32.transpose(-1, -2)  # [B, Hkv, d, Lk]
-    q_pos0 = parts.q_offset  # the position of query row 0 among the keys (steps: the cache's length)
+    qe, ke = pool_edges(lq, settings.pool), pool_edges(lk, settings.pool)
+    bq, bk = qe[1] - qe[0], ke[1] - ke[0]
+    pq, pk = len(qe) - 1, len(ke) - 1
+    lkp = pk * bk  # the keys padded to whole pooled blocks (the padding is masked)
+    kt = torch.zeros((b, hkv, key.shape[-1], lkp), dtype=f32, device=dev)
+    kt[..., :lk] = key.to(f32).transpose(-1, -2)
+    q_pos0 = parts.q_offset
     real_keys = _real_keys(parts, dense, b, lq, lk, dev)  # [B, Lk] bool
+    realp = torch.zeros((b, lkp), dtype=torch.bool, device=dev)
+    realp[:, :lk] = real_keys
     real_rows = real_keys[:, lk - lq:] if parts.self_attention and lq <= lk else _rows_seeing(parts, dense, b, lq, lk,
                                                                                               dev)
-    sink_keys = _first_real(real_keys, settings.sinks)  # [B, Lk] bool: the first S real keys
     first_key = torch.where(real_keys.any(-1), real_keys.float().argmax(-1), 0)  # [B]
     last_key = torch.where(real_keys.any(-1), lk - 1 - real_keys.flip(-1).float().argmax(-1), lk - 1)
+    key_pos = torch.arange(lkp, device=dev)
+    features = torch.zeros((b, 1, lkp, 4), dtype=f32, device=dev)  # per key: position, sink, first, last
+    features[..., 0] = key_pos.to(f32)
+    features[..., 1] = _first_real(realp, settings.sinks)[:, None]
+    features[..., 2] = (key_pos[None] == first_key[:, None]).to(f32)[:, None]
+    features[..., 3] = (key_pos[None] == last_key[:, None]).to(f32)[:, None]
+    counts = None if dense is not None else torch.nn.functional.pad(realp.to(torch.int64).cumsum(-1), (1, 0))
     out = {name: torch.full((b, h, lq), math.nan, dtype=f32, device=dev) for name in PER_ROW}
     out["argmax"] = torch.full((b, h, lq), -1, dtype=torch.int64, device=dev)
     keys_seen = torch.zeros((b, lq), dtype=torch.int64, device=dev)
-    received = torch.zeros((b, h, lk), dtype=torch.float64, device=dev)
-    seen_by = torch.zeros((b, lk), dtype=torch.int64, device=dev)
-    qe, ke = pool_edges(lq, settings.pool), pool_edges(lk, settings.pool)
-    bq, bk = qe[1] - qe[0] if len(qe) > 1 else 1, ke[1] - ke[0] if len(ke) > 1 else 1
-    pq, pk = len(qe) - 1, len(ke) - 1
+    counted_rows = torch.zeros((b, lq), dtype=torch.bool, device=dev)
+    received = torch.zeros((b, h, lkp), dtype=torch.float64, device=dev)
+    seen_by = torch.zeros((b, lkp), dtype=torch.int64, device=dev)
     pooled_sum = torch.zeros((b, h, pq, pk), dtype=torch.float64, device=dev)
     pooled_max = torch.zeros((b, h, pq, pk), dtype=f32, device=dev)
-    pooled_rows = torch.zeros((b, pq), dtype=torch.int64, device=dev)  # real rows per query block
-    pooled_seen = torch.zeros((b, pq, pk), dtype=torch.bool, device=dev)  # a kept (row, key) in the cell
+    pooled_seen = torch.zeros((b, pq, pk), dtype=torch.bool, device=dev)  # a kept (real row, key) in the cell
     positions = settings.row_positions(lq)
     rows_out = torch.zeros((b, h, len(positions), lk), dtype=f32, device=dev) if positions else None
     wanted = {p: n for n, p in enumerate(positions)}
     sink_logit = None if sinks is None else sinks.to(f32).reshape(1, h, 1).to(dev)
-    key_pos = torch.arange(lk, device=dev)
-    step = max(1, min(lq, row_budget // max(1, h * lk * b)))
-    step = max(bq, step // bq * bq) if bq <= step else step  # whole query blocks of the pooled map where they fit
+    qs = query.to(f32) * scale
+    step = max(1, min(lq, row_budget // max(1, b * h * lkp)))
     for r0 in range(0, lq, step):
         r1 = min(lq, r0 + step)
         r = r1 - r0
-        qpos = torch.arange(r0, r1, device=dev) + q_pos0  # the rows' positions among the keys
+        pos = torch.arange(r0, r1, device=dev) + q_pos0  # the rows' positions among the keys
         lo, hi = _key_range(parts, dense, r0, r1, q_pos0, lk)
-        lo = lo // bk * bk  # whole key blocks of the pooled map
-        keep = _keep_block(parts, dense, real_keys, r0, r1, lo, hi, q_pos0, dev)  # [B, 1, r, K] bool
-        qb = query[:, :, r0:r1].to(f32).reshape(b, hkv, groups * r, -1)
-        s = torch.matmul(qb, kt[..., lo:hi]).reshape(b, h, r, hi - lo)
-        s.mul_(scale)
+        lo, hi = lo // bk * bk, min(lkp, -(-hi // bk) * bk)  # whole key blocks of the pooled map
+        width, nj, j0 = hi - lo, (hi - lo) // bk, lo // bk
+        s = torch.matmul(qs[:, :, r0:r1].reshape(b, hkv, groups * r, -1), kt[..., lo:hi]).view(b, h, r, width)
         if softcap is not None:
             s.div_(softcap).tanh_().mul_(softcap)
         if bias is not None:
-            s.add_(bias[..., r0:r1, lo:hi].to(f32))
-        s.masked_fill_(~keep, MASKED)
-        top, arg = s.max(-1)  # [B, H, r]
+            s[..., :max(0, min(hi, lk) - lo)].add_(bias[..., r0:r1, lo:min(hi, lk)].to(f32))
+        keep = None
+        if dense is not None:
+            keep = torch.zeros((b, 1, r, width), dtype=torch.bool, device=dev)
+            got = dense[:, :, r0:r1, lo:min(hi, lk)]
+            keep[..., :got.shape[-1]] = got if got.shape[1] == 1 else got.any(1, keepdim=True)
+            s.masked_fill_(~keep, MASKED)
+            live = keep.any(-1)[:, 0]  # [B, r]
+            seen = keep.sum(-1)[:, 0]
+        else:
+            seen = _mask_parts_block(s, parts, realp, counts, pos, lo, hi, lk)
+            live = seen > 0
+        row_real = real_rows[:, r0:r1] & live  # [B, r]: the rows that count in sums over rows
+        blocks = s.view(b, h, r, nj, bk)
+        block_max = blocks.amax(-1)  # [B, H, r, nj]
+        top, which = block_max.max(-1)
+        inside = blocks.gather(3, which[..., None, None].expand(b, h, r, 1, bk))[..., 0, :].argmax(-1)
+        arg = (which + j0) * bk + inside
+        key_top = top
         if sink_logit is not None:
             top = torch.maximum(top, sink_logit)
         s.sub_(top[..., None])
         e = torch.exp(s)
         total_e = e.sum(-1)
-        if sink_logit is not None:
-            total_e = total_e + torch.exp(sink_logit - top)
-        e.div_(total_e[..., None])  # the weights A
-        p = e
-        live = keep.any(-1)  # [B, 1, r]: rows that may attend somewhere
-        row_real = real_rows[:, r0:r1][:, None] & live  # [B, 1, r]
-        rows = out
-        cols = torch.stack([torch.ones(hi - lo, device=dev), (key_pos[lo:hi] - lo).to(f32)], -1)  # [K, 2]
-        features = torch.zeros((b, 1, hi - lo, 5), dtype=f32, device=dev)
-        features[..., 0:2] = cols
-        features[..., 2] = sink_keys[:, None, lo:hi]
-        features[..., 3] = (key_pos[lo:hi][None] == first_key[:, None])[:, None].to(f32)
-        features[..., 4] = (key_pos[lo:hi][None] == last_key[:, None])[:, None].to(f32)
-        got = torch.matmul(p, features)  # [B, H, r, 5]: total, sum p (j - lo), sink, first, last
-        total, jsum = got[..., 0], got[..., 1]
-        # entropy: -sum A log A = total * log(sum e) - sum A (s - top), s - top as shifted above
-        entropy = total * torch.log(total_e) - torch.mul(p, s, out=s).sum(-1)  # s is not needed after this
-        # the largest weight: exp(0) / sum e, the row's largest score being the shift (with sinks it may not be)
-        maxw = p.amax(-1) if sink_logit is not None else 1.0 / total_e
-        i_rel = (qpos - lo).to(f32)  # [r]
-        band = _band(p, qpos, lo, hi, settings.local)
-        # distance: sum A |i - j|, split at the diagonal: keys left of the block's first row and right of its last
-        # are on one side for every row; the keys in between are summed exactly
-        c0, c1 = max(lo, int(qpos[0])), min(hi, int(qpos[-1]) + 1)
+        denom = total_e if sink_logit is None else total_e + torch.exp(sink_logit - top)
+        alive = live[:, None].expand(b, h, r)
+        inv = torch.where(alive, 1.0 / denom, torch.zeros((), device=dev))  # a row that sees nothing: no weights
+        if not bool(live.all()):
+            e.mul_(live[:, None, :, None])
+        got = torch.matmul(e, features[:, :, lo:hi])  # [B, H, r, 4]: sums of e times position, sink, first, last
+        dot = torch.linalg.vecdot(e, s)  # sum e (s - max): for the entropy
+        total = total_e * inv
+        entropy = total * torch.log(denom) - dot * inv
+        maxw = inv if sink_logit is None else torch.exp(key_top - top) * inv
+        # distance: sum A |pos - j|: the keys left of the block's first row and right of its last are on one side
+        # of every row's diagonal; the keys in between are summed exactly
+        posf = pos.to(f32)
+        c0, c1 = max(lo, int(pos[0])), min(hi, int(pos[-1]) + 1)
+        jsum = got[..., 0]
         if c1 > c0:
-            mid = p[..., c0 - lo:c1 - lo]
+            mid = e[..., c0 - lo:c1 - lo]
             jm = key_pos[c0:c1].to(f32)
-            dmid = (mid * (qpos[:, None].to(f32) - jm[None]).abs()).sum(-1)
+            dmid = torch.matmul(mid, jm[:, None])[..., 0]
             amid = mid.sum(-1)
-            jmid = torch.matmul(mid, (jm - lo)[:, None])[..., 0]
+            absmid = (mid * (posf[:, None] - jm[None]).abs()).sum(-1)
         else:
-            dmid = amid = jmid = torch.zeros_like(total)
-        left = p[..., :max(0, c0 - lo)]
-        if left.shape[-1]:
+            dmid = amid = absmid = torch.zeros_like(total_e)
+        if c0 > lo:
+            left = e[..., :c0 - lo]
             aleft = left.sum(-1)
-            jleft = torch.matmul(left, (key_pos[lo:c0] - lo).to(f32)[:, None])[..., 0]
+            jleft = torch.matmul(left, key_pos[lo:c0].to(f32)[:, None])[..., 0]
         else:
-            aleft = jleft = torch.zeros_like(total)
-        aright, jright = total - aleft - amid, jsum - jleft - jmid
-        distance = (i_rel * aleft - jleft) + dmid + (jright - i_rel * aright)
-        diag = _at(p, qpos - lo, hi - lo)
-        prev = _at(p, qpos - 1 - lo, hi - lo)
+            aleft = jleft = torch.zeros_like(total_e)
+        aright, jright = total_e - aleft - amid, jsum - jleft - dmid
+        distance = ((posf * aleft - jleft) + absmid + (jright - posf * aright)) * inv
+        values = {"entropy": entropy, "max": maxw, "sink_mass": got[..., 1] * inv,
+                  "local_mass": _band(e, pos, lo, hi, settings.local) * inv, "total": total, "distance": distance,
+                  "diagonal": _at(e, pos - lo, width) * inv, "previous": _at(e, pos - 1 - lo, width) * inv,
+                  "first": got[..., 2] * inv, "last": got[..., 3] * inv}
         nan = torch.tensor(math.nan, device=dev)
-        valid = live.expand(b, h, r)
-        values = {"entropy": entropy, "max": maxw, "sink_mass": got[..., 2], "local_mass": band, "total": total,
-                  "distance": distance, "diagonal": diag, "previous": prev, "first": got[..., 3],
-                  "last": got[..., 4]}
         for name, value in values.items():
-            rows[name][:, :, r0:r1] = torch.where(valid, value, nan)
-        out["argmax"][:, :, r0:r1] = torch.where(valid, arg + lo, -1)
-        keys_seen[:, r0:r1] = keep[:, 0].sum(-1)
-        if not bool(live.all()):  # a row that may attend nothing has no weights
-            p.mul_(live[..., None])
-        if rows_out is not None:
-            for pos in range(r0, r1):
-                if pos in wanted:
-                    rows_out[:, :, wanted[pos], lo:hi] = p[:, :, pos - r0]
-        if not bool(row_real.all()):  # padded rows add nothing to the per-key and pooled sums
-            p.mul_(row_real[..., None])
-        received[..., lo:hi] += p.sum(-2)
-        seen_by[:, lo:hi] += (keep[:, 0] & row_real[:, 0, :, None]).sum(-2)
-        # the pooled map: each cell's sum and largest weight, over whole key blocks
-        kk = hi - lo
-        nkb = -(-kk // bk)
-        pad = nkb * bk - kk
-        pp = torch.nn.functional.pad(p, (0, pad)) if pad else p
-        kb = torch.nn.functional.pad(keep, (0, pad)) if pad else keep
-        qblock = (torch.arange(r0, r1, device=dev) // bq)
-        kb0 = lo // bk
-        cell_sum = pp.reshape(b, h, r, nkb, bk).sum(-1).to(torch.float64)
-        cell_max = pp.reshape(b, h, r, nkb, bk).amax(-1)
-        cell_seen = (kb[:, 0] & row_real[:, 0, :, None]).reshape(b, r, nkb, bk).any(-1)
-        pooled_sum[:, :, :, kb0:kb0 + nkb].index_add_(2, qblock, cell_sum)
-        block_max = pooled_max[:, :, :, kb0:kb0 + nkb]
-        block_max.scatter_reduce_(2, qblock[None, None, :, None].expand_as(cell_max), cell_max, "amax")
-        seen_cells = torch.zeros((b, pq, nkb), dtype=torch.int64, device=dev)
-        seen_cells.index_add_(1, qblock, cell_seen.to(torch.int64))
-        pooled_seen[:, :, kb0:kb0 + nkb] |= seen_cells > 0
-        pooled_rows.index_add_(1, qblock, row_real[:, 0].to(torch.int64))
+            out[name][:, :, r0:r1] = torch.where(alive, value, nan)
+        out["argmax"][:, :, r0:r1] = torch.where(alive, arg, -1)
+        keys_seen[:, r0:r1] = seen
+        counted_rows[:, r0:r1] = row_real
+        for pos_wanted in range(r0, r1):
+            if pos_wanted in wanted and rows_out is not None:
+                n = wanted[pos_wanted]
+                end = min(hi, lk)
+                rows_out[:, :, n, lo:end] = e[:, :, pos_wanted - r0, :end - lo] * inv[:, :, pos_wanted - r0, None]
+        # per query block of the pooled map: the weights of its real rows summed per key (one matrix product),
+        # which give the received attention and the pooled sums; the pooled maxima from the block maxima
+        weight = inv * row_real[:, None]  # [B, H, r]
+        cell_top = torch.exp(block_max - top[..., None]) * weight[..., None]  # [B, H, r, nj]
+        qb = (torch.arange(r0, r1) // bq).tolist()
+        start = 0
+        while start < r:
+            qi = qb[start]
+            stop = start
+            while stop < r and qb[stop] == qi:
+                stop += 1
+            sums = torch.matmul(weight[:, :, None, start:stop], e[:, :, start:stop])[:, :, 0]  # [B, H, width]
+            received[..., lo:hi] += sums
+            pooled_sum[:, :, qi, j0:j0 + nj] += sums.view(b, h, nj, bk).sum(-1)
+            pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(pooled_max[:, :, qi, j0:j0 + nj],
+                                                            cell_top[:, :, start:stop].amax(2))
+            if keep is not None:
+                kept = keep[:, 0, start:stop] & row_real[:, start:stop, None]
+                seen_by[:, lo:hi] += kept.sum(1)
+                pooled_seen[:, qi, j0:j0 + nj] |= kept.view(b, stop - start, nj, bk).any(-1).any(1)
+            start = stop
+    if dense is None:
+        seen_by, pooled_seen = _seen_from_parts(parts, counts, counted_rows, realp, q_pos0, lk, qe, ke)
+    pooled_rows = torch.stack([counted_rows[:, qe[i]:qe[i + 1]].sum(-1) for i in range(pq)], -1)  # [B, Pq]
     widths = torch.tensor([ke[i + 1] - ke[i] for i in range(pk)], dtype=torch.float64, device=dev)
     cells = pooled_rows[:, None, :, None].to(torch.float64) * widths
     ok = (pooled_seen & (pooled_rows[:, :, None] > 0))[:, None]
     result = dict(out)
     result["pooled_mean"] = torch.where(ok, pooled_sum / cells.clamp_min(1), math.nan).to(f32)
     result["pooled_max"] = torch.where(ok, pooled_max, torch.tensor(math.nan, device=dev))
-    result["received"] = received.to(f32)
-    result["seen_by"] = seen_by.to(torch.int32)
+    result["received"] = received[..., :lk].to(f32)
+    result["seen_by"] = seen_by[:, :lk].to(torch.int32)
     result["keys_seen"] = keys_seen.to(torch.int32)
     result["real_keys"] = real_keys
     if rows_out is not None:
         result["rows"] = rows_out
     return result
+
+
+def _mask_parts_block(s: Any, parts: MaskParts, realp: Any, counts: Any, pos: Any, lo: int, hi: int,
+                      lk: int) -> Any:
+    """Mask the scores of a block of rows (keys ``lo:hi``) by the mask's parts, touching only what they mask:
+    padding columns, the triangle above the diagonal, the edge of the window. Returns how many keys each
+    row may see, ``[B, r]``."""
+    import torch
+
+    dev = s.device
+    pad = realp[:, lo:hi]
+    if not bool(pad.all()):
+        s.masked_fill_(~pad[:, None, None, :], MASKED)
+    first, last = int(pos[0]), int(pos[-1])
+    if parts.causal and hi > first + 1:  # keys after a row's own position
+        c0 = max(lo, first + 1)
+        j = torch.arange(c0, hi, device=dev)
+        s[..., c0 - lo:].masked_fill_(j[None] > pos[:, None], MASKED)
+    if parts.window is not None:
+        edge = min(hi, last - parts.window + 1)  # keys at or before pos - W
+        if edge > lo:
+            j = torch.arange(lo, edge, device=dev)
+            s[..., :edge - lo].masked_fill_(j[None] <= pos[:, None] - parts.window, MASKED)
+    top = torch.clamp(pos + 1, max=lk) if parts.causal else torch.full_like(pos, lk)
+    bottom = torch.clamp(pos - parts.window + 1, min=0) if parts.window is not None else torch.zeros_like(pos)
+    return counts.gather(1, top[None].expand(counts.shape[0], -1)) - counts.gather(
+        1, torch.minimum(bottom, top)[None].expand(counts.shape[0], -1))
+
+
+def _seen_from_parts(parts: MaskParts, counts: Any, counted: Any, realp: Any, q_pos0: int, lk: int,
+                     qe: list[int], ke: list[int]) -> tuple[Any, Any]:
+    """For a mask of parts: per key, the counted rows that may see it (``seen_by``), and per pooled cell,
+    whether a counted row may see a key of it; from each row's window of keys, without a block of bools."""
+    import torch
+
+    dev = counted.device
+    b, lq = counted.shape
+    pos = torch.arange(lq, device=dev) + q_pos0
+    top = torch.clamp(pos + 1, max=lk) if parts.causal else torch.full_like(pos, lk)
+    bottom = torch.clamp(pos - parts.window + 1, min=0) if parts.window is not None else torch.zeros_like(pos)
+    bottom = torch.minimum(bottom, top)
+    diff = torch.zeros((b, realp.shape[-1] + 1), dtype=torch.int64, device=dev)
+    c = counted.to(torch.int64)
+    diff.index_add_(1, bottom, c)
+    diff.index_add_(1, top, -c)
+    seen_by = diff.cumsum(-1)[:, :-1] * realp
+    pq, pk = len(qe) - 1, len(ke) - 1
+    seen = torch.zeros((b, pq, pk), dtype=torch.bool, device=dev)
+    k_lo = torch.tensor(ke[:-1], device=dev)
+    k_hi = torch.tensor(ke[1:], device=dev)
+    for qi in range(pq):
+        rows = slice(qe[qi], qe[qi + 1])
+        lo_i = torch.maximum(bottom[rows, None], k_lo[None])  # [r, Pk]
+        hi_i = torch.minimum(top[rows, None], k_hi[None])
+        for bi in range(b):
+            n = counts[bi][hi_i.clamp(min=0)] - counts[bi][torch.minimum(lo_i, hi_i)]
+            seen[bi, qi] = ((n > 0) & counted[bi, rows, None]).any(0)
+    return seen_by, seen
 
 
 def _at(p: Any, index: Any, width: int) -> Any:
