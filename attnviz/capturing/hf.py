@@ -432,7 +432,8 @@ class HFCapture:
                                            torch.float32)
         self.rec.record(site, lq, lk, arrays)
         statics: dict[str, HostArray] = {}
-        projection = self._projection(module, site, int(query.shape[1]), int(value.shape[-1]))
+        projection = None if self.summary is not None else self._projection(module, site, int(query.shape[1]),
+                                                                            int(value.shape[-1]))
         if projection is not None:
             wo, bo = projection
             statics["wo"] = host(wo, torch.float32)

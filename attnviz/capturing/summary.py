@@ -204,6 +204,7 @@ def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, 
     result["received"] = received[..., :lk].to(f32)
     result["seen_by"] = seen_by[:, :lk].to(torch.int32)
     result["keys_seen"] = keys_seen.to(torch.int32)
+    result["argmax"] = out["argmax"].to(torch.int32)
     result["real_keys"] = real_keys
     if rows_out is not None:
         result["rows"] = rows_out

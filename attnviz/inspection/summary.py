@@ -196,8 +196,8 @@ def find_text(tokens: list[list[str]] | None, text: str, batch: int) -> tuple[in
     if not tokens:
         return None
     row = tokens[batch] if len(tokens) > batch else tokens[0]
-    pieces = ["".join(_clean(t).split()) for t in row]
-    target = "".join(text.split())
+    pieces = ["".join(_clean(t).split()).lower() for t in row]  # an uncased tokenizer lowers the text
+    target = "".join(text.split()).lower()
     if not target:
         return None
     for start in range(len(pieces)):

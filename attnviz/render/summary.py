@@ -262,7 +262,7 @@ def received_profile_figure(result: SummaryResult, fig: Any, layer: int | None =
         ax.text((got["start"] + got["end"]) / 2, 1.0, name, transform=ax.get_xaxis_transform(), ha="center",
                 va="bottom", fontsize=7)
     ax.set_xlabel("key position")
-    ax.set_ylabel("received attention (mean per query that sees it, log)")
+    ax.set_ylabel("received (mean per row that sees it)", fontsize=8)
     ax.set_xlim(0, lk)
     ax.legend(fontsize=6, ncol=min(4, max(1, layers)), loc="upper right")
     ax.set_title(fig.title or f"attention received by position: {s.source}", fontsize=9)

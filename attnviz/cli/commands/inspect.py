@@ -184,8 +184,9 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
         staged.commit()
     if not out.quiet:
         b, h, lq, lk = read.shape[1:]
-        err.print(f"inspect: {capture.source}: summaries of {layers} {kind} sites x {h} heads, {lq} queries x {lk} "
-                  f"keys, batch {b}", markup=False, style="dim")
+        what = "sites" if kind == "layers" else f"{kind} sites"
+        err.print(f"inspect: {capture.source}: summaries of {layers} {what} x {h} heads, {lq} queries x {lk} keys, "
+                  f"batch {b}", markup=False, style="dim")
         for what, path in files.items():
             err.print(f"saved {what} to {path}", markup=False, style="dim")
     if out.json and document is not None:
