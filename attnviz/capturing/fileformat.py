@@ -7,7 +7,11 @@ One ``.safetensors`` file (or ``.npz``) holds, per attention site (``layers.N``;
 * ``SITE.weights`` [B, H, Lq, Lk]: the model's own probabilities (float32 unless asked otherwise);
 * ``SITE.q`` [B, Lq, H, d], ``SITE.k`` and ``SITE.v`` [B, Lk, Hkv, d]: what the attention function
   received (after projections, norms and position encodings, before the grouped-query repeat);
-* ``SITE.mask`` [B, 1, Lq, Lk] bool (True = kept);
+* ``SITE.real_keys`` [B, Lk] bool, the padding vector, where the mask is made of padding, causal and a sliding
+  window (the site's metadata ``mask`` names them; ``site_keep`` builds the mask); else ``SITE.mask``
+  [B, 1, Lq, Lk] bool (True = kept);
+* instead of weights, q, k and v, a summary capture's per-row, per-key and pooled arrays
+  (``attnviz.summarystats``);
 * ``SITE.wo`` [H, dv, d_model] and ``SITE.bo`` [d_model] where the module has an output projection;
 * ``SITE.sinks`` [H] (gpt-oss), ``SITE.position_bias`` [1 or B, H, Lq, Lk] (T5) where the model has them;
 * ``SITE.grad`` [B, H, Lq, Lk] with a target: d(target logit) / d(weights);
