@@ -433,3 +433,24 @@ def test_retrieval_score_counts_hits_as_wu_et_al() -> None:
     scores, decoded = retrieval_scores(read, Span("needle", 1, 4))
     assert decoded == n
     np.testing.assert_allclose(scores, [[2 / 3, 0.0]])
+
+
+def test_compare_two_summaries_and_refusals(llama_folder: Path, tmp_path: Path) -> None:
+    """A --no-weights capture summarised from q and k against the summary of the same run: within float32
+    rounding (--atol passes); against a summary of another input, or exact weights: one line, exit 1 or 2."""
+    text = _text(120)
+    qk, summary, exact = tmp_path / "qk.safetensors", tmp_path / "s.safetensors", tmp_path / "e.safetensors"
+    for out, extra in ((qk, ["--no-weights"]), (summary, ["--summary"]), (exact, [])):
+        assert invoke("capture", llama_folder, "--text", text, "-o", out, *extra).exit_code == 0
+    done = invoke("compare", qk, summary, "--atol", "1e-5", "--json")
+    assert done.exit_code == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["check"]["passed"] and max(doc["max_abs_diff"].values()) < 1e-5
+    other = tmp_path / "o.safetensors"
+    assert invoke("capture", llama_folder, "--text", _text(60), "-o", other, "--summary").exit_code == 0
+    done = invoke("compare", summary, other)
+    assert done.exit_code == 1 and "same input" in done.stderr
+    done = invoke("compare", summary, exact)
+    assert done.exit_code == 2 and "holds attention weights" in done.stderr
+    done = invoke("view", summary)
+    assert done.exit_code in (1, 2) and len(done.stderr.strip().splitlines()) <= 2

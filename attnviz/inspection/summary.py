@@ -282,8 +282,10 @@ def open_summary(spec: str) -> tuple[Any, Any, str] | None:
     for any other input (read as weights)."""
     from attnviz.capturing.fileformat import as_capture
     from attnviz.formats import Container
-    from attnviz.io import open_spec
+    from attnviz.io import MEMORY, STDIN, open_spec, split_spec
 
+    if spec == STDIN or spec.startswith(MEMORY) or not split_spec(spec)[0].lower().endswith((".safetensors", ".npz")):
+        return None  # stdin is read once, by the reader of weights; a capture is .safetensors or .npz
     try:
         opened = open_spec(spec)
     except Exception:  # noqa: BLE001 - the weights reader says what is wrong with it
@@ -385,8 +387,10 @@ def open_qk_capture(spec: str) -> tuple[Any, Any, str] | None:
     (``--no-weights``); None for any other input."""
     from attnviz.capturing.fileformat import as_capture
     from attnviz.formats import Container
-    from attnviz.io import open_spec
+    from attnviz.io import MEMORY, STDIN, open_spec, split_spec
 
+    if spec == STDIN or spec.startswith(MEMORY) or not split_spec(spec)[0].lower().endswith((".safetensors", ".npz")):
+        return None  # stdin is read once, by the reader of weights; a capture is .safetensors or .npz
     try:
         opened = open_spec(spec)
     except Exception:  # noqa: BLE001 - the weights reader says what is wrong with it
@@ -402,3 +406,31 @@ def open_qk_capture(spec: str) -> tuple[Any, Any, str] | None:
         return None
     computed, described = summarise_qk(opened.raw, capture, kind)
     return computed, described, kind
+
+
+@dataclass
+class SummaryComparison:
+    """Two summaries of the same shape: each head statistic of A and B and the largest difference of each
+    per-row statistic over the real rows."""
+
+    a: SummaryResult
+    b: SummaryResult
+    row_diff: dict[str, float]  # per-row statistic: the largest |A - B| / max(1, |B|) over real rows
+    head_diff: dict[str, np.ndarray]  # per head statistic: B - A, [layers, H]
+
+
+def compare_summaries(a: SummaryRead, b: SummaryRead) -> SummaryComparison:
+    """A and B must hold the same sites, heads and rows (the same run of two models, or two settings)."""
+    if a.shape != b.shape:
+        raise InputError(f"{b.source}: summaries of shape {list(b.shape)}, where {a.source} holds {list(a.shape)} "
+                         "(sites, batch, heads, queries, keys); compare summaries of the same input.")
+    left, right = analyse_summary(a), analyse_summary(b)
+    real = a.real_rows[None, :, None, :] & b.real_rows[None, :, None, :]
+    row_diff = {}
+    for name in PER_ROW:
+        both = real & np.isfinite(a.rows[name]) & np.isfinite(b.rows[name])
+        theirs = b.rows[name].astype(np.float64)  # relative above 1: distances run to thousands
+        diff = np.abs(a.rows[name].astype(np.float64) - theirs) / np.maximum(1.0, np.abs(theirs))
+        row_diff[name] = float(diff[both].max()) if both.any() else 0.0
+    head_diff = {name: right.heads[name] - left.heads[name] for name in HEAD_FIELDS}
+    return SummaryComparison(left, right, row_diff, head_diff)
