@@ -454,3 +454,21 @@ def test_compare_two_summaries_and_refusals(llama_folder: Path, tmp_path: Path) 
     assert done.exit_code == 2 and "holds attention weights" in done.stderr
     done = invoke("view", summary)
     assert done.exit_code in (1, 2) and len(done.stderr.strip().splitlines()) <= 2
+
+
+def test_the_tensorflow_blockwise_statistics_follow_the_same_definition() -> None:
+    """The variants' per-row statistics, computed by TensorFlow a block of rows at a time (a long scaled
+    dot-product run under --max-memory), equal the summary's on the same q and k: entropy, largest weight and
+    its key, over a causal map."""
+    from attnviz.capturing.summary import summarise as in_torch
+
+    rng = np.random.default_rng(3)
+    lq, d = 300, 16
+    q, k = rng.normal(size=(lq, d)).astype(np.float32), rng.normal(size=(lq, d)).astype(np.float32)
+    v = rng.normal(size=(lq, d)).astype(np.float32)
+    computed = attnviz.scaled(q, k, v, causal=True, max_memory="1M")
+    ours = in_torch(torch.tensor(q)[None, None], torch.tensor(k)[None, None], scale=d ** -0.5,
+                    settings=SummarySettings(rows=None), parts=MaskParts(causal=True), row_budget=4096)
+    np.testing.assert_allclose(ours["entropy"][0, 0].numpy(), computed.stats["entropy"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours["max"][0, 0].numpy(), computed.stats["max"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ours["argmax"][0, 0].numpy(), computed.stats["argmax"])

@@ -194,7 +194,9 @@ def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: An
         attnviz.inspect(rec)          # rec.save("run.safetensors")
 
     Options: ``path`` (write the file there), ``weights=False`` (q, k, v and masks only),
-    ``weights_dtype`` ("float16", "bfloat16"), ``target`` ("next" or a token id: SITE.grad).
+    ``weights_dtype`` ("float16", "bfloat16"), ``target`` ("next" or a token id: SITE.grad), ``summary=True``
+    (long inputs: each site's summary instead of its weights, with ``sinks``, ``local``, ``pool``, ``rows``;
+    docs/long-context.md). A long document is one string: ``tokenizer(open("doc.txt").read())``.
     See ``attnviz.capturing.session.Capture``."""
     from attnviz.capturing.session import Capture
 
