@@ -472,3 +472,24 @@ def test_the_tensorflow_blockwise_statistics_follow_the_same_definition() -> Non
     np.testing.assert_allclose(ours["entropy"][0, 0].numpy(), computed.stats["entropy"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours["max"][0, 0].numpy(), computed.stats["max"], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(ours["argmax"][0, 0].numpy(), computed.stats["argmax"])
+
+
+def test_a_family_the_blocks_cannot_reproduce_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A family whose eager attention does something the summary's scores do not (here: queries doubled) is
+    refused in one line naming its attention class; nothing is written."""
+    from transformers.models.llama import modeling_llama
+
+    from attnviz.errors import InputError
+
+    model, _ = _pair("LlamaConfig", dict(num_key_value_heads=2))
+    original = modeling_llama.eager_attention_forward
+
+    def odd(module, query, key, value, mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        return original(module, query * 2, key, value, mask, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", odd)
+    ids, mask = _ids()
+    with pytest.raises(InputError, match="LlamaAttention: attnviz cannot reproduce"):
+        with torch.no_grad(), attnviz.capture(model, path=tmp_path / "s.safetensors", summary=True):
+            model(ids, attention_mask=mask)
+    assert not list(tmp_path.iterdir())
