@@ -130,3 +130,57 @@ def test_rollout_grad_reads_the_capture_gradients(tmp_path: Path) -> None:
     np.testing.assert_allclose(np.array(got, dtype=float), expected[1:], rtol=1e-5, atol=1e-6)
     r = runner.invoke(app, ["rollout", str(tmp_path / "plain.safetensors"), "--method", "grad"])
     assert r.exit_code == 1 and "--target" in r.stderr
+
+
+def _texts(figure) -> str:
+    from matplotlib.text import Text
+
+    return " | ".join(t.get_text() for t in figure.findobj(Text) if t.get_text())
+
+
+def test_value_norm_maps_are_named_for_what_they_are(minilm, tmp_path: Path) -> None:
+    """Titles, colour bars, table headings, HTML, terminal pictures and JSON of a value-norm run say what is
+    shown (alpha * ||v W_O||), not "attention weights"; rollout's as well."""
+    from attnviz.inspection.inspecting import analyse, prepare
+    from attnviz.inspection.options import InspectOptions, RolloutOptions, Selection
+    from attnviz.inspection.rollout import run_rollout
+    from attnviz.render.figures import inspect_map_figure, opened_grid_figure, rollout_figure
+    from attnviz.render.options import FigureOptions
+    from attnviz.render.terminal import inspect_picture, rollout_picture
+
+    path, _, _ = minilm
+    r = runner.invoke(app, ["inspect", str(path), "--weigh-by", "value-norms", "--layer", "2", "--head", "3",
+                            "--batch", "1", "--html", str(tmp_path / "n.html"), "--max-cols", "20"])
+    assert r.exit_code == 0, r.stderr
+    assert "value-norm-weighted attention of layer 2, batch 1, head 3" in r.stdout
+    assert "weights of layer" not in r.stdout
+    html = (tmp_path / "n.html").read_text()
+    assert "value-norm-weighted attention of" in html and "attention weights of" not in html
+    assert "alpha * ||v W_O||" in html
+    result = analyse(prepare(InspectOptions(weights=str(path), weigh_by="value-norms",
+                                            selection=Selection(layer=2, head=3, batch=1))))
+    fig = FigureOptions()
+    for figure in (inspect_map_figure(result, fig), opened_grid_figure(result.opened, fig)):
+        text = _texts(figure)
+        assert "value-norm-weighted attention of" in text and "attention weights" not in text, text
+        assert "alpha * ||v W_O||" in text, text
+    picture = inspect_picture(result, fig, plain=True)
+    assert picture.title.startswith("value-norm-weighted attention of")
+    assert picture.colorbar_label == "alpha * ||v W_O||"
+    plain = analyse(prepare(InspectOptions(weights=str(path), selection=Selection(layer=2, head=3, batch=1))))
+    assert "attention weights of" in _texts(inspect_map_figure(plain, fig))
+
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["weighed_by"] == "value-norms"
+    r = runner.invoke(app, ["rollout", str(path)])
+    plain_title = r.stdout.splitlines()[0]
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms"])
+    assert r.exit_code == 0, r.stderr
+    assert "value-norm-weighted attention" in r.stdout and r.stdout.splitlines()[0] != plain_title
+    run = run_rollout(RolloutOptions(weights=str(path), weigh_by="value-norms"))
+    assert "value-norm-weighted attention" in _texts(rollout_figure(run, fig))
+    assert "value-norm-weighted attention" in rollout_picture(run, fig, plain=True).title
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--html", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.stderr
+    assert "value-norm-weighted attention" in (tmp_path / "r.html").read_text()

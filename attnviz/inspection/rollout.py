@@ -127,8 +127,10 @@ class RolloutRun:
 
     @property
     def title(self) -> str:
-        """What the result is called: "attention rollout", "attention flow", "gradient rollout"."""
-        return self.method.title
+        """What the result is called: "attention rollout", "attention flow", "gradient rollout" (of
+        value-norm-weighted attention, with ``--weigh-by value-norms``)."""
+        w = self.weights
+        return self.method.title if w.weighed == "weights" else f"{self.method.title} of {w.what}"
 
     @property
     def how(self) -> str:

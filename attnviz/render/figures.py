@@ -72,7 +72,7 @@ def inspect_name(result: InspectResult, fig: FigureOptions) -> str:
 
 
 def opened_name(opened: Opened, fig: FigureOptions) -> str:
-    return fig.title or f"attention weights of {opened.weights.source}"
+    return fig.title or f"{opened.weights.what} of {opened.weights.source}"
 
 
 def inspect_grid_figure(result: InspectResult, fig: FigureOptions) -> Any:
@@ -95,11 +95,11 @@ def opened_grid_figure(opened: Opened, fig: FigureOptions) -> Any:
         return model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=fig.cmap, reduce=fig.reduce,
                                  keep=keep, real_rows=real, layers=grid.layers, heads=grid.heads,
                                  reduce_heads=grid.reduce_heads, scale=fig.scale(),
-                                 tokens=(opened.q_labels, opened.k_labels))
+                                 tokens=(opened.q_labels, opened.k_labels), colorbar_label=w.unit)
     data, drawn_keep = grid_getter(w.data[:, bi], keep, real)(grid.layers[0], grid.heads[0])
     where = f", layer {grid.layers[0]}, batch {bi}, head {grid.heads[0]}" if w.shape[0] * w.shape[2] > 1 else ""
     return heatmap_figure(data, title=name + where, q_labels=opened.q_labels, k_labels=opened.k_labels,
-                          keep=drawn_keep, cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale())
+                          keep=drawn_keep, cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale(), colorbar_label=w.unit)
 
 
 def inspect_map_figure(result: InspectResult, fig: FigureOptions) -> Any:
@@ -110,7 +110,8 @@ def inspect_map_figure(result: InspectResult, fig: FigureOptions) -> Any:
     assert result.one is not None  # analysed: the weights are finite
     return heatmap_figure(result.one, title=f"{inspect_name(result, fig)}, layer {li}, batch {bi}, head {hi}",
                           q_labels=result.opened.q_labels, k_labels=result.opened.k_labels, keep=result.drawn_keep,
-                          cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale())
+                          cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale(),
+                          colorbar_label=result.opened.weights.unit)
 
 
 def inspect_stat_figure(result: InspectResult, fig: FigureOptions, stat: str) -> Any:

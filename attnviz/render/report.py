@@ -241,6 +241,7 @@ def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
     return plain({
         "attnviz": __version__, "command": "rollout", "source": w.source,
         "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
+        **({"weighed_by": w.weighed} if w.weighed != "weights" else {}),
         **({"labels_per_entry": run.labels.document()["q"]} if run.labels is not None and run.labels.per_entry
            else {}),
         **({"words": run.words} if run.words is not None else {}),

@@ -256,10 +256,11 @@ def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | No
     if result.received is not None and result.received["top"]:
         tables.append(received_table(result.received, precision))
     where = f"layer {li}, batch {bi}, head {hi}"
+    what = "weights" if opened.weights.weighed == "weights" else opened.weights.what
     max_r = max_rows
     tables.append(weights_table(result.one, q_labels=opened.q_labels, k_labels=opened.k_labels, keep=result.one_keep,
                                 precision=precision, max_rows=max_r, max_cols=max_cols,
-                                title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
+                                title=f"{what} of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
                                 padded=result.one_padded))
     tables.append(stats_table(result.rows, q_labels=opened.q_labels, k_labels=opened.k_labels, precision=precision,
                               max_rows=max_r, title=f"per-query statistics, {where}", padded=result.one_padded))

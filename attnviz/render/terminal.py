@@ -626,7 +626,7 @@ def inspect_picture(result: InspectResult, fig: FigureOptions, plain: bool = Fal
     name = inspect_name(result, fig)
     keep, real = grid_masks(opened.masks, w.shape, bi)
     get_map = grid_getter(w.data[:, bi], keep, real)
-    look = _look(fig, plain, height)
+    look = {**_look(fig, plain, height), "colorbar_label": w.unit}
     shape = (int(w.shape[-2]), int(w.shape[-1]))
     if grid.reduce_heads:
         how = grid.reduce_heads

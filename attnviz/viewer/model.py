@@ -162,7 +162,7 @@ class ViewerModel:
         title += f", {self.entry}" if self.entry else ""
         picture = single_picture(cells, None, title=title, q_labels=q_labels, k_labels=k_labels,
                                  cmap=self.fig.cmap, reduce=self.fig.reduce, scale=self.fig.scale(), plain=plain,
-                                 height=height, colorbar_label="rollout" if self.rollout else "weight")
+                                 height=height, colorbar_label="rollout" if self.rollout else self.result.opened.weights.unit)
         picture.blocks = f
         picture.cursor = self.cursor_cell(picture, width)
         return picture
@@ -262,7 +262,7 @@ class ViewerModel:
         kname = f"{k}" + (f" {self.k_labels[k]!r}" if self.k_labels is not None else "")
         value = self.value()
         weight = "masked" if np.isnan(value) else f"{value:.4f}"
-        what = "rollout" if self.rollout else "weight"
+        what = "rollout" if self.rollout else self.result.opened.weights.unit
         block = f" ({self.fig.reduce} of a {f}x{f} block)" if f > 1 else ""
         entry = f"[{self.entry}]  " if self.entry else ""
         return f"{entry}query {qname}  key {kname}  {what} {weight}{block}"
