@@ -160,9 +160,10 @@ class ViewerModel:
             k_labels = None if k_labels is None else list(k_labels[::f])
         title = "rollout (heads mean, residual 0.5)" if self.rollout else f"layer {self.layer}, head {self.head}"
         title += f", {self.entry}" if self.entry else ""
+        unit = "rollout" if self.rollout else self.result.opened.weights.unit
         picture = single_picture(cells, None, title=title, q_labels=q_labels, k_labels=k_labels,
                                  cmap=self.fig.cmap, reduce=self.fig.reduce, scale=self.fig.scale(), plain=plain,
-                                 height=height, colorbar_label="rollout" if self.rollout else self.result.opened.weights.unit)
+                                 height=height, colorbar_label=unit)
         picture.blocks = f
         picture.cursor = self.cursor_cell(picture, width)
         return picture
