@@ -184,3 +184,55 @@ def test_value_norm_maps_are_named_for_what_they_are(minilm, tmp_path: Path) -> 
     r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--html", str(tmp_path / "r.html")])
     assert r.exit_code == 0, r.stderr
     assert "value-norm-weighted attention" in (tmp_path / "r.html").read_text()
+
+
+def test_value_norm_statistics_are_over_rows_renormalised(minilm) -> None:
+    """Entropy, H/ln n, the pattern masses and the per-query entropy of a value-norm map are those of each row
+    renormalised to sum 1 (a NumPy oracle from the capture's arrays); H/ln n never exceeds 1; the JSON and the
+    table say so."""
+    from safetensors import safe_open
+
+    path, _, batch = minilm
+    r = runner.invoke(app, ["inspect", str(path), "--weigh-by", "value-norms", "--layer", "2", "--head", "3",
+                            "--batch", "1", "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "renormalised" in doc["statistics_of"]
+    real = batch["attention_mask"].numpy().astype(bool)  # [B, L]
+    heads = {(h["layer"], h["head"]): h for h in doc["head_stats"]}
+    with safe_open(str(path), "np") as f:
+        for layer in range(6):
+            alpha, v, wo = (f.get_tensor(f"layers.{layer}.{n}").astype(np.float64) for n in ("weights", "v", "wo"))
+            m = alpha * value_norms(v, wo)[:, :, None, :] * real[:, None, None, :]
+            p = m / m.sum(-1, keepdims=True)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)  # [B, H, L]
+            n = real.sum(-1)[:, None, None]
+            rows = np.broadcast_to(real[:, None, :], h.shape)
+            for head in range(12):  # the head statistics of --batch 1
+                got = heads[(layer, head)]
+                sel = rows[1, head]
+                assert got["entropy"] == pytest.approx(h[1, head][sel].mean(), rel=1e-4)
+                assert got["entropy_norm"] == pytest.approx((h / np.log(n))[1, head][sel].mean(), rel=1e-4)
+                assert got["max"] == pytest.approx(p.max(-1)[1, head][sel].mean(), rel=1e-4)
+                assert got["entropy_norm"] <= 1 + 1e-6
+            if layer == 2:
+                q = real[1]
+                np.testing.assert_allclose(np.array(doc["stats"]["entropy"], dtype=float)[q], h[1, 3][q], rtol=1e-4)
+                np.testing.assert_allclose(np.array(doc["stats"]["row_sum"], dtype=float)[q], m[1, 3].sum(-1)[q],
+                                           rtol=1e-4)
+    r = runner.invoke(app, ["inspect", str(path), "--weigh-by", "value-norms", "--layer", "2"])
+    assert "renormalised to sum 1" in r.stdout
+
+
+def test_token_scores_of_rows_renormalised() -> None:
+    from attnviz.inspection.tokens import token_scores
+
+    rng = np.random.default_rng(1)
+    tokens = ["a", "b", "c", "a", "b", "c", "a"]
+    w = rng.uniform(0.1, 3.0, size=(2, 1, 3, 7, 7))
+    p = w / w.sum(-1, keepdims=True)
+    plain, renormalised = token_scores(p, tokens), token_scores(w, tokens, renormalise=True)
+    for name in ("induction", "duplicate"):
+        np.testing.assert_allclose(renormalised[name], plain[name], rtol=1e-12)
+    assert not np.allclose(token_scores(w, tokens)["duplicate"], plain["duplicate"])

@@ -181,7 +181,7 @@ def _pass_and_meanwhile(opened: Opened, meanwhile: Callable[[], Any] | None) -> 
 
     def summed(threads: int | None = None) -> HeadPass:
         return head_pass(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
-                         stored=w.stored_dtype, threads=threads)
+                         stored=w.stored_dtype, threads=threads, renormalise=w.renormalised)
 
     if meanwhile is None:
         return summed(), None
@@ -254,7 +254,7 @@ def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
 
     stats = passed.stats
     found = distributions(stats, row_sum_tolerance(w.stored_dtype))
-    note = add_token_scores(stats, data, opened.tokens, chosen.real_rows, found.ok)
+    note = add_token_scores(stats, data, opened.tokens, chosen.real_rows, found.ok, w.renormalised)
     if o.received:
         # the keys' labels: the shown entry's, unless the counted entries have labels of their own
         k_labels = None if opened.labels.per_entry and batch is None else opened.k_labels
@@ -283,7 +283,7 @@ def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
         drawn_keep[one_padded] = False
     result.one, result.one_keep, result.one_padded, result.drawn_keep = one, one_keep, one_padded, drawn_keep
     if o.row_stats:
-        result.rows = map_row_stats(one, one_keep)
+        result.rows = map_row_stats(one, one_keep, renormalise=w.renormalised)
     if opened.image is not None:
         layer = opened.overlay_layer
         result.overlay = overlay(w.data[layer, bi], opened.image.layout, opened.image.query, layer=layer, batch=bi,

@@ -69,12 +69,13 @@ def _entry_tokens(tokens: Sequence[str] | Sequence[Sequence[str]], batches: int)
 
 
 def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
-                 real_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                 real_rows: np.ndarray | None = None, renormalise: bool = False) -> dict[str, np.ndarray]:
     """Per (layer, head) of ``w [L, B, H, Lq, Lk]`` (``Lq == Lk == len(tokens)``; ``tokens`` one list, or
     one per batch entry): the ``induction`` and ``duplicate`` scores (module docstring), averaged over
     the real query rows whose token occurred before and over batch entries; ``repeated`` is how many
     such rows there are per batch entry (``[B]``). NaN where no query qualifies. ``real_rows``
-    broadcasts to ``[L, B, H, Lq]``. Only the weights of the patterns' pairs are read."""
+    broadcasts to ``[L, B, H, Lq]``. Only the weights of the patterns' pairs are read; with ``renormalise``
+    (maps whose rows are not distributions: value norms) each weight is divided by its row's sum."""
     layers, batches, heads, lq, lk = w.shape
     entry_ids = [token_ids(t) for t in _entry_tokens(tokens, batches)]
     entry_qualifies = []
@@ -95,9 +96,12 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
             if li == 0:
                 repeated[bi] = int(live[0].sum())
             mass = {name: np.zeros((heads, lq)) for name in sums}
+            totals = np.asarray(block, dtype=np.float64).sum(axis=-1) if renormalise else None  # [H, Lq]
             for pi, pj in earlier_occurrences(ids):
                 for name, cols in (("duplicate", pj), ("induction", pj + 1)):
                     values = np.asarray(block[:, pi, cols], dtype=np.float64)  # [H, pairs]
+                    if totals is not None:
+                        values = np.divide(values, totals[:, pi], out=np.zeros_like(values), where=totals[:, pi] > 0)
                     for h in range(heads):
                         mass[name][h] += np.bincount(pi, weights=values[h], minlength=lq)
             for name in sums:
@@ -140,13 +144,13 @@ TOKEN_NOTE = "induction and duplicate-token scores need the tokens: --labels (se
 
 def add_token_scores(stats: dict[str, Any], data: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]] | None,
                      real_rows: Any,
-                     tags: bool) -> str | None:
+                     tags: bool, renormalise: bool = False) -> str | None:
     """Put the ``induction`` and ``duplicate`` scores of ``data [L, B, H, L, L]`` into the head
     statistics and their tags into ``stats["tag"]`` (with ``tags``: the rows are distributions);
     returns a note when they cannot be computed (no tokens)."""
     if tokens is None:
         return TOKEN_NOTE
-    scores = token_scores(data, tokens, real_rows)
+    scores = token_scores(data, tokens, real_rows, renormalise)
     stats["induction"], stats["duplicate"] = scores["induction"], scores["duplicate"]
     if not tags:
         return None

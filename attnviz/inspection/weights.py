@@ -32,6 +32,9 @@ DEFAULT_LAYOUTS = {2: ("q", "k"), 3: ("head", "q", "k"), 4: ("batch", "head", "q
 #: what the maps of each ``--weigh-by`` are called (titles, table headings) and what their colour bar measures
 WEIGHED = {"weights": ("attention weights", "weight"),
            "value-norms": ("value-norm-weighted attention", "alpha * ||v W_O||")}
+#: what the statistics that assume a distribution (entropy, pattern masses, tags, detectors) are computed over,
+#: for maps whose rows are not distributions (``Weights.renormalised``)
+RENORMALISED = "each row renormalised to sum 1"
 
 
 @dataclass
@@ -62,6 +65,12 @@ class Weights:
     def what(self) -> str:
         """What the maps are, as titles say it: "attention weights", "value-norm-weighted attention"."""
         return WEIGHED[self.weighed][0]
+
+    @property
+    def renormalised(self) -> bool:
+        """The rows are not distributions by design (value norms): statistics are of each row renormalised to
+        sum 1 (``RENORMALISED``)."""
+        return self.weighed != "weights"
 
     @property
     def unit(self) -> str:

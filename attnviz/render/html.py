@@ -560,7 +560,8 @@ def inspect_html(result: Any, fig: Any, precision: int) -> str:
     batches = "every batch entry" if opened.options.selection.batch is None else f"batch entry {bi}"
     table = head_stats_table(result.stats, {k: v for k, v in COLUMNS.items() if k in result.stats},
                              precision=precision,
-                             caption=f"means over query rows of {batches}: entropy H (nats) and H/ln n; dist: mean "
+                             caption=("statistics of each row renormalised to sum 1; " if w.renormalised else "")
+                             + f"means over query rows of {batches}: entropy H (nats) and H/ln n; dist: mean "
                                      "|i - j| weighted; diag, prev (j = i - 1), first (j = 0), last: mean weight on "
                                      "that key; max: mean largest weight")
     return model_report(

@@ -16,7 +16,7 @@ from attnviz import __version__
 from attnviz.inspection.checks import CheckResult
 from attnviz.inspection.compare import Comparison
 from attnviz.inspection.heads import HEAD_STATS
-from attnviz.inspection.weights import Weights
+from attnviz.inspection.weights import RENORMALISED, Weights
 from attnviz.pipeline import Outcome
 from attnviz.stats import RowStats
 
@@ -131,7 +131,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "layout": list(w.layout),
         "layers_from_keys": (w.keys or None) if w.generation is None else None,
         **({"generation": w.generation.document()} if w.generation is not None else {}),
-        **({"weighed_by": w.weighed} if w.weighed != "weights" else {}),
+        **({"weighed_by": w.weighed, "statistics_of": RENORMALISED} if w.renormalised else {}),
         "weights_shape": list(w.shape),
         "selected": dict(zip(("layer", "batch", "head"), index)),
         "labels": {"q": q_labels, "k": k_labels},
