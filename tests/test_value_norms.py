@@ -236,3 +236,28 @@ def test_token_scores_of_rows_renormalised() -> None:
     for name in ("induction", "duplicate"):
         np.testing.assert_allclose(renormalised[name], plain[name], rtol=1e-12)
     assert not np.allclose(token_scores(w, tokens)["duplicate"], plain["duplicate"])
+
+
+def test_rollout_of_value_norms_averages_the_heads_as_they_are(minilm) -> None:
+    """rollout --weigh-by value-norms on a padded entry: each layer's heads averaged as weighed (a head that adds
+    little weighs little), then the residual added and the rows renormalised (a NumPy oracle); --method grad
+    refuses value norms."""
+    from safetensors import safe_open
+
+    path, _, batch = minilm
+    real = batch["attention_mask"].numpy().astype(bool)
+    entry = int(np.flatnonzero(~real.all(-1))[0])  # a padded entry
+    keep = np.flatnonzero(real[entry])
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--batch", str(entry), "--json"])
+    assert r.exit_code == 0, r.stderr
+    got = np.array(json.loads(r.stdout)["rollout"]["data"][0], dtype=float)
+    current = np.eye(len(keep))
+    with safe_open(str(path), "np") as f:
+        for layer in range(6):
+            alpha, v, wo = (f.get_tensor(f"layers.{layer}.{n}").astype(np.float64) for n in ("weights", "v", "wo"))
+            m = (alpha * value_norms(v, wo)[:, :, None, :])[entry][:, keep][:, :, keep]
+            a = 0.5 * m.mean(0) + 0.5 * np.eye(len(keep))
+            current = (a / a.sum(-1, keepdims=True)) @ current
+    np.testing.assert_allclose(got[np.ix_(keep, keep)], current, rtol=1e-5)
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--method", "grad"])
+    assert r.exit_code == 2 and "--weigh-by value-norms" in r.stderr and "Traceback" not in r.stderr
