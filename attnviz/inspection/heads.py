@@ -169,8 +169,8 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
         non_negative = bool(x.min(initial=0) >= 0)
     columns = x.sum(axis=-2, dtype=np.float64 if x.dtype.itemsize > 4 else None)
     if renormalise:
-        total = x.sum(axis=-1, keepdims=True)
-        x = np.divide(x, total, out=np.zeros_like(x), where=total > 0)
+        mass = x.sum(axis=-1, keepdims=True)
+        x = np.divide(x, mass, out=np.zeros_like(x), where=mass > 0)
         near = np.ones_like(near)  # distributions now, each of them
     distance_grid, above_grid = grids(start, nrows, lk, x.dtype.type)
     if above_known:
