@@ -116,6 +116,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
     token_stats = [k for k in ("induction", "duplicate") if k in stats]  # only when the tokens were given
     head_rows = [{"layer": li, "head": hi, **{k: float(stats[k][li, hi]) for k in (*HEAD_STATS, *token_stats)},
                   "rows": int(stats["rows"][li, hi]) if "rows" in stats else None,
+                  **({"token_rows": int(stats["token_rows"][li, hi])} if "token_rows" in stats else {}),
                   "tag": str(stats["tag"][li, hi]) or None} for li in range(layers) for hi in range(heads)]
     per_query = stats_document(rows)
     if padded is not None:

@@ -61,6 +61,13 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         caption += ("; ind, dup: mean weight on the token after an earlier occurrence of the query's token "
                     "(induction) and on the earlier occurrences (duplicate-token), over queries whose token "
                     f"occurred before ({UNDEFINED} where no token occurs twice)")
+        if "token_rows" in stats:
+            from attnviz.inspection.tokens import TOKEN_TAG_MIN_ROWS
+
+            least, most = int(np.min(stats["token_rows"])), int(np.max(stats["token_rows"]))
+            counted = f"{least}" if least == most else f"{least} to {most}"
+            caption += (f", over {counted} query row{'' if most == 1 else 's'} (a tag needs at least "
+                        f"{TOKEN_TAG_MIN_ROWS})")
     else:
         caption += "; induction and duplicate-token scores need the tokens (--labels)"
     if padded:
