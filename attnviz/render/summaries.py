@@ -108,7 +108,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
                           *([Text(tag, style="bold cyan" if tag else "")] if "pattern" in names else []))
         return table
 
-    return Fitted(build)
+    return Fitted(build, whole_in_pipe=True)
 
 
 def received_table(summary: dict[str, Any], precision: int) -> Any:
@@ -243,7 +243,7 @@ def compute_tables(outcome: Outcome, index: tuple[int, ...], precision: int = 3,
             tables.append(vector_table(data, labels=labels, precision=precision, max_cols=max_cols,
                                        title=f"{view.title}{where}"))
     tables.append(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
-                              precision=precision, max_rows=max_rows, row_name=prep.variant.axis_names[0],
+                              precision=precision, max_rows=max_rows, row_name=prep.variant.axis_names[0], keep=keep2d,
                               title="per-query statistics" + (f", {shown}" if lead else "")))
     if lead:
         tables.append(slice_summary_table(outcome.stats, precision=precision, max_rows=max_rows, names=names))
@@ -279,7 +279,7 @@ def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | No
     tables.append(stats_table(result.rows, q_labels=opened.q_labels, k_labels=opened.k_labels, precision=precision,
                               max_rows=max_r, title=f"per-query statistics, {where}"
                               + (" (entropies of each row renormalised to sum 1)" if of else ""),
-                              padded=result.one_padded))
+                              padded=result.one_padded, keep=result.one_keep))
     return tables
 
 

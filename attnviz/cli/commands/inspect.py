@@ -44,6 +44,8 @@ class InspectOutputs(TableOptions):
         "layer", "order the head statistics by this column (statistics: largest first)", panel=OUTPUT)
     reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
     top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
+    no_table: bool = option(False, "print no tables; with --sort, --reverse or --top, the head statistics table alone",
+                            panel=OUTPUT)
     png: str | None = option(None, "a layer x head grid of every map (the map itself when there is one); .png, .svg "
                              "or .pdf", panel=OUTPUT, metavar="FILE")
     map_png: str | None = option(None, "the selected map alone, with labels", panel=OUTPUT, metavar="FILE")
@@ -60,6 +62,12 @@ class InspectOutputs(TableOptions):
     save_maps: str | None = option(None, "save the maps inspected, [layers, batch, heads, Lq, Lk] (after --generation "
                                    "and --merge-subwords; without them the weights as read): .npy, .npz or "
                                    ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
+
+    @property
+    def head_table(self) -> bool:
+        """--no-table with an order asked for (--sort, --reverse, --top): the head table the user sorted."""
+        return (self.no_table and not (self.json or self.quiet)
+                and (self.sort != "layer" or self.reverse or self.top is not None))
 
 
 ORDER = ("layout", "generation", "weigh_by",
@@ -180,6 +188,8 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             stdout().write(document + "\n")
         if not out.json and result.rows is not None and out.tables:
             _print_tables(result, out)
+        elif out.head_table and result.stats:
+            _print_head_table(result, out)
         _draw(show, result, fig)
         return failed
 
@@ -259,6 +269,16 @@ def _draw(show: ShowOptions, result: Any, fig: FigureOptions) -> None:
 
     draw(show, lambda: inspect_grid_figure(result, fig), lambda plain, height: inspect_picture(result, fig, plain,
                                                                                                  height))
+
+
+def _print_head_table(result: Any, out: InspectOutputs) -> None:
+    """--no-table with an order asked for (--sort, --reverse, --top): the head statistics table, alone."""
+    from attnviz.inspection.weights import RENORMALISED
+    from attnviz.render.summaries import head_stats_table
+
+    renormalised = result.opened.weights.renormalised
+    out_console().print(head_stats_table(result.stats, sort=out.sort, reverse=out.reverse, top=out.top,
+                                         padded=result.padded, of=RENORMALISED if renormalised else None), crop=False)
 
 
 def _print_tables(result: Any, out: InspectOutputs) -> None:
