@@ -121,11 +121,62 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
     return model, tokenizer
 
 
+def position_limits(model: Any, tokenizer: Any) -> tuple[int | None, int | None]:
+    """The positions a model can take: ``(learned, trained)``. ``learned``: the size of its learned position
+    embeddings (BERT's 512, GPT-2's 1024; a padding offset, as RoBERTa's, taken off; at most the tokenizer's
+    ``model_max_length``), past which its forward fails; ``trained``: ``max_position_embeddings`` of a model
+    without them (rotary, ALiBi), past which it runs on positions it was not trained on. None where unknown."""
+    import torch
+
+    learned = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and ("position" in name.rsplit(".", 1)[-1]
+                                                       or name.endswith("wpe")):
+            size = int(module.num_embeddings) - (int(module.padding_idx) + 1 if module.padding_idx is not None else 0)
+            learned = size if learned is None else min(learned, size)
+    told = getattr(tokenizer, "model_max_length", None)
+    if learned is not None and isinstance(told, int) and 0 < told < learned:
+        learned = told
+    trained = getattr(model.config, "max_position_embeddings", None)
+    return learned, trained if learned is None and isinstance(trained, int) and trained > 0 else None
+
+
+def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str, *, generate: int, truncate: bool,
+                  ) -> tuple[dict[str, Any], list[str]]:
+    """The tokenizer's keywords for ``texts`` (``truncation`` and ``max_length`` with ``truncate``) and the
+    warnings to give: a text longer than the model's learned positions stops here, naming the limit and
+    --truncate (exit 1); past a model's ``max_position_embeddings`` a warning (``position_limits``);
+    ``--truncate`` keeps the first tokens of each text and says how many it dropped."""
+    learned, trained = position_limits(model, tokenizer)
+    limit = learned or trained
+    if limit is None:
+        return {}, []
+    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+    room = limit - generate
+    over = [(i, n) for i, n in enumerate(lengths) if n > room]
+    if not over:
+        return {}, []
+    i, n = max(over, key=lambda item: item[1])
+    what = (f"{model_type} models take at most {learned} positions (their learned position embeddings)" if learned
+            else f"past {model_type}'s max_position_embeddings {trained}, positions the model was not trained on")
+    plus = f" and --generate {generate}" if generate else ""
+    if truncate:
+        if room < 1:
+            raise UsageError(f"--generate {generate}: {what}; generate fewer tokens.")
+        dropped = "; ".join(f"{n - room} token(s) of entry {i} ({n} to {room})" for i, n in over)
+        return {"truncation": True, "max_length": room}, [f"--truncate dropped {dropped}."]
+    if learned:
+        raise InputError(f"--text: entry {i} is {n} tokens{plus}; {what}: shorten the text, or add --truncate "
+                         f"to keep the first {room} tokens of each entry.")
+    return {}, [f"entry {i} is {n} tokens{plus}, {what}; --truncate keeps the first {room} tokens of each entry."]
+
+
 def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
-                   check: bool = False) -> Captured:
-    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``."""
+                   check: bool = False, truncate: bool = False) -> Captured:
+    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``truncate``: keep
+    the first tokens of texts longer than the model's positions (``fit_positions``)."""
     path = check_folder(folder)
     torch, transformers = import_torch()
     device = choose_device(torch, device)
@@ -136,8 +187,16 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     if (generate or target is not None) and causal:  # each row ends at the last column: generate() and --target
         tokenizer.padding_side = "left"  # generate() continues each row from its last real token
+    if target is not None and model.get_output_embeddings() is None:
+        raise UsageError(f"--target: the model of {folder} ({type(model).__name__}) has no language-model head: it "
+                         "gives hidden states, not logits over tokens; --target needs a model saved with one "
+                         "(...ForCausalLM, ...ForMaskedLM, ...ForConditionalGeneration).")
     try:
-        batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
+        fitted, limits = fit_positions(texts, tokenizer, model, str(model.config.model_type), generate=generate,
+                                       truncate=truncate)
+        batch = tokenizer(texts, return_tensors="pt", padding=True, **fitted).to(device)
+    except AttnvizError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{folder}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
     inputs = dict(batch)
@@ -185,7 +244,8 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \
             tuple(raw.entry(f"{first}.q")["shape"])
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
-                      time.perf_counter() - started, list(rec.warnings), dtype=str(meta.get("dtype") or "float32"))
+                      time.perf_counter() - started, [*limits, *rec.warnings],
+                      dtype=str(meta.get("dtype") or "float32"))
     if check:
         from attnviz.capturing.check import check_capture
 

@@ -59,6 +59,9 @@ def capture_command(
                                                  help="tolerance of --check (default by the model's dtype: 1e-5 "
                                                       "float32, 1e-3 float16, 8e-3 bfloat16)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
+    truncate: Annotated[bool, typer.Option("--truncate", help="keep the first tokens of a text longer than the "
+                                                              "model's positions (and say how many were dropped)")]
+    = False,
 ) -> None:
     """Capture every attention site of a local model on some texts into one file.
 
@@ -69,12 +72,12 @@ def capture_command(
     """
     with user_errors():
         _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
-                 target, decoder_text, check, atol, json_out)
+                 target, decoder_text, check, atol, json_out, truncate)
 
 
 def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
              layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
-             decoder_text: str | None, check: bool, atol: float | None, json_out: bool) -> None:
+             decoder_text: str | None, check: bool, atol: float | None, json_out: bool, truncate: bool = False) -> None:
     import json
 
     from attnviz.capturing.folder import capture_folder, read_texts
@@ -95,7 +98,7 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
     def run(path: Any) -> Any:
         return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
                               weights=not no_weights, weights_dtype=weights_dtype, target=target,
-                              decoder_text=decoder_text, check=check)
+                              decoder_text=decoder_text, check=check, truncate=truncate)
 
     if isinstance(targets["-o"], Path):
         done = run(output)
@@ -180,6 +183,9 @@ def model_parameters() -> list[inspect.Parameter]:
         p("model_device", kw, default="auto", annotation=Annotated[str, checked_option(
             Literal[DEVICES], "--model-device", rich_help_panel=MODEL,  # type: ignore[valid-type]
             help="with --model: where it runs")]),
+        p("truncate", kw, default=False, annotation=Annotated[bool, typer.Option(
+            "--truncate", rich_help_panel=MODEL, help="with --model: keep the first tokens of a text longer than "
+                                                      "the model's positions")]),
     ]
 
 
@@ -190,10 +196,10 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     from attnviz.errors import UsageError
 
     model, texts, text_file = values.pop("model"), values.pop("text") or [], values.pop("text_file")
-    device = values.pop("model_device")
+    device, truncate = values.pop("model_device"), values.pop("truncate")
     if model is None:
-        if texts or text_file:
-            raise UsageError("--text and --text-file go with --model MODEL_DIR.")
+        if texts or text_file or truncate:
+            raise UsageError("--text, --text-file and --truncate go with --model MODEL_DIR.")
         if not files:
             raise UsageError("missing argument WEIGHTS (or a model folder: --model DIR --text TEXT).")
         yield files
@@ -209,7 +215,7 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     folder = tempfile.mkdtemp(prefix="attnviz-model-")
     try:
         path = Path(folder) / f"{Path(model).name or 'model'}.safetensors"
-        done = capture_folder(model, all_texts, path, device=device)
+        done = capture_folder(model, all_texts, path, device=device, truncate=truncate)
         for text in done.warnings:
             err_console().print(f"warning: {text}", markup=False, style="yellow")
         from attnviz.io import named
