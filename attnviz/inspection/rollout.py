@@ -280,7 +280,7 @@ def capture_gradients(options: RolloutOptions, w: Weights) -> Weights:
     without them, what to do."""
     from dataclasses import replace
 
-    from attnviz.errors import InputError
+    from attnviz.errors import CAPTURE_TARGET, InputError
 
     if w.capture is not None and w.kind is not None:
         sites = w.capture.sites(w.kind)
@@ -289,11 +289,11 @@ def capture_gradients(options: RolloutOptions, w: Weights) -> Weights:
             if data.shape == w.shape:
                 return replace(w, data=data, keys=[f"{s}.grad" for s in sites], weighed="weights")
         raise InputError(f"{w.source}: --method {options.method} needs the gradients of the explained score with "
-                         "respect to every layer's attention weights, and this capture holds none: capture with "
-                         "--target next (or a token), or give them with --grads SPEC.")
+                         f"respect to every layer's attention weights, and this capture holds none: record them with "
+                         f"{CAPTURE_TARGET}, or give them with --grads SPEC.")
     raise InputError(f"--method {options.method} needs the gradients of the explained score with respect to every "
                      "layer's attention weights: give them with --grads SPEC (read as the weights are), or "
-                     "record them with attnviz capture --target.")
+                     f"record them with {CAPTURE_TARGET}.")
 
 
 def image_mask(result: np.ndarray, query: int, layout: Any) -> np.ndarray:

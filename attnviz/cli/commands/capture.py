@@ -209,7 +209,7 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     import shutil
     import tempfile
 
-    from attnviz.capturing.folder import capture_folder, read_texts
+    from attnviz.capturing.folder import capture_folder, model_name, read_texts
 
     all_texts = read_texts(texts, text_file)
     folder = tempfile.mkdtemp(prefix="attnviz-model-")
@@ -220,7 +220,7 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
             err_console().print(f"warning: {text}", markup=False, style="yellow")
         from attnviz.io import named
 
-        with named({str(path): f"{model} (captured)"}):
+        with named({str(path): f"{model_name(model)} (captured)"}):
             yield [str(path)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
