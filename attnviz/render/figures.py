@@ -67,6 +67,15 @@ def compute_figure(outcome: Outcome, fig: FigureOptions) -> Any:
                           scale=scale)
 
 
+def tokens_note(figure: Any, name: str) -> str | None:
+    """One line when a grid picture left its tokens out (its cells too small for a line of them), naming the
+    options that draw them; None when it drew them, or had none to draw."""
+    if not getattr(figure, "attnviz_tokens_left_out", False):
+        return None
+    return (f"{name}: the tokens are left out, the cells of its maps being too small for them; --layers and --heads "
+            "draw fewer maps, larger, with their tokens, and --map-png one map with them")
+
+
 def inspect_name(result: InspectResult, fig: FigureOptions) -> str:
     return opened_name(result.opened, fig)
 

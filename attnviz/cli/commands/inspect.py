@@ -150,13 +150,14 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             if atol > 1e-5:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
                 err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
                           "(--atol to choose)", markup=False, style="dim")
-        result = inspecting.analyse(opened, _grid_meanwhile(opened, staged, fig, options))
+        notes: list[str] = []  # what a picture could not show (its tokens), for stderr
+        result = inspecting.analyse(opened, _grid_meanwhile(opened, staged, fig, options, notes, out.png))
         failed = report_checks(result.checks, err, source) if result.checks else False
         if not result.finite:
             return True
         for text in result.warnings:
             err.print(f"warning: {text}", markup=False, style="yellow")
-        files = _save_files(result, staged, fig, out)
+        files = _save_files(result, staged, fig, out, notes)
         if "--save-maps" in staged:
             from attnviz.io import save_array
 
@@ -184,6 +185,8 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
                 err.print(f"masks: {', '.join(opened.masks.described)}{left_out}", markup=False, style="dim")
             for what, path in files.items():
                 err.print(f"saved {what} to {path}", markup=False, style="dim")
+            for note in notes:
+                err.print(note, markup=False, style="dim")
         if out.json and document is not None:
             stdout().write(document + "\n")
         if not out.json and result.rows is not None and out.tables:
@@ -211,7 +214,8 @@ def save_json(text: str, staged: Any) -> None:
         save_text(staged["--json-file"], text + "\n")
 
 
-def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: InspectOptions) -> Any:
+def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: InspectOptions, notes: list[str],
+                    name: str | None) -> Any:
     """--png's picture needs the weights, not their statistics: it is drawn (and a PNG encoded) while the
     statistics are summed (``inspecting.analyse``'s ``meanwhile``). Not when --check-finite asked to
     locate NaN and infinity (nothing is drawn then)."""
@@ -220,15 +224,18 @@ def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: Inspe
     target = staged["--png"]
 
     def draw() -> Any:
-        from attnviz.render.figures import opened_grid_figure
+        from attnviz.render.figures import opened_grid_figure, tokens_note
         from attnviz.render.heatmap import figure_file
 
-        return figure_file(opened_grid_figure(opened, fig), target.suffix)
+        figure = opened_grid_figure(opened, fig)
+        notes.extend(note for note in [tokens_note(figure, name or "--png")] if note)
+        return figure_file(figure, target.suffix)
 
     return draw
 
 
-def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs) -> dict[str, str]:
+def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs,
+                notes: list[str] | None = None) -> dict[str, str]:
     """Every figure and the HTML report asked for, written to their staged paths."""
     from attnviz.render import figures
 
@@ -245,7 +252,11 @@ def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutput
             if flag == "--png" and result.meanwhile is not None:  # drawn while the statistics were summed
                 result.meanwhile(staged[flag])
             else:
-                save_figure(make(result, fig), staged[flag])
+                figure = make(result, fig)
+                note = figures.tokens_note(figure, out.png or "--png") if flag == "--png" else None
+                if note and notes is not None:
+                    notes.append(note)
+                save_figure(figure, staged[flag])
             written[name] = getattr(out, name)
     if "--overlay-png" in staged:
         from attnviz.render.overlay import inspect_overlay_figure
