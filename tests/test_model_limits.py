@@ -95,3 +95,19 @@ def test_real_minilm_names_its_512_positions(tmp_path: Path) -> None:
                             "--truncate", "--no-weights", "--json"])
     assert r.exit_code == 0, r.stderr
     assert "dropped 90 token(s)" in r.stderr and np.prod(json.loads(r.stdout)["shape"]) > 0
+
+
+def test_generate_rows_are_as_the_docs_say(folders: dict[str, Path], tmp_path: Path) -> None:
+    """capture --generate N: the prompt's rows, then a row per generated token but the last (never fed back), as
+    docs/commands/capture.md says."""
+    from tests.conftest import ROOT
+
+    llama = folders["llama"]
+    tok = transformers.AutoTokenizer.from_pretrained(str(llama))
+    prompt = len(tok("the cat sat")["input_ids"])
+    r = runner.invoke(app, ["capture", str(llama), "--text", "the cat sat", "--generate", "3", "-o",
+                            str(tmp_path / "g.safetensors"), "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["shape"][-2:] == [prompt + 2, prompt + 2]
+    page = " ".join((ROOT / "docs" / "commands" / "capture.md").read_text().split())
+    assert "one row per generated token but the last" in page and "one row per generated token)" not in page

@@ -138,7 +138,8 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
         merged = merge_run(w, masks, checked, q_labels, k_labels, options.labels.subword_style)
         w, masks, checked = merged.weights, merged.masks, merged.checked
         labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels],
-                             None if merged.k_labels is None else [merged.k_labels], labels.given)
+                             None if merged.k_labels is None else [merged.k_labels],
+                             labels.given and not labels.per_entry)  # the shown entry's own: nothing to warn of
         words = merged.document()
     q_labels, k_labels = labels.of(index[1])
     entries = [index[1]] if options.selection.batch is not None else list(range(w.shape[1]))

@@ -197,7 +197,8 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         tokens = entry_labels_to_merge(labels, options.batch, bi)[0]
         merged = merge_run(w, masks, None, tokens, tokens, options.subword_style)
         w, masks, words = merged.weights, merged.masks, merged.document()
-        labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels], None, labels.given)
+        labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels], None,
+                             labels.given and not labels.per_entry)  # the shown entry's own: nothing to warn of
         layers, batches, _, lq, lk = w.shape
     from attnviz.inspection.images import read_image_input
 
