@@ -259,5 +259,12 @@ def test_rollout_of_value_norms_averages_the_heads_as_they_are(minilm) -> None:
             a = 0.5 * m.mean(0) + 0.5 * np.eye(len(keep))
             current = (a / a.sum(-1, keepdims=True)) @ current
     np.testing.assert_allclose(got[np.ix_(keep, keep)], current, rtol=1e-5)
+    from attnviz.cli.commands.view import view
+    from attnviz.inspection.options import InspectOptions, Selection
+    from attnviz.render.options import FigureOptions
+
+    model = view(InspectOptions(weights=str(path), weigh_by="value-norms", selection=Selection(batch=entry)),
+                 FigureOptions(), run=False).model  # the viewer's rollout (r) is the same
+    np.testing.assert_allclose(model.rollout_map()[np.ix_(keep, keep)], current, rtol=1e-5)
     r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--method", "grad"])
     assert r.exit_code == 2 and "--weigh-by value-norms" in r.stderr and "Traceback" not in r.stderr

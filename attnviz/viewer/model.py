@@ -142,7 +142,7 @@ class ViewerModel:
                 raise ValueError("rollout needs square maps (self-attention)")
             real = None if self.real is None else np.broadcast_to(self.real, (*w.shape[:1], *w.shape[2:-1]))
             tokens = None if real is None else np.asarray(np.asarray(real).all(axis=(0, 1)))
-            self._rollout = rollout(w.data[:, self.batch], real=tokens).result
+            self._rollout = rollout(w.data[:, self.batch], real=tokens, weighed=w.renormalised).result
         return self._rollout
 
     def value(self) -> float:
