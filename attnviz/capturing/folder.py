@@ -225,8 +225,8 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
                          "gives hidden states, not logits over tokens; --target needs a model saved with one "
                          "(...ForCausalLM, ...ForMaskedLM, ...ForConditionalGeneration).")
     try:
-        fitted, limits = fit_positions(texts, tokenizer, model, str(model.config.model_type), generate=generate,
-                                       truncate=truncate)
+        fitted, limits = fit_positions(texts, tokenizer, model, str(model.config.model_type),
+                                       generate=generate if causal else 0, truncate=truncate)  # (a decoder's own)
         batch = tokenizer(texts, return_tensors="pt", padding=True, **fitted).to(device)
     except AttnvizError:
         raise
