@@ -433,3 +433,14 @@ def test_retrieval_score_counts_hits_as_wu_et_al() -> None:
     scores, decoded = retrieval_scores(read, Span("needle", 1, 4))
     assert decoded == n
     np.testing.assert_allclose(scores, [[2 / 3, 0.0]])
+
+
+def test_summary_head_table_with_no_table_and_an_order(llama_folder: Path, tmp_path: Path) -> None:
+    """--no-table with --sort or --top keeps the head table that was asked for (a summary's one table)."""
+    path = tmp_path / "s.safetensors"
+    assert invoke("capture", llama_folder, "--text", _text(40), "-o", path, "--summary").exit_code == 0
+    assert invoke("inspect", path, "--no-table").stdout == ""
+    out = invoke("inspect", path, "--sort", "entropy", "--top", "2", "--no-table")
+    assert out.exit_code == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "by entropy" in text and "showing 2 of" in text, text

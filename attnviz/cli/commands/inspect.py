@@ -198,7 +198,7 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
             err.print(f"saved {what} to {path}", markup=False, style="dim")
     if out.json and document is not None:
         stdout().write(document + "\n")
-    elif out.tables:
+    elif out.tables or out.head_table:  # its one table: the head table, which --sort and --top ask for
         out_console().print(drawn.head_table(result, out.precision, out.sort, out.reverse, out.top), crop=False)
     return False
 
