@@ -493,3 +493,14 @@ def test_a_family_the_blocks_cannot_reproduce_is_refused(monkeypatch: pytest.Mon
         with torch.no_grad(), attnviz.capture(model, path=tmp_path / "s.safetensors", summary=True):
             model(ids, attention_mask=mask)
     assert not list(tmp_path.iterdir())
+
+
+def test_summary_head_table_with_no_table_and_an_order(llama_folder: Path, tmp_path: Path) -> None:
+    """--no-table with --sort or --top keeps the head table that was asked for (a summary's one table)."""
+    path = tmp_path / "s.safetensors"
+    assert invoke("capture", llama_folder, "--text", _text(40), "-o", path, "--summary").exit_code == 0
+    assert invoke("inspect", path, "--no-table").stdout == ""
+    out = invoke("inspect", path, "--sort", "entropy", "--top", "2", "--no-table")
+    assert out.exit_code == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "by entropy" in text and "showing 2 of" in text, text

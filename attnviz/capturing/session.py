@@ -244,6 +244,8 @@ class Capture:
 
             convert(self.path, target)
             return target
+        if self._temp is not None and self.path == self._temp and self._moved(target):
+            return target
 
         def copy(fh: Any) -> None:
             with open(self.path, "rb") as src:  # type: ignore[arg-type]
@@ -251,6 +253,27 @@ class Capture:
 
         write_atomic(target, copy)
         return target
+
+    def _moved(self, target: Path) -> bool:
+        """The temporary file moved to ``target`` (a rename: the same file system), the recording reading it
+        there from now on; False when it cannot be renamed there (another file system: it is copied)."""
+        from attnviz.capturing.fileformat import _umask
+
+        assert self._temp is not None
+        if target.exists() and not target.is_file():
+            raise OutputError(f"{target}: exists and is not a regular file; refusing to replace it.")
+        try:
+            os.replace(self._temp, target)
+        except OSError:
+            return False
+        try:
+            os.chmod(target, 0o666 & ~_umask())  # as any file the user writes (the temporary one was private)
+        except OSError:
+            pass  # a file system without modes
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the file is the user's now
+        self.path, self._temp, self._finalizer = target, None, None
+        return True
 
     def __fspath__(self) -> str:
         if self.path is None:

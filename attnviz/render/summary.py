@@ -107,7 +107,7 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
             table.add_row(*[cells[n][r] for n in shown])
         return table
 
-    return Fitted(build)
+    return Fitted(build, whole_in_pipe=True)  # a pipe gets every column
 
 
 def _cell(value: float | None, precision: int) -> str:

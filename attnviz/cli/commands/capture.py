@@ -80,6 +80,9 @@ def capture_command(
         "refuse, before the model runs, an exact capture whose weights would take more than SIZE (default 4G; "
         "0: no limit)"))] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
+    truncate: Annotated[bool, typer.Option("--truncate", help="keep the first tokens of a text longer than the "
+                                                              "model's positions (and say how many were dropped)")]
+    = False,
 ) -> None:
     """Capture every attention site of a local model on some texts into one file.
 
@@ -91,7 +94,8 @@ def capture_command(
     with user_errors():
         settings = summary_settings(summary, sinks, local, pool, rows, no_weights, target, check)
         _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
-                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file))
+                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file),
+                 truncate)
 
 
 def summary_settings(summary: bool, sinks: int, local: int, pool: int, rows: str, no_weights: bool,
@@ -130,7 +134,7 @@ def parse_max_file(text: str | None) -> int | None:
 def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
              layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
              decoder_text: str | None, check: bool, atol: float | None, json_out: bool, summary: Any = None,
-             max_file: int | None = None) -> None:
+             max_file: int | None = None, truncate: bool = False) -> None:
     import json
 
     from attnviz.capturing.folder import capture_folder, read_texts
@@ -151,7 +155,8 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
     def run(path: Any) -> Any:
         return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
                               weights=not no_weights, weights_dtype=weights_dtype, target=target,
-                              decoder_text=decoder_text, check=check, summary=summary, max_file=max_file)
+                              decoder_text=decoder_text, check=check, summary=summary, max_file=max_file,
+                              truncate=truncate)
 
     if isinstance(targets["-o"], Path):
         done = run(output)
@@ -242,6 +247,9 @@ def model_parameters() -> list[inspect.Parameter]:
         p("model_device", kw, default="auto", annotation=Annotated[str, checked_option(
             Literal[DEVICES], "--model-device", rich_help_panel=MODEL,  # type: ignore[valid-type]
             help="with --model: where it runs")]),
+        p("truncate", kw, default=False, annotation=Annotated[bool, typer.Option(
+            "--truncate", rich_help_panel=MODEL, help="with --model: keep the first tokens of a text longer than "
+                                                      "the model's positions")]),
     ]
 
 
@@ -252,10 +260,10 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     from attnviz.errors import UsageError
 
     model, texts, text_file = values.pop("model"), values.pop("text") or [], values.pop("text_file")
-    device = values.pop("model_device")
+    device, truncate = values.pop("model_device"), values.pop("truncate")
     if model is None:
-        if texts or text_file:
-            raise UsageError("--text and --text-file go with --model MODEL_DIR.")
+        if texts or text_file or truncate:
+            raise UsageError("--text, --text-file and --truncate go with --model MODEL_DIR.")
         if not files:
             raise UsageError("missing argument WEIGHTS (or a model folder: --model DIR --text TEXT).")
         yield files
@@ -265,18 +273,18 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     import shutil
     import tempfile
 
-    from attnviz.capturing.folder import capture_folder, read_texts
+    from attnviz.capturing.folder import capture_folder, model_name, read_texts
 
     all_texts = read_texts(texts, text_file)
     folder = tempfile.mkdtemp(prefix="attnviz-model-")
     try:
         path = Path(folder) / f"{Path(model).name or 'model'}.safetensors"
-        done = capture_folder(model, all_texts, path, device=device, auto_summary=True)
+        done = capture_folder(model, all_texts, path, device=device, auto_summary=True, truncate=truncate)
         for text in done.warnings:
             err_console().print(f"warning: {text}", markup=False, style="yellow")
         from attnviz.io import named
 
-        with named({str(path): f"{model} (captured)"}):
+        with named({str(path): f"{model_name(model)} (captured)"}):
             yield [str(path)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)

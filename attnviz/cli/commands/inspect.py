@@ -46,6 +46,8 @@ class InspectOutputs(TableOptions):
         "layer", "order the head statistics by this column (statistics: largest first)", panel=OUTPUT)
     reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
     top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
+    no_table: bool = option(False, "print no tables; with --sort, --reverse or --top, the head statistics table alone",
+                            panel=OUTPUT)
     png: str | None = option(None, "a layer x head grid of every map (the map itself when there is one); .png, .svg "
                              "or .pdf", panel=OUTPUT, metavar="FILE")
     map_png: str | None = option(None, "the selected map alone, with labels", panel=OUTPUT, metavar="FILE")
@@ -62,6 +64,12 @@ class InspectOutputs(TableOptions):
     save_maps: str | None = option(None, "save the maps inspected, [layers, batch, heads, Lq, Lk] (after --generation "
                                    "and --merge-subwords; without them the weights as read): .npy, .npz or "
                                    ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
+
+    @property
+    def head_table(self) -> bool:
+        """--no-table with an order asked for (--sort, --reverse, --top): the head table the user sorted."""
+        return (self.no_table and not (self.json or self.quiet)
+                and (self.sort != "layer" or self.reverse or self.top is not None))
 
 
 ORDER = ("layout", "generation", "weigh_by",
@@ -191,7 +199,7 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
             err.print(f"saved {what} to {path}", markup=False, style="dim")
     if out.json and document is not None:
         stdout().write(document + "\n")
-    elif out.tables:
+    elif out.tables or out.head_table:  # its one table: the head table, which --sort and --top ask for
         out_console().print(drawn.head_table(result, out.precision, out.sort, out.reverse, out.top), crop=False)
     return False
 
@@ -236,13 +244,14 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             if atol > 1e-5:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
                 err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
                           "(--atol to choose)", markup=False, style="dim")
-        result = inspecting.analyse(opened, _grid_meanwhile(opened, staged, fig, options))
+        notes: list[str] = []  # what a picture could not show (its tokens), for stderr
+        result = inspecting.analyse(opened, _grid_meanwhile(opened, staged, fig, options, notes, out.png))
         failed = report_checks(result.checks, err, source) if result.checks else False
         if not result.finite:
             return True
         for text in result.warnings:
             err.print(f"warning: {text}", markup=False, style="yellow")
-        files = _save_files(result, staged, fig, out)
+        files = _save_files(result, staged, fig, out, notes)
         if "--save-maps" in staged:
             from attnviz.io import save_array
 
@@ -270,10 +279,14 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
                 err.print(f"masks: {', '.join(opened.masks.described)}{left_out}", markup=False, style="dim")
             for what, path in files.items():
                 err.print(f"saved {what} to {path}", markup=False, style="dim")
+            for note in notes:
+                err.print(note, markup=False, style="dim")
         if out.json and document is not None:
             stdout().write(document + "\n")
         if not out.json and result.rows is not None and out.tables:
             _print_tables(result, out)
+        elif out.head_table and result.stats:
+            _print_head_table(result, out)
         _draw(show, result, fig)
         return failed
 
@@ -295,7 +308,8 @@ def save_json(text: str, staged: Any) -> None:
         save_text(staged["--json-file"], text + "\n")
 
 
-def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: InspectOptions) -> Any:
+def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: InspectOptions, notes: list[str],
+                    name: str | None) -> Any:
     """--png's picture needs the weights, not their statistics: it is drawn (and a PNG encoded) while the
     statistics are summed (``inspecting.analyse``'s ``meanwhile``). Not when --check-finite asked to
     locate NaN and infinity (nothing is drawn then)."""
@@ -304,15 +318,18 @@ def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: Inspe
     target = staged["--png"]
 
     def draw() -> Any:
-        from attnviz.render.figures import opened_grid_figure
+        from attnviz.render.figures import opened_grid_figure, tokens_note
         from attnviz.render.heatmap import figure_file
 
-        return figure_file(opened_grid_figure(opened, fig), target.suffix)
+        figure = opened_grid_figure(opened, fig)
+        notes.extend(note for note in [tokens_note(figure, name or "--png")] if note)
+        return figure_file(figure, target.suffix)
 
     return draw
 
 
-def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs) -> dict[str, str]:
+def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs,
+                notes: list[str] | None = None) -> dict[str, str]:
     """Every figure and the HTML report asked for, written to their staged paths."""
     from attnviz.render import figures
 
@@ -329,7 +346,11 @@ def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutput
             if flag == "--png" and result.meanwhile is not None:  # drawn while the statistics were summed
                 result.meanwhile(staged[flag])
             else:
-                save_figure(make(result, fig), staged[flag])
+                figure = make(result, fig)
+                note = figures.tokens_note(figure, out.png or "--png") if flag == "--png" else None
+                if note and notes is not None:
+                    notes.append(note)
+                save_figure(figure, staged[flag])
             written[name] = getattr(out, name)
     if "--overlay-png" in staged:
         from attnviz.render.overlay import inspect_overlay_figure
@@ -353,6 +374,16 @@ def _draw(show: ShowOptions, result: Any, fig: FigureOptions) -> None:
 
     draw(show, lambda: inspect_grid_figure(result, fig), lambda plain, height: inspect_picture(result, fig, plain,
                                                                                                  height))
+
+
+def _print_head_table(result: Any, out: InspectOutputs) -> None:
+    """--no-table with an order asked for (--sort, --reverse, --top): the head statistics table, alone."""
+    from attnviz.inspection.weights import RENORMALISED
+    from attnviz.render.summaries import head_stats_table
+
+    renormalised = result.opened.weights.renormalised
+    out_console().print(head_stats_table(result.stats, sort=out.sort, reverse=out.reverse, top=out.top,
+                                         padded=result.padded, of=RENORMALISED if renormalised else None), crop=False)
 
 
 def _print_tables(result: Any, out: InspectOutputs) -> None:
