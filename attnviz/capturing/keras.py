@@ -23,24 +23,56 @@ from attnviz.capturing.recorder import Recorder
 from attnviz.errors import AttnvizError, InputError
 
 
-def attention_layers(model: Any) -> list[Any]:
-    """Every ``keras.layers.MultiHeadAttention`` in ``model`` (nested models and layers included), once."""
+def attention_layers(model: Any) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Every attention layer of ``model`` (nested models and layers included), once each: the
+    ``keras.layers.MultiHeadAttention`` layers, and the KerasHub layers of a family of
+    ``attnviz.capturing.kerashub`` with their family. A layer attnviz cannot see is refused by name."""
     import keras
 
-    found: dict[int, Any] = {}
+    from attnviz.capturing.kerashub import family_of, refusal
+
+    seen: set[int] = set()
+    mha: list[Any] = []
+    hub: list[tuple[Any, Any]] = []
     pending = [model]
     while pending:
         layer = pending.pop(0)
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        why = refusal(layer)
+        if why is not None:
+            raise InputError(why)
         if isinstance(layer, keras.layers.MultiHeadAttention):
-            found.setdefault(id(layer), layer)
+            mha.append(layer)
+            continue
+        family = family_of(layer)
+        if family is not None:
+            hub.append((layer, family))
             continue
         children = getattr(layer, "_layers", None) or getattr(layer, "layers", None) or []
         pending.extend(c for c in children if c is not layer)
-    return list(found.values())
+    return mha, hub
+
+
+def site_counts(model: Any) -> dict[str, int]:
+    """How many sites the model has (what negative ``layers`` count from): one per attention layer, and
+    ALBERT's shared layers once per call (``num_layers``)."""
+    try:
+        mha, hub = attention_layers(model)
+    except InputError:
+        return {}
+    count = len(mha) + len(hub)
+    backbone = getattr(model, "backbone", model)
+    if getattr(backbone, "num_groups", None) and getattr(backbone, "num_layers", None):
+        count = int(backbone.num_layers)
+    return {"layers": count} if count else {}
 
 
 class KerasCapture:
-    """A capture of one Keras model's ``MultiHeadAttention`` layers, recorded by ``recorder``."""
+    """A capture of one Keras model's attention layers (``MultiHeadAttention`` and KerasHub's own), recorded
+    by ``recorder``. Each call of a layer within one call of the model is a site of its own (ALBERT calls
+    one shared layer once per layer of its group)."""
 
     def __init__(self, model: Any, recorder: Recorder, weights_dtype: str = "float32", weights: bool = True) -> None:
         self.model = model
@@ -50,33 +82,108 @@ class KerasCapture:
         self.forwards = 0
         self.note: str | None = None
         self.logits = None
+        self.calls: dict[int, int] = {}  # per layer: its calls in the model's current call
+        self.depth = 0  # models' calls in progress (nested: a task model's backbone)
+        self.pending: dict[int, tuple[Any, Any, Any]] = {}  # per KerasHub layer: the q, k, v of its call
+        self.softmaxed: dict[int, int] = {}  # per KerasHub layer: its softmax's calls
 
     def describe(self) -> dict[str, Any]:
         import keras
 
-        return {"model_type": "keras", "architecture": type(self.model).__name__, "keras": keras.__version__,
-                "framework": "keras", "implementation": "keras"}
+        meta = {"model_type": "keras", "architecture": type(self.model).__name__, "keras": keras.__version__,
+                "framework": "keras", "implementation": "keras", "backend": keras.backend.backend()}
+        try:
+            import keras_hub
+
+            if any(c.__module__.startswith("keras_hub") for c in type(self.model).__mro__):
+                meta["keras_hub"] = keras_hub.__version__
+        except ImportError:
+            pass
+        return meta
 
     @contextmanager
     def opened(self) -> Iterator[None]:
-        layers = attention_layers(self.model)
-        if not layers:
-            raise InputError(f"{type(self.model).__name__}: no keras.layers.MultiHeadAttention in the model; attnviz "
-                             "captures Keras attention through that layer.")
-        wrapped = []
+        from attnviz.capturing.kerashub import explicit_path
+
+        mha, hub = attention_layers(self.model)
+        if not mha and not hub:
+            raise InputError(f"{type(self.model).__name__}: no attention layer in the model; attnviz captures "
+                             "keras.layers.MultiHeadAttention and KerasHub's attention layers.")
+        patches: list[tuple[Any, str, bool, Any]] = []
+
+        def patch(obj: Any, name: str, value: Any) -> None:
+            patches.append((obj, name, name in obj.__dict__, obj.__dict__.get(name)))
+            object.__setattr__(obj, name, value)
+
         try:
-            for layer in layers:
-                had = "_compute_attention" in layer.__dict__
-                before = layer.__dict__.get("_compute_attention")
-                object.__setattr__(layer, "_compute_attention", self._wrapper(layer, layer._compute_attention))
-                wrapped.append((layer, had, before))
-            yield
+            for layer in mha:
+                patch(layer, "_compute_attention", self._wrapper(layer, layer._compute_attention))
+            for layer, family in hub:
+                softmax = getattr(layer, family.softmax, None)
+                if softmax is None:
+                    raise InputError(f"{type(layer).__name__} ({layer.name}): no softmax sublayer "
+                                     f"{family.softmax!r}; attnviz cannot see its weights.")
+                patch(softmax, "call", self._softmax_wrapper(layer, family, softmax.call))
+                if family.qkv:
+                    patch(layer, family.qkv, self._qkv_wrapper(layer, getattr(layer, family.qkv)))
+                patch(layer, "call", self._layer_wrapper(layer, layer.call))
+            for model in self._models():
+                patch(model, "call", self._model_wrapper(model.call))
+            with explicit_path([layer for layer, _ in hub]):
+                yield
         finally:
-            for layer, had, before in wrapped:
+            for obj, name, had, before in reversed(patches):
                 if had:
-                    object.__setattr__(layer, "_compute_attention", before)
+                    object.__setattr__(obj, name, before)
                 else:
-                    object.__delattr__(layer, "_compute_attention")
+                    object.__delattr__(obj, name)
+
+    def _models(self) -> list[Any]:
+        """The model and the models inside it (a task's backbone): where one call of the model begins."""
+        import keras
+
+        out, pending, seen = [], [self.model], set()
+        while pending:
+            layer = pending.pop(0)
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            if isinstance(layer, keras.Model) or layer is self.model:
+                out.append(layer)
+                pending.extend(getattr(layer, "_layers", None) or [])
+        return out
+
+    def _model_wrapper(self, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.depth == 0:
+                self.calls = {}
+                self._inputs(args[0] if args else kwargs.get("inputs"))
+            self.depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.depth -= 1
+
+        return call
+
+    def _inputs(self, inputs: Any) -> None:
+        """KerasHub's inputs (``token_ids``, ``padding_mask``) as the file's ``input_ids`` and
+        ``attention_mask``."""
+        if not isinstance(inputs, dict) or "token_ids" not in inputs:
+            return
+        try:
+            arrays = {"input_ids": np.asarray(_numpy(inputs["token_ids"])).astype(np.int64)}
+            if inputs.get("padding_mask") is not None:
+                arrays["attention_mask"] = np.asarray(_numpy(inputs["padding_mask"])).astype(np.int64)
+        except Exception:  # noqa: BLE001 - symbolic inputs (a traced call): the layers say so
+            return
+        self.rec.record_inputs(arrays, continuing=False)
+
+    def _key(self, layer: Any) -> tuple[int, int]:
+        """The site of this call of ``layer``: its n-th call within the model's current call."""
+        n = self.calls.get(id(layer), 0)
+        self.calls[id(layer)] = n + 1
+        return id(layer), n
 
     def _wrapper(self, layer: Any, original: Any) -> Any:
         def compute_attention(query: Any, key: Any, value: Any, attention_mask: Any = None, training: Any = None,
@@ -90,39 +197,35 @@ class KerasCapture:
         return compute_attention
 
     def _record(self, layer: Any, query: Any, key: Any, value: Any, attention_mask: Any, causal: bool) -> None:
-        import keras
-
         from attnviz.capturing.check import recompute
 
-        if keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
-
-            if not tf.executing_eagerly():
-                raise AttnvizError(f"{layer.name}: the model runs as a graph (predict() or a tf.function), whose "
-                                   "tensors attnviz cannot read; inside attnviz.capture call the model directly: "
-                                   "model(x).")
+        _eager(layer)
         if len(query.shape) != 4:
             raise InputError(f"{layer.name}: attention over several axes ({len(query.shape)}-D queries); attnviz "
                              "captures MultiHeadAttention over one sequence axis.")
         q, k, v = (np.asarray(_numpy(t), dtype=np.float32) for t in (query, key, value))
         b, lq, heads, _ = q.shape
         lk = k.shape[1]
-        keep = np.ones((b, lq, lk), bool)
-        if attention_mask is not None:
-            keep &= np.broadcast_to(np.asarray(_numpy(attention_mask)).astype(bool), (b, lq, lk))
+        keep = np.ones((b, 1, lq, lk), bool)
+        if attention_mask is not None:  # [B, Lq, Lk], or [B, 1 or H, Lq, Lk] (Moonshine), as MHA expands it
+            m = np.asarray(_numpy(attention_mask)).astype(bool)
+            keep = keep & (m if m.ndim == 4 else m[:, None] if m.ndim == 3 else m.reshape(-1, 1, 1, lk))
+            keep = _one_mask(layer, keep)
         if causal:  # Keras' causal mask is lower-triangular from the top left (query i sees keys 0..i)
-            keep &= np.tril(np.ones((lq, lk), bool))
+            keep = keep & np.tril(np.ones((lq, lk), bool))
         scale = float(layer._inverse_sqrt_key_dim)
-        site = self.rec.site(id(layer), "layers", layer.name,
+        site = self.rec.site(self._key(layer), "layers", _path(layer),
                              {"scale": scale, "window": None, "softcap": None, "sinks": False, "heads": int(heads),
                               "kv_heads": int(heads)})
         if site is None:
             return
-        arrays: dict[str, Any] = {"q": q, "k": k, "v": v, "mask": keep[:, None]}
+        arrays: dict[str, Any] = {"q": q, "k": k, "v": v, "mask": keep}
         if self.weights:
-            arrays["weights"] = recompute(q, k, keep[:, None], scale).astype(self.dtype)
+            arrays["weights"] = recompute(q, k, keep, scale).astype(self.dtype)
         self.rec.record(site, lq, lk, arrays)
-        dense = getattr(layer, "_output_dense", None)
+        self._output(site, getattr(layer, "_output_dense", None))
+
+    def _output(self, site: Any, dense: Any) -> None:
         kernel = getattr(dense, "kernel", None)
         if kernel is not None and len(kernel.shape) == 3:
             statics: dict[str, Any] = {"wo": np.asarray(_numpy(kernel), dtype=np.float32)}
@@ -130,6 +233,95 @@ class KerasCapture:
             if bias is not None:
                 statics["bo"] = np.asarray(_numpy(bias), dtype=np.float32)
             self.rec.record_static(site, statics)
+
+    # -- KerasHub's own layers: the softmax sublayer's output, and the q, k, v it was computed from
+
+    def _layer_wrapper(self, layer: Any, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            before = self.softmaxed.get(id(layer), 0)
+            self.pending.pop(id(layer), None)
+            out = original(*args, **kwargs)
+            if self.softmaxed.get(id(layer), 0) == before:
+                raise InputError(f"{type(layer).__name__} ({layer.name}): the layer formed no weights (a fused "
+                                 "attention op); attnviz cannot see them on this backend.")
+            return out
+
+        return call
+
+    def _qkv_wrapper(self, layer: Any, original: Any) -> Any:
+        def compute(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+            self.pending[id(layer)] = (query, key, value)
+            try:
+                return original(query, key, value, *args, **kwargs)
+            finally:
+                self.pending.pop(id(layer), None)
+
+        return compute
+
+    def _softmax_wrapper(self, layer: Any, family: Any, original: Any) -> Any:
+        def call(inputs: Any, mask: Any = None) -> Any:
+            out = original(inputs, mask=mask)
+            self.softmaxed[id(layer)] = self.softmaxed.get(id(layer), 0) + 1
+            self.forwards += 1
+            self._record_softmax(layer, family, out, mask, self.pending.get(id(layer)))
+            return out
+
+        return call
+
+    def _record_softmax(self, layer: Any, family: Any, probs: Any, mask: Any, qkv: Any) -> None:
+        from attnviz.capturing.kerashub import settings
+
+        _eager(layer)
+        p = np.asarray(_numpy(probs), dtype=np.float32)
+        b, lq, lk = p.shape[0], p.shape[-2], p.shape[-1]
+        weights = p.reshape(b, -1, lq, lk)  # Gemma's [B, kv heads, groups, Lq, Lk]: the query heads in order
+        heads = weights.shape[1]
+        keep = np.ones(p.shape, bool)
+        if mask is not None:
+            m = np.asarray(_numpy(mask))
+            keep = np.broadcast_to(m if m.dtype == bool else m > 0.5, p.shape)  # as keras.layers.Softmax keeps
+        keep = _one_mask(layer, keep.reshape(b, -1, lq, lk))
+        site = self.rec.site(self._key(layer), family.kind, _path(layer), settings(layer, family, heads))
+        if site is None:
+            return
+        arrays: dict[str, Any] = {"mask": keep}
+        if qkv is not None:
+            q, k, v = (np.asarray(_numpy(t), dtype=np.float32) for t in qkv)
+            if family.repeated:  # repeated to the query heads by ops.repeat: kv head j is at j * groups
+                groups = getattr(layer, "num_key_value_groups", None) or getattr(layer, "_num_key_value_groups")
+                k, v = k[:, :, :: int(groups)], v[:, :, :: int(groups)]
+            site.info["kv_heads"] = int(k.shape[2])
+            arrays.update({"q": q, "k": k, "v": v})
+        if self.weights:
+            arrays["weights"] = weights.astype(self.dtype)
+        self.rec.record(site, lq, lk, arrays)
+        self._output(site, getattr(layer, family.output, None))
+
+
+def _one_mask(layer: Any, keep: np.ndarray) -> np.ndarray:
+    """The mask as the file keeps it, ``[B, 1, Lq, Lk]``: one for every head."""
+    if keep.shape[1] > 1:
+        if not (keep == keep[:, :1]).all():
+            raise InputError(f"{layer.name}: a mask that differs between heads; the capture file keeps one mask "
+                             "per batch row.")
+        keep = keep[:, :1]
+    return np.ascontiguousarray(keep)
+
+
+def _eager(layer: Any) -> None:
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            raise AttnvizError(f"{layer.name}: the model runs as a graph (predict(), generate() or a "
+                               "tf.function), whose tensors attnviz cannot read; inside attnviz.capture call "
+                               "the model directly: model(x).")
+
+
+def _path(layer: Any) -> str:
+    return str(getattr(layer, "path", None) or layer.name)
 
 
 def _numpy(value: Any) -> np.ndarray:

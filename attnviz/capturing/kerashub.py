@@ -1,0 +1,173 @@
+"""KerasHub's own attention layers (``keras-hub``: Llama, Gemma, Mistral, Qwen, Phi-3, GPT-NeoX, DeBERTa v3,
+BLOOM, Falcon ...): which layer class is which family, and where its probabilities are formed.
+
+Most of KerasHub's language models compute attention in a ``keras.layers.Layer`` of their own, not in
+``keras.layers.MultiHeadAttention`` (which ``attnviz.capturing.keras`` captures). The seam they share is a
+``keras.layers.Softmax`` sublayer: its input already holds the scale, the softcap, ALiBi or the relative
+bias, its mask argument is the final mask (padding, causal, sliding window), and its output is exactly the
+layer's probabilities, on the explicit (non-fused) path. While a capture is open the softmax's ``call`` is
+wrapped on the instance and its output recorded as it is; where the family hands q, k and v to a method of
+its own (``_compute_attention``), that method is wrapped too, so that the file holds what the softmax's
+scores were computed from (``attnviz capture --check`` recomputes them). Nothing the layer computes changes.
+
+``FAMILIES`` is the table: class name -> :class:`Family`. A layer class that attnviz cannot see
+(``REFUSED``, or any other ``...Attention`` layer it does not know) is refused by name: a capture holds
+every attention site of the model or none.
+
+On the JAX and torch backends KerasHub takes a fused ``dot_product_attention`` (no weights formed) when its
+``fused_attention_op_available()`` says so; the capture replaces that function in the family's module by one
+that says no while the block runs (the explicit path, the same numbers up to rounding), and restores it.
+On the TensorFlow backend every layer takes the explicit path anyway.
+
+Keras is imported only inside functions, when a model is captured.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from attnviz.errors import InputError
+
+
+def _attr(name: str) -> Callable[[Any], float | None]:
+    def get(layer: Any) -> float | None:
+        value = getattr(layer, name, None)
+        return None if value is None else float(value)
+
+    return get
+
+
+def _gemma_scale(layer: Any) -> float:
+    """Gemma's query normalisation, as ``CachedGemmaAttention._compute_attention`` computes it."""
+    if getattr(layer, "query_head_dim_normalize", True):
+        return 1.0 / math.sqrt(layer.head_dim)
+    return 1.0 / math.sqrt(layer.hidden_dim // layer.num_query_heads)
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one KerasHub attention layer class forms its probabilities."""
+
+    softmax: str  #: the attribute holding the ``keras.layers.Softmax`` whose output is the weights
+    #: the method handed ``(query, key, value, ...)`` positionally, after projections, norms and RoPE
+    #: (None: the layer computes them inline; the file then has the weights and masks only)
+    qkv: str | None = None
+    #: the keys and values reach that method repeated to the query heads (``ops.repeat`` on axis 2)
+    repeated: bool = False
+    #: the scale applied to q.k, read from the layer (recorded with q and k, for ``--check``)
+    scale: Callable[[Any], float | None] = _attr("_inv_norm_factor")
+    softcap: str | None = None  #: the attribute holding a logit softcap (Gemma 2)
+    #: the attribute holding the output projection (kernel [heads, head_dim, d_model])
+    output: str = "_output_dense"
+    kind: str = "layers"
+
+
+_LLAMA_LIKE = Family("_softmax", "_compute_attention", repeated=True)
+
+#: class name -> family; a subclass not listed is found through its bases
+FAMILIES: dict[str, Family] = {
+    "LlamaAttention": _LLAMA_LIKE,  # Llama, Llama 3
+    "CachedMistralAttention": _LLAMA_LIKE,
+    "CachedMixtralAttention": Family("softmax", "_compute_attention", repeated=True, output="output_dense"),
+    "Phi3Attention": Family("softmax", "_compute_attention", repeated=True, output="output_dense"),
+    "QwenAttention": _LLAMA_LIKE,  # Qwen, Qwen 2
+    "QwenMoeAttention": _LLAMA_LIKE,
+    "Qwen3Attention": _LLAMA_LIKE,  # q and k normalised before RoPE, in call
+    "Qwen3MoeAttention": _LLAMA_LIKE,
+    "SmolLM3Attention": _LLAMA_LIKE,
+    "CachedGemmaAttention": Family("softmax", "_compute_attention", scale=_gemma_scale, softcap="logit_soft_cap",
+                                   output="output_dense"),  # Gemma, Gemma 2 (softcap and window inside)
+    "CachedGemma3Attention": Family("softmax", "_compute_attention", scale=_gemma_scale, softcap="logit_soft_cap",
+                                    output="output_dense"),
+    "GPTNeoXAttention": Family("_softmax", "_compute_attention"),
+    # the scores hold a relative-position term (DeBERTa) or ALiBi (BLOOM, Falcon): the weights as formed,
+    # no q and k (they alone do not give the weights)
+    "DisentangledSelfAttention": Family("_softmax"),
+    "BloomAttention": Family("_softmax"),
+    "FalconAttention": Family("softmax", output="output_dense"),
+}
+
+#: layers attnviz cannot see, by class name: why, in the words of the refusal
+REFUSED: dict[str, str] = {
+    "T5MultiHeadAttention": "its softmax is inline (ops.nn.softmax, no sublayer) and its weights are not returned",
+    "GptOssAttention": "its softmax over the keys and the sink logits is inline and its weights are not returned",
+    "Gemma3nTextAttention": "its softmax is inline and its weights are not returned",
+    "T5GemmaAttention": "an encoder-decoder's self and cross attention are not told apart yet",
+    "T5Gemma2Attention": "an encoder-decoder's self and cross attention are not told apart yet",
+    "T5Gemma2MergedAttention": "an encoder-decoder's self and cross attention are not told apart yet",
+    "Qwen3_5Attention": "its gated attention is not supported yet",
+    "Gemma4TextAttention": "it is not supported yet",
+    "PaliGemmaVitAttention": "its vision encoder's weights are not recorded yet",
+    "Gemma3VisionAttention": "its vision encoder's weights are not recorded yet",
+    "MultiHeadAttentionWithRelativePE": "its softmax is inline and its weights are not returned",
+    "TwoWayMultiHeadAttention": "its softmax is inline and its weights are not returned",
+    "TwoStreamRelativeAttention": "its two-stream attention does not go through _compute_attention",
+}
+
+
+def class_names(layer: Any) -> list[str]:
+    return [c.__name__ for c in type(layer).__mro__]
+
+
+def family_of(layer: Any) -> Family | None:
+    """The family of a KerasHub attention layer (by its class or a base's name), or None."""
+    for name in class_names(layer):
+        if name in REFUSED:
+            return None
+        if name in FAMILIES:
+            return FAMILIES[name]
+    return None
+
+
+def refusal(layer: Any) -> str | None:
+    """Why attnviz cannot capture ``layer`` (one line naming its class), or None when it can or when the layer
+    is no attention layer. Any layer class named ``...Attention`` that attnviz does not know is refused."""
+    import keras
+
+    if isinstance(layer, keras.layers.MultiHeadAttention) and not any(n in REFUSED for n in class_names(layer)):
+        return None
+    name = type(layer).__name__
+    for base in class_names(layer):
+        if base in REFUSED:
+            return (f"{name} ({layer.name}): attnviz cannot capture this KerasHub attention layer: "
+                    f"{REFUSED[base]}.")
+    if family_of(layer) is None and name.lower().endswith("attention"):
+        return (f"{name} ({layer.name}): an attention layer attnviz does not know; it captures "
+                "keras.layers.MultiHeadAttention and the KerasHub layers of docs/model-families.md.")
+    return None
+
+
+@contextmanager
+def explicit_path(layers: list[Any]) -> Iterator[None]:
+    """While the block runs, the modules of these layers' classes see ``fused_attention_op_available()`` as
+    False (KerasHub imports it by name into each module): the explicit path, where the softmax runs."""
+    patched: list[tuple[Any, Any]] = []
+    try:
+        for module in {sys.modules.get(c.__module__) for layer in layers for c in type(layer).__mro__}:
+            original = getattr(module, "fused_attention_op_available", None)
+            if module is None or original is None:
+                continue
+            patched.append((module, original))
+            module.fused_attention_op_available = _never
+        yield
+    finally:
+        for module, original in patched:
+            module.fused_attention_op_available = original
+
+
+def _never() -> bool:
+    return False
+
+
+def settings(layer: Any, family: Family, heads: int) -> dict[str, Any]:
+    """The site's metadata: the scale and softcap where q and k are recorded (what --check needs); the
+    key-value heads are those of the recorded k (the query heads' where there is none)."""
+    scale = family.scale(layer) if family.qkv else None
+    softcap = getattr(layer, family.softcap, None) if family.softcap else None
+    return {"scale": scale, "window": None, "softcap": None if softcap is None else float(softcap),
+            "sinks": False, "heads": int(heads), "kv_heads": int(heads)}
