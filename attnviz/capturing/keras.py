@@ -86,6 +86,7 @@ class KerasCapture:
         self.depth = 0  # models' calls in progress (nested: a task model's backbone)
         self.pending: dict[int, tuple[Any, Any, Any]] = {}  # per KerasHub layer: the q, k, v of its call
         self.softmaxed: dict[int, int] = {}  # per KerasHub layer: its softmax's calls
+        self.error: AttnvizError | None = None  # the first refusal raised inside a layer's call
 
     def describe(self) -> dict[str, Any]:
         import keras
@@ -117,20 +118,24 @@ class KerasCapture:
 
         try:
             for layer in mha:
-                patch(layer, "_compute_attention", self._wrapper(layer, layer._compute_attention))
+                patch(layer, "_compute_attention", self._guard(self._wrapper(layer, layer._compute_attention)))
             for layer, family in hub:
                 softmax = getattr(layer, family.softmax, None)
                 if softmax is None:
                     raise InputError(f"{type(layer).__name__} ({layer.name}): no softmax sublayer "
                                      f"{family.softmax!r}; attnviz cannot see its weights.")
-                patch(softmax, "call", self._softmax_wrapper(layer, family, softmax.call))
+                patch(softmax, "call", self._guard(self._softmax_wrapper(layer, family, softmax.call)))
                 if family.qkv:
                     patch(layer, family.qkv, self._qkv_wrapper(layer, getattr(layer, family.qkv)))
-                patch(layer, "call", self._layer_wrapper(layer, layer.call))
+                patch(layer, "call", self._guard(self._layer_wrapper(layer, layer.call)))
             for model in self._models():
                 patch(model, "call", self._model_wrapper(model.call))
             with explicit_path([layer for layer, _ in hub]):
                 yield
+        except Exception as exc:  # Keras rewrites what a layer's call raises: attnviz's own line, as it was
+            if self.error is not None and exc is not self.error:
+                raise self.error from None
+            raise
         finally:
             for obj, name, had, before in reversed(patches):
                 if had:
@@ -179,6 +184,19 @@ class KerasCapture:
             return
         self.rec.record_inputs(arrays, continuing=False)
 
+    def _guard(self, function: Any) -> Any:
+        """``function`` (a wrapper run inside a layer's call), its refusals kept to be raised as they are."""
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except AttnvizError as exc:
+                if self.error is None:
+                    self.error = exc
+                raise
+
+        return guarded
+
     def _key(self, layer: Any) -> tuple[int, int]:
         """The site of this call of ``layer``: its n-th call within the model's current call."""
         n = self.calls.get(id(layer), 0)
@@ -225,8 +243,12 @@ class KerasCapture:
         self.rec.record(site, lq, lk, arrays)
         self._output(site, getattr(layer, "_output_dense", None))
 
-    def _output(self, site: Any, dense: Any) -> None:
+    def _output(self, site: Any, dense: Any, heads: tuple[int, int] | None = None) -> None:
+        """The output projection's kernel as ``[heads, head_dim, d_model]`` (``heads``: the heads and head size
+        of a 2-D kernel whose input is the heads merged head-major), and its bias."""
         kernel = getattr(dense, "kernel", None)
+        if kernel is not None and heads is not None and len(kernel.shape) == 2:
+            kernel = np.asarray(_numpy(kernel)).reshape(*heads, -1)
         if kernel is not None and len(kernel.shape) == 3:
             statics: dict[str, Any] = {"wo": np.asarray(_numpy(kernel), dtype=np.float32)}
             bias = getattr(dense, "bias", None)
@@ -249,10 +271,13 @@ class KerasCapture:
         return call
 
     def _qkv_wrapper(self, layer: Any, original: Any) -> Any:
-        def compute(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-            self.pending[id(layer)] = (query, key, value)
+        def compute(*args: Any, **kwargs: Any) -> Any:  # (query, key, value, ...), by position or by name
+            given = list(args[:3])
+            for names in (("query", "q"), ("key", "k"), ("value", "v"))[len(given):]:
+                given.append(next((kwargs[n] for n in names if n in kwargs), None))
+            self.pending[id(layer)] = tuple(given)
             try:
-                return original(query, key, value, *args, **kwargs)
+                return original(*args, **kwargs)
             finally:
                 self.pending.pop(id(layer), None)
 
@@ -288,14 +313,15 @@ class KerasCapture:
         if qkv is not None:
             q, k, v = (np.asarray(_numpy(t), dtype=np.float32) for t in qkv)
             if family.repeated:  # repeated to the query heads by ops.repeat: kv head j is at j * groups
-                groups = getattr(layer, "num_key_value_groups", None) or getattr(layer, "_num_key_value_groups")
+                groups = getattr(layer, "num_key_value_groups", None) or layer._num_key_value_groups
                 k, v = k[:, :, :: int(groups)], v[:, :, :: int(groups)]
             site.info["kv_heads"] = int(k.shape[2])
             arrays.update({"q": q, "k": k, "v": v})
         if self.weights:
             arrays["weights"] = weights.astype(self.dtype)
         self.rec.record(site, lq, lk, arrays)
-        self._output(site, getattr(layer, family.output, None))
+        merged = (heads, int(qkv[2].shape[-1])) if family.merged_output and qkv is not None else None
+        self._output(site, getattr(layer, family.output, None), merged)
 
 
 def _one_mask(layer: Any, keep: np.ndarray) -> np.ndarray:

@@ -31,8 +31,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from attnviz.errors import InputError
-
 
 def _attr(name: str) -> Callable[[Any], float | None]:
     def get(layer: Any) -> float | None:
@@ -64,6 +62,8 @@ class Family:
     softcap: str | None = None  #: the attribute holding a logit softcap (Gemma 2)
     #: the attribute holding the output projection (kernel [heads, head_dim, d_model])
     output: str = "_output_dense"
+    #: the output projection is a 2-D kernel over the heads merged head-major (reshaped for the file)
+    merged_output: bool = False
     kind: str = "layers"
 
 
@@ -84,7 +84,7 @@ FAMILIES: dict[str, Family] = {
                                    output="output_dense"),  # Gemma, Gemma 2 (softcap and window inside)
     "CachedGemma3Attention": Family("softmax", "_compute_attention", scale=_gemma_scale, softcap="logit_soft_cap",
                                     output="output_dense"),
-    "GPTNeoXAttention": Family("_softmax", "_compute_attention"),
+    "GPTNeoXAttention": Family("_softmax", "_compute_attention", merged_output=True),
     # the scores hold a relative-position term (DeBERTa) or ALiBi (BLOOM, Falcon): the weights as formed,
     # no q and k (they alone do not give the weights)
     "DisentangledSelfAttention": Family("_softmax"),
@@ -153,11 +153,11 @@ def explicit_path(layers: list[Any]) -> Iterator[None]:
             if module is None or original is None:
                 continue
             patched.append((module, original))
-            module.fused_attention_op_available = _never
+            setattr(module, "fused_attention_op_available", _never)  # noqa: B010 - a module's global
         yield
     finally:
         for module, original in patched:
-            module.fused_attention_op_available = original
+            setattr(module, "fused_attention_op_available", original)  # noqa: B010
 
 
 def _never() -> bool:

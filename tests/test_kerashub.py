@@ -1,0 +1,337 @@
+"""attnviz.capture(model) on KerasHub backbones (TensorFlow backend): tiny backbones built from constructor
+arguments, padded batches. Each site equals the layer's own probabilities, read by the test itself in a
+separate run of the model: ``return_attention_scores=True`` forced on every ``MultiHeadAttention`` call, and
+the output of every other ``keras.layers.Softmax`` (the KerasHub layers' explicit path), patched on the class,
+not on the instance as the capture does. The model's output inside the block equals its output outside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+keras_hub = pytest.importorskip("keras_hub")
+keras = pytest.importorskip("keras")
+
+import attnviz  # noqa: E402
+from attnviz.capturing.check import check_capture  # noqa: E402
+from attnviz.capturing.keras import attention_layers  # noqa: E402
+from attnviz.errors import AttnvizError, InputError  # noqa: E402
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the TensorFlow backend's tests")
+
+V = 16
+B, L = 2, 6
+PAD_LEFT = {"token_ids": np.array([[5, 2, 3, 4, 7, 1], [0, 0, 3, 4, 5, 6]]),
+            "padding_mask": np.array([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])}
+PAD_RIGHT = {"token_ids": np.array([[5, 2, 3, 4, 7, 1], [3, 4, 5, 6, 0, 0]]),
+             "padding_mask": np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])}
+SEGMENTS = {**PAD_RIGHT, "segment_ids": np.zeros((B, L), "int32")}
+#: family -> (backbone class, constructor arguments, inputs, whether q and k are recorded, whether wo is)
+FAMILIES = {
+    "bert": ("BertBackbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                  max_sequence_length=L), SEGMENTS, True, True),
+    "distil_bert": ("DistilBertBackbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                               max_sequence_length=L), PAD_RIGHT, True, True),
+    "roberta": ("RobertaBackbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                        max_sequence_length=L), PAD_RIGHT, True, True),
+    "electra": ("ElectraBackbone", dict(num_layers=2, num_heads=2, hidden_dim=8, embedding_dim=8,
+                                        intermediate_dim=8, max_sequence_length=L), SEGMENTS, True, True),
+    "gpt2": ("GPT2Backbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                  max_sequence_length=L), PAD_RIGHT, True, True),
+    "opt": ("OPTBackbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                max_sequence_length=L), PAD_RIGHT, True, True),
+    "llama": ("LlamaBackbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+                                    intermediate_dim=8), PAD_LEFT, True, True),
+    "llama3": ("Llama3Backbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+                                      intermediate_dim=8, rope_frequency_adjustment_factor=8.0,
+                                      rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                                      rope_pretraining_sequence_length=4), PAD_LEFT, True, True),
+    "mistral": ("MistralBackbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+                                        intermediate_dim=8, sliding_window=2), PAD_LEFT, True, True),
+    "mixtral": ("MixtralBackbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+                                        intermediate_dim=8, num_experts=2, sliding_window=2), PAD_LEFT, True, True),
+    "phi3": ("Phi3Backbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+                                  intermediate_dim=8), PAD_LEFT, True, True),
+    "qwen": ("QwenBackbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+                                  intermediate_dim=8, use_sliding_window_attention=True, sliding_window_size=3),
+             PAD_LEFT, True, True),
+    "qwen3": ("Qwen3Backbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, head_dim=4,
+                                    hidden_dim=8, intermediate_dim=8, sliding_window_size=3), PAD_LEFT, True, True),
+    "gemma": ("GemmaBackbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=1, hidden_dim=16,
+                                    intermediate_dim=8, head_dim=4), PAD_LEFT, True, True),
+    "gemma2": ("GemmaBackbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=16,
+                                     intermediate_dim=8, head_dim=2, query_head_dim_normalize=False,
+                                     use_post_ffw_norm=True, use_post_attention_norm=True,
+                                     attention_logit_soft_cap=0.5, final_logit_soft_cap=30.0,
+                                     use_sliding_window_attention=True, sliding_window_size=3), PAD_LEFT, True, True),
+    "gemma3": ("Gemma3Backbone", dict(image_size=16, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+                                      hidden_dim=16, intermediate_dim=8, head_dim=4, use_sliding_window_attention=True,
+                                      sliding_window_size=3, vision_encoder=None), PAD_LEFT, True, True),
+    "gpt_neo_x": ("GPTNeoXBackbone", dict(num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=8,
+                                          max_sequence_length=L), PAD_RIGHT, True, True),
+    "deberta_v3": ("DebertaV3Backbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                             max_sequence_length=L, bucket_size=2), PAD_RIGHT, False, False),
+    "bloom": ("BloomBackbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8), PAD_RIGHT,
+              False, False),
+    "falcon": ("FalconBackbone", dict(num_layers=2, num_attention_heads=2, hidden_dim=8, intermediate_dim=8),
+               PAD_RIGHT, False, False),
+}
+
+
+def _build(name: str, kwargs: dict, seed: int = 0):
+    keras.utils.set_random_seed(seed)
+    key = "vocab_size" if name == "ElectraBackbone" else "vocabulary_size"
+    return getattr(keras_hub.models, name)(**{key: V}, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def backbones():
+    """Each family's tiny backbone, built once for the module (lazily: a -k run builds only its own)."""
+    cache: dict = {}
+
+    def get(family: str):
+        if family not in cache:
+            cls, kwargs, *_ = FAMILIES[family]
+            cache[family] = _build(cls, kwargs)
+        return cache[family]
+
+    return get
+
+
+def reference(model, inputs):
+    """The model's output and every attention layer's own probabilities, in the order they ran: each
+    ``MultiHeadAttention`` called with ``return_attention_scores=True``, and the output of every other
+    ``keras.layers.Softmax`` (patched on the class)."""
+    mha, _ = attention_layers(model)
+    skip = {id(layer._softmax) for layer in mha}
+    seen: list[np.ndarray] = []
+    softmax_call = keras.layers.Softmax.call
+
+    def softmax(self, x, mask=None):
+        out = softmax_call(self, x, mask=mask)
+        if id(self) not in skip:
+            seen.append(np.asarray(out))
+        return out
+
+    def scored(call):
+        def wrapped(*args, **kwargs):
+            kwargs["return_attention_scores"] = True
+            out = call(*args, **kwargs)
+            seen.append(np.asarray(out[1]))
+            return out[0] if len(out) == 2 else (out[0], out[2])
+
+        return wrapped
+
+    keras.layers.Softmax.call = softmax
+    for layer in mha:
+        object.__setattr__(layer, "call", scored(layer.call))
+    try:
+        out = model(inputs)
+    finally:
+        keras.layers.Softmax.call = softmax_call
+        for layer in mha:
+            object.__delattr__(layer, "call")
+    return out, seen
+
+
+def _output(out) -> np.ndarray:
+    return np.asarray(keras.tree.flatten(out)[0])
+
+
+def _read(path: Path) -> tuple[dict, dict]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["attnviz.capture"])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_site_equals_the_layers_own_probabilities(family, backbones, tmp_path):
+    """Every attention call of the backbone is a site, in the order they ran, equal (1e-5) to the layer's own
+    probabilities; the output inside the block equals the output outside; q and k (where recorded) give the
+    weights again in NumPy (--check); the layers are as before afterwards."""
+    _, _, inputs, has_qk, has_wo = FAMILIES[family]
+    model = backbones(family)
+    before, ref = reference(model, inputs)
+    path = tmp_path / f"{family}.safetensors"
+    with attnviz.capture(model, path=path) as rec:
+        inside = model(inputs)
+    np.testing.assert_array_equal(_output(inside), _output(before))
+    assert rec.sites == [f"layers.{i}" for i in range(len(ref))] and len(ref) == 2
+    arrays, meta = _read(path)
+    for site, theirs in zip(rec.sites, ref):
+        ours = arrays[f"{site}.weights"]
+        assert ours.shape[0] == B and ours.shape[-2:] == (L, L)
+        np.testing.assert_allclose(ours, theirs.reshape(ours.shape), atol=1e-5, rtol=0)
+        keep = arrays[f"{site}.mask"]
+        assert keep.shape == (B, 1, L, L) and keep.dtype == bool
+        assert not keep[1, 0][:, (inputs["padding_mask"][1] == 0)].any()  # the padded keys are masked
+        assert (f"{site}.q" in arrays) == has_qk and (f"{site}.wo" in arrays) == has_wo
+        if has_wo:
+            assert arrays[f"{site}.wo"].shape[:2] == (ours.shape[1], arrays[f"{site}.v"].shape[-1])
+        assert meta["sites"][site]["heads"] == ours.shape[1]
+    np.testing.assert_array_equal(arrays["input_ids"], inputs["token_ids"])
+    if has_qk:
+        assert max(check_capture(path).values()) < 1e-5
+    mha, hub = attention_layers(model)
+    for layer in [*mha, *(layer for layer, _ in hub)]:
+        assert not {"call", "_compute_attention"} & set(layer.__dict__)
+    assert attnviz.inspect(rec).weights.shape[:3] == (2, B, ref[0].reshape(B, -1, L, L).shape[1])
+
+
+def test_grouped_heads_keep_the_key_value_heads(backbones, tmp_path):
+    """Llama's keys reach the softmax repeated to the query heads; the file keeps them before the repeat, and
+    the weights of every query head of a group come from that group's key head (the check recomputes them)."""
+    with attnviz.capture(backbones("llama"), path=tmp_path / "l.safetensors"):
+        backbones("llama")(PAD_LEFT)
+    arrays, meta = _read(tmp_path / "l.safetensors")
+    assert arrays["layers.0.q"].shape == (B, L, 4, 2) and arrays["layers.0.k"].shape == (B, L, 2, 2)
+    assert meta["sites"]["layers.0"]["kv_heads"] == 2 and meta["sites"]["layers.0"]["scale"] == pytest.approx(2 ** -0.5)
+    with attnviz.capture(backbones("gemma2"), path=tmp_path / "g.safetensors"):
+        backbones("gemma2")(PAD_LEFT)
+    arrays, meta = _read(tmp_path / "g.safetensors")
+    assert meta["sites"]["layers.1"]["softcap"] == 0.5
+    assert meta["sites"]["layers.1"]["scale"] == pytest.approx(2 ** -0.5)
+    # (GemmaDecoderBlock builds its attention with query_head_dim_normalize=True whatever the backbone says)
+    keep = arrays["layers.0.mask"][0, 0]  # the sliding window (3) is in the mask
+    assert keep[5].tolist() == [False, False, False, True, True, True]
+
+
+def test_albert_shared_layer_is_one_site_per_call(tmp_path):
+    """ALBERT calls one shared encoder once per layer of its group: each call is a site of its own, equal to
+    that call's probabilities; a second run of the model replaces the first (the file keeps the last run)."""
+    model = _build("AlbertBackbone", dict(num_layers=3, num_heads=2, embedding_dim=8, hidden_dim=8,
+                                          intermediate_dim=8, num_groups=1, num_inner_repetitions=1,
+                                          max_sequence_length=L))
+    mha, _ = attention_layers(model)
+    assert len(mha) == 1
+    _, ref = reference(model, SEGMENTS)
+    with attnviz.capture(model, path=tmp_path / "a.safetensors", layers=-1) as last:
+        model(SEGMENTS)
+    assert last.sites == ["layers.2"]
+    with attnviz.capture(model, path=tmp_path / "a.safetensors") as rec:
+        model(SEGMENTS)
+        model(SEGMENTS)
+    assert rec.sites == ["layers.0", "layers.1", "layers.2"]
+    arrays, _ = _read(tmp_path / "a.safetensors")
+    for site, theirs in zip(rec.sites, ref):
+        np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+    assert not np.allclose(arrays["layers.0.weights"], arrays["layers.1.weights"])
+
+
+def test_clip_text_encoder_causal_only_call(tmp_path):
+    """CLIP's text encoder gives MultiHeadAttention a causal mask only, which Keras hands down as
+    ``use_causal_mask=True`` with no attention mask: the weights are causal and equal the layer's own."""
+    model = _build("CLIPTextEncoder", dict(embedding_dim=8, hidden_dim=8, num_layers=2, num_heads=2,
+                                           intermediate_dim=8, max_sequence_length=L))
+    inputs = {"token_ids": PAD_RIGHT["token_ids"], "padding_mask": PAD_RIGHT["padding_mask"]}
+    before, ref = reference(model, inputs)
+    with attnviz.capture(model, path=tmp_path / "c.safetensors") as rec:
+        inside = model(inputs)
+    np.testing.assert_array_equal(_output(inside), _output(before))
+    arrays, _ = _read(tmp_path / "c.safetensors")
+    assert rec.sites == ["layers.0", "layers.1"]
+    for site, theirs in zip(rec.sites, ref):
+        np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+        assert not np.triu(arrays[f"{site}.mask"][0, 0], 1).any()
+
+
+def test_bart_encoder_decoder_and_cross_sites_in_order(tmp_path):
+    """BART: the encoder's self-attention, then each decoder layer's self and cross attention, in the order
+    they ran, each equal to the layer's own scores (cross: decoder queries over encoder keys)."""
+    model = _build("BartBackbone", dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                        max_sequence_length=L))
+    inputs = {"encoder_token_ids": PAD_RIGHT["token_ids"], "encoder_padding_mask": PAD_RIGHT["padding_mask"],
+              "decoder_token_ids": PAD_RIGHT["token_ids"][:, :4], "decoder_padding_mask": np.ones((B, 4), "int32")}
+    before, ref = reference(model, inputs)
+    with attnviz.capture(model, path=tmp_path / "b.safetensors") as rec:
+        inside = model(inputs)
+    np.testing.assert_array_equal(_output(inside), _output(before))
+    arrays, _ = _read(tmp_path / "b.safetensors")
+    assert [arrays[f"{s}.weights"].shape[-2:] for s in rec.sites] == [(L, L), (4, 4), (4, L)]
+    for site, theirs in zip(rec.sites, ref):
+        np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+
+
+def test_fused_path_is_made_explicit_inside_the_block(backbones, monkeypatch, tmp_path):
+    """Where KerasHub would take a fused dot_product_attention (the JAX and torch backends: its
+    ``fused_attention_op_available()`` says yes), the capture makes the layers take the explicit path inside
+    the block (their softmax runs, the weights are recorded) and restores the function after. A layer that
+    still forms no weights is refused by its class."""
+    from keras_hub.src.models.llama import llama_attention
+
+    model = backbones("llama")
+    _, ref = reference(model, PAD_LEFT)
+    monkeypatch.setattr(llama_attention, "fused_attention_op_available", lambda: True)
+    outside = _output(model(PAD_LEFT))
+    with attnviz.capture(model, path=tmp_path / "f.safetensors") as rec:
+        inside = _output(model(PAD_LEFT))
+        assert llama_attention.fused_attention_op_available() is False
+    assert llama_attention.fused_attention_op_available() is True
+    real = PAD_LEFT["padding_mask"].astype(bool)  # a padded query's row attends to nothing: the paths differ there
+    np.testing.assert_allclose(inside[real], outside[real], atol=1e-5)
+    arrays, _ = _read(tmp_path / "f.safetensors")
+    np.testing.assert_allclose(arrays["layers.1.weights"], ref[1], atol=1e-5, rtol=0)
+    assert rec.sites == ["layers.0", "layers.1"]
+    # a layer that takes a fused op the capture cannot turn off (here, its instance's own) is refused by class
+    layer = model.transformer_layers[1]._self_attention_layer
+
+    def fused(query, key, value, attention_mask=None):
+        mask = keras.ops.cast(keras.ops.expand_dims(attention_mask, 1), "bool")
+        return keras.ops.dot_product_attention(query, key, value, mask=mask, scale=layer._inv_norm_factor)
+
+    monkeypatch.setattr(layer, "_compute_attention", fused, raising=False)
+    with pytest.raises(InputError, match=r"^LlamaAttention \(self_attention.*\): the layer formed no weights"):
+        with attnviz.capture(model, path=tmp_path / "g.safetensors"):
+            model(PAD_LEFT)
+    assert not (tmp_path / "g.safetensors").exists()
+
+
+def test_layers_attnviz_cannot_see_are_refused_by_class(tmp_path):
+    """T5 (inline softmax) is refused naming T5MultiHeadAttention; an unknown layer named ...Attention too;
+    nothing is written."""
+    t5 = _build("T5Backbone", dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8))
+    with pytest.raises(InputError, match=r"^T5MultiHeadAttention \(.*\): attnviz cannot capture"):
+        with attnviz.capture(t5, path=tmp_path / "t5.safetensors"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+    class WindowedAttention(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+    inp = keras.Input((4, 8))
+    model = keras.Model(inp, WindowedAttention()(keras.layers.MultiHeadAttention(2, 4)(inp, inp)))
+    with pytest.raises(InputError, match="WindowedAttention .*does not know"):
+        with attnviz.capture(model, path=tmp_path / "w.safetensors"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_traced_predict_is_refused_in_one_line(backbones, tmp_path):
+    model = backbones("llama")
+    with pytest.raises(AttnvizError, match="runs as a graph .*call the model directly"):
+        with attnviz.capture(model, path=tmp_path / "p.safetensors"):
+            model.predict(PAD_LEFT, verbose=0)
+    assert not (tmp_path / "p.safetensors").exists()
+    with attnviz.capture(model, path=tmp_path / "p.safetensors") as rec:  # the model is as before
+        model(PAD_LEFT)
+    assert rec.sites == ["layers.0", "layers.1"]
+
+
+def test_tokens_from_a_kerashub_tokenizer(backbones, tmp_path):
+    """A KerasHub tokenizer (or a preprocessor holding one) gives the file its tokens."""
+    pytest.importorskip("tensorflow_text")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat"] + \
+        [f"w{i}" for i in range(V - 10)]
+    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=vocab)
+    ids = np.asarray(tokenizer(["the cat sat on the mat"]))
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)}
+    model = _build("BertBackbone", dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                        max_sequence_length=L))
+    with attnviz.capture(model, tokenizer, path=tmp_path / "t.safetensors") as rec:
+        model(inputs)
+    assert rec.metadata["tokens"] == [["the", "cat", "sat", "on", "the", "mat"]]
