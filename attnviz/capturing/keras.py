@@ -321,7 +321,7 @@ class KerasCapture:
             arrays["weights"] = weights.astype(self.dtype)
         self.rec.record(site, lq, lk, arrays)
         merged = (heads, int(qkv[2].shape[-1])) if family.merged_output and qkv is not None else None
-        self._output(site, getattr(layer, family.output, None), merged)
+        self._output(site, getattr(layer, family.output, None) if family.output else None, merged)
 
 
 def _one_mask(layer: Any, keep: np.ndarray) -> np.ndarray:

@@ -61,7 +61,7 @@ class Family:
     scale: Callable[[Any], float | None] = _attr("_inv_norm_factor")
     softcap: str | None = None  #: the attribute holding a logit softcap (Gemma 2)
     #: the attribute holding the output projection (kernel [heads, head_dim, d_model])
-    output: str = "_output_dense"
+    output: str | None = "_output_dense"
     #: the output projection is a 2-D kernel over the heads merged head-major (reshaped for the file)
     merged_output: bool = False
     kind: str = "layers"
@@ -79,11 +79,15 @@ FAMILIES: dict[str, Family] = {
     "QwenMoeAttention": _LLAMA_LIKE,
     "Qwen3Attention": _LLAMA_LIKE,  # q and k normalised before RoPE, in call
     "Qwen3MoeAttention": _LLAMA_LIKE,
-    "SmolLM3Attention": _LLAMA_LIKE,
+    "SmolLM3Attention": Family("_softmax", "_compute_attention", repeated=True, output="o_proj"),
     "CachedGemmaAttention": Family("softmax", "_compute_attention", scale=_gemma_scale, softcap="logit_soft_cap",
                                    output="output_dense"),  # Gemma, Gemma 2 (softcap and window inside)
     "CachedGemma3Attention": Family("softmax", "_compute_attention", scale=_gemma_scale, softcap="logit_soft_cap",
                                     output="output_dense"),
+    # the attention output is gated (sigmoid) before the projection: no wo (value norms would leave the gate out)
+    "Qwen3_5Attention": Family("_softmax", "_compute_attention", repeated=True, output=None),
+    "Gemma4TextAttention": Family("softmax", "_compute_attention", scale=lambda layer: 1.0, softcap="logit_soft_cap",
+                                  output="output_dense"),  # scale 1: the q and k norms replace it
     "GPTNeoXAttention": Family("_softmax", "_compute_attention", merged_output=True),
     # the scores hold a relative-position term (DeBERTa) or ALiBi (BLOOM, Falcon): the weights as formed,
     # no q and k (they alone do not give the weights)
@@ -100,8 +104,6 @@ REFUSED: dict[str, str] = {
     "T5GemmaAttention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2Attention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2MergedAttention": "an encoder-decoder's self and cross attention are not told apart yet",
-    "Qwen3_5Attention": "its gated attention is not supported yet",
-    "Gemma4TextAttention": "it is not supported yet",
     "PaliGemmaVitAttention": "its vision encoder's weights are not recorded yet",
     "Gemma3VisionAttention": "its vision encoder's weights are not recorded yet",
     "MultiHeadAttentionWithRelativePE": "its softmax is inline and its weights are not returned",
