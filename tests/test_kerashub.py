@@ -350,3 +350,50 @@ def test_tokens_from_a_kerashub_tokenizer(backbones, tmp_path):
     with attnviz.capture(model, tokenizer, path=tmp_path / "t.safetensors") as rec:
         model(inputs)
     assert rec.metadata["tokens"] == [["the", "cat", "sat", "on", "the", "mat"]]
+
+
+TORCH_BACKEND = r"""
+import json, os, sys
+os.environ["KERAS_BACKEND"] = "torch"
+import numpy as np, keras, keras_hub, attnviz
+from keras_hub.src.models.llama import llama_attention
+from safetensors.numpy import load_file
+assert llama_attention.fused_attention_op_available()  # the torch backend: KerasHub takes the fused op
+keras.utils.set_random_seed(0)
+model = keras_hub.models.LlamaBackbone(vocabulary_size=16, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+                                       hidden_dim=8, intermediate_dim=8)
+x = {"token_ids": np.array([[5, 2, 3, 4, 7, 1], [0, 0, 3, 4, 5, 6]]),
+     "padding_mask": np.array([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])}
+fused = keras.ops.convert_to_numpy(model(x))
+# the layer's own probabilities: its explicit path, its softmax's output read here
+seen, call, available = [], keras.layers.Softmax.call, llama_attention.fused_attention_op_available
+keras.layers.Softmax.call = lambda self, s, mask=None: seen.append(call(self, s, mask=mask)) or seen[-1]
+llama_attention.fused_attention_op_available = lambda: False
+model(x)
+keras.layers.Softmax.call, llama_attention.fused_attention_op_available = call, available
+with attnviz.capture(model, path=sys.argv[1]) as rec:
+    inside = keras.ops.convert_to_numpy(model(x))
+real = x["padding_mask"].astype(bool)
+arrays = load_file(sys.argv[1])
+print(json.dumps({"sites": rec.sites, "output": float(np.abs(inside[real] - fused[real]).max()),
+                  "weights": [float(np.abs(arrays[f"layers.{i}.weights"] - keras.ops.convert_to_numpy(s)).max())
+                              for i, s in enumerate(seen)],
+                  "restored": llama_attention.fused_attention_op_available()}))
+"""
+
+
+def test_torch_backend_fused_path_made_explicit(tmp_path):
+    """On the torch backend KerasHub's Llama takes the fused op (no weights formed); inside the capture it takes
+    the explicit path (its output equal to the fused one's on the real rows) and each site equals its softmax."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    done = subprocess.run([sys.executable, "-c", TORCH_BACKEND, str(tmp_path / "t.safetensors")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["sites"] == ["layers.0", "layers.1"] and result["restored"] is True
+    assert result["output"] < 1e-5 and len(result["weights"]) == 2 and max(result["weights"]) < 1e-5
