@@ -328,13 +328,26 @@ def test_layers_attnviz_cannot_see_are_refused_by_class(tmp_path):
 
 def test_traced_predict_is_refused_in_one_line(backbones, tmp_path):
     model = backbones("llama")
-    with pytest.raises(AttnvizError, match="runs as a graph .*call the model directly"):
+    with pytest.raises(AttnvizError, match=r"^self_attention: the model runs as a graph .*call the model directly"):
         with attnviz.capture(model, path=tmp_path / "p.safetensors"):
             model.predict(PAD_LEFT, verbose=0)
     assert not (tmp_path / "p.safetensors").exists()
     with attnviz.capture(model, path=tmp_path / "p.safetensors") as rec:  # the model is as before
         model(PAD_LEFT)
     assert rec.sites == ["layers.0", "layers.1"]
+
+
+def test_generate_is_refused_in_one_line(backbones, tmp_path):
+    """KerasHub's generate() (a compiled loop over a cache of the whole length) is refused before it runs;
+    the task model is as before afterwards."""
+    lm = keras_hub.models.LlamaCausalLM(backbone=backbones("llama"), preprocessor=None)
+    with pytest.raises(AttnvizError, match=r"^LlamaCausalLM.generate\(\): KerasHub runs its loop"):
+        with attnviz.capture(lm, path=tmp_path / "g.safetensors"):
+            lm.generate(PAD_RIGHT, max_length=L, stop_token_ids=None)
+    assert not (tmp_path / "g.safetensors").exists() and "generate" not in lm.__dict__
+    with attnviz.capture(lm, path=tmp_path / "g.safetensors") as rec:
+        logits = lm(PAD_RIGHT)
+    assert rec.sites == ["layers.0", "layers.1"] and tuple(logits.shape) == (B, L, V)
 
 
 def test_tokens_from_a_kerashub_tokenizer(backbones, tmp_path):
@@ -397,3 +410,63 @@ def test_torch_backend_fused_path_made_explicit(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["sites"] == ["layers.0", "layers.1"] and result["restored"] is True
     assert result["output"] < 1e-5 and len(result["weights"]) == 2 and max(result["weights"]) < 1e-5
+
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat"] + \
+    [f"w{i}" for i in range(V - 10)]
+
+
+@pytest.fixture(scope="module")
+def bert_preset(tmp_path_factory) -> Path:
+    """A tiny BERT backbone and its WordPiece tokenizer, saved by save_to_preset into one folder."""
+    pytest.importorskip("tensorflow_text")
+    folder = tmp_path_factory.mktemp("preset") / "bert"
+    _build("BertBackbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                max_sequence_length=8)).save_to_preset(str(folder))
+    keras_hub.tokenizers.BertTokenizer(vocabulary=VOCAB).save_to_preset(str(folder))
+    return folder
+
+
+def _invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_capture_of_a_preset_folder(bert_preset, tmp_path):
+    """``attnviz capture PRESET_DIR --text ...``: the folder's backbone and tokenizer, a right-padded batch, each
+    site equal to the layer's own scores on that batch, --check passing, the tokens as inspect's labels."""
+    out = tmp_path / "run.safetensors"
+    done = _invoke("capture", str(bert_preset), "--text", "the cat sat on the mat", "--text", "the cat", "-o",
+                   str(out), "--check", "--json")
+    assert done.exit_code == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["sites"] == ["layers.0", "layers.1"] and doc["shape"] == [2, 2, 6, 6] and doc["check"]["passed"]
+    backbone = keras_hub.models.Backbone.from_preset(str(bert_preset))
+    ids = np.array([[5, 6, 7, 8, 5, 9], [5, 6, 0, 0, 0, 0]])
+    batch = {"token_ids": ids, "padding_mask": (np.arange(6) < np.array([[6], [2]])).astype("int32"),
+             "segment_ids": np.zeros_like(ids)}
+    _, ref = reference(backbone, batch)
+    arrays, meta = _read(out)
+    np.testing.assert_array_equal(arrays["input_ids"], ids)
+    for i, theirs in enumerate(ref):
+        np.testing.assert_allclose(arrays[f"layers.{i}.weights"], theirs, atol=1e-5, rtol=0)
+    assert meta["tokens"][1][:3] == ["the", "cat", "[PAD]"] and meta["architecture"] == "BertBackbone"
+    shown = _invoke("inspect", str(out), "--batch", "0", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["labels"]["q"] == ["the", "cat", "sat", "on", "the", "mat"]
+
+
+@pytest.mark.parametrize("missing, said", [("model.weights.h5", "no weights"), ("tokenizer.json", "no tokenizer")])
+def test_cli_preset_folder_without_weights_or_tokenizer(bert_preset, tmp_path, missing, said):
+    import shutil
+
+    folder = tmp_path / "preset"
+    shutil.copytree(bert_preset, folder)
+    (folder / missing).unlink()
+    out = tmp_path / "run.safetensors"
+    done = _invoke("capture", str(folder), "--text", "the cat", "-o", str(out))
+    assert done.exit_code == 1 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists()

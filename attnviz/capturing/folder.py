@@ -125,7 +125,14 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
                    check: bool = False) -> Captured:
-    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``."""
+    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; a KerasHub preset
+    folder is captured by ``attnviz.capturing.preset``."""
+    from attnviz.capturing.preset import capture_preset, is_preset
+
+    if is_preset(Path(folder)):
+        return capture_preset(Path(folder), texts, out, device=device, dtype=dtype, layers=layers, generate=generate,
+                              weights=weights, weights_dtype=weights_dtype, target=target,
+                              decoder_text=decoder_text, check=check)
     path = check_folder(folder)
     torch, transformers = import_torch()
     device = choose_device(torch, device)

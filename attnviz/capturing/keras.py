@@ -130,6 +130,8 @@ class KerasCapture:
                 patch(layer, "call", self._guard(self._layer_wrapper(layer, layer.call)))
             for model in self._models():
                 patch(model, "call", self._model_wrapper(model.call))
+                if callable(getattr(model, "generate", None)):
+                    patch(model, "generate", self._guard(_no_generate(model)))
             with explicit_path([layer for layer, _ in hub]):
                 yield
         except Exception as exc:  # Keras rewrites what a layer's call raises: attnviz's own line, as it was
@@ -322,6 +324,15 @@ class KerasCapture:
         self.rec.record(site, lq, lk, arrays)
         merged = (heads, int(qkv[2].shape[-1])) if family.merged_output and qkv is not None else None
         self._output(site, getattr(layer, family.output, None) if family.output else None, merged)
+
+
+def _no_generate(model: Any) -> Any:
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        raise AttnvizError(f"{type(model).__name__}.generate(): KerasHub runs its loop as a compiled graph over a "
+                           "cache of the whole length, which attnviz does not stitch; capture one forward pass over "
+                           "the sequence it generated instead: model(x) inside attnviz.capture.")
+
+    return generate
 
 
 def _one_mask(layer: Any, keep: np.ndarray) -> np.ndarray:
