@@ -132,7 +132,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     if is_preset(Path(folder)):
         return capture_preset(Path(folder), texts, out, device=device, dtype=dtype, layers=layers, generate=generate,
                               weights=weights, weights_dtype=weights_dtype, target=target,
-                              decoder_text=decoder_text, check=check)
+                              decoder_text=decoder_text, check=check, result=Captured)
     path = check_folder(folder)
     torch, transformers = import_torch()
     device = choose_device(torch, device)

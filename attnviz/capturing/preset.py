@@ -62,10 +62,10 @@ def import_keras_hub() -> Any:
 def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
-                   check: bool = False) -> Any:
-    """Capture a KerasHub preset folder's backbone on ``texts`` into ``out`` (a ``folder.Captured``)."""
-    from attnviz.capturing.folder import Captured
-
+                   check: bool = False, result: Any = None) -> Any:
+    """Capture a KerasHub preset folder's backbone on ``texts`` into ``out``; what it did, as ``result`` (the
+    command's ``folder.Captured``) makes it from the file, the sites, the class, the device, the first site's
+    shape, the seconds, the warnings and the dtype."""
     if generate:
         raise UsageError("--generate: KerasHub's generate() runs its loop as a compiled graph, which attnviz does "
                          "not stitch; capture the texts with the generated tokens in them instead.")
@@ -107,13 +107,13 @@ def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str
     with open_capture(rec.path) as (raw, _):
         shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \
             tuple(raw.entry(f"{first}.q")["shape"])
-    result = Captured(rec.path, rec.sites, type(backbone).__name__, "gpu" if _has_gpu() and device != "cpu" else "cpu",
-                      shape, time.perf_counter() - started, list(rec.warnings), dtype=str(backbone.dtype_policy.name))
+    done = result(rec.path, rec.sites, type(backbone).__name__, "gpu" if _has_gpu() and device != "cpu" else "cpu",
+                  shape, time.perf_counter() - started, list(rec.warnings), dtype=str(backbone.dtype_policy.name))
     if check:
         from attnviz.capturing.check import check_capture
 
-        result.checked = check_capture(rec.path)
-    return result
+        done.checked = check_capture(rec.path)
+    return done
 
 
 def _batch(tokenizer: Any, texts: list[str], names: set[str], path: Path) -> dict[str, Any]:
