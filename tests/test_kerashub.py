@@ -254,21 +254,41 @@ def test_clip_text_encoder_causal_only_call(tmp_path):
         assert not np.triu(arrays[f"{site}.mask"][0, 0], 1).any()
 
 
-def test_bart_encoder_decoder_and_cross_sites_in_order(tmp_path):
-    """BART: the encoder's self-attention, then each decoder layer's self and cross attention, in the order
-    they ran, each equal to the layer's own scores (cross: decoder queries over encoder keys)."""
-    model = _build("BartBackbone", dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8,
-                                        max_sequence_length=L))
-    inputs = {"encoder_token_ids": PAD_RIGHT["token_ids"], "encoder_padding_mask": PAD_RIGHT["padding_mask"],
-              "decoder_token_ids": PAD_RIGHT["token_ids"][:, :4], "decoder_padding_mask": np.ones((B, 4), "int32")}
+@pytest.mark.parametrize("family", ["bart", "whisper"])
+def test_encoder_decoder_sites_by_kind(family, tmp_path):
+    """BART and Whisper: the encoder's self-attention, the decoder's self-attention and its cross-attention
+    are sites of their kinds (``encoder.layers.N``, ``decoder.layers.N``, ``cross.layers.N``) as in a
+    transformers capture, each equal to the layer's own scores (cross: decoder queries over encoder keys);
+    ``inspect FILE:cross`` reads them."""
+    decoder = {"decoder_token_ids": PAD_RIGHT["token_ids"][:, :4], "decoder_padding_mask": np.ones((B, 4), "int32")}
+    if family == "bart":
+        model = _build("BartBackbone", dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                            max_sequence_length=L))
+        inputs = {"encoder_token_ids": PAD_RIGHT["token_ids"], "encoder_padding_mask": PAD_RIGHT["padding_mask"],
+                  **decoder}
+        encoded = L
+    else:
+        model = _build("WhisperBackbone", dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                               num_mels=4, max_encoder_sequence_length=8,
+                                               max_decoder_sequence_length=L))
+        features = np.random.default_rng(0).normal(size=(B, 8, 4)).astype("float32")
+        inputs = {"encoder_features": features, **decoder}
+        encoded = 4  # the convolutional stem halves the frames
     before, ref = reference(model, inputs)
-    with attnviz.capture(model, path=tmp_path / "b.safetensors") as rec:
+    out = tmp_path / f"{family}.safetensors"
+    with attnviz.capture(model, path=out) as rec:
         inside = model(inputs)
     np.testing.assert_array_equal(_output(inside), _output(before))
-    arrays, _ = _read(tmp_path / "b.safetensors")
-    assert [arrays[f"{s}.weights"].shape[-2:] for s in rec.sites] == [(L, L), (4, 4), (4, L)]
+    assert rec.sites == ["encoder.layers.0", "decoder.layers.0", "cross.layers.0"]
+    arrays, meta = _read(out)
+    assert [arrays[f"{s}.weights"].shape[-2:] for s in rec.sites] == [(encoded, encoded), (4, 4), (4, encoded)]
     for site, theirs in zip(rec.sites, ref):
         np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+    assert meta["kinds"] == ["cross", "decoder", "encoder"]
+    np.testing.assert_array_equal(arrays["decoder_input_ids"], decoder["decoder_token_ids"])
+    shown = _invoke("inspect", f"{out}:cross", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["weights_shape"] == [1, B, 2, 4, encoded]
 
 
 def test_fused_path_is_made_explicit_inside_the_block(backbones, monkeypatch, tmp_path):

@@ -27,6 +27,14 @@ def attention_layers(model: Any) -> tuple[list[Any], list[tuple[Any, Any]]]:
     """Every attention layer of ``model`` (nested models and layers included), once each: the
     ``keras.layers.MultiHeadAttention`` layers, and the KerasHub layers of a family of
     ``attnviz.capturing.kerashub`` with their family. A layer attnviz cannot see is refused by name."""
+    mha, hub, _ = _walk(model)
+    return mha, hub
+
+
+def _walk(model: Any) -> tuple[list[Any], list[tuple[Any, Any]], dict[int, str]]:
+    """The attention layers (as ``attention_layers``) and the kind of site each is: ``layers``, or in an
+    encoder-decoder (a layer whose path names a cross attention) ``cross`` for those, ``decoder`` for the
+    others inside a layer whose class is a decoder, ``encoder`` for the rest."""
     import keras
 
     from attnviz.capturing.kerashub import family_of, refusal
@@ -34,39 +42,48 @@ def attention_layers(model: Any) -> tuple[list[Any], list[tuple[Any, Any]]]:
     seen: set[int] = set()
     mha: list[Any] = []
     hub: list[tuple[Any, Any]] = []
-    pending = [model]
+    decoder: dict[int, bool] = {}  # per attention layer: whether a decoder holds it
+    pending: list[tuple[Any, bool]] = [(model, False)]
     while pending:
-        layer = pending.pop(0)
+        layer, in_decoder = pending.pop(0)
         if id(layer) in seen:
             continue
         seen.add(id(layer))
         why = refusal(layer)
         if why is not None:
             raise InputError(why)
-        if isinstance(layer, keras.layers.MultiHeadAttention):
-            mha.append(layer)
+        family = None if isinstance(layer, keras.layers.MultiHeadAttention) else family_of(layer)
+        if isinstance(layer, keras.layers.MultiHeadAttention) or family is not None:
+            if family is None:
+                mha.append(layer)
+            else:
+                hub.append((layer, family))
+            decoder[id(layer)] = in_decoder
             continue
-        family = family_of(layer)
-        if family is not None:
-            hub.append((layer, family))
-            continue
+        inner = in_decoder or (layer is not model and "Decoder" in type(layer).__name__)
         children = getattr(layer, "_layers", None) or getattr(layer, "layers", None) or []
-        pending.extend(c for c in children if c is not layer)
-    return mha, hub
+        pending.extend((c, inner) for c in children if c is not layer)
+    layers = [*mha, *(layer for layer, _ in hub)]
+    cross = {id(layer) for layer in layers if "cross" in _path(layer).rpartition("/")[2].lower()}
+    kinds = {id(layer): "layers" if not cross else "cross" if id(layer) in cross else
+             "decoder" if decoder[id(layer)] else "encoder" for layer in layers}
+    return mha, hub, kinds
 
 
 def site_counts(model: Any) -> dict[str, int]:
-    """How many sites the model has (what negative ``layers`` count from): one per attention layer, and
-    ALBERT's shared layers once per call (``num_layers``)."""
+    """How many sites of each kind the model has (what negative ``layers`` count from): one per attention
+    layer, and ALBERT's shared layers once per call (``num_layers``)."""
     try:
-        mha, hub = attention_layers(model)
+        _, _, kinds = _walk(model)
     except InputError:
         return {}
-    count = len(mha) + len(hub)
+    counts: dict[str, int] = {}
+    for kind in kinds.values():
+        counts[kind] = counts.get(kind, 0) + 1
     backbone = getattr(model, "backbone", model)
     if getattr(backbone, "num_groups", None) and getattr(backbone, "num_layers", None):
-        count = int(backbone.num_layers)
-    return {"layers": count} if count else {}
+        counts = {"layers": int(backbone.num_layers)}
+    return counts
 
 
 class KerasCapture:
@@ -87,6 +104,7 @@ class KerasCapture:
         self.pending: dict[int, tuple[Any, Any, Any]] = {}  # per KerasHub layer: the q, k, v of its call
         self.softmaxed: dict[int, int] = {}  # per KerasHub layer: its softmax's calls
         self.error: AttnvizError | None = None  # the first refusal raised inside a layer's call
+        self.kinds: dict[int, str] = {}  # per attention layer: its kind of site
 
     def describe(self) -> dict[str, Any]:
         import keras
@@ -106,7 +124,7 @@ class KerasCapture:
     def opened(self) -> Iterator[None]:
         from attnviz.capturing.kerashub import explicit_path
 
-        mha, hub = attention_layers(self.model)
+        mha, hub, self.kinds = _walk(self.model)
         if not mha and not hub:
             raise InputError(f"{type(self.model).__name__}: no attention layer in the model; attnviz captures "
                              "keras.layers.MultiHeadAttention and KerasHub's attention layers.")
@@ -176,15 +194,18 @@ class KerasCapture:
     def _inputs(self, inputs: Any) -> None:
         """KerasHub's inputs (``token_ids``, ``padding_mask``) as the file's ``input_ids`` and
         ``attention_mask``."""
-        if not isinstance(inputs, dict) or "token_ids" not in inputs:
+        if not isinstance(inputs, dict):
             return
+        names = {"token_ids": "input_ids", "padding_mask": "attention_mask", "encoder_token_ids": "input_ids",
+                 "encoder_padding_mask": "attention_mask", "decoder_token_ids": "decoder_input_ids",
+                 "decoder_padding_mask": "decoder_attention_mask"}
         try:
-            arrays = {"input_ids": np.asarray(_numpy(inputs["token_ids"])).astype(np.int64)}
-            if inputs.get("padding_mask") is not None:
-                arrays["attention_mask"] = np.asarray(_numpy(inputs["padding_mask"])).astype(np.int64)
+            arrays = {names[k]: np.asarray(_numpy(v)).astype(np.int64) for k, v in inputs.items()
+                      if k in names and v is not None}
         except Exception:  # noqa: BLE001 - symbolic inputs (a traced call): the layers say so
             return
-        self.rec.record_inputs(arrays, continuing=False)
+        if arrays:
+            self.rec.record_inputs(arrays, continuing=False)
 
     def _guard(self, function: Any) -> Any:
         """``function`` (a wrapper run inside a layer's call), its refusals kept to be raised as they are."""
@@ -234,7 +255,7 @@ class KerasCapture:
         if causal:  # Keras' causal mask is lower-triangular from the top left (query i sees keys 0..i)
             keep = keep & np.tril(np.ones((lq, lk), bool))
         scale = float(layer._inverse_sqrt_key_dim)
-        site = self.rec.site(self._key(layer), "layers", _path(layer),
+        site = self.rec.site(self._key(layer), self.kinds.get(id(layer), "layers"), _path(layer),
                              {"scale": scale, "window": None, "softcap": None, "sinks": False, "heads": int(heads),
                               "kv_heads": int(heads)})
         if site is None:
@@ -308,7 +329,8 @@ class KerasCapture:
             m = np.asarray(_numpy(mask))
             keep = np.broadcast_to(m if m.dtype == bool else m > 0.5, p.shape)  # as keras.layers.Softmax keeps
         keep = _one_mask(layer, keep.reshape(b, -1, lq, lk))
-        site = self.rec.site(self._key(layer), family.kind, _path(layer), settings(layer, family, heads))
+        site = self.rec.site(self._key(layer), self.kinds.get(id(layer), "layers"), _path(layer),
+                             settings(layer, family, heads))
         if site is None:
             return
         arrays: dict[str, Any] = {"mask": keep}

@@ -64,7 +64,6 @@ class Family:
     output: str | None = "_output_dense"
     #: the output projection is a 2-D kernel over the heads merged head-major (reshaped for the file)
     merged_output: bool = False
-    kind: str = "layers"
 
 
 _LLAMA_LIKE = Family("_softmax", "_compute_attention", repeated=True)
