@@ -118,8 +118,8 @@ def backbones():
 
 def reference(model, inputs):
     """The model's output and every attention layer's own probabilities, in the order they ran: each
-    ``MultiHeadAttention`` called with ``return_attention_scores=True``, and the output of every other
-    ``keras.layers.Softmax`` (patched on the class)."""
+    ``MultiHeadAttention``'s ``_compute_attention`` run with ``return_attention_scores=True`` (its explicit
+    path, its own scores), and the output of every other ``keras.layers.Softmax`` (patched on the class)."""
     mha, _ = attention_layers(model)
     skip = {id(layer._softmax) for layer in mha}
     seen: list[np.ndarray] = []
@@ -131,24 +131,27 @@ def reference(model, inputs):
             seen.append(np.asarray(out))
         return out
 
-    def scored(call):
+    def scored(compute):  # MultiHeadAttention._compute_attention(query, key, value, mask, training, scores, ...)
         def wrapped(*args, **kwargs):
-            kwargs["return_attention_scores"] = True
-            out = call(*args, **kwargs)
+            if len(args) > 5:
+                args = (*args[:5], True, *args[6:])
+            else:
+                kwargs["return_attention_scores"] = True
+            out = compute(*args, **kwargs)
             seen.append(np.asarray(out[1]))
-            return out[0] if len(out) == 2 else (out[0], out[2])
+            return out
 
         return wrapped
 
     keras.layers.Softmax.call = softmax
     for layer in mha:
-        object.__setattr__(layer, "call", scored(layer.call))
+        object.__setattr__(layer, "_compute_attention", scored(layer._compute_attention))
     try:
         out = model(inputs)
     finally:
         keras.layers.Softmax.call = softmax_call
         for layer in mha:
-            object.__delattr__(layer, "call")
+            object.__delattr__(layer, "_compute_attention")
     return out, seen
 
 
@@ -252,6 +255,50 @@ def test_clip_text_encoder_causal_only_call(tmp_path):
     for site, theirs in zip(rec.sites, ref):
         np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
         assert not np.triu(arrays[f"{site}.mask"][0, 0], 1).any()
+
+
+IMAGES = np.random.default_rng(0).normal(size=(B, 8, 8, 3)).astype("float32")
+AUDIO_PAD = np.ones((B, 1600), bool)
+AUDIO_PAD[1, 1200:] = False
+#: MultiHeadAttention over patches or audio frames: backbone, arguments, inputs, sites
+OTHER_INPUTS = {
+    "vit": ("ViTBackbone", dict(image_shape=(8, 8, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=8,
+                                mlp_dim=8), IMAGES, ["layers.0", "layers.1"]),
+    "clip_vision": ("CLIPVisionEncoder", dict(patch_size=4, hidden_dim=8, num_layers=2, num_heads=2,
+                                              intermediate_dim=8, image_shape=(8, 8, 3)), {"images": IMAGES},
+                    ["layers.0", "layers.1"]),
+    "siglip_text": ("SigLIPTextEncoder", dict(embedding_dim=8, hidden_dim=8, num_layers=2, num_heads=2,
+                                              intermediate_dim=8, max_sequence_length=L),
+                    {"token_ids": PAD_RIGHT["token_ids"]}, ["layers.0", "layers.1"]),
+    # the attention pooling head's probe query is a site too ([B, H, 1, patches])
+    "siglip_vision": ("SigLIPVisionEncoder", dict(patch_size=4, hidden_dim=8, num_layers=2, num_heads=2,
+                                                  intermediate_dim=8, image_shape=(8, 8, 3)), IMAGES,
+                      ["layers.0", "layers.1", "layers.2"]),
+    # RoPE applied in call, then _compute_attention with a 4-D mask; its cross attention unnamed but held as
+    # the decoder's cross_attention
+    "moonshine": ("MoonshineBackbone", dict(filter_dim=8, encoder_num_layers=1, decoder_num_layers=1, hidden_dim=8,
+                                            intermediate_dim=8, encoder_num_heads=2, decoder_num_heads=2,
+                                            partial_rotary_factor=0.5),
+                  {"encoder_input_values": np.random.default_rng(1).normal(size=(B, 1600, 1)).astype("float32"),
+                   "encoder_padding_mask": AUDIO_PAD, "decoder_token_ids": np.array([[1, 2, 3, 4], [1, 2, 3, 0]]),
+                   "decoder_padding_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]], bool)},
+                  ["encoder.layers.0", "decoder.layers.0", "cross.layers.0"]),
+}
+
+
+@pytest.mark.parametrize("family", list(OTHER_INPUTS))
+def test_patches_and_audio_frames(family, tmp_path):
+    cls, kwargs, inputs, sites = OTHER_INPUTS[family]
+    model = _build(cls, kwargs)
+    before, ref = reference(model, inputs)
+    with attnviz.capture(model, path=tmp_path / "o.safetensors") as rec:
+        inside = model(inputs)
+    np.testing.assert_array_equal(_output(inside), _output(before))
+    assert rec.sites == sites and len(ref) == len(sites)
+    arrays, _ = _read(tmp_path / "o.safetensors")
+    for site, theirs in zip(rec.sites, ref):
+        np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+    assert max(check_capture(tmp_path / "o.safetensors").values()) < 1e-5
 
 
 @pytest.mark.parametrize("family", ["bart", "whisper"])

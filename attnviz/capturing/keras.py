@@ -33,8 +33,9 @@ def attention_layers(model: Any) -> tuple[list[Any], list[tuple[Any, Any]]]:
 
 def _walk(model: Any) -> tuple[list[Any], list[tuple[Any, Any]], dict[int, str]]:
     """The attention layers (as ``attention_layers``) and the kind of site each is: ``layers``, or in an
-    encoder-decoder (a layer whose path names a cross attention) ``cross`` for those, ``decoder`` for the
-    others inside a layer whose class is a decoder, ``encoder`` for the rest."""
+    encoder-decoder (a layer whose name, or the attribute of its parent that holds it, says cross attention)
+    ``cross`` for those, ``decoder`` for the others inside a layer whose class is a decoder, ``encoder`` for
+    the rest."""
     import keras
 
     from attnviz.capturing.kerashub import family_of, refusal
@@ -43,6 +44,7 @@ def _walk(model: Any) -> tuple[list[Any], list[tuple[Any, Any]], dict[int, str]]
     mha: list[Any] = []
     hub: list[tuple[Any, Any]] = []
     decoder: dict[int, bool] = {}  # per attention layer: whether a decoder holds it
+    named: dict[int, str] = {}  # per layer: the attributes of its parent that hold it, and its path
     pending: list[tuple[Any, bool]] = [(model, False)]
     while pending:
         layer, in_decoder = pending.pop(0)
@@ -63,8 +65,11 @@ def _walk(model: Any) -> tuple[list[Any], list[tuple[Any, Any]], dict[int, str]]
         inner = in_decoder or (layer is not model and "Decoder" in type(layer).__name__)
         children = getattr(layer, "_layers", None) or getattr(layer, "layers", None) or []
         pending.extend((c, inner) for c in children if c is not layer)
+        held = {id(v): k for k, v in vars(layer).items() if not k.startswith("__")}
+        for c in children:
+            named[id(c)] = f"{held.get(id(c), '')} {_path(c).rpartition('/')[2]}".lower()
     layers = [*mha, *(layer for layer, _ in hub)]
-    cross = {id(layer) for layer in layers if "cross" in _path(layer).rpartition("/")[2].lower()}
+    cross = {id(layer) for layer in layers if "cross" in named.get(id(layer), "")}
     kinds = {id(layer): "layers" if not cross else "cross" if id(layer) in cross else
              "decoder" if decoder[id(layer)] else "encoder" for layer in layers}
     return mha, hub, kinds
