@@ -537,3 +537,35 @@ def test_cli_preset_folder_without_weights_or_tokenizer(bert_preset, tmp_path, m
     done = _invoke("capture", str(folder), "--text", "the cat", "-o", str(out))
     assert done.exit_code == 1 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "gemma", "gpt_neo_x", "smollm3"])
+def test_output_projection_gives_the_layers_output(family, backbones, tmp_path):
+    """What value-norm maps rest on: the recorded weights, v (repeated to the query heads) and wo (and bo)
+    give the attention layer's own output, read from its output projection here."""
+    model = backbones(family)
+    inputs = FAMILIES[family][2]
+    mha, hub = attention_layers(model)
+    first = mha[0] if mha else hub[0][0]
+    dense = next(getattr(first, n) for n in ("_output_dense", "output_dense", "o_proj") if hasattr(first, n))
+    outputs = []
+    call = type(dense).call
+
+    def record(self, *args, **kwargs):
+        out = call(self, *args, **kwargs)
+        if self is dense:
+            outputs.append(np.asarray(out))
+        return out
+
+    type(dense).call = record
+    try:
+        model(inputs)
+    finally:
+        type(dense).call = call
+    with attnviz.capture(model, path=tmp_path / "w.safetensors"):
+        model(inputs)
+    arrays, _ = _read(tmp_path / "w.safetensors")
+    w, v, wo = arrays["layers.0.weights"], arrays["layers.0.v"], arrays["layers.0.wo"]
+    v = np.repeat(v, w.shape[1] // v.shape[2], axis=2)
+    ours = np.einsum("bhqk,bkhd,hdm->bqm", w.astype(np.float64), v, wo) + arrays.get("layers.0.bo", 0.0)
+    np.testing.assert_allclose(ours, outputs[0], atol=1e-5, rtol=0)
