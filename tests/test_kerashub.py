@@ -569,3 +569,40 @@ def test_output_projection_gives_the_layers_output(family, backbones, tmp_path):
     v = np.repeat(v, w.shape[1] // v.shape[2], axis=2)
     ours = np.einsum("bhqk,bkhd,hdm->bqm", w.astype(np.float64), v, wo) + arrays.get("layers.0.bo", 0.0)
     np.testing.assert_allclose(ours, outputs[0], atol=1e-5, rtol=0)
+
+
+def test_gpt_oss_sinks_recomputed_as_its_inline_softmax(tmp_path, monkeypatch):
+    """gpt-oss forms its weights with an inline ops.softmax over the keys and one sink logit per head (and a
+    sliding window): attnviz recomputes them from the q and k handed to _compute_attention; each site equals the
+    layer's own softmax output (read here, the sink column dropped), the sinks are in the file, --check agrees."""
+    from keras_hub.src.models.gpt_oss import gpt_oss_attention
+
+    model = _build("GptOssBackbone", dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=8,
+                                          intermediate_dim=8, num_experts=2, top_k=1, sliding_window=2, head_dim=2))
+    for block in model.transformer_layers:  # sinks of their own (they start at zero)
+        layer = next(c for c in block._layers if type(c).__name__ == "GptOssAttention")
+        layer.sinks.assign(np.linspace(-1.0, 1.0, 4).astype("float32"))
+    seen = []
+    softmax = gpt_oss_attention.ops.softmax
+
+    def recording(x, axis=-1):
+        out = softmax(x, axis=axis)
+        if out.shape[-1] == L + 1:
+            seen.append(np.asarray(out)[..., :-1])
+        return out
+
+    monkeypatch.setattr(gpt_oss_attention.ops, "softmax", recording)
+    before = _output(model(PAD_LEFT))
+    monkeypatch.setattr(gpt_oss_attention.ops, "softmax", softmax)
+    with attnviz.capture(model, path=tmp_path / "o.safetensors") as rec:
+        inside = _output(model(PAD_LEFT))
+    np.testing.assert_array_equal(inside, before)
+    arrays, meta = _read(tmp_path / "o.safetensors")
+    assert rec.sites == ["layers.0", "layers.1"] and len(seen) == 2
+    for site, theirs in zip(rec.sites, seen):
+        np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+        assert meta["sites"][site]["sinks"] is True and arrays[f"{site}.sinks"].shape == (4,)
+    assert arrays["layers.0.weights"][0, 0, 5].sum() < 0.999  # the sink takes its share
+    # the window (2) on the odd layers: keys 3..5 seen from query 5
+    assert arrays["layers.0.mask"][0, 0, 5].all() and not arrays["layers.1.mask"][0, 0, 5, :3].any()
+    assert max(check_capture(tmp_path / "o.safetensors").values()) < 1e-5

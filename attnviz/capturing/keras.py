@@ -143,13 +143,15 @@ class KerasCapture:
             for layer in mha:
                 patch(layer, "_compute_attention", self._guard(self._wrapper(layer, layer._compute_attention)))
             for layer, family in hub:
-                softmax = getattr(layer, family.softmax, None)
-                if softmax is None:
-                    raise InputError(f"{type(layer).__name__} ({layer.name}): no softmax sublayer "
-                                     f"{family.softmax!r}; attnviz cannot see its weights.")
-                patch(softmax, "call", self._guard(self._softmax_wrapper(layer, family, softmax.call)))
+                if family.softmax is not None:
+                    softmax = getattr(layer, family.softmax, None)
+                    if softmax is None:
+                        raise InputError(f"{type(layer).__name__} ({layer.name}): no softmax sublayer "
+                                         f"{family.softmax!r}; attnviz cannot see its weights.")
+                    patch(softmax, "call", self._guard(self._softmax_wrapper(layer, family, softmax.call)))
                 if family.qkv:
-                    patch(layer, family.qkv, self._qkv_wrapper(layer, getattr(layer, family.qkv)))
+                    patch(layer, family.qkv, self._guard(self._qkv_wrapper(layer, family,
+                                                                           getattr(layer, family.qkv))))
                 patch(layer, "call", self._guard(self._layer_wrapper(layer, layer.call)))
             for model in self._models():
                 patch(model, "call", self._model_wrapper(model.call))
@@ -298,16 +300,24 @@ class KerasCapture:
 
         return call
 
-    def _qkv_wrapper(self, layer: Any, original: Any) -> Any:
+    def _qkv_wrapper(self, layer: Any, family: Any, original: Any) -> Any:
         def compute(*args: Any, **kwargs: Any) -> Any:  # (query, key, value, ...), by position or by name
             given = list(args[:3])
             for names in (("query", "q"), ("key", "k"), ("value", "v"))[len(given):]:
                 given.append(next((kwargs[n] for n in names if n in kwargs), None))
             self.pending[id(layer)] = tuple(given)
             try:
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
             finally:
                 self.pending.pop(id(layer), None)
+            if family.recompute is not None:  # an inline softmax: the weights as the layer forms them, in NumPy
+                _eager(layer)
+                q, k = (np.asarray(_numpy(t), dtype=np.float32) for t in given[:2])
+                weights, keep = family.recompute(layer, q, k, args[3:], kwargs, _numpy)
+                self.softmaxed[id(layer)] = self.softmaxed.get(id(layer), 0) + 1
+                self.forwards += 1
+                self._record_hub(layer, family, weights, keep, tuple(given))
+            return out
 
         return compute
 
@@ -322,18 +332,22 @@ class KerasCapture:
         return call
 
     def _record_softmax(self, layer: Any, family: Any, probs: Any, mask: Any, qkv: Any) -> None:
-        from attnviz.capturing.kerashub import settings
-
         _eager(layer)
         p = np.asarray(_numpy(probs), dtype=np.float32)
         b, lq, lk = p.shape[0], p.shape[-2], p.shape[-1]
         weights = p.reshape(b, -1, lq, lk)  # Gemma's [B, kv heads, groups, Lq, Lk]: the query heads in order
-        heads = weights.shape[1]
         keep = np.ones(p.shape, bool)
         if mask is not None:
             m = np.asarray(_numpy(mask))
             keep = np.broadcast_to(m if m.dtype == bool else m > 0.5, p.shape)  # as keras.layers.Softmax keeps
-        keep = _one_mask(layer, keep.reshape(b, -1, lq, lk))
+        self._record_hub(layer, family, weights, keep.reshape(b, -1, lq, lk), qkv)
+
+    def _record_hub(self, layer: Any, family: Any, weights: np.ndarray, keep: np.ndarray, qkv: Any) -> None:
+        """One call of a KerasHub layer: its weights [B, H, Lq, Lk], its mask, and the q, k, v behind them."""
+        from attnviz.capturing.kerashub import settings
+
+        b, heads, lq, lk = weights.shape
+        keep = _one_mask(layer, keep)
         site = self.rec.site(self._key(layer), self.kinds.get(id(layer), "layers"), _path(layer),
                              settings(layer, family, heads))
         if site is None:
@@ -349,6 +363,8 @@ class KerasCapture:
         if self.weights:
             arrays["weights"] = weights.astype(self.dtype)
         self.rec.record(site, lq, lk, arrays)
+        if family.sinks:
+            self.rec.record_static(site, {"sinks": np.asarray(_numpy(getattr(layer, family.sinks)), np.float32)})
         merged = (heads, int(qkv[2].shape[-1])) if family.merged_output and qkv is not None else None
         self._output(site, getattr(layer, family.output, None) if family.output else None, merged)
 

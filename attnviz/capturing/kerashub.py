@@ -51,7 +51,8 @@ def _gemma_scale(layer: Any) -> float:
 class Family:
     """How one KerasHub attention layer class forms its probabilities."""
 
-    softmax: str  #: the attribute holding the ``keras.layers.Softmax`` whose output is the weights
+    #: the attribute holding the ``keras.layers.Softmax`` whose output is the weights (None: ``recompute``)
+    softmax: str | None
     #: the method handed ``(query, key, value, ...)`` positionally, after projections, norms and RoPE
     #: (None: the layer computes them inline; the file then has the weights and masks only)
     qkv: str | None = None
@@ -64,6 +65,36 @@ class Family:
     output: str | None = "_output_dense"
     #: the output projection is a 2-D kernel over the heads merged head-major (reshaped for the file)
     merged_output: bool = False
+    #: a layer whose softmax is inline: ``(layer, q, k, the method's other arguments, its keywords, to_numpy)``
+    #: -> the weights [B, H, Lq, Lk] and the mask, computed in NumPy as the layer computes them
+    recompute: Callable[..., tuple[Any, Any]] | None = None
+    sinks: str | None = None  #: the attribute holding per-head sink logits (gpt-oss)
+
+
+def _gpt_oss_weights(layer: Any, q: Any, k: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     to_numpy: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """``GptOssAttention._compute_attention(query, key, value, attention_mask, start_index)`` in NumPy: scores
+    scaled, keys before ``start + i - sliding_window`` masked, the attention mask, one sink logit per head
+    joined to the keys for the softmax and dropped after; masked scores are -1e9 as the layer sets them."""
+    import numpy as np
+
+    mask = args[0] if args else kwargs.get("attention_mask")
+    start = args[1] if len(args) > 1 else kwargs.get("start_index", 0)
+    start = int(np.asarray(to_numpy(start))) if start is not None else 0
+    scores = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), k.astype(np.float64)) * float(layer._inv_norm_factor)
+    b, _, lq, lk = scores.shape
+    keep = np.ones((b, 1, lq, lk), bool)
+    window = layer.sliding_window
+    if window is not None and window > 0:
+        keep &= np.arange(lk)[None, :] >= (np.arange(lq) + start)[:, None] - window
+    if mask is not None:
+        keep &= np.asarray(to_numpy(mask)).astype(bool)[:, None]
+    scores = np.where(keep, scores, -1e9)
+    sinks = np.asarray(to_numpy(layer.sinks), np.float64)
+    logits = np.concatenate([scores, np.broadcast_to(sinks[None, :, None, None], (b, len(sinks), lq, 1))], -1)
+    logits = logits - logits.max(-1, keepdims=True)
+    e = np.exp(logits)
+    return (e / e.sum(-1, keepdims=True))[..., :-1].astype(np.float32), keep
 
 
 _LLAMA_LIKE = Family("_softmax", "_compute_attention", repeated=True)
@@ -87,6 +118,8 @@ FAMILIES: dict[str, Family] = {
     "Qwen3_5Attention": Family("_softmax", "_compute_attention", repeated=True, output=None),
     "Gemma4TextAttention": Family("softmax", "_compute_attention", scale=lambda layer: 1.0, softcap="logit_soft_cap",
                                   output="output_dense"),  # scale 1: the q and k norms replace it
+    # an inline softmax over the keys and one sink logit per head: recomputed from the q and k it is handed
+    "GptOssAttention": Family(None, "_compute_attention", repeated=True, recompute=_gpt_oss_weights, sinks="sinks"),
     "GPTNeoXAttention": Family("_softmax", "_compute_attention", merged_output=True),
     # the scores hold a relative-position term (DeBERTa) or ALiBi (BLOOM, Falcon): the weights as formed,
     # no q and k (they alone do not give the weights)
@@ -98,7 +131,6 @@ FAMILIES: dict[str, Family] = {
 #: layers attnviz cannot see, by class name: why, in the words of the refusal
 REFUSED: dict[str, str] = {
     "T5MultiHeadAttention": "its softmax is inline (ops.nn.softmax, no sublayer) and its weights are not returned",
-    "GptOssAttention": "its softmax over the keys and the sink logits is inline and its weights are not returned",
     "Gemma3nTextAttention": "its softmax is inline and its weights are not returned",
     "T5GemmaAttention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2Attention": "an encoder-decoder's self and cross attention are not told apart yet",
@@ -171,4 +203,4 @@ def settings(layer: Any, family: Family, heads: int) -> dict[str, Any]:
     scale = family.scale(layer) if family.qkv else None
     softcap = getattr(layer, family.softcap, None) if family.softcap else None
     return {"scale": scale, "window": None, "softcap": None if softcap is None else float(softcap),
-            "sinks": False, "heads": int(heads), "kv_heads": int(heads)}
+            "sinks": family.sinks is not None, "heads": int(heads), "kv_heads": int(heads)}
