@@ -373,24 +373,26 @@ def test_fused_path_is_made_explicit_inside_the_block(backbones, monkeypatch, tm
 
 
 def test_layers_attnviz_cannot_see_are_refused_by_class(tmp_path):
-    """T5 (inline softmax) is refused naming T5MultiHeadAttention; an unknown layer named ...Attention too;
-    nothing is written."""
-    t5 = _build("T5Backbone", dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8))
-    with pytest.raises(InputError, match=r"^T5MultiHeadAttention \(.*\): attnviz cannot capture"):
-        with attnviz.capture(t5, path=tmp_path / "t5.safetensors"):
-            pass
-    assert list(tmp_path.iterdir()) == []
+    """A layer of a class refused by name (SAM's TwoWayMultiHeadAttention: an inline softmax whose weights are
+    never returned) is refused naming it; so is an unknown layer named ...Attention; nothing is written."""
+
+    class TwoWayMultiHeadAttention(keras.layers.Layer):
+        def call(self, x):
+            return x
 
     class WindowedAttention(keras.layers.Layer):
         def call(self, x):
             return x
 
     inp = keras.Input((4, 8))
-    model = keras.Model(inp, WindowedAttention()(keras.layers.MultiHeadAttention(2, 4)(inp, inp)))
-    with pytest.raises(InputError, match="WindowedAttention .*does not know"):
-        with attnviz.capture(model, path=tmp_path / "w.safetensors"):
-            pass
-    assert list(tmp_path.iterdir()) == []
+    for layer, said in ((TwoWayMultiHeadAttention(name="sam"), r"^TwoWayMultiHeadAttention \(sam\): attnviz cannot "
+                         "capture this KerasHub attention layer: its softmax is inline"),
+                        (WindowedAttention(), r"^WindowedAttention \(.*\): an attention layer attnviz does not know")):
+        model = keras.Model(inp, layer(keras.layers.MultiHeadAttention(2, 4)(inp, inp)))
+        with pytest.raises(InputError, match=said):
+            with attnviz.capture(model, path=tmp_path / "w.safetensors"):
+                pass
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_traced_predict_is_refused_in_one_line(backbones, tmp_path):
@@ -606,3 +608,52 @@ def test_gpt_oss_sinks_recomputed_as_its_inline_softmax(tmp_path, monkeypatch):
     # the window (2) on the odd layers: keys 3..5 seen from query 5
     assert arrays["layers.0.mask"][0, 0, 5].all() and not arrays["layers.1.mask"][0, 0, 5, :3].any()
     assert max(check_capture(tmp_path / "o.safetensors").values()) < 1e-5
+
+
+def test_t5_recomputed_from_its_projections_and_position_bias(tmp_path, monkeypatch):
+    """T5's inline ops.nn.softmax over q.k plus the position bias its call returns: each site (encoder, decoder,
+    cross) equals the layer's own softmax output (read here), the bias is in the file (0 where masked), --check
+    agrees, and weights, v and wo give the layer's output."""
+    model = _build("T5Backbone", dict(num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=8))
+    inputs = {"encoder_token_ids": PAD_RIGHT["token_ids"], "encoder_padding_mask": PAD_RIGHT["padding_mask"],
+              "decoder_token_ids": PAD_RIGHT["token_ids"][:, :4],
+              "decoder_padding_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]])}
+    seen, outputs = [], []
+    softmax = keras.ops.nn.softmax
+
+    def recording(x, axis=-1):
+        out = softmax(x, axis=axis)
+        seen.append(np.asarray(out))
+        return out
+
+    monkeypatch.setattr(keras.ops.nn, "softmax", recording)
+    first = model.get_layer("transformer_encoder_layer_0").self_attention.output_projector
+    dense_call = type(first).call
+
+    def projected(self, *args, **kwargs):
+        out = dense_call(self, *args, **kwargs)
+        if self is first:
+            outputs.append(np.asarray(out))
+        return out
+
+    monkeypatch.setattr(type(first), "call", projected)
+    before = _output(model(inputs))
+    monkeypatch.undo()
+    out = tmp_path / "t5.safetensors"
+    with attnviz.capture(model, path=out) as rec:
+        inside = _output(model(inputs))
+    np.testing.assert_array_equal(inside, before)
+    assert rec.sites == ["encoder.layers.0", "encoder.layers.1", "decoder.layers.0", "decoder.layers.1",
+                         "cross.layers.0", "cross.layers.1"]
+    arrays, _ = _read(out)
+    ran = ["encoder.layers.0", "encoder.layers.1", "decoder.layers.0", "cross.layers.0", "decoder.layers.1",
+           "cross.layers.1"]
+    assert len(seen) == len(ran)
+    for site, theirs in zip(ran, seen):
+        np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+    assert arrays["cross.layers.0.weights"].shape == (B, 2, 4, L)
+    assert not arrays["encoder.layers.0.mask"][1, 0][:, 4:].any()
+    assert np.abs(arrays["encoder.layers.0.position_bias"]).max() < 1e3
+    assert max(check_capture(out).values()) < 1e-5
+    w, v, wo = arrays["encoder.layers.0.weights"], arrays["encoder.layers.0.v"], arrays["encoder.layers.0.wo"]
+    np.testing.assert_allclose(np.einsum("bhqk,bkhd,hdm->bqm", w, v, wo), outputs[0], atol=1e-5, rtol=0)

@@ -62,7 +62,7 @@ def _walk(model: Any) -> tuple[list[Any], list[tuple[Any, Any]], dict[int, str]]
                 hub.append((layer, family))
             decoder[id(layer)] = in_decoder
             continue
-        inner = in_decoder or (layer is not model and "Decoder" in type(layer).__name__)
+        inner = in_decoder or (layer is not model and "decoder" in f"{type(layer).__name__} {layer.name}".lower())
         children = getattr(layer, "_layers", None) or getattr(layer, "layers", None) or []
         pending.extend((c, inner) for c in children if c is not layer)
         held = {id(v): k for k, v in vars(layer).items() if not k.startswith("__")}
@@ -110,6 +110,7 @@ class KerasCapture:
         self.softmaxed: dict[int, int] = {}  # per KerasHub layer: its softmax's calls
         self.error: AttnvizError | None = None  # the first refusal raised inside a layer's call
         self.kinds: dict[int, str] = {}  # per attention layer: its kind of site
+        self.projected: dict[int, dict[int, Any]] = {}  # per KerasHub layer: its q, k, v projections' outputs
 
     def describe(self) -> dict[str, Any]:
         import keras
@@ -152,7 +153,10 @@ class KerasCapture:
                 if family.qkv:
                     patch(layer, family.qkv, self._guard(self._qkv_wrapper(layer, family,
                                                                            getattr(layer, family.qkv))))
-                patch(layer, "call", self._guard(self._layer_wrapper(layer, layer.call)))
+                for i, name in enumerate(family.projections):
+                    projector = getattr(layer, name)
+                    patch(projector, "call", self._projection_wrapper(layer, i, projector.call))
+                patch(layer, "call", self._guard(self._layer_wrapper(layer, family, layer.call)))
             for model in self._models():
                 patch(model, "call", self._model_wrapper(model.call))
                 if callable(getattr(model, "generate", None)):
@@ -288,14 +292,32 @@ class KerasCapture:
 
     # -- KerasHub's own layers: the softmax sublayer's output, and the q, k, v it was computed from
 
-    def _layer_wrapper(self, layer: Any, original: Any) -> Any:
+    def _layer_wrapper(self, layer: Any, family: Any, original: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             before = self.softmaxed.get(id(layer), 0)
             self.pending.pop(id(layer), None)
+            self.projected[id(layer)] = {}
             out = original(*args, **kwargs)
+            if family.from_call is not None:  # an inline softmax: recomputed from the projections and the output
+                _eager(layer)
+                found = self.projected.pop(id(layer), {})
+                if len(found) == 3:
+                    projected = tuple(np.asarray(_numpy(found[i]), dtype=np.float32) for i in range(3))
+                    weights, keep, qkv, extra = family.from_call(layer, projected, out, _numpy)
+                    self.softmaxed[id(layer)] = before + 1
+                    self.forwards += 1
+                    self._record_hub(layer, family, weights, keep, qkv, extra)
             if self.softmaxed.get(id(layer), 0) == before:
                 raise InputError(f"{type(layer).__name__} ({layer.name}): the layer formed no weights (a fused "
                                  "attention op); attnviz cannot see them on this backend.")
+            return out
+
+        return call
+
+    def _projection_wrapper(self, layer: Any, index: int, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            self.projected.setdefault(id(layer), {})[index] = out
             return out
 
         return call
@@ -342,8 +364,10 @@ class KerasCapture:
             keep = np.broadcast_to(m if m.dtype == bool else m > 0.5, p.shape)  # as keras.layers.Softmax keeps
         self._record_hub(layer, family, weights, keep.reshape(b, -1, lq, lk), qkv)
 
-    def _record_hub(self, layer: Any, family: Any, weights: np.ndarray, keep: np.ndarray, qkv: Any) -> None:
-        """One call of a KerasHub layer: its weights [B, H, Lq, Lk], its mask, and the q, k, v behind them."""
+    def _record_hub(self, layer: Any, family: Any, weights: np.ndarray, keep: np.ndarray, qkv: Any,
+                    extra: dict[str, np.ndarray] | None = None) -> None:
+        """One call of a KerasHub layer: its weights [B, H, Lq, Lk], its mask, the q, k, v behind them and
+        ``extra`` arrays of the call (T5's position bias)."""
         from attnviz.capturing.kerashub import settings
 
         b, heads, lq, lk = weights.shape
@@ -362,6 +386,7 @@ class KerasCapture:
             arrays.update({"q": q, "k": k, "v": v})
         if self.weights:
             arrays["weights"] = weights.astype(self.dtype)
+        arrays.update(extra or {})
         self.rec.record(site, lq, lk, arrays)
         if family.sinks:
             self.rec.record_static(site, {"sinks": np.asarray(_numpy(getattr(layer, family.sinks)), np.float32)})

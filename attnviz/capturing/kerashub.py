@@ -69,6 +69,11 @@ class Family:
     #: -> the weights [B, H, Lq, Lk] and the mask, computed in NumPy as the layer computes them
     recompute: Callable[..., tuple[Any, Any]] | None = None
     sinks: str | None = None  #: the attribute holding per-head sink logits (gpt-oss)
+    #: sublayers whose outputs are q, k and v (``[B, L, heads * head_dim]``), for ``from_call``
+    projections: tuple[str, ...] = ()
+    #: a layer whose softmax is inline, computed from the projections and what ``call`` returns:
+    #: ``(layer, (q, k, v), call's output, to_numpy)`` -> the weights, the mask, q, k and v by head, more arrays
+    from_call: Callable[..., tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] | None = None
 
 
 def _gpt_oss_weights(layer: Any, q: Any, k: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -97,6 +102,24 @@ def _gpt_oss_weights(layer: Any, q: Any, k: Any, args: tuple[Any, ...], kwargs: 
     return (e / e.sum(-1, keepdims=True))[..., :-1].astype(np.float32), keep
 
 
+def _t5_weights(layer: Any, qkv: tuple[Any, ...], out: Any, to_numpy: Callable[[Any], Any]
+                ) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+    """``T5MultiHeadAttention.call`` in NumPy: q.k unscaled plus the position bias the call returns (the
+    relative bias, with -1e9 where the mask hides a key), summed in float32 as the layer sums them, then the
+    softmax. The bias is kept (0 where masked) as the site's ``position_bias``."""
+    import numpy as np
+
+    heads, size = int(layer.num_heads), int(layer.key_value_dim)
+    q, k, v = (t.reshape(t.shape[0], t.shape[1], heads, size) for t in qkv)
+    bias = np.asarray(to_numpy(out[1]), np.float32)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k).astype(np.float32) + bias
+    scores = scores.astype(np.float64)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    weights = (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    keep = np.broadcast_to(bias > -1e8, weights.shape)
+    return weights, keep, (q, k, v), {"position_bias": np.where(bias > -1e8, bias, 0.0).astype(np.float32)}
+
+
 _LLAMA_LIKE = Family("_softmax", "_compute_attention", repeated=True)
 
 #: class name -> family; a subclass not listed is found through its bases
@@ -120,6 +143,10 @@ FAMILIES: dict[str, Family] = {
                                   output="output_dense"),  # scale 1: the q and k norms replace it
     # an inline softmax over the keys and one sink logit per head: recomputed from the q and k it is handed
     "GptOssAttention": Family(None, "_compute_attention", repeated=True, recompute=_gpt_oss_weights, sinks="sinks"),
+    # T5: an inline softmax over q.k (unscaled) plus the position bias its call returns
+    "T5MultiHeadAttention": Family(None, scale=lambda layer: 1.0, output="output_projector", merged_output=True,
+                                   projections=("query_projector", "key_projector", "value_projector"),
+                                   from_call=_t5_weights),
     "GPTNeoXAttention": Family("_softmax", "_compute_attention", merged_output=True),
     # the scores hold a relative-position term (DeBERTa) or ALiBi (BLOOM, Falcon): the weights as formed,
     # no q and k (they alone do not give the weights)
@@ -130,7 +157,6 @@ FAMILIES: dict[str, Family] = {
 
 #: layers attnviz cannot see, by class name: why, in the words of the refusal
 REFUSED: dict[str, str] = {
-    "T5MultiHeadAttention": "its softmax is inline (ops.nn.softmax, no sublayer) and its weights are not returned",
     "Gemma3nTextAttention": "its softmax is inline and its weights are not returned",
     "T5GemmaAttention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2Attention": "an encoder-decoder's self and cross attention are not told apart yet",
@@ -200,7 +226,7 @@ def _never() -> bool:
 def settings(layer: Any, family: Family, heads: int) -> dict[str, Any]:
     """The site's metadata: the scale and softcap where q and k are recorded (what --check needs); the
     key-value heads are those of the recorded k (the query heads' where there is none)."""
-    scale = family.scale(layer) if family.qkv else None
+    scale = family.scale(layer) if family.qkv or family.from_call else None
     softcap = getattr(layer, family.softcap, None) if family.softcap else None
     return {"scale": scale, "window": None, "softcap": None if softcap is None else float(softcap),
             "sinks": family.sinks is not None, "heads": int(heads), "kv_heads": int(heads)}
