@@ -657,3 +657,19 @@ def test_t5_recomputed_from_its_projections_and_position_bias(tmp_path, monkeypa
     assert max(check_capture(out).values()) < 1e-5
     w, v, wo = arrays["encoder.layers.0.weights"], arrays["encoder.layers.0.v"], arrays["encoder.layers.0.wo"]
     np.testing.assert_allclose(np.einsum("bhqk,bkhd,hdm->bqm", w, v, wo), outputs[0], atol=1e-5, rtol=0)
+
+
+def test_weights_dtype_and_no_weights(backbones, tmp_path):
+    """--weights-dtype and --no-weights on a KerasHub layer: the weights stored as float16 (equal to the
+    layer's to float16's rounding), or not at all (q, k, v and the mask kept); ``layers`` keeps some sites."""
+    model = backbones("qwen3")
+    _, ref = reference(model, PAD_LEFT)
+    with attnviz.capture(model, path=tmp_path / "h.safetensors", weights_dtype="float16", layers=[-1]) as rec:
+        model(PAD_LEFT)
+    arrays, _ = _read(tmp_path / "h.safetensors")
+    assert rec.sites == ["layers.1"] and arrays["layers.1.weights"].dtype == np.float16
+    np.testing.assert_allclose(arrays["layers.1.weights"].astype(np.float32), ref[1], atol=1e-3, rtol=0)
+    with attnviz.capture(model, path=tmp_path / "n.safetensors", weights=False):
+        model(PAD_LEFT)
+    arrays, _ = _read(tmp_path / "n.safetensors")
+    assert "layers.0.weights" not in arrays and {"layers.0.q", "layers.0.k", "layers.0.mask"} <= set(arrays)
