@@ -673,3 +673,47 @@ def test_weights_dtype_and_no_weights(backbones, tmp_path):
         model(PAD_LEFT)
     arrays, _ = _read(tmp_path / "n.safetensors")
     assert "layers.0.weights" not in arrays and {"layers.0.q", "layers.0.k", "layers.0.mask"} <= set(arrays)
+
+
+@pytest.mark.parametrize("family", ["pali_gemma", "gemma3_vision"])
+def test_vision_encoders_that_return_their_probabilities(family, tmp_path, monkeypatch):
+    """PaliGemma's and Gemma 3's vision encoders return (output, probabilities) from their attention's call:
+    each site equals the layer's own inline softmax (read here); PaliGemma's Gemma decoder follows (its
+    softmax sublayer) over the image tokens and the text; --check agrees."""
+    images = np.random.default_rng(0).normal(size=(B, 16, 16, 3)).astype("float32")
+    if family == "pali_gemma":
+        model = _build("PaliGemmaBackbone", dict(image_size=16, num_layers=2, num_query_heads=2, num_key_value_heads=1,
+                                                 hidden_dim=8, intermediate_dim=8, head_dim=4, vit_patch_size=8,
+                                                 vit_num_heads=2, vit_hidden_dim=8, vit_num_layers=2,
+                                                 vit_intermediate_dim=8))
+        inputs = {"images": images, "token_ids": PAD_RIGHT["token_ids"], "padding_mask": PAD_RIGHT["padding_mask"],
+                  "response_mask": np.zeros((B, L), "int32")}
+        shapes = [(4, 4), (4, 4), (4 + L, 4 + L), (4 + L, 4 + L)]
+    else:
+        from keras_hub.src.models.gemma3.gemma3_vision_encoder import Gemma3VisionEncoder
+
+        keras.utils.set_random_seed(0)
+        model = Gemma3VisionEncoder(image_size=16, patch_size=8, num_heads=2, hidden_dim=8, num_layers=2,
+                                    intermediate_dim=8, output_dim=8, pool_size=1)
+        inputs, shapes = images[:, None], [(4, 4), (4, 4)]
+    vision = []
+    softmax = keras.ops.softmax
+
+    def recording(x, axis=-1):
+        out = softmax(x, axis=axis)
+        vision.append(np.asarray(out))
+        return out
+
+    monkeypatch.setattr(keras.ops, "softmax", recording)
+    before, text = reference(model, inputs)
+    monkeypatch.undo()
+    out = tmp_path / "v.safetensors"
+    with attnviz.capture(model, path=out) as rec:
+        inside = model(inputs)
+    np.testing.assert_array_equal(_output(inside), _output(before))
+    arrays, _ = _read(out)
+    assert [arrays[f"{s}.weights"].shape[-2:] for s in rec.sites] == shapes
+    for site, theirs in zip(rec.sites, vision + text):  # Gemma's are [B, kv heads, groups, Lq, Lk]
+        ours = arrays[f"{site}.weights"]
+        np.testing.assert_allclose(ours, theirs.reshape(ours.shape), atol=1e-5, rtol=0)
+    assert max(check_capture(out).values()) < 1e-5 and "input_ids" not in arrays

@@ -205,7 +205,7 @@ class KerasCapture:
     def _inputs(self, inputs: Any) -> None:
         """KerasHub's inputs (``token_ids``, ``padding_mask``) as the file's ``input_ids`` and
         ``attention_mask``."""
-        if not isinstance(inputs, dict):
+        if not isinstance(inputs, dict) or "images" in inputs:  # a VLM's text positions follow its image tokens
             return
         names = {"token_ids": "input_ids", "padding_mask": "attention_mask", "encoder_token_ids": "input_ids",
                  "encoder_padding_mask": "attention_mask", "decoder_token_ids": "decoder_input_ids",
@@ -303,7 +303,7 @@ class KerasCapture:
                 found = self.projected.pop(id(layer), {})
                 if len(found) == 3:
                     projected = tuple(np.asarray(_numpy(found[i]), dtype=np.float32) for i in range(3))
-                    weights, keep, qkv, extra = family.from_call(layer, projected, out, _numpy)
+                    weights, keep, qkv, extra = family.from_call(layer, projected, out, args, kwargs, _numpy)
                     self.softmaxed[id(layer)] = before + 1
                     self.forwards += 1
                     self._record_hub(layer, family, weights, keep, qkv, extra)

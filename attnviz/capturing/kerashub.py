@@ -72,7 +72,8 @@ class Family:
     #: sublayers whose outputs are q, k and v (``[B, L, heads * head_dim]``), for ``from_call``
     projections: tuple[str, ...] = ()
     #: a layer whose softmax is inline, computed from the projections and what ``call`` returns:
-    #: ``(layer, (q, k, v), call's output, to_numpy)`` -> the weights, the mask, q, k and v by head, more arrays
+    #: ``(layer, (q, k, v), call's output, call's arguments, its keywords, to_numpy)`` -> the weights, the mask,
+    #: q, k and v by head, more arrays
     from_call: Callable[..., tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] | None = None
 
 
@@ -102,8 +103,8 @@ def _gpt_oss_weights(layer: Any, q: Any, k: Any, args: tuple[Any, ...], kwargs: 
     return (e / e.sum(-1, keepdims=True))[..., :-1].astype(np.float32), keep
 
 
-def _t5_weights(layer: Any, qkv: tuple[Any, ...], out: Any, to_numpy: Callable[[Any], Any]
-                ) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+def _t5_weights(layer: Any, qkv: tuple[Any, ...], out: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                to_numpy: Callable[[Any], Any]) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
     """``T5MultiHeadAttention.call`` in NumPy: q.k unscaled plus the position bias the call returns (the
     relative bias, with -1e9 where the mask hides a key), summed in float32 as the layer sums them, then the
     softmax. The bias is kept (0 where masked) as the site's ``position_bias``."""
@@ -118,6 +119,22 @@ def _t5_weights(layer: Any, qkv: tuple[Any, ...], out: Any, to_numpy: Callable[[
     weights = (e / e.sum(-1, keepdims=True)).astype(np.float32)
     keep = np.broadcast_to(bias > -1e8, weights.shape)
     return weights, keep, (q, k, v), {"position_bias": np.where(bias > -1e8, bias, 0.0).astype(np.float32)}
+
+
+def _returned_weights(layer: Any, qkv: tuple[Any, ...], out: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      to_numpy: Callable[[Any], Any]) -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+    """A vision encoder's attention whose call returns ``(output, probabilities)`` (PaliGemma's, Gemma 3's):
+    the probabilities as returned; the mask, where one is given, is additive (large negative = hidden)."""
+    import numpy as np
+
+    weights = np.asarray(to_numpy(out[1]), np.float32)
+    heads = weights.shape[1]
+    q, k, v = (t.reshape(t.shape[0], t.shape[1], heads, -1) for t in qkv)
+    mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
+    keep = np.ones((weights.shape[0], 1, *weights.shape[-2:]), bool)
+    if mask is not None:
+        keep = keep & (np.asarray(to_numpy(mask)) > -1e8)
+    return weights, keep, (q, k, v), {}
 
 
 _LLAMA_LIKE = Family("_softmax", "_compute_attention", repeated=True)
@@ -147,6 +164,12 @@ FAMILIES: dict[str, Family] = {
     "T5MultiHeadAttention": Family(None, scale=lambda layer: 1.0, output="output_projector", merged_output=True,
                                    projections=("query_projector", "key_projector", "value_projector"),
                                    from_call=_t5_weights),
+    "PaliGemmaVitAttention": Family(None, scale=lambda layer: layer.head_dim ** -0.5, output="out_proj",
+                                    merged_output=True, projections=("query_proj", "key_proj", "value_proj"),
+                                    from_call=_returned_weights),
+    "Gemma3VisionAttention": Family(None, scale=lambda layer: layer.head_dim ** -0.5, output="out_proj",
+                                    merged_output=True, projections=("query_proj", "key_proj", "value_proj"),
+                                    from_call=_returned_weights),
     "GPTNeoXAttention": Family("_softmax", "_compute_attention", merged_output=True),
     # the scores hold a relative-position term (DeBERTa) or ALiBi (BLOOM, Falcon): the weights as formed,
     # no q and k (they alone do not give the weights)
@@ -161,8 +184,6 @@ REFUSED: dict[str, str] = {
     "T5GemmaAttention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2Attention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2MergedAttention": "an encoder-decoder's self and cross attention are not told apart yet",
-    "PaliGemmaVitAttention": "its vision encoder's weights are not recorded yet",
-    "Gemma3VisionAttention": "its vision encoder's weights are not recorded yet",
     "MultiHeadAttentionWithRelativePE": "its softmax is inline and its weights are not returned",
     "TwoWayMultiHeadAttention": "its softmax is inline and its weights are not returned",
     "TwoStreamRelativeAttention": "its two-stream attention does not go through _compute_attention",
