@@ -717,3 +717,34 @@ def test_vision_encoders_that_return_their_probabilities(family, tmp_path, monke
         ours = arrays[f"{site}.weights"]
         np.testing.assert_allclose(ours, theirs.reshape(ours.shape), atol=1e-5, rtol=0)
     assert max(check_capture(out).values()) < 1e-5 and "input_ids" not in arrays
+
+
+def test_t5gemma_encoder_decoder_with_an_added_mask(tmp_path):
+    """T5Gemma: Gemma layers in an encoder-decoder whose mask is added to the scores (not handed to the
+    softmax): the sites by kind, each equal to the layer's own softmax output; the mask recorded from the
+    added one (padded keys hidden), and --check agrees."""
+    model = _build("T5GemmaBackbone", dict(
+        encoder_hidden_dim=8, encoder_intermediate_dim=8, encoder_num_layers=2, encoder_num_attention_heads=4,
+        encoder_num_key_value_heads=2, encoder_head_dim=4, encoder_layer_types=["sliding_attention", "full_attention"],
+        decoder_hidden_dim=8, decoder_intermediate_dim=8, decoder_num_layers=2, decoder_num_attention_heads=4,
+        decoder_num_key_value_heads=2, decoder_head_dim=4, decoder_layer_types=["sliding_attention", "full_attention"],
+        sliding_window=3, attn_logit_softcapping=50.0, query_pre_attn_scalar=4.0))
+    inputs = {"encoder_token_ids": PAD_RIGHT["token_ids"], "encoder_padding_mask": PAD_RIGHT["padding_mask"],
+              "decoder_token_ids": PAD_RIGHT["token_ids"][:, :4],
+              "decoder_padding_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]])}
+    before, ref = reference(model, inputs)
+    out = tmp_path / "t5g.safetensors"
+    with attnviz.capture(model, path=out) as rec:
+        inside = model(inputs)
+    np.testing.assert_array_equal(_output(inside), _output(before))
+    ran = ["encoder.layers.0", "encoder.layers.1", "decoder.layers.0", "cross.layers.0", "decoder.layers.1",
+           "cross.layers.1"]
+    assert sorted(rec.sites) == sorted(ran) and len(ref) == len(ran)
+    arrays, meta = _read(out)
+    for site, theirs in zip(ran, ref):
+        np.testing.assert_allclose(arrays[f"{site}.weights"], theirs, atol=1e-5, rtol=0)
+    assert not arrays["encoder.layers.0.mask"][1, 0][:, 4:].any()
+    assert not arrays["cross.layers.0.mask"][1, 0][:, 4:].any()
+    assert meta["sites"]["encoder.layers.0"]["scale"] == pytest.approx(0.5)
+    assert meta["sites"]["cross.layers.0"]["softcap"] == 50.0
+    assert max(check_capture(out).values()) < 1e-5

@@ -327,6 +327,8 @@ class KerasCapture:
             given = list(args[:3])
             for names in (("query", "q"), ("key", "k"), ("value", "v"))[len(given):]:
                 given.append(next((kwargs[n] for n in names if n in kwargs), None))
+            if family.additive_mask:
+                given.append(args[3] if len(args) > 3 else kwargs.get("attention_mask"))
             self.pending[id(layer)] = tuple(given)
             try:
                 out = original(*args, **kwargs)
@@ -362,6 +364,8 @@ class KerasCapture:
         if mask is not None:
             m = np.asarray(_numpy(mask))
             keep = np.broadcast_to(m if m.dtype == bool else m > 0.5, p.shape)  # as keras.layers.Softmax keeps
+        elif family.additive_mask and qkv is not None and len(qkv) > 3 and qkv[3] is not None:
+            keep = np.broadcast_to(np.asarray(_numpy(qkv[3])) > -1e8, p.shape)  # added: a large negative hides
         self._record_hub(layer, family, weights, keep.reshape(b, -1, lq, lk), qkv)
 
     def _record_hub(self, layer: Any, family: Any, weights: np.ndarray, keep: np.ndarray, qkv: Any,
@@ -378,7 +382,7 @@ class KerasCapture:
             return
         arrays: dict[str, Any] = {"mask": keep}
         if qkv is not None:
-            q, k, v = (np.asarray(_numpy(t), dtype=np.float32) for t in qkv)
+            q, k, v = (np.asarray(_numpy(t), dtype=np.float32) for t in qkv[:3])
             if family.repeated:  # repeated to the query heads by ops.repeat: kv head j is at j * groups
                 groups = getattr(layer, "num_key_value_groups", None) or layer._num_key_value_groups
                 k, v = k[:, :, :: int(groups)], v[:, :, :: int(groups)]

@@ -69,6 +69,9 @@ class Family:
     #: -> the weights [B, H, Lq, Lk] and the mask, computed in NumPy as the layer computes them
     recompute: Callable[..., tuple[Any, Any]] | None = None
     sinks: str | None = None  #: the attribute holding per-head sink logits (gpt-oss)
+    #: the mask is added to the scores (0 kept, a large negative hidden) and reaches the ``qkv`` method as its
+    #: fourth argument, not the softmax (T5Gemma)
+    additive_mask: bool = False
     #: sublayers whose outputs are q, k and v (``[B, L, heads * head_dim]``), for ``from_call``
     projections: tuple[str, ...] = ()
     #: a layer whose softmax is inline, computed from the projections and what ``call`` returns:
@@ -164,6 +167,9 @@ FAMILIES: dict[str, Family] = {
     "T5MultiHeadAttention": Family(None, scale=lambda layer: 1.0, output="output_projector", merged_output=True,
                                    projections=("query_projector", "key_projector", "value_projector"),
                                    from_call=_t5_weights),
+    # an encoder-decoder of Gemma layers: the mask added to the scores; keys and values repeated (repeat_kv)
+    "T5GemmaAttention": Family("softmax", "_compute_attention", repeated=True, scale=_attr("scaling"),
+                               softcap="logit_soft_cap", output="output_dense", additive_mask=True),
     "PaliGemmaVitAttention": Family(None, scale=lambda layer: layer.head_dim ** -0.5, output="out_proj",
                                     merged_output=True, projections=("query_proj", "key_proj", "value_proj"),
                                     from_call=_returned_weights),
@@ -181,7 +187,6 @@ FAMILIES: dict[str, Family] = {
 #: layers attnviz cannot see, by class name: why, in the words of the refusal
 REFUSED: dict[str, str] = {
     "Gemma3nTextAttention": "its softmax is inline and its weights are not returned",
-    "T5GemmaAttention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2Attention": "an encoder-decoder's self and cross attention are not told apart yet",
     "T5Gemma2MergedAttention": "an encoder-decoder's self and cross attention are not told apart yet",
     "MultiHeadAttentionWithRelativePE": "its softmax is inline and its weights are not returned",
