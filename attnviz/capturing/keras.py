@@ -1,14 +1,19 @@
-"""Capture from a Keras model: every ``keras.layers.MultiHeadAttention`` it runs, named ``layers.N`` in the
-order they run.
+"""Capture from a Keras model: every attention layer it runs (``keras.layers.MultiHeadAttention``, and
+KerasHub's own layers of ``attnviz.capturing.kerashub``), named ``layers.N`` in the order they run (an
+encoder-decoder's ``encoder.layers.N``, ``decoder.layers.N``, ``cross.layers.N``); each call of a layer
+within one call of the model is a site of its own (ALBERT calls one shared layer once per layer).
 
 Keras computes no scores unless asked (its fused ``dot_product_attention`` path), so while a capture is
-open each layer's ``_compute_attention`` is wrapped on the instance: the layer computes exactly as
-before, and attnviz computes the weights from the q and k the layer received (after the projections,
-``[B, T, N, key_dim]``), its scale ``1 / sqrt(key_dim)`` and its mask (the attention mask, or the causal
-mask of ``use_causal_mask``), as ``return_attention_scores=True`` would give them. The output projection's
-kernel is already ``[N, value_dim, d_model]``. On exit the layers are as they were.
+open each ``MultiHeadAttention``'s ``_compute_attention`` is wrapped on the instance: the layer computes
+exactly as before, and attnviz computes the weights from the q and k the layer received (after the
+projections, ``[B, T, N, key_dim]``), its scale ``1 / sqrt(key_dim)`` and its mask (the attention mask, or
+the causal mask of ``use_causal_mask``), as ``return_attention_scores=True`` would give them. The output
+projection's kernel is already ``[N, value_dim, d_model]``. KerasHub's own layers are recorded where their
+family forms the weights (their softmax sublayer's output, or what their call returns), as the table of
+``attnviz.capturing.kerashub`` says. On exit the layers and models are as they were.
 
-Keras (and the TensorFlow behind it) is imported here only, when a Keras model is captured.
+A refusal raised inside a layer's call comes out as attnviz's own line (Keras rewrites what a call
+raises). Keras (and the TensorFlow behind it) is imported here only, when a Keras model is captured.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ class KerasCapture:
         self.logits = None
         self.calls: dict[int, int] = {}  # per layer: its calls in the model's current call
         self.depth = 0  # models' calls in progress (nested: a task model's backbone)
-        self.pending: dict[int, tuple[Any, Any, Any]] = {}  # per KerasHub layer: the q, k, v of its call
+        self.pending: dict[int, tuple[Any, ...]] = {}  # per KerasHub layer: the q, k, v (and mask) of its call
         self.softmaxed: dict[int, int] = {}  # per KerasHub layer: its softmax's calls
         self.error: AttnvizError | None = None  # the first refusal raised inside a layer's call
         self.kinds: dict[int, str] = {}  # per attention layer: its kind of site
