@@ -10,6 +10,11 @@ wrapped on the instance and its output recorded as it is; where the family hands
 its own (``_compute_attention``), that method is wrapped too, so that the file holds what the softmax's
 scores were computed from (``attnviz capture --check`` recomputes them). Nothing the layer computes changes.
 
+Three families have no such sublayer: gpt-oss (an inline softmax over the keys and its sinks) and T5 (an
+inline softmax over q.k plus the position bias its call returns) are recomputed in NumPy from what their
+layer is handed or returns, exactly as the layer computes them; PaliGemma's and Gemma 3's vision encoders
+return their probabilities from ``call``.
+
 ``FAMILIES`` is the table: class name -> :class:`Family`. A layer class that attnviz cannot see
 (``REFUSED``, or any other ``...Attention`` layer it does not know) is refused by name: a capture holds
 every attention site of the model or none.
