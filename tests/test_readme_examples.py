@@ -29,6 +29,7 @@ import json
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -298,8 +299,24 @@ def folder(tmp_path_factory) -> Path:
         invoke(["capture", str(d / "my-model"), "--text", "The cat sat on the mat.", "--text", "A dog ran.", "-o",
                 str(d / "run.safetensors")])
         _gradient_capture(d / "grads.safetensors")
+        _long_context(d)
     _preset_folder(d / "bert-preset")
     return d
+
+
+def _long_context(d: Path) -> None:
+    """The long-context page's ./my-llama (a tiny Llama with a word-level tokenizer, benchmarks/models.py), its
+    long.txt and haystack.txt (a needle inside), and the summaries its reading examples read."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from models import llama_folder, long_text
+
+    llama_folder(d / "my-llama", layers=2, heads=4, kv_heads=2, hidden=32, positions=4096)
+    (d / "long.txt").write_text(long_text(700, "the secret code is magic blue").replace(" . ", " .\n"))
+    (d / "haystack.txt").write_text(long_text(300, "the secret code is magic blue"))
+    invoke(["capture", str(d / "my-llama"), "--text", "@" + str(d / "long.txt"), "--summary", "-o",
+            str(d / "long.safetensors")])
+    invoke(["capture", str(d / "my-llama"), "--text", "@" + str(d / "haystack.txt"), "--summary", "--generate", "8",
+            "-o", str(d / "needle.safetensors")])
 
 
 def _preset_folder(path: Path) -> None:

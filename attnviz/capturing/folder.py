@@ -30,11 +30,16 @@ class Captured:
     warnings: list[str] = field(default_factory=list)
     checked: dict[str, float] | None = None  # --check: each site's largest difference
     dtype: str = "float32"  # what the model computed in (--check's tolerance follows it)
+    summary: bool = False  # summaries were recorded instead of weights
+    dense_mask_bytes: int = 0  # masks not made of padding, causal and a window, kept whole
 
 
 def read_texts(texts: list[str], text_file: str | None) -> list[str]:
-    """The batch's texts: ``--text`` (each non-empty), then the lines of ``--text-file`` (a file, or a URL)."""
-    out = list(texts)
+    """The batch's texts: ``--text`` (each non-empty; ``@FILE`` a whole file, or a URL, as one text: a long
+    document with its newlines; ``@@...`` a text that starts with ``@``), then the lines of ``--text-file``
+    (a file, or a URL)."""
+    out = [read_document(t[1:]) if t.startswith("@") and not t.startswith("@@") else
+           t[1:] if t.startswith("@@") else t for t in texts]
     if text_file is not None:
         from attnviz import storage
 
@@ -48,6 +53,62 @@ def read_texts(texts: list[str], text_file: str | None) -> list[str]:
         if not text.strip():
             raise UsageError(f"--text: entry {i} is empty; each batch entry needs some text.")
     return out
+
+
+def read_document(spec: str) -> str:
+    """A whole file (or URL) as one text (``--text @FILE``): UTF-8, newlines kept."""
+    from attnviz import storage
+
+    if not spec:
+        raise UsageError("--text @: name the file after the @ (--text @doc.txt).")
+    if not storage.is_url(spec) and not Path(spec).is_file():
+        raise UsageError(f"--text @{spec}: no such file.")
+    try:
+        return storage.read_text(spec, spec)
+    except UnicodeDecodeError:
+        raise InputError(f"{spec}: not UTF-8 text.") from None
+
+
+#: --max-file's default: an exact capture larger than this is refused before the model runs
+MAX_FILE = 4 * 2**30
+
+
+def weights_size(model: Any, batch: int, length: int, steps: int, itemsize: int,
+                 layers: list[int] | None) -> int:
+    """The bytes an exact capture's weights will take: [B, H, L, L] per site (self-attention sites;
+    an encoder-decoder's decoder and cross sites are counted at the decoder's length)."""
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    n = getattr(text, "num_hidden_layers", None) or getattr(text, "num_layers", None) or 1
+    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None) or 1
+    total = length + steps
+    sites = len(layers) if layers else int(n)
+    return int(sites) * int(heads) * batch * total * total * itemsize
+
+
+def check_size(model: Any, batch: int, length: int, steps: int, weights_dtype: str, layers: list[int] | None,
+               out: str | Path, max_file: int | None) -> None:
+    """Refuse, before the model runs, an exact capture whose weights exceed ``max_file`` or the free disk."""
+    import shutil
+
+    from attnviz.formats._base import size_str
+
+    itemsize = 4 if weights_dtype == "float32" else 2
+    size = weights_size(model, batch, length, steps, itemsize, layers)
+    folder = Path(out).parent if str(Path(out).parent) else Path(".")
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else Path(".")).free
+    except OSError:
+        free = None
+    limit = MAX_FILE if max_file is None else max_file
+    over = size > limit if limit else False
+    if over or (free is not None and size > free):
+        why = (f"more than --max-file {size_str(limit)}" if over else f"more than the {size_str(free or 0)} free "
+               f"in {folder}")
+        raise UsageError(f"capture: the weights of {length + steps} tokens would take {size_str(size)}, {why}; "
+                         "capture a summary instead (--summary), fewer sites (--layers) or half precision "
+                         "(--weights-dtype bfloat16).")
 
 
 def check_folder(folder: str) -> Path:
@@ -124,12 +185,17 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
 def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
-                   check: bool = False) -> Captured:
-    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; a KerasHub preset
-    folder is captured by ``attnviz.capturing.preset``."""
+                   check: bool = False, summary: Any = None, max_file: int | None = None,
+                   auto_summary: bool = False) -> Captured:
+    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
+    (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
+    chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings).
+    A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
     from attnviz.capturing.preset import capture_preset, is_preset
 
     if is_preset(Path(folder)):
+        if summary is not None:
+            raise UsageError("--summary: a KerasHub preset is captured with its weights; drop --summary.")
         return capture_preset(Path(folder), texts, out, device=device, dtype=dtype, layers=layers, generate=generate,
                               weights=weights, weights_dtype=weights_dtype, target=target,
                               decoder_text=decoder_text, check=check, result=Captured)
@@ -157,6 +223,19 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
             inputs["decoder_attention_mask"] = dec["attention_mask"]
         else:
             inputs["decoder_input_ids"] = torch.full((len(texts), 1), start if start is not None else 0, device=device)
+    chosen = []
+    if weights and summary is None:
+        lengths = int(inputs["input_ids"].shape[-1])
+        try:
+            check_size(model, len(texts), lengths, generate, weights_dtype, layers, out, max_file)
+        except UsageError as exc:
+            if not auto_summary:
+                raise
+            from attnviz.summarystats import SummarySettings
+
+            summary = SummarySettings()
+            chosen.append(f"the weights would not fit ({str(exc).split(', ')[0].removeprefix('capture: ')}): "
+                          "captured a summary instead")
     target_value: Any = None
     if target is not None:
         target_value = _target(target, tokenizer)
@@ -165,8 +244,11 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     from attnviz.capturing.session import Capture
 
     grad = torch.enable_grad() if target_value is not None else torch.no_grad()
+    settings: dict[str, Any] = {}
+    if summary is not None:
+        settings = dict(summary=True, sinks=summary.sinks, local=summary.local, pool=summary.pool, rows=summary.rows)
     with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
-                       target=target_value) as rec:
+                       target=target_value, **settings) as rec:
         try:
             if generate:
                 if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
@@ -186,13 +268,19 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     assert rec.path is not None
     meta = rec.metadata
     first = rec.sites[0]
-    from attnviz.capturing.fileformat import open_capture
+    from attnviz.capturing.fileformat import open_capture, site_lengths
 
-    with open_capture(rec.path) as (raw, _):
-        shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \
-            tuple(raw.entry(f"{first}.q")["shape"])
+    with open_capture(rec.path) as (raw, capture):
+        if raw.has(f"{first}.weights"):
+            shape = tuple(raw.entry(f"{first}.weights")["shape"])
+        elif raw.has(f"{first}.q"):
+            shape = tuple(raw.entry(f"{first}.q")["shape"])
+        else:
+            shape = site_lengths(raw, capture, first)
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
-                      time.perf_counter() - started, list(rec.warnings), dtype=str(meta.get("dtype") or "float32"))
+                      time.perf_counter() - started, chosen + list(rec.warnings),
+                      dtype=str(meta.get("dtype") or "float32"), summary=summary is not None,
+                      dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0))
     if check:
         from attnviz.capturing.check import check_capture
 

@@ -30,13 +30,32 @@ class Capture:
     temporary file), ``weights=False`` (keep q, k, v and masks only: long inputs), ``weights_dtype``
     (``float32``, ``float16``, ``bfloat16``: reduced where the model runs, before the copy), ``target``
     ("next", or a token id: the gradient of that logit at the last position with respect to every
-    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled).
-    On exit the model is as before: its attention implementation, its configs, its hooks.
+    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled), ``summary=True``
+    (long inputs: each site's summary instead of its weights, computed where the model runs a block of query
+    rows at a time: per-row entropy, largest weight, sink, local and total mass; per-key received attention;
+    a pooled map; chosen rows; see ``attnviz.summarystats``) with ``sinks`` (S, the first S real keys),
+    ``local`` (W, the keys i - W < j <= i), ``pool`` (P, at most P x P cells) and ``rows`` (``"last"``,
+    ``"0,512,-1"``, ranges ``"100:200"``); ``qkv`` (keep q, k and v: by default with weights, not with a
+    summary). On exit the model is as before: its attention implementation, its configs, its hooks.
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *,
-                 path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool = True,
-                 weights_dtype: str = "float32", target: Any = None) -> None:
+                 path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool | None = None,
+                 weights_dtype: str = "float32", target: Any = None, summary: bool = False,
+                 sinks: int | None = None, local: int | None = None, pool: int | None = None,
+                 rows: str | None = "last") -> None:
+        from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
+
+        if not summary and any(v is not None for v in (sinks, local, pool)):
+            raise UsageError("attnviz.capture: sinks, local and pool go with summary=True.")
+        self.summary = SummarySettings(DEFAULT_SINKS if sinks is None else sinks,
+                                       DEFAULT_LOCAL if local is None else local,
+                                       DEFAULT_POOL if pool is None else pool, rows) if summary else None
+        if summary:
+            if target is not None:
+                raise UsageError("attnviz.capture: a target needs the weights; drop summary=True.")
+            weights = False
+        qkv = (not summary) if qkv is None else qkv
         if weights_dtype not in WEIGHT_DTYPES:
             raise UsageError(f"attnviz.capture: weights_dtype {weights_dtype!r}; choose one of "
                              f"{', '.join(WEIGHT_DTYPES)}.")
@@ -65,6 +84,9 @@ class Capture:
         self._rec = Recorder(stream, self.layers, _counts(self.model))
         try:
             if _is_keras(self.model):
+                if self.summary is not None:
+                    raise UsageError("attnviz.capture: summary=True captures transformers models; capture a Keras "
+                                     "model's q, k and v (weights=False): inspect summarises them.")
                 from attnviz.capturing.keras import KerasCapture
 
                 self._adapter = KerasCapture(self.model, self._rec, self.weights_dtype, self.weights)
@@ -73,7 +95,7 @@ class Capture:
 
                 check_model(self.model)
                 self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
-                                          self.target)
+                                          self.target, self.summary)
             self._opened = self._adapter.opened()
             self._opened.__enter__()
         except BaseException:
@@ -189,6 +211,11 @@ class Capture:
         meta["sites"] = sites
         meta["kinds"] = sorted({s["kind"] for s in sites.values()})
         meta["weights_dtype"] = self.weights_dtype if self.weights else None
+        if self.summary is not None:
+            meta["summary"] = self.summary.as_metadata()
+        dense = int(getattr(self._adapter, "dense_bytes", 0))
+        if dense:
+            meta["dense_mask_bytes"] = dense
         meta["steps"] = rec.steps
         for name, key in (("input_ids", "tokens"), ("decoder_input_ids", "decoder_tokens")):
             if name in rec.inputs and self.tokenizer is not None:

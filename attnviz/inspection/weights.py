@@ -170,6 +170,10 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     kind = capture.choose_kind(opened.key)
     sites = capture.sites(kind)
     missing = [s for s in sites if not capture.has(s, "weights")]
+    if missing and isinstance(capture.metadata.get("summary"), dict):
+        raise UsageError(f"{opened.source}: a summary capture (attnviz capture --summary) holds each site's summary, "
+                         "not its weights: attnviz inspect reads it; this needs every weight (capture without "
+                         "--summary: fewer tokens, or --layers).")
     if missing:
         raise InputError(f"{opened.source}: the capture holds no attention weights for {missing[0]} (captured with "
                          "q, k and v only); capture again without --no-weights.")
@@ -198,8 +202,11 @@ def capture_mask(w: Weights) -> np.ndarray | None:
     layers where every site has the same)."""
     if w.capture is None or w.kind is None:
         return None
+    from attnviz.capturing.fileformat import site_keep
+
     sites = w.capture.sites(w.kind)
-    masks = [w.container.get(f"{s}.mask").astype(bool) for s in sites if w.capture.has(s, "mask")]
+    found = [site_keep(w.container, w.capture, s) for s in sites]
+    masks = [m for m in found if m is not None]
     if len(masks) != len(sites) or not masks:
         return None
     if all(np.array_equal(m, masks[0]) for m in masks[1:]):

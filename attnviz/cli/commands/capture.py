@@ -21,6 +21,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 MODEL = "Model (capture)"
+SUMMARY = "Summary (long inputs)"
 
 
 def capture_command(
@@ -28,7 +29,8 @@ def capture_command(
                                          help="a local model folder: config.json, the weights and the tokenizer "
                                               "(what save_pretrained writes); nothing is downloaded")],
     text: Annotated[list[str] | None, typer.Option(
-        "--text", metavar="TEXT", help="a text to run the model on; repeat for a padded batch")] = None,
+        "--text", metavar="TEXT", help="a text to run the model on; repeat for a padded batch; @FILE: a whole file "
+                                       "as one text (a long document, newlines kept)")] = None,
     text_file: Annotated[str | None, typer.Option("--text-file", metavar="FILE",
                                                   help="more texts, one a line")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
@@ -58,6 +60,25 @@ def capture_command(
     atol: Annotated[float | None, checked_option(float | None, "--atol", min=0.0,
                                                  help="tolerance of --check (default by the model's dtype: 1e-5 "
                                                       "float32, 1e-3 float16, 8e-3 bfloat16)")] = None,
+    summary: Annotated[bool, typer.Option("--summary", rich_help_panel=SUMMARY, help=(
+        "long inputs: record each site's summary instead of its weights, computed where the model runs a block of "
+        "query rows at a time (per row: entropy, largest weight and its key, sink, local and total mass; per key: "
+        "received attention; a pooled map; the rows of --rows)"))] = False,
+    sinks: Annotated[int, checked_option(int, "--sinks", min=1, metavar="S", rich_help_panel=SUMMARY,
+                                         help="with --summary: the sink mass is the weight on the first S real "
+                                              "keys")] = 4,
+    local: Annotated[int, checked_option(int, "--local", min=1, metavar="W", rich_help_panel=SUMMARY,
+                                         help="with --summary: the local mass is the weight on the keys "
+                                              "i - W < j <= i")] = 64,
+    pool: Annotated[int, checked_option(int, "--pool", min=1, metavar="P", rich_help_panel=SUMMARY,
+                                        help="with --summary: pooled maps of at most P x P blocks (means and "
+                                             "maxima)")] = 256,
+    rows: Annotated[str, typer.Option("--rows", metavar="ROWS", rich_help_panel=SUMMARY,
+                                      help="with --summary: query rows kept whole: last, 0,512,-1, ranges "
+                                           "100:200 (none: no rows)")] = "last",
+    max_file: Annotated[str | None, typer.Option("--max-file", metavar="SIZE", help=(
+        "refuse, before the model runs, an exact capture whose weights would take more than SIZE (default 4G; "
+        "0: no limit)"))] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
 ) -> None:
     """Capture every attention site of a local model on some texts into one file.
@@ -68,13 +89,48 @@ def capture_command(
     mask and the output projection. Then `attnviz inspect run.safetensors`.
     """
     with user_errors():
+        settings = summary_settings(summary, sinks, local, pool, rows, no_weights, target, check)
         _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
-                 target, decoder_text, check, atol, json_out)
+                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file))
+
+
+def summary_settings(summary: bool, sinks: int, local: int, pool: int, rows: str, no_weights: bool,
+                     target: str | None, check: bool) -> Any:
+    """--summary's settings (``attnviz.summarystats.SummarySettings``), or None; its conflicts (exit 2)."""
+    from attnviz.errors import UsageError
+
+    if not summary:
+        return None
+    for flag, given in (("--no-weights", no_weights), ("--target", target is not None), ("--check", check)):
+        if given:
+            raise UsageError(f"--summary records no weights: drop {flag}.")
+    from attnviz.summarystats import SummarySettings
+
+    return SummarySettings(sinks, local, pool, None if rows.strip().lower() == "none" else rows)
+
+
+def parse_max_file(text: str | None) -> int | None:
+    """--max-file as bytes (0: no limit), or None for the default."""
+    from attnviz.errors import UsageError
+
+    if text is None:
+        return None
+    if text.strip() == "0":
+        return 0
+    from attnviz.blockwise import UNITS
+
+    t = text.strip().lower()
+    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    try:
+        return int(float(number) * UNITS[t[len(number):]])
+    except (ValueError, KeyError):
+        raise UsageError(f"--max-file {text!r}: expected a size such as 4G, 500M or 0 (no limit).") from None
 
 
 def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
              layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
-             decoder_text: str | None, check: bool, atol: float | None, json_out: bool) -> None:
+             decoder_text: str | None, check: bool, atol: float | None, json_out: bool, summary: Any = None,
+             max_file: int | None = None) -> None:
     import json
 
     from attnviz.capturing.folder import capture_folder, read_texts
@@ -95,7 +151,7 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
     def run(path: Any) -> Any:
         return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
                               weights=not no_weights, weights_dtype=weights_dtype, target=target,
-                              decoder_text=decoder_text, check=check)
+                              decoder_text=decoder_text, check=check, summary=summary, max_file=max_file)
 
     if isinstance(targets["-o"], Path):
         done = run(output)
@@ -118,7 +174,7 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         doc = {"attnviz": _version(), "command": "capture", "model": model, "model_type": done.model_type,
                "device": done.device, "file": str(done.path), "sites": done.sites, "shape": list(done.shape),
                "texts": len(all_texts), "generate": generate, "seconds": round(done.seconds, 3),
-               "warnings": done.warnings}
+               "summary": done.summary, "dense_mask_bytes": done.dense_mask_bytes, "warnings": done.warnings}
         if done.checked is not None:
             doc["check"] = {"atol": atol, "passed": not failed, "max_abs_diff": done.checked}
         stdout().write(json.dumps(doc) + "\n")
@@ -127,8 +183,14 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         kinds = list(dict.fromkeys(s.rpartition(".layers.")[0] or "layers" for s in done.sites))
         what = ("[" + ", ".join(str(n) for n in done.shape) + "] each" if len(kinds) == 1 else
                 ", ".join(f"{sum(s.startswith(k + '.') for s in done.sites)} {k}" for k in kinds))
-        out.write(f"captured {len(done.sites)} attention sites of {done.model_type} ({what}) on {done.device} "
+        kind = "summaries of " if done.summary else ""
+        out.write(f"captured {kind}{len(done.sites)} attention sites of {done.model_type} ({what}) on {done.device} "
                   f"in {done.seconds:.1f} s\n")
+        if done.dense_mask_bytes:
+            from attnviz.formats._base import size_str
+
+            out.write(f"masks: not made of padding, causal and a window: kept whole ("
+                      f"{size_str(done.dense_mask_bytes)})\n")
         if done.checked is not None:
             worst = max(done.checked, key=lambda s: done.checked[s]) if done.checked else None  # type: ignore[index]
             if worst is None:
@@ -209,7 +271,7 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     folder = tempfile.mkdtemp(prefix="attnviz-model-")
     try:
         path = Path(folder) / f"{Path(model).name or 'model'}.safetensors"
-        done = capture_folder(model, all_texts, path, device=device)
+        done = capture_folder(model, all_texts, path, device=device, auto_summary=True)
         for text in done.warnings:
             err_console().print(f"warning: {text}", markup=False, style="yellow")
         from attnviz.io import named

@@ -30,7 +30,9 @@ from attnviz.render.options import FigureOptions, ShowOptions
 from attnviz.streams import err_console, out_console, stdout
 
 SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
-            "induction", "duplicate")
+            "induction", "duplicate", "sink_mass", "local_mass", "total", "retrieval")
+SUMMARY_PANEL = "Summary (long inputs)"
+SUMMARY_ONLY = ("sink_mass", "local_mass", "total", "retrieval")
 FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
                 "head of the layer (--layer; default the last) and their mean; .png, .svg or .pdf")
@@ -78,17 +80,27 @@ def inspect_command(**values: Any) -> None:
     from attnviz.cli.commands.capture import captured_input
     from attnviz.cli.errors import user_errors
 
+    asked = {name: values.pop(name) for name in ("span", "span_text", "needle")}
     with user_errors(), captured_input(values.pop("weights") or [], values) as files:
-        _inspect_files(files, values)
+        _inspect_files(files, values, asked)
 
 
-def _inspect_files(files: list[str], values: dict[str, Any]) -> None:
+def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, Any] | None = None) -> None:
     options: InspectOptions = build(InspectOptions, values)
     fig: FigureOptions = build(FigureOptions, values)
     out: InspectOutputs = build(InspectOutputs, values)
     show: ShowOptions = build(ShowOptions, values)
 
     def one(path: str, names: dict[str, Any], source: str | None) -> bool:
+        from attnviz.inspection.summary import open_qk_capture, open_summary
+
+        found = open_summary(path) or open_qk_capture(path)
+        if found is not None:
+            return inspect_summary(found, options, fig, replace(out, **names), asked or {})
+        if asked and any(asked.values()):
+            from attnviz.errors import UsageError
+
+            raise UsageError("--span, --span-text and --needle read a summary capture (attnviz capture --summary).")
         return inspect_file(replace(options, weights=path), fig, replace(out, **names), source, show)
 
     run_each(files, {"--" + o.replace("_", "-"): getattr(out, o) for o in FILE_OUTPUTS}, lambda path, plan, source:
@@ -104,7 +116,84 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
              "placeholder ({stem}, {name}, {dir}, {index}, {})")]),
     *parameters(InspectOptions, FigureOptions, InspectOutputs, ShowOptions, order=ORDER, overrides={"cmap": {
         "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}}),
-    *model_parameters()])
+    *model_parameters(),
+    inspect.Parameter("span", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        list[str] | None, typer.Option("--span", metavar="NAME=START:END", rich_help_panel=SUMMARY_PANEL,
+                                       help="a summary: each head's attention on the key positions START..END-1 "
+                                            "(a document of a retrieval prompt, a needle); repeatable")]),
+    inspect.Parameter("span_text", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        list[str] | None, typer.Option("--span-text", metavar="NAME=TEXT", rich_help_panel=SUMMARY_PANEL,
+                                       help="a summary: a span found by its text in the tokens; repeatable")]),
+    inspect.Parameter("needle", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        str | None, typer.Option("--needle", metavar="NAME|TEXT", rich_help_panel=SUMMARY_PANEL,
+                                 help="a summary captured with --generate: each head's retrieval score (Wu et al. "
+                                      "2024) for this span (a --span name) or text")]),
+])
+
+
+def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out: InspectOutputs,
+                    asked: dict[str, Any]) -> bool:
+    """A summary capture: the per-head table (sortable, --top), the pooled grid (--png), the received
+    attention by position (--received-png), the chosen rows (--map-png), JSON; spans and retrieval heads."""
+    import json
+
+    from attnviz.errors import UsageError
+    from attnviz.inspection.summary import analyse_summary, read_summary
+    from attnviz.io import check_outputs
+    from attnviz.render import summary as drawn
+    from attnviz.staging import staged_outputs
+
+    raw, capture, kind = found
+    for name in ("png", "map_png", "received_png"):
+        check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
+    for name in ("stats_png", "overlay_png", "html", "save_maps"):
+        if getattr(out, name):
+            raise UsageError(f"--{name.replace('_', '-')}: {capture.source} holds summaries, not weights; it draws "
+                             "--png (pooled maps), --received-png and --map-png (the chosen rows).")
+    fig.check()
+    read = read_summary(raw, capture, kind)
+    layers = read.shape[0]
+    if options.selection.layer is not None and not -layers <= options.selection.layer < layers:
+        raise UsageError(f"--layer {options.selection.layer}: {capture.source} holds {layers} sites (0..{layers - 1}).")
+    layer = None if options.selection.layer is None else options.selection.layer % layers
+    if out.map_png and read.chosen is None:
+        raise UsageError(f"--map-png: {capture.source} holds no chosen rows (capture with --rows).")
+    result = analyse_summary(read, batch=options.selection.batch, spans=asked.get("span"),
+                             span_texts=asked.get("span_text"), needle=asked.get("needle"))
+    targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--received-png": out.received_png,
+                             "--json-file": out.json_file}, [])
+    err = err_console()
+    files: dict[str, str] = {}
+    with staged_outputs(targets) as staged:
+        from attnviz.render.heatmap import save_figure
+
+        for flag, name, make in (("--png", "png", lambda: drawn.pooled_grid_figure(result, fig)),
+                                 ("--received-png", "received_png",
+                                  lambda: drawn.received_profile_figure(result, fig, layer)),
+                                 ("--map-png", "map_png",
+                                  lambda: drawn.rows_figure(result, fig, layers - 1 if layer is None else layer))):
+            if flag in staged:
+                save_figure(make(), staged[flag])
+                files[name] = getattr(out, name)
+        document = None
+        if out.document:
+            if out.json_file:
+                files["json"] = out.json_file
+            document = json.dumps(drawn.summary_document(result, files, out.sort, out.reverse, out.top))
+            save_json(document, staged)
+        staged.commit()
+    if not out.quiet:
+        b, h, lq, lk = read.shape[1:]
+        what = "sites" if kind == "layers" else f"{kind} sites"
+        err.print(f"inspect: {capture.source}: summaries of {layers} {what} x {h} heads, {lq} queries x {lk} keys, "
+                  f"batch {b}", markup=False, style="dim")
+        for what, path in files.items():
+            err.print(f"saved {what} to {path}", markup=False, style="dim")
+    if out.json and document is not None:
+        stdout().write(document + "\n")
+    elif out.tables:
+        out_console().print(drawn.head_table(result, out.precision, out.sort, out.reverse, out.top), crop=False)
+    return False
 
 
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,
@@ -115,6 +204,11 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
+    for flag, value in (("--sort", out.sort), ("--stat", out.stat if out.stats_png else None)):
+        if value in SUMMARY_ONLY:
+            from attnviz.errors import UsageError
+
+            raise UsageError(f"{flag} {value}: a column of a summary capture's head table (attnviz capture --summary).")
     for name in ("png", "map_png", "stats_png", "received_png", "overlay_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
     check_html_path(out.html)
