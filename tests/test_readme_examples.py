@@ -300,6 +300,7 @@ def folder(tmp_path_factory) -> Path:
                 str(d / "run.safetensors")])
         _gradient_capture(d / "grads.safetensors")
         _long_context(d)
+    _preset_folder(d / "bert-preset")
     return d
 
 
@@ -316,6 +317,22 @@ def _long_context(d: Path) -> None:
             str(d / "long.safetensors")])
     invoke(["capture", str(d / "my-llama"), "--text", "@" + str(d / "haystack.txt"), "--summary", "--generate", "8",
             "-o", str(d / "needle.safetensors")])
+
+
+def _preset_folder(path: Path) -> None:
+    """A tiny KerasHub BERT and its WordPiece tokenizer saved by save_to_preset (the capture page's
+    ./bert-preset), where keras-hub is installed."""
+    try:
+        import keras
+        import keras_hub
+    except ImportError:
+        return
+
+    keras.utils.set_random_seed(0)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the cat sat on mat a dog ran . ,".split()]
+    keras_hub.models.BertBackbone(vocabulary_size=len(words), num_layers=2, num_heads=2, hidden_dim=8,
+                                  intermediate_dim=8, max_sequence_length=16).save_to_preset(str(path))
+    keras_hub.tokenizers.BertTokenizer(vocabulary=words).save_to_preset(str(path))
 
 
 def _model_folder(path: Path) -> None:

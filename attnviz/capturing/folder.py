@@ -273,7 +273,16 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
     (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
     chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings);
-    ``truncate``: keep the first tokens of texts longer than the model's positions (``fit_positions``)."""
+    ``truncate``: keep the first tokens of texts longer than the model's positions (``fit_positions``).
+    A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
+    from attnviz.capturing.preset import capture_preset, is_preset
+
+    if is_preset(Path(folder)):
+        if summary is not None:
+            raise UsageError("--summary: a KerasHub preset is captured with its weights; drop --summary.")
+        return capture_preset(Path(folder), texts, out, device=device, dtype=dtype, layers=layers, generate=generate,
+                              weights=weights, weights_dtype=weights_dtype, target=target,
+                              decoder_text=decoder_text, check=check, result=Captured)
     path = check_folder(folder)
     torch, transformers = import_torch()
     device = choose_device(torch, device)

@@ -222,7 +222,7 @@ class Capture:
                 import numpy as np
 
                 ids = np.concatenate(rec.inputs[name], axis=-1)
-                meta[key] = [[str(t) for t in self.tokenizer.convert_ids_to_tokens([int(i) for i in row])]
+                meta[key] = [_token_strings(self.tokenizer, [int(i) for i in row])
                              for row in ids.reshape(-1, ids.shape[-1])]
         return meta
 
@@ -315,8 +315,21 @@ def _layers(value: Any) -> list[int] | None:
         raise UsageError(f"attnviz.capture: layers {value!r}; give site numbers (0, 3, -1).") from None
 
 
+def _token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
+    """A row's tokens: a transformers tokenizer's ``convert_ids_to_tokens``, or a KerasHub tokenizer's (or
+    preprocessor's) ``id_to_token``."""
+    if hasattr(tokenizer, "convert_ids_to_tokens"):
+        return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    return [str(tokenizer.id_to_token(i)) for i in ids]
+
+
 def _counts(model: Any) -> dict[str, int]:
     """How many sites of each kind the model has, from its config (negative layers count from there)."""
+    if _is_keras(model):
+        from attnviz.capturing.keras import site_counts
+
+        return site_counts(model)
     config = getattr(model, "config", None)
     if config is None or isinstance(config, dict):
         layers = getattr(model, "layers", None)

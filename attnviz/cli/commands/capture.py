@@ -27,7 +27,8 @@ SUMMARY = "Summary (long inputs)"
 def capture_command(
     model: Annotated[str, typer.Argument(metavar="MODEL_DIR", show_default=False,
                                          help="a local model folder: config.json, the weights and the tokenizer "
-                                              "(what save_pretrained writes); nothing is downloaded")],
+                                              "(what save_pretrained writes), or a KerasHub preset folder "
+                                              "(save_to_preset's); nothing is downloaded")],
     text: Annotated[list[str] | None, typer.Option(
         "--text", metavar="TEXT", help="a text to run the model on; repeat for a padded batch; @FILE: a whole file "
                                        "as one text (a long document, newlines kept)")] = None,
