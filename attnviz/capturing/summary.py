@@ -16,7 +16,6 @@ torch is imported inside the functions: importing this module costs nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
@@ -24,14 +23,6 @@ from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
 #: scores held at a time per block (float32 values, all heads): the block's rows follow from it
 BLOCK_VALUES = 1 << 20  # 4 MiB of scores a block: the block stays in the caches while it is read again
 MASKED = -1e30  # masked scores: exp underflows to exactly 0, and 0 * MASKED is 0 (not NaN as with -inf)
-
-
-@dataclass
-class SiteSummary:
-    """The arrays of one site's summary, on the model's device until ``host`` (``attnviz.summarystats``
-    names and shapes)."""
-
-    arrays: dict[str, Any] = field(default_factory=dict)
 
 
 def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, parts: MaskParts,
@@ -43,7 +34,7 @@ def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, 
 
     Each block of query rows is read a few times only: its scores ``s`` (the keys it may see, in whole
     blocks of the pooled map), the maximum of each (row, key block) (which gives the row's maximum, its key,
-    and the pooled maxima), ``e = exp(s - max)`` in place of the scores' copy, its row sums, one small matrix
+    and the pooled maxima), ``e = exp(s - max)`` beside the shifted scores (kept for the entropy), its row sums, one small matrix
     product for the per-row sums over key functions (sink keys, the first and last real key, positions),
     one row dot for the entropy, and one matrix product per query block for the received attention and the
     pooled sums; every per-row quantity is divided by the row's sum at the end, not each weight."""
