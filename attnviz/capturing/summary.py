@@ -34,8 +34,9 @@ def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, 
 
     Each block of query rows is read a few times only: its scores ``s`` (the keys it may see, in whole
     blocks of the pooled map), the maximum of each (row, key block) (which gives the row's maximum, its key,
-    and the pooled maxima), ``e = exp(s - max)`` beside the shifted scores (kept for the entropy), its row sums, one small matrix
-    product for the per-row sums over key functions (sink keys, the first and last real key, positions),
+    and the pooled maxima), ``e = exp(s - max)`` beside the shifted scores (kept for the entropy), its row
+    sums, one small matrix product for the per-row sums over key functions (sink keys, the first and last
+    real key, positions),
     one row dot for the entropy, and one matrix product per query block for the received attention and the
     pooled sums; every per-row quantity is divided by the row's sum at the end, not each weight."""
     import torch
