@@ -362,6 +362,7 @@ def test_retrieval_scores_from_generated_steps(llama_folder: Path, tmp_path: Pat
 @pytest.mark.parametrize("args, message", [
     (["--summary", "--rows", "5000"], "--rows 5000: outside the sequence"),
     (["--summary", "--pool", "0"], "--pool"),
+    (["--pool", "8"], "--pool goes with --summary"),
     (["--summary", "--no-weights"], "drop --no-weights"),
     (["--max-file", "1K"], "--summary"),
 ])

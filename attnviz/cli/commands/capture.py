@@ -65,18 +65,18 @@ def capture_command(
         "long inputs: record each site's summary instead of its weights, computed where the model runs a block of "
         "query rows at a time (per row: entropy, largest weight and its key, sink, local and total mass; per key: "
         "received attention; a pooled map; the rows of --rows)"))] = False,
-    sinks: Annotated[int, checked_option(int, "--sinks", min=1, metavar="S", rich_help_panel=SUMMARY,
-                                         help="with --summary: the sink mass is the weight on the first S real "
-                                              "keys")] = 4,
-    local: Annotated[int, checked_option(int, "--local", min=1, metavar="W", rich_help_panel=SUMMARY,
-                                         help="with --summary: the local mass is the weight on the keys "
-                                              "i - W < j <= i")] = 64,
-    pool: Annotated[int, checked_option(int, "--pool", min=1, metavar="P", rich_help_panel=SUMMARY,
-                                        help="with --summary: pooled maps of at most P x P blocks (means and "
-                                             "maxima)")] = 256,
-    rows: Annotated[str, typer.Option("--rows", metavar="ROWS", rich_help_panel=SUMMARY,
-                                      help="with --summary: query rows kept whole: last, 0,512,-1, ranges "
-                                           "100:200 (none: no rows)")] = "last",
+    sinks: Annotated[int | None, checked_option(int | None, "--sinks", min=1, metavar="S", rich_help_panel=SUMMARY,
+                                                help="with --summary: the sink mass is the weight on the first S "
+                                                     "real keys (default 4)")] = None,
+    local: Annotated[int | None, checked_option(int | None, "--local", min=1, metavar="W", rich_help_panel=SUMMARY,
+                                                help="with --summary: the local mass is the weight on the keys "
+                                                     "i - W < j <= i (default 64)")] = None,
+    pool: Annotated[int | None, checked_option(int | None, "--pool", min=1, metavar="P", rich_help_panel=SUMMARY,
+                                               help="with --summary: pooled maps of at most P x P blocks (means "
+                                                    "and maxima; default 256)")] = None,
+    rows: Annotated[str | None, typer.Option("--rows", metavar="ROWS", rich_help_panel=SUMMARY,
+                                             help="with --summary: query rows kept whole: last (the default), "
+                                                  "0,512,-1, ranges 100:200, none")] = None,
     max_file: Annotated[str | None, typer.Option("--max-file", metavar="SIZE", help=(
         "refuse, before the model runs, an exact capture whose weights would take more than SIZE (default 4G; "
         "0: no limit)"))] = None,
@@ -99,19 +99,24 @@ def capture_command(
                  truncate)
 
 
-def summary_settings(summary: bool, sinks: int, local: int, pool: int, rows: str, no_weights: bool,
-                     target: str | None, check: bool) -> Any:
+def summary_settings(summary: bool, sinks: int | None, local: int | None, pool: int | None, rows: str | None,
+                     no_weights: bool, target: str | None, check: bool) -> Any:
     """--summary's settings (``attnviz.summarystats.SummarySettings``), or None; its conflicts (exit 2)."""
     from attnviz.errors import UsageError
 
     if not summary:
+        for flag, value in (("--sinks", sinks), ("--local", local), ("--pool", pool), ("--rows", rows)):
+            if value is not None:
+                raise UsageError(f"{flag} goes with --summary (a summary capture's settings).")
         return None
     for flag, given in (("--no-weights", no_weights), ("--target", target is not None), ("--check", check)):
         if given:
             raise UsageError(f"--summary records no weights: drop {flag}.")
-    from attnviz.summarystats import SummarySettings
+    from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
 
-    return SummarySettings(sinks, local, pool, None if rows.strip().lower() == "none" else rows)
+    rows = "last" if rows is None else rows
+    return SummarySettings(DEFAULT_SINKS if sinks is None else sinks, DEFAULT_LOCAL if local is None else local,
+                           DEFAULT_POOL if pool is None else pool, None if rows.strip().lower() == "none" else rows)
 
 
 def parse_max_file(text: str | None) -> int | None:
