@@ -97,9 +97,10 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
             mass = {name: np.zeros((heads, lq)) for name in sums}
             for pi, pj in earlier_occurrences(ids):
                 for name, cols in (("duplicate", pj), ("induction", pj + 1)):
-                    values = np.asarray(block[:, pi, cols], dtype=np.float64)  # [H, pairs]
-                    for h in range(heads):
-                        mass[name][h] += np.bincount(pi, weights=values[h], minlength=lq)
+                    for h in range(heads):  # a head at a time: the pages read are let go of as it goes
+                        values = np.asarray(block[h, pi, cols], dtype=np.float64)  # [pairs]
+                        mass[name][h] += np.bincount(pi, weights=values, minlength=lq)
+                        release_pages(w)
             for name in sums:
                 sums[name][li] += np.where(live, mass[name], 0.0).sum(axis=-1)
             counts[li] += live.sum(axis=-1)

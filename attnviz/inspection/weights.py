@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 AXES = ("layer", "batch", "head", "q", "k")
 ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": "head", "lq": "q", "query": "q",
            "t": "q", "lk": "k", "key": "k", "s": "k"}
+CHUNK = 2**22  # values compared at a time (masks)
 DEFAULT_LAYOUTS = {2: ("q", "k"), 3: ("head", "q", "k"), 4: ("batch", "head", "q", "k"),
                    5: ("layer", "batch", "head", "q", "k")}
 
@@ -178,12 +179,14 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     if len(shapes) != 1:
         raise ShapeError(f"{opened.source}: the {kind} sites have different shapes; inspect one with "
                          f"{opened.source}:{sites[0]}.weights.")
-    stacked = sum(a.size for a in arrays) * 4
-    if stacked > memory_limit():
-        raise InputError(f"{opened.source}: the {len(sites)} sites stacked would take {size_str(stacked)} in memory, "
-                         f"more than the {size_str(memory_limit())} attnviz allows; inspect one site with "
-                         f"{opened.source}:{sites[0]}.weights, or capture fewer layers (--layers).")
-    data = np.stack([a.astype(np.float32, copy=False) for a in arrays])
+    data = stacked_view(arrays, np.float32)  # the sites as one [layers, ...] array on disk, read as it is used
+    if data is None:
+        stacked = sum(a.size for a in arrays) * 4
+        if stacked > memory_limit():
+            raise InputError(f"{opened.source}: the {len(sites)} sites stacked would take {size_str(stacked)} in "
+                             f"memory, more than the {size_str(memory_limit())} attnviz allows; inspect one site with "
+                             f"{opened.source}:{sites[0]}.weights, or capture fewer layers (--layers).")
+        data = np.stack([a.astype(np.float32, copy=False) for a in arrays])
     # a model that runs in bfloat16 computes its weights in bfloat16 (stored widened): its rows sum to 1 as
     # closely as bfloat16 allows, and the checks' tolerances follow
     computed = [str(capture.metadata.get("dtype"))] if capture.metadata.get("dtype") in ROUNDOFF else []
@@ -193,19 +196,76 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
                    [f"{s}.weights" for s in sites], stored, capture=capture, kind=kind, container=opened.raw)
 
 
+def _mapping(a: np.ndarray) -> tuple[Any, int] | None:
+    """The memory map ``a`` reads (an ``numpy.memmap`` of a file) and where ``a`` starts in that file; None
+    when ``a`` is not a C-ordered view of a mapped file."""
+    import mmap
+
+    base: Any = a
+    while base is not None and not (isinstance(base, np.memmap) and isinstance(base.base, mmap.mmap)):
+        base = getattr(base, "base", None)
+    if base is None or getattr(base, "filename", None) is None or not a.flags.c_contiguous:
+        return None
+    return base, int(base.offset) + (a.__array_interface__["data"][0] - base.__array_interface__["data"][0])
+
+
+def stacked_view(arrays: list[np.ndarray], dtype: Any) -> np.ndarray | None:
+    """``numpy.stack(arrays)`` without a copy: one array ``[len(arrays), ...]`` over the file that holds them,
+    when each is a memory-mapped ``dtype`` array of one shape and they lie at equal distances in one file (a
+    capture's sites, each written as the model ran); None otherwise. Read a block at a time, a file larger
+    than memory stays on disk (``attnviz.io.release_pages`` lets go of the pages read)."""
+    if not arrays or any(a.dtype != np.dtype(dtype) or a.shape != arrays[0].shape for a in arrays):
+        return None
+    found = [_mapping(a) for a in arrays]
+    if any(f is None for f in found):
+        return None
+    places = [f for f in found if f is not None]
+    files = {str(base.filename) for base, _ in places}
+    starts = [start for _, start in places]
+    step = starts[1] - starts[0] if len(starts) > 1 else 0
+    if len(files) != 1 or any(b - a != step for a, b in zip(starts, starts[1:])) or step < 0 or (
+            len(starts) > 1 and step < arrays[0].nbytes) or step % np.dtype(dtype).itemsize:
+        return None
+    first = arrays[0]
+    span = step * (len(arrays) - 1) + first.nbytes
+    if span == 0:
+        return np.stack(arrays)
+    whole = np.memmap(files.pop(), dtype=np.uint8, mode="r", offset=starts[0], shape=(span,))
+    return np.ndarray((len(arrays), *first.shape), dtype=first.dtype, buffer=whole,
+                      strides=(step, *first.strides))
+
+
 def capture_mask(w: Weights) -> np.ndarray | None:
     """The keep mask a capture recorded with its weights, ``[layers or 1, batch, 1, Lq, Lk]`` (one for all
     layers where every site has the same)."""
     if w.capture is None or w.kind is None:
         return None
     sites = w.capture.sites(w.kind)
-    masks = [w.container.get(f"{s}.mask").astype(bool) for s in sites if w.capture.has(s, "mask")]
+    # as the file holds them (bool: memory-mapped, not copied), one for all when every site has the same
+    masks = [w.container.get(f"{s}.mask").astype(bool, copy=False) for s in sites if w.capture.has(s, "mask")]
     if len(masks) != len(sites) or not masks:
         return None
-    if all(np.array_equal(m, masks[0]) for m in masks[1:]):
+    if all(_same(m, masks[0]) for m in masks[1:]):
         masks = masks[:1]
-    keep = np.stack(masks)
+    keep = stacked_view(masks, bool)
+    if keep is None:
+        keep = np.stack(masks)
     return keep.reshape(keep.shape[0], keep.shape[1], 1, *keep.shape[-2:])
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """``numpy.array_equal``, a block of rows at a time (two mapped masks of a long capture stay on disk)."""
+    from attnviz.io import release_pages
+
+    if a.shape != b.shape:
+        return False
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)  # (views of C-ordered files)
+    for start in range(0, flat_a.size, CHUNK):
+        if not np.array_equal(flat_a[start:start + CHUNK], flat_b[start:start + CHUNK]):
+            return False
+        release_pages(a)
+        release_pages(b)
+    return True
 
 
 def capture_labels(w: Weights) -> tuple[list[list[str]] | None, list[list[str]] | None]:
