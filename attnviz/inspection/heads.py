@@ -101,9 +101,9 @@ class _Grids:
     bytes of them are kept (the oldest let go first): a long map has a grid per block of rows, which
     together would be as large as a map."""
 
-    def __init__(self, held: int = GRIDS_HELD) -> None:
+    def __init__(self, held: int | None = None) -> None:
         self._made: dict[tuple[int, int, int, Any], tuple[np.ndarray, np.ndarray]] = {}
-        self._held = held
+        self._held = GRIDS_HELD if held is None else held
 
     def __call__(self, start: int, rows: int, lk: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
         key = (start, rows, lk, dtype)

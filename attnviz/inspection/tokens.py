@@ -15,6 +15,8 @@ import numpy as np
 from attnviz.io import release_pages
 
 CHUNK = 2**22  # values (or pattern pairs) handled at a time on long inputs
+#: more pairs than one in this many cells of a map: the patterns are read row by row (``_dense_mass``)
+DENSE_SHARE = 16
 
 #: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average
 TOKEN_TAG_THRESHOLD = 0.5
@@ -95,7 +97,14 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
             if li == 0:
                 repeated[bi] = int(live[0].sum())
             mass = {name: np.zeros((heads, lq)) for name in sums}
-            for pi, pj in earlier_occurrences(ids):
+            counts_of = np.bincount(ids)
+            if int((counts_of * (counts_of - 1) // 2).sum()) > lq * lk // DENSE_SHARE:
+                _dense_mass(block, ids, mass, lk)  # most pairs repeat: read the map row by row instead
+                release_pages(w)
+                pairs: Any = ()
+            else:
+                pairs = earlier_occurrences(ids)
+            for pi, pj in pairs:
                 for name, cols in (("duplicate", pj), ("induction", pj + 1)):
                     for h in range(heads):  # a head at a time: the pages read are let go of as it goes
                         values = np.asarray(block[h, pi, cols], dtype=np.float64)  # [pairs]
@@ -109,6 +118,27 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
         out = {name: np.where(counts > 0, total / np.maximum(counts, 1), np.nan) for name, total in sums.items()}
     out["repeated"] = repeated
     return out
+
+
+def _dense_mass(block: np.ndarray, ids: np.ndarray, mass: dict[str, np.ndarray], lk: int,
+                chunk: int = CHUNK) -> None:
+    """``token_scores``' per-row masses of one entry's heads ``block [H, Lq, Lk]`` summed over the patterns'
+    keys a block of rows at a time, the patterns made for those rows (a text where most tokens repeat has
+    nearly ``Lq * Lq / 2`` pairs: reading the rows whole is quicker than gathering them)."""
+    heads, lq = block.shape[0], block.shape[1]
+    step = max(1, chunk // max(1, heads * lk))
+    j = np.arange(lk)
+    key_ids = ids[:lk]
+    shifted = np.full(lk, -1, dtype=ids.dtype)  # the token before each key: key k is an induction target of
+    shifted[1:] = key_ids[:-1]  # query i when token k - 1 is i's, k - 1 < i
+    for first in range(0, lq, step):
+        i = np.arange(first, min(first + step, lq))
+        values = np.asarray(block[:, first:first + len(i)], dtype=np.float64)
+        earlier = j[None, :] < i[:, None]
+        duplicate = (ids[i, None] == key_ids[None, :]) & earlier
+        induction = (ids[i, None] == shifted[None, :]) & (j[None, :] <= i[:, None]) & (j[None, :] >= 1)
+        mass["duplicate"][:, i] += np.einsum("hrk,rk->hr", values, duplicate.astype(np.float64))
+        mass["induction"][:, i] += np.einsum("hrk,rk->hr", values, induction.astype(np.float64))
 
 
 def token_tags(scores: dict[str, np.ndarray]) -> np.ndarray:
