@@ -139,6 +139,7 @@ def _dense_mass(block: np.ndarray, ids: np.ndarray, mass: dict[str, np.ndarray],
         induction = (ids[i, None] == shifted[None, :]) & (j[None, :] <= i[:, None]) & (j[None, :] >= 1)
         mass["duplicate"][:, i] += np.einsum("hrk,rk->hr", values, duplicate.astype(np.float64))
         mass["induction"][:, i] += np.einsum("hrk,rk->hr", values, induction.astype(np.float64))
+        release_pages(block)
 
 
 def token_tags(scores: dict[str, np.ndarray]) -> np.ndarray:
