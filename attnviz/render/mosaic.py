@@ -126,7 +126,8 @@ def mosaic_figure(
     note = _mosaic_note(layout, blocks, reduce, scale, scaling, masked)
     heading = f"{inert.title(title, 600)}{note}"  # the callers shorten the user's part of it (to 200)
     return mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
-                         scale_label(colorbar_label, scaling.scale or scale, diverging), row_labels, col_labels, row_name, col_name,
+                         scale_label(colorbar_label, scaling.scale or scale, diverging), row_labels, col_labels,
+                         row_name, col_name,
                          picture_map=picture_map, extend=scaling.extend, captions=texts,
                          per_panel=(scale, diverging) if scale.per_panel else None, tokens=tokens)
 
