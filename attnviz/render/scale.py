@@ -203,7 +203,8 @@ def make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False
     if values.top > values.high or values.bottom < values.low:  # cells left out of the scale lie beyond it
         made.extend = _extend(values.bottom < made.low or made.extend in ("min", "both"),
                               values.top > made.high or made.extend in ("max", "both"))
-    skipped = f"the first {scale.skip_keys} keys left out of the scale" if scale.skip_keys else ""
+    skipped = ("" if not scale.skip_keys else "the first key left out of the scale" if scale.skip_keys == 1 else
+               f"the first {scale.skip_keys} keys left out of the scale")
     made.note = "; ".join(t for t in (why, made.note, skipped) if t)
     made.scale = replace(chosen, skip_keys=scale.skip_keys)
     return made
