@@ -192,6 +192,20 @@ def cumulative(result: Rollout) -> np.ndarray:
     return result.cumulative
 
 
+def _check_memory(w: Weights, options: RolloutOptions) -> None:
+    """A rollout of long maps refused in one line where its ``[L, L]`` maps (a layer's heads, the product, the
+    step, and with --all-layers one per layer, in float64) would not fit in the memory attnviz allows."""
+    from attnviz.errors import InputError
+    from attnviz.formats._base import memory_limit, size_str
+
+    layers, _, heads, lq, lk = w.shape
+    held = (heads + 4 + (layers if options.all_layers else 0)) * lq * lk * 8
+    if held > memory_limit():
+        raise InputError(f"{w.source}: {options.method} of [{lq}, {lk}] maps would hold about {size_str(held)} in "
+                         f"memory, more than the {size_str(memory_limit())} attnviz allows; attnviz view draws the "
+                         "rollout of long maps in blocks (key r), or roll out fewer tokens.")
+
+
 def run_rollout(options: RolloutOptions) -> RolloutRun:
     """Read the weights (self-attention of every layer), their masks (and with ``--method grad`` the
     gradients), and run the method of ``options`` on every batch entry asked for (padded tokens left
@@ -246,6 +260,7 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
             raise InputError(f"{read.source}: {bad} non-finite value(s); attnviz inspect --check-finite locates "
                              "them.")
     entries = [bi] if options.batch is not None else list(range(batches))
+    _check_memory(w, options)
     real_tokens = None if masks.real_keys is None else np.broadcast_to(masks.real_keys, w.shape[:-2] + (lk,))
     settings = {name: getattr(options, name) for name in method.options}
     results = {}
