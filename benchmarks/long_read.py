@@ -1,6 +1,6 @@
 """Reading a large exact capture in bounded memory: the peak resident memory of ``attnviz inspect --png``
-(the layer x head grid, the head table, received attention, JSON) and of ``attnviz view``'s rollout key
-``r`` (headless), against the size of the capture file they read.
+(the layer x head grid, the head table, received attention, JSON) and of ``attnviz view`` (headless: every
+key, its rollout ``r`` last), against the size of the capture file they read.
 
 The capture is made here: a Llama-architecture model of random weights (hidden 256, 4 layers, 4 query and
 2 key-value heads, head_dim 64) saved with its own word-level tokenizer, and ``attnviz capture DIR --text
@@ -33,7 +33,9 @@ viewer = view(InspectOptions(weights=sys.argv[1]), FigureOptions(), run=False)
 
 async def drive():
     async with viewer.run_test(size=(120, 40)) as pilot:
-        await pilot.press("l", "j", "r")
+        # every key: heads and layers, sort, the cursor, the batch entry, search, the keys, then the rollout
+        await pilot.press("l", "j", "h", "k", "s", "s", "L", "J", "H", "K", "b", "B", "question_mark", "escape")
+        await pilot.press("slash", *"word", "enter", "escape", "r")
         await pilot.pause()
         assert viewer.model.rollout and viewer.model.map()[0].size
         await pilot.press("r", "q")
@@ -100,7 +102,7 @@ def main() -> None:
                                       "--json"]),
             ("inspect --png (table)", [py, "-m", "attnviz", "inspect", str(capture), "--png",
                                        str(root / "grid2.png")]),
-            ("view, key r (rollout)", [py, "-c", VIEW_ROLLOUT, str(capture)]),
+            ("view, every key, r (rollout) last", [py, "-c", VIEW_ROLLOUT, str(capture)]),
         ):
             wall, peak, _ = timed(argv, env)
             rows.append((name, wall, peak))
