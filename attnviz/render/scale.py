@@ -109,14 +109,14 @@ class ValueRange:
         """Count ``cells`` (``[..., rows, columns]``) in, their first ``skip`` columns left out of the scale."""
         if not cells.size:
             return
-        self.bottom = min(self.bottom, float(np.nanmin(cells, initial=np.inf)))
-        self.top = max(self.top, float(np.nanmax(cells, initial=-np.inf)))
+        low, high = float(np.nanmin(cells, initial=np.inf)), float(np.nanmax(cells, initial=-np.inf))
+        self.bottom, self.top = min(self.bottom, low), max(self.top, high)
         if skip:
             cells = cells[..., skip:]
             if not cells.size:
                 return
-        self.low = min(self.low, float(np.nanmin(cells, initial=np.inf)))
-        self.high = max(self.high, float(np.nanmax(cells, initial=-np.inf)))
+            low, high = float(np.nanmin(cells, initial=np.inf)), float(np.nanmax(cells, initial=-np.inf))
+        self.low, self.high = min(self.low, low), max(self.high, high)
         size = np.abs(cells) if diverging else cells
         self.tiny = min(self.tiny, float(np.nanmin(np.where(size > 0, size, np.inf), initial=np.inf)))
         if self.histogram:
