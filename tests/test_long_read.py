@@ -276,3 +276,38 @@ def test_rollout_of_maps_that_would_not_fit_is_refused_in_one_line(capture: tupl
     r = CliRunner().invoke(app, ["rollout", str(path), "--png", str(out), "--quiet"])
     assert r.exit_code == 1 and not out.exists()
     assert len(r.stderr.strip().splitlines()) == 1 and "attnviz view" in r.stderr and "[24, 24]" in r.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_captures_are_widened_into_a_mapped_file(dtype: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--weights-dtype float16 or bfloat16: a large capture's sites are widened a block at a time into a temporary
+    file and mapped (here forced on a small one), the same numbers as widened in memory."""
+    from attnviz.inspection import inspecting
+    from attnviz.inspection import weights as weights_module
+    from attnviz.inspection.options import InspectOptions
+    from attnviz.inspection.weights import load_weights
+
+    half = np.dtype(getattr(__import__("ml_dtypes"), dtype)) if dtype == "bfloat16" else np.dtype(np.float16)
+    rng = np.random.default_rng(7)
+    real = np.ones((1, 20), bool)
+    w = _weights(rng, 3, 1, 2, 20, real).astype(half)
+    path = tmp_path / "half.safetensors"
+    mask = np.tril(np.ones((20, 20), bool))[None, None]
+    arrays = [(f"layers.{li}.{name}", a.dtype, a.shape, lambda a=a: a)
+              for li in range(3) for name, a in (("weights", w[li]), ("mask", mask))]
+    write_safetensors(path, arrays, {"format": 1, "tokens": [["t"] * 20], "kinds": ["layers"]})
+
+    in_memory = load_weights(str(path))
+    assert in_memory.data.flags.owndata and in_memory.stored_dtype == dtype
+    monkeypatch.setattr(weights_module, "WIDEN_TO_DISK", 0)
+    monkeypatch.setattr(weights_module, "CHUNK", 64)  # a few values at a time
+    on_disk = load_weights(str(path))
+    assert _mapped(on_disk.data) and not on_disk.data.flags.writeable and on_disk.stored_dtype == dtype
+    np.testing.assert_array_equal(on_disk.data, w.astype(np.float32))
+    a = inspecting.analyse(inspecting.prepare(InspectOptions(weights=str(path))))
+    monkeypatch.setattr(weights_module, "WIDEN_TO_DISK", 2**40)
+    b = inspecting.analyse(inspecting.prepare(InspectOptions(weights=str(path))))
+    for name in ("entropy", "max", "distance", "first"):
+        np.testing.assert_array_equal(a.stats[name], b.stats[name])
+    assert a.atol == b.atol > 1e-5  # the tolerance of the dtype stored

@@ -174,12 +174,15 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     if missing:
         raise InputError(f"{opened.source}: the capture holds no attention weights for {missing[0]} (captured with "
                          "q, k and v only); capture again without --no-weights.")
-    arrays = [opened.raw.get(f"{s}.weights") for s in sites]
+    # half precision (--weights-dtype) of a large capture: widened into a temporary file, mapped as float32 is
+    data = _widened(opened.raw, [f"{s}.weights" for s in sites])
+    arrays = [] if data is not None else [opened.raw.get(f"{s}.weights") for s in sites]
     shapes = {tuple(a.shape) for a in arrays}
-    if len(shapes) != 1:
+    if len(shapes) > 1:
         raise ShapeError(f"{opened.source}: the {kind} sites have different shapes; inspect one with "
                          f"{opened.source}:{sites[0]}.weights.")
-    data = stacked_view(arrays, np.float32)  # the sites as one [layers, ...] array on disk, read as it is used
+    if data is None:  # the sites as one [layers, ...] array on disk, read as it is used
+        data = stacked_view(arrays, np.float32)
     if data is None:
         stacked = sum(a.size for a in arrays) * 4
         if stacked > memory_limit():
@@ -194,6 +197,45 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     source = opened.source if opened.key is None else f"{opened.source}:{opened.key}"
     return Weights(data, source, AXES, tuple(data.shape), [opened.path] if opened.path else [],
                    [f"{s}.weights" for s in sites], stored, capture=capture, kind=kind, container=opened.raw)
+
+
+#: bytes: half-precision weights that would take more than this as float32 are widened into a temporary file
+#: (``_widened``), not into memory
+WIDEN_TO_DISK = 256 * 2**20
+
+
+def _widened(raw: Any, keys: list[str]) -> np.ndarray | None:
+    """The half-precision arrays ``keys`` of a capture file as one float32 array ``[len(keys), ...]`` mapped from
+    a temporary file (unlinked at once: it goes when the array does), filled a block at a time: a large capture
+    saved with --weights-dtype float16 or bfloat16 is read in bounded memory. None where the arrays are not
+    half precision, are smaller than ``WIDEN_TO_DISK`` as float32, cannot be mapped, differ in shape, or the
+    temporary folder lacks the room (they are then read into memory)."""
+    import shutil
+    import tempfile
+
+    from attnviz.io import release_pages
+
+    mapped = getattr(raw, "mapped", None)
+    if mapped is None:
+        return None
+    arrays = [mapped(k) for k in keys]
+    if any(a is None or a.itemsize != 2 or a.shape != arrays[0].shape for a in arrays):
+        return None
+    size = sum(a.size for a in arrays) * 4
+    folder = tempfile.gettempdir()
+    if size <= WIDEN_TO_DISK or shutil.disk_usage(folder).free < size + 2**30:
+        return None
+    with tempfile.TemporaryFile(dir=folder, prefix="attnviz-") as fh:  # the map keeps the file while it lives
+        out = np.memmap(fh, dtype=np.float32, mode="w+", shape=(len(arrays), *arrays[0].shape))
+    for li, a in enumerate(arrays):
+        raw.stored[keys[li]] = a.dtype.name  # (tolerances follow the dtype stored)
+        source, target = a.reshape(-1), out[li].reshape(-1)
+        for start in range(0, source.size, CHUNK):
+            target[start:start + CHUNK] = source[start:start + CHUNK]
+            release_pages(out)
+            release_pages(a)
+    out.flags.writeable = False
+    return out
 
 
 def _mapping(a: np.ndarray) -> tuple[Any, int] | None:
