@@ -227,13 +227,15 @@ def _widened(raw: Any, keys: list[str]) -> np.ndarray | None:
         return None
     with tempfile.TemporaryFile(dir=folder, prefix="attnviz-") as fh:  # the map keeps the file while it lives
         out = np.memmap(fh, dtype=np.float32, mode="w+", shape=(len(arrays), *arrays[0].shape))
-    for li, a in enumerate(arrays):
-        raw.stored[keys[li]] = a.dtype.name  # (tolerances follow the dtype stored)
-        source, target = a.reshape(-1), out[li].reshape(-1)
+    for li in range(len(arrays)):
+        source, arrays[li] = arrays[li].reshape(-1), None  # (each site's map goes once it is read)
+        raw.stored[keys[li]] = source.dtype.name  # (tolerances follow the dtype stored)
+        target = out[li].reshape(-1)
         for start in range(0, source.size, CHUNK):
             target[start:start + CHUNK] = source[start:start + CHUNK]
             release_pages(out)
-            release_pages(a)
+            release_pages(source)
+        del source
     out.flags.writeable = False
     return out
 
