@@ -288,7 +288,7 @@ def test_half_precision_captures_are_widened_into_a_mapped_file(dtype: str, tmp_
     from attnviz.inspection.options import InspectOptions
     from attnviz.inspection.weights import load_weights
 
-    half = np.dtype(getattr(__import__("ml_dtypes"), dtype)) if dtype == "bfloat16" else np.dtype(np.float16)
+    half = np.dtype(getattr(pytest.importorskip("ml_dtypes"), dtype)) if dtype == "bfloat16" else np.dtype(np.float16)
     rng = np.random.default_rng(7)
     real = np.ones((1, 20), bool)
     w = _weights(rng, 3, 1, 2, 20, real).astype(half)
