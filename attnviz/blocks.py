@@ -99,5 +99,15 @@ def reduce_panel(data: np.ndarray, keep: np.ndarray | None, fr: int, fc: int, re
     """One map ``data [Lq, Lk]`` (perhaps memory-mapped) in blocks of ``fr x fc`` as float32, NaN where
     every cell of a block is masked (``reduce_blocks`` then; nothing masked: the fast strided path)."""
     if keep is None and data.dtype.kind == "f":
-        return _strided_reduce(np.asarray(data), fr, fc, reduce)
+        rows, cols = data.shape
+        step = fr * max(1, CHUNK // max(1, fr * cols))  # whole blocks of rows, about CHUNK values at a time
+        if rows <= step:
+            return _strided_reduce(np.asarray(data), fr, fc, reduce)
+        from attnviz.io import release_pages
+
+        parts = []
+        for s in range(0, rows, step):  # a long (perhaps memory-mapped) map: its pages let go of as it is read
+            parts.append(_strided_reduce(np.asarray(data[s:s + step]), fr, fc, reduce))
+            release_pages(data)
+        return np.concatenate(parts)
     return reduce_blocks(data, keep, fr, fc, reduce).astype(np.float32)

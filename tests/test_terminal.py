@@ -406,7 +406,7 @@ def test_completion_of_commands_choices_and_options():
     assert bash_request("attnviz inspect w.npy --sort e") == ["entropy", "entropy_norm"]
     assert "--mask-convention" in bash_request("attnviz scaled --mask-c")
     assert set(bash_request("attnviz r")) == {"rollout", "repeat-test"}
-    assert bash_request("attnviz inspect w.npy --norm ") == ["linear", "log", "power:0.5", "power:2"]
+    assert bash_request("attnviz inspect w.npy --norm ") == ["auto", "linear", "log", "power:0.5", "power:2"]
     assert bash_request("attnviz scaled q.npy --norm p") == ["power:0.5", "power:2"]
 
 

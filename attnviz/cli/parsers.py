@@ -157,16 +157,17 @@ class Positions:
 
 @dataclass(frozen=True)
 class NormSpec:
-    """``--norm``: ``linear``, ``log`` or ``power:G`` (G a positive number, matplotlib's PowerNorm
-    gamma); returned as ``power:0.5`` for ``attnviz.render.heatmap.ColourScale``."""
+    """``--norm``: ``linear``, ``log``, ``power:G`` (G a positive number, matplotlib's PowerNorm
+    gamma) or ``auto``; returned as ``power:0.5`` for ``attnviz.render.heatmap.ColourScale``."""
 
     def __call__(self, value: Any) -> str:
         text = str(value).strip().lower()
-        if text in ("linear", "log"):
+        if text in ("linear", "log", "auto"):
             return text
         kind, sep, gamma = text.partition(":")
         if kind != "power":
-            raise OptionValueError(value, "expected linear, log or power:G (G a positive number, e.g. power:0.5)")
+            raise OptionValueError(value, "expected linear, log, power:G (G a positive number, e.g. power:0.5) "
+                                   "or auto")
         try:
             number = float(gamma) if sep else math.nan
         except ValueError:
@@ -252,7 +253,7 @@ def typed(annotation: Any, *decls: str, **kwargs: Any) -> Any:
 
 def _norm_completions(incomplete: str) -> list[str]:
     """What TAB offers for --norm: its forms (a power needs its exponent after the colon)."""
-    return [form for form in ("linear", "log", "power:0.5", "power:2") if form.startswith(incomplete)]
+    return [form for form in ("auto", "linear", "log", "power:0.5", "power:2") if form.startswith(incomplete)]
 
 
 #: the parsers a dataclass field names in its metadata (``parse``), and what TAB offers for them

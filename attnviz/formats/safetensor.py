@@ -140,6 +140,26 @@ class SafetensorsFile(Container):
             raise InputError(f"{self.source}:{key}: cannot read the {entry.get('dtype', '?')} tensor "
                              f"({reason(exc)}).") from None
 
+    def mapped(self, key: str) -> np.ndarray | None:
+        """The tensor ``key`` memory-mapped as the file stores it (``read`` widens half precision to float32, in
+        memory); None where it cannot be mapped: an object of a store, a dtype NumPy cannot view."""
+        entry = self._entries[key]
+        if self.where.local is None:
+            return None
+        kind, shape, (begin, end) = entry["dtype"], tuple(int(n) for n in entry["shape"]), entry["data_offsets"]
+        try:
+            if kind in NATIVE:
+                dtype = np.dtype(NATIVE[kind])
+            else:
+                import ml_dtypes
+
+                dtype = np.dtype(getattr(ml_dtypes, ML_DTYPES[kind]))
+        except (ImportError, AttributeError, KeyError):
+            return None
+        if int(end) - int(begin) != math.prod(shape) * dtype.itemsize:
+            return None
+        return self._map(self._start + int(begin), dtype, shape)
+
     def _library_read(self, key: str, entry: dict[str, Any]) -> np.ndarray:
         """A tensor NumPy cannot view by itself, read by the safetensors library: from the file, or from a
         file of that one tensor made of its bytes (an object of a store)."""

@@ -36,6 +36,7 @@ ROW_SUM_TOL = 1e-3
 
 
 CHUNK = 2**22  # values handled at a time on large inputs (16 MiB in float32)
+GRIDS_HELD = 2**26  # bytes of position grids a pass keeps (``_Grids``)
 
 
 def row_blocks(w: np.ndarray, chunk: int = CHUNK,
@@ -96,17 +97,28 @@ def work_dtype(dtype: np.dtype[Any]) -> type:
 
 class _Grids:
     """``|i - j|`` and ``j > i`` for a block of rows (``start``, ``rows``, ``Lk``, dtype), made once per
-    pass and shared by its blocks (and threads: a grid made twice is the same grid)."""
+    pass and shared by its blocks (and threads: a grid made twice is the same grid). At most ``held``
+    bytes of them are kept (the oldest let go first): a long map has a grid per block of rows, which
+    together would be as large as a map."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: int | None = None) -> None:
         self._made: dict[tuple[int, int, int, Any], tuple[np.ndarray, np.ndarray]] = {}
+        self._held = GRIDS_HELD if held is None else held
 
     def __call__(self, start: int, rows: int, lk: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
         key = (start, rows, lk, dtype)
-        if key not in self._made:
+        made = self._made.get(key)
+        if made is None:
             offset = np.arange(lk)[None, :] - np.arange(start, start + rows)[:, None]
-            self._made[key] = (np.abs(offset).astype(dtype), (offset > 0).astype(dtype))
-        return self._made[key]
+            made = (np.abs(offset).astype(dtype), (offset > 0).astype(dtype))
+            size = 2 * made[0].nbytes
+            while self._made and size * (len(self._made) + 1) > self._held:
+                try:
+                    self._made.pop(next(iter(self._made)), None)
+                except (StopIteration, RuntimeError):  # another thread changed it meanwhile
+                    break
+            self._made[key] = made
+        return made
 
 
 _TINY: dict[Any, Any] = {np.float32: np.float32(np.finfo(np.float32).tiny), np.float64: np.finfo(np.float64).tiny}

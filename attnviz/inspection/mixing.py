@@ -97,6 +97,24 @@ def mixing_maps(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, st
         release_pages(w)
 
 
+def mixing_rows(layer: np.ndarray, rows: np.ndarray, keep: np.ndarray | None, *, heads: str = "mean",
+                residual: float = 0.5) -> np.ndarray:
+    """The rows ``rows`` (indices among the real tokens) of a layer's ``A'`` (``mixing_maps``, no discard),
+    ``[len(rows), n]`` in float64, from ``layer [heads, L, L]`` (perhaps memory-mapped: only those rows are
+    read). Each row is made as ``mixing_maps`` makes it: a row's values depend on that row alone."""
+    if keep is None:
+        contiguous = len(rows) and rows[-1] - rows[0] + 1 == len(rows)
+        one = np.asarray(layer[:, slice(rows[0], rows[-1] + 1) if contiguous else rows], dtype=np.float64)
+    else:
+        one = np.asarray(layer[:, keep[rows]], dtype=np.float64)[:, :, keep]
+        sums = one.sum(axis=-1, keepdims=True)
+        one = np.divide(one, sums, out=np.zeros_like(one), where=sums != 0)
+    out = (1.0 - residual) * combine_heads(one, heads)
+    out[np.arange(len(rows)), rows] += residual
+    sums = out.sum(axis=-1, keepdims=True)
+    return np.divide(out, sums, out=np.zeros_like(out), where=sums != 0)
+
+
 @dataclass
 class Rollout:
     """What a method of ``attnviz rollout`` gives for one batch entry: ``result [L, L]`` after the last

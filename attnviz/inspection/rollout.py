@@ -34,15 +34,18 @@ from attnviz.inspection.gradients import gradient_entry
 from attnviz.inspection.masks import read_masks
 from attnviz.inspection.mixing import (
     Rollout,
+    check_square,
     combine_heads,
     discard_lowest,
     mixing_maps,
+    mixing_rows,
     real_indices,
     scatter,
     with_residual,
 )
 from attnviz.inspection.options import LabelOptions, RolloutOptions, Selection
 from attnviz.inspection.weights import Weights, load_weights
+from attnviz.io import release_pages
 from attnviz.masks import Mask
 from attnviz.storage import Place
 
@@ -71,6 +74,45 @@ def rollout(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_
             cumulative.append(scatter(current, keep, size))
     return Rollout(scatter(current, keep, size), list(range(start_layer, w.shape[0])),
                    np.stack(cumulative) if all_layers else None)
+
+
+#: values of a layer read at a time by ``pooled_rollout`` (its heads' rows)
+CHUNK = 2**22
+
+
+def pooled_rollout(w: np.ndarray, f: int, *, heads: str = "mean", residual: float = 0.5, start_layer: int = 0,
+                   real: np.ndarray | None = None, chunk: int = CHUNK) -> np.ndarray:
+    """The rollout of ``w [layers, heads, L, L]`` (``rollout``, no discard) in blocks of ``f x f`` positions:
+    the mean of each block's cells over the real tokens (NaN where a block holds none), as
+    ``blocks.reduce_blocks`` draws ``rollout(...).result`` in blocks, without making the ``[L, L]``
+    result. The mean over a block of keys is a linear map ``P`` (``[n, m]``, ``m`` blocks), so the layers
+    are applied to it from the right, ``A'_top (... (A'_start P))``, each ``A'`` read a block of rows at a
+    time (``mixing.mixing_rows``; about ``chunk`` values); then the rows are averaged in their blocks. It
+    holds ``[n, m]`` arrays: a map of 32,768 tokens drawn in 512 blocks a side is 128 MiB, not 8 GiB."""
+    check_square(w, start_layer)
+    size = w.shape[-1]
+    keep = real_indices(real, size)
+    n, m = len(keep), -(-size // f)
+    col_block = keep // f
+    counts = np.bincount(col_block, minlength=m).astype(np.float64)
+    current = np.zeros((n, m))
+    current[np.arange(n), col_block] = 1.0 / counts[col_block]
+    picked = None if real is None else keep
+    step = max(1, chunk // max(1, w.shape[1] * n))
+    for li in range(start_layer, w.shape[0]):
+        after = np.empty_like(current)
+        for first in range(0, n, step):
+            rows = np.arange(first, min(first + step, n))
+            after[rows] = mixing_rows(w[li], rows, picked, heads=heads, residual=residual) @ current
+            release_pages(w)
+        current = after
+    pooled = np.zeros((m, m))
+    np.add.at(pooled, col_block, current)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = pooled / counts[:, None]
+    out[counts == 0] = np.nan
+    out[:, counts == 0] = np.nan
+    return out
 
 
 @dataclass(frozen=True)
@@ -155,6 +197,20 @@ def cumulative(result: Rollout) -> np.ndarray:
     return result.cumulative
 
 
+def _check_memory(w: Weights, options: RolloutOptions) -> None:
+    """A rollout of long maps refused in one line where its ``[L, L]`` maps (a layer's heads, the product, the
+    step, and with --all-layers one per layer, in float64) would not fit in the memory attnviz allows."""
+    from attnviz.errors import InputError
+    from attnviz.formats._base import memory_limit, size_str
+
+    layers, _, heads, lq, lk = w.shape
+    held = (heads + 4 + (layers if options.all_layers else 0)) * lq * lk * 8
+    if held > memory_limit():
+        raise InputError(f"{w.source}: {options.method} of [{lq}, {lk}] maps would hold about {size_str(held)} in "
+                         f"memory, more than the {size_str(memory_limit())} attnviz allows; attnviz view draws the "
+                         "rollout of long maps in blocks (key r), or roll out fewer tokens.")
+
+
 def run_rollout(options: RolloutOptions) -> RolloutRun:
     """Read the weights (self-attention of every layer), their masks (and with ``--method grad`` the
     gradients), and run the method of ``options`` on every batch entry asked for (padded tokens left
@@ -210,6 +266,7 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
             raise InputError(f"{read.source}: {bad} non-finite value(s); attnviz inspect --check-finite locates "
                              "them.")
     entries = [bi] if options.batch is not None else list(range(batches))
+    _check_memory(w, options)
     real_tokens = None if masks.real_keys is None else np.broadcast_to(masks.real_keys, w.shape[:-2] + (lk,))
     settings: dict[str, Any] = {name: getattr(options, name) for name in method.options}
     if w.renormalised:

@@ -15,6 +15,8 @@ import numpy as np
 from attnviz.io import release_pages
 
 CHUNK = 2**22  # values (or pattern pairs) handled at a time on long inputs
+#: more pairs than one in this many cells of a map: the patterns are read row by row (``_dense_mass``)
+DENSE_SHARE = 16
 
 #: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average
 TOKEN_TAG_THRESHOLD = 0.5
@@ -100,14 +102,25 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
             if li == 0:
                 repeated[bi] = int(live[0].sum())
             mass = {name: np.zeros((heads, lq)) for name in sums}
-            totals = np.asarray(block, dtype=np.float64).sum(axis=-1) if renormalise else None  # [H, Lq]
-            for pi, pj in earlier_occurrences(ids):
+            counts_of = np.bincount(ids)
+            if int((counts_of * (counts_of - 1) // 2).sum()) > lq * lk // DENSE_SHARE:
+                _dense_mass(block, ids, mass, lk)  # most pairs repeat: read the map row by row instead
+                release_pages(w)
+                pairs: Any = ()
+            else:
+                pairs = earlier_occurrences(ids)
+            for pi, pj in pairs:
                 for name, cols in (("duplicate", pj), ("induction", pj + 1)):
-                    values = np.asarray(block[:, pi, cols], dtype=np.float64)  # [H, pairs]
-                    if totals is not None:
-                        values = np.divide(values, totals[:, pi], out=np.zeros_like(values), where=totals[:, pi] > 0)
-                    for h in range(heads):
-                        mass[name][h] += np.bincount(pi, weights=values[h], minlength=lq)
+                    for h in range(heads):  # a head at a time: the pages read are let go of as it goes
+                        values = np.asarray(block[h, pi, cols], dtype=np.float64)  # [pairs]
+                        mass[name][h] += np.bincount(pi, weights=values, minlength=lq)
+                        release_pages(w)
+            if renormalise:  # value-norm maps: each row's masses as shares of the row (linear in the row)
+                for h in range(heads):
+                    totals = np.asarray(block[h], dtype=np.float64).sum(axis=-1)  # [Lq]
+                    for name in mass:
+                        mass[name][h] = np.divide(mass[name][h], totals, out=np.zeros(lq), where=totals > 0)
+                    release_pages(w)
             for name in sums:
                 sums[name][li] += np.where(live, mass[name], 0.0).sum(axis=-1)
             counts[li] += live.sum(axis=-1)
@@ -117,6 +130,28 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
     out["rows"] = counts
     out["repeated"] = repeated
     return out
+
+
+def _dense_mass(block: np.ndarray, ids: np.ndarray, mass: dict[str, np.ndarray], lk: int,
+                chunk: int = CHUNK) -> None:
+    """``token_scores``' per-row masses of one entry's heads ``block [H, Lq, Lk]`` summed over the patterns'
+    keys a block of rows at a time, the patterns made for those rows (a text where most tokens repeat has
+    nearly ``Lq * Lq / 2`` pairs: reading the rows whole is quicker than gathering them)."""
+    heads, lq = block.shape[0], block.shape[1]
+    step = max(1, chunk // max(1, heads * lk))
+    j = np.arange(lk)
+    key_ids = ids[:lk]
+    shifted = np.full(lk, -1, dtype=ids.dtype)  # the token before each key: key k is an induction target of
+    shifted[1:] = key_ids[:-1]  # query i when token k - 1 is i's, k - 1 < i
+    for first in range(0, lq, step):
+        i = np.arange(first, min(first + step, lq))
+        values = np.asarray(block[:, first:first + len(i)], dtype=np.float64)
+        earlier = j[None, :] < i[:, None]
+        duplicate = (ids[i, None] == key_ids[None, :]) & earlier
+        induction = (ids[i, None] == shifted[None, :]) & (j[None, :] <= i[:, None]) & (j[None, :] >= 1)
+        mass["duplicate"][:, i] += np.einsum("hrk,rk->hr", values, duplicate.astype(np.float64))
+        mass["induction"][:, i] += np.einsum("hrk,rk->hr", values, induction.astype(np.float64))
+        release_pages(block)
 
 
 def token_tags(scores: dict[str, np.ndarray]) -> np.ndarray:

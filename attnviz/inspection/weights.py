@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 AXES = ("layer", "batch", "head", "q", "k")
 ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": "head", "lq": "q", "query": "q",
            "t": "q", "lk": "k", "key": "k", "s": "k"}
+CHUNK = 2**22  # values compared at a time (masks)
 DEFAULT_LAYOUTS = {2: ("q", "k"), 3: ("head", "q", "k"), 4: ("batch", "head", "q", "k"),
                    5: ("layer", "batch", "head", "q", "k")}
 #: what the maps of each ``--weigh-by`` are called (titles, table headings) and what their colour bar measures
@@ -199,17 +200,22 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     if missing:
         raise InputError(f"{opened.source}: the capture holds no attention weights for {missing[0]} (captured with "
                          "q, k and v only); capture again without --no-weights.")
-    arrays = [opened.raw.get(f"{s}.weights") for s in sites]
+    # half precision (--weights-dtype) of a large capture: widened into a temporary file, mapped as float32 is
+    data = _widened(opened.raw, [f"{s}.weights" for s in sites])
+    arrays = [] if data is not None else [opened.raw.get(f"{s}.weights") for s in sites]
     shapes = {tuple(a.shape) for a in arrays}
-    if len(shapes) != 1:
+    if len(shapes) > 1:
         raise ShapeError(f"{opened.source}: the {kind} sites have different shapes; inspect one with "
                          f"{opened.source}:{sites[0]}.weights.")
-    stacked = sum(a.size for a in arrays) * 4
-    if stacked > memory_limit():
-        raise InputError(f"{opened.source}: the {len(sites)} sites stacked would take {size_str(stacked)} in memory, "
-                         f"more than the {size_str(memory_limit())} attnviz allows; inspect one site with "
-                         f"{opened.source}:{sites[0]}.weights, or capture fewer layers (--layers).")
-    data = np.stack([a.astype(np.float32, copy=False) for a in arrays])
+    if data is None:  # the sites as one [layers, ...] array on disk, read as it is used
+        data = stacked_view(arrays, np.float32)
+    if data is None:
+        stacked = sum(a.size for a in arrays) * 4
+        if stacked > memory_limit():
+            raise InputError(f"{opened.source}: the {len(sites)} sites stacked would take {size_str(stacked)} in "
+                             f"memory, more than the {size_str(memory_limit())} attnviz allows; inspect one site with "
+                             f"{opened.source}:{sites[0]}.weights, or capture fewer layers (--layers).")
+        data = np.stack([a.astype(np.float32, copy=False) for a in arrays])
     # a model that runs in bfloat16 computes its weights in bfloat16 (stored widened): its rows sum to 1 as
     # closely as bfloat16 allows, and the checks' tolerances follow
     computed = [str(capture.metadata.get("dtype"))] if capture.metadata.get("dtype") in ROUNDOFF else []
@@ -217,6 +223,86 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     source = opened.source if opened.key is None else f"{opened.source}:{opened.key}"
     return Weights(data, source, AXES, tuple(data.shape), [opened.path] if opened.path else [],
                    [f"{s}.weights" for s in sites], stored, capture=capture, kind=kind, container=opened.raw)
+
+
+#: bytes: half-precision weights that would take more than this as float32 are widened into a temporary file
+#: (``_widened``), not into memory
+WIDEN_TO_DISK = 256 * 2**20
+
+
+def _widened(raw: Any, keys: list[str]) -> np.ndarray | None:
+    """The half-precision arrays ``keys`` of a capture file as one float32 array ``[len(keys), ...]`` mapped from
+    a temporary file (unlinked at once: it goes when the array does), filled a block at a time: a large capture
+    saved with --weights-dtype float16 or bfloat16 is read in bounded memory. None where the arrays are not
+    half precision, are smaller than ``WIDEN_TO_DISK`` as float32, cannot be mapped, differ in shape, or the
+    temporary folder lacks the room (they are then read into memory)."""
+    import shutil
+    import tempfile
+
+    from attnviz.io import release_pages
+
+    mapped = getattr(raw, "mapped", None)
+    if mapped is None:
+        return None
+    arrays = [mapped(k) for k in keys]
+    if any(a is None or a.itemsize != 2 or a.shape != arrays[0].shape for a in arrays):
+        return None
+    size = sum(a.size for a in arrays) * 4
+    folder = tempfile.gettempdir()
+    if size <= WIDEN_TO_DISK or shutil.disk_usage(folder).free < size + 2**30:
+        return None
+    with tempfile.TemporaryFile(dir=folder, prefix="attnviz-") as fh:  # the map keeps the file while it lives
+        out = np.memmap(fh, dtype=np.float32, mode="w+", shape=(len(arrays), *arrays[0].shape))
+    for li in range(len(arrays)):
+        source, arrays[li] = arrays[li].reshape(-1), None  # (each site's map goes once it is read)
+        raw.stored[keys[li]] = source.dtype.name  # (tolerances follow the dtype stored)
+        target = out[li].reshape(-1)
+        for start in range(0, source.size, CHUNK):
+            target[start:start + CHUNK] = source[start:start + CHUNK]
+            release_pages(out)
+            release_pages(source)
+        del source
+    out.flags.writeable = False
+    return out
+
+
+def _mapping(a: np.ndarray) -> tuple[Any, int] | None:
+    """The memory map ``a`` reads (an ``numpy.memmap`` of a file) and where ``a`` starts in that file; None
+    when ``a`` is not a C-ordered view of a mapped file."""
+    import mmap
+
+    base: Any = a
+    while base is not None and not (isinstance(base, np.memmap) and isinstance(base.base, mmap.mmap)):
+        base = getattr(base, "base", None)
+    if base is None or getattr(base, "filename", None) is None or not a.flags.c_contiguous:
+        return None
+    return base, int(base.offset) + (a.__array_interface__["data"][0] - base.__array_interface__["data"][0])
+
+
+def stacked_view(arrays: list[np.ndarray], dtype: Any) -> np.ndarray | None:
+    """``numpy.stack(arrays)`` without a copy: one array ``[len(arrays), ...]`` over the file that holds them,
+    when each is a memory-mapped ``dtype`` array of one shape and they lie at equal distances in one file (a
+    capture's sites, each written as the model ran); None otherwise. Read a block at a time, a file larger
+    than memory stays on disk (``attnviz.io.release_pages`` lets go of the pages read)."""
+    if not arrays or any(a.dtype != np.dtype(dtype) or a.shape != arrays[0].shape for a in arrays):
+        return None
+    found = [_mapping(a) for a in arrays]
+    if any(f is None for f in found):
+        return None
+    places = [f for f in found if f is not None]
+    files = {str(base.filename) for base, _ in places}
+    starts = [start for _, start in places]
+    step = starts[1] - starts[0] if len(starts) > 1 else 0
+    if len(files) != 1 or any(b - a != step for a, b in zip(starts, starts[1:])) or step < 0 or (
+            len(starts) > 1 and step < arrays[0].nbytes) or step % np.dtype(dtype).itemsize:
+        return None
+    first = arrays[0]
+    span = step * (len(arrays) - 1) + first.nbytes
+    if span == 0:
+        return np.stack(arrays)
+    whole = np.memmap(files.pop(), dtype=np.uint8, mode="r", offset=starts[0], shape=(span,))
+    return np.ndarray((len(arrays), *first.shape), dtype=first.dtype, buffer=whole,
+                      strides=(step, *first.strides))
 
 
 def capture_mask(w: Weights) -> np.ndarray | None:
@@ -227,14 +313,33 @@ def capture_mask(w: Weights) -> np.ndarray | None:
     from attnviz.capturing.fileformat import site_keep
 
     sites = w.capture.sites(w.kind)
+    # as the file holds them (a dense mask: bool, memory-mapped, not copied; or built from its parts), one for all
+    # when every site has the same
     found = [site_keep(w.container, w.capture, s) for s in sites]
     masks = [m for m in found if m is not None]
     if len(masks) != len(sites) or not masks:
         return None
-    if all(np.array_equal(m, masks[0]) for m in masks[1:]):
+    if all(_same(m, masks[0]) for m in masks[1:]):
         masks = masks[:1]
-    keep = np.stack(masks)
+    keep = stacked_view(masks, bool)
+    if keep is None:
+        keep = np.stack(masks)
     return keep.reshape(keep.shape[0], keep.shape[1], 1, *keep.shape[-2:])
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """``numpy.array_equal``, a block of rows at a time (two mapped masks of a long capture stay on disk)."""
+    from attnviz.io import release_pages
+
+    if a.shape != b.shape:
+        return False
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)  # (views of C-ordered files)
+    for start in range(0, flat_a.size, CHUNK):
+        if not np.array_equal(flat_a[start:start + CHUNK], flat_b[start:start + CHUNK]):
+            return False
+        release_pages(a)
+        release_pages(b)
+    return True
 
 
 def capture_labels(w: Weights) -> tuple[list[list[str]] | None, list[list[str]] | None]:

@@ -246,9 +246,9 @@ def heatmap_figure(
     panels = panels[:max_panels]
     reduced = [(np.asarray(p.data, dtype=np.float64), p.blocks) if p.blocks is not None
                else block_reduce(p.data, p.keep, max_side, reduce) for p in panels]
-    values = ValueRange()
-    for data, _ in reduced:
-        values.add(data, diverging)
+    values = ValueRange(histogram=scale.norm == "auto")
+    for data, (_, fc) in reduced:
+        values.add(data, diverging, scale.skipped_columns(fc))
     colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
     look = _PanelLook(scale, make_scaling(scale, values, diverging), colormap, diverging, q_labels, k_labels,
                       xlabel, ylabel)
@@ -300,7 +300,7 @@ def _draw_panel(ax: Any, panel: Panel, data: np.ndarray, blocks: tuple[int, int]
     panel_w, panel_h = look.size
     rows, cols = panel.full_shape or panel.data.shape
     if look.scale.per_panel:
-        drawn, top = own_scale(data, look.scale, look.diverging)
+        drawn, top = own_scale(data, look.scale, look.diverging, blocks[1])
         norm: Any = _unit_norm()
     else:
         drawn, top, norm = look.shared.clip(data), 0.0, look.shared.norm
@@ -360,7 +360,8 @@ def _panels_colour_bar(fig: Any, image: Any, axes: Sequence[Any], look: _PanelLo
     scale; with ``scale.per_panel`` its ends are each panel's own."""
     scale = look.scale
     bar = fig.colorbar(image, ax=axes, shrink=0.9, extend="neither" if scale.per_panel else look.shared.extend)
-    bar.set_label(inert.label(scale_label(label, scale, look.diverging), PANEL_TITLE_WIDTH), **PLAIN)
+    named = scale if scale.per_panel else look.shared.scale or scale  # --norm auto: the scale chosen
+    bar.set_label(inert.label(scale_label(label, named, look.diverging), PANEL_TITLE_WIDTH), **PLAIN)
     if scale.per_panel:
         per_panel_ticks(bar, scale, look.diverging)
 

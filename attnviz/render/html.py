@@ -296,7 +296,7 @@ def _page_notes(notes: Sequence[str], fixed: Sequence[str], norm: str, reduce: s
     if fixed:
         page_notes.append(f"The colour scale is fixed by {' and '.join(fixed)}; values beyond it take its end colours "
                           "(hover a cell for its value).")
-    if norm != "linear":
+    if norm not in ("linear", "auto"):
         page_notes.append(f"Colours here are on a linear scale (--norm {inert.label(norm, 20)} applies to the PNGs).")
     if total != (1, 1):
         page_notes.append(f"Maps [{full[0]}, {full[1]}] are shown in blocks of {total[0]}x{total[1]} positions "

@@ -116,7 +116,7 @@ def mosaic_figure(
     scale = scale or ColourScale()
     texts = [list(captions[r * cols:(r + 1) * cols]) if captions else [""] * cols for r in range(rows)]
     layout = _captioned_layout(rows, cols, shape, side, texts, scale.per_panel)
-    picture, values, masked = _fill_picture(get, layout, reduce, scale, diverging, texts, after_row)
+    picture, values, masked = _fill_picture(get, layout, reduce, scale, diverging, texts, after_row, blocks[1])
     scaling = _scale_picture(picture, layout, scale, values, diverging)
     from matplotlib.cm import ScalarMappable
 
@@ -126,7 +126,8 @@ def mosaic_figure(
     note = _mosaic_note(layout, blocks, reduce, scale, scaling, masked)
     heading = f"{inert.title(title, 600)}{note}"  # the callers shorten the user's part of it (to 200)
     return mosaic_canvas(picture, layout, heading, ScalarMappable(norm=scaling.norm, cmap=colormap),
-                         scale_label(colorbar_label, scale, diverging), row_labels, col_labels, row_name, col_name,
+                         scale_label(colorbar_label, scaling.scale or scale, diverging), row_labels, col_labels,
+                         row_name, col_name,
                          picture_map=picture_map, extend=scaling.extend, captions=texts,
                          per_panel=(scale, diverging) if scale.per_panel else None, tokens=tokens)
 
@@ -146,7 +147,7 @@ def _captioned_layout(rows: int, cols: int, shape: tuple[int, int], side: int, t
 
 def _fill_picture(get: MapGetter, layout: MosaicLayout, reduce: str, scale: ColourScale, diverging: bool,
                   texts: list[list[str]],
-                  after_row: Callable[[int], None] | None) -> tuple[np.ndarray, ValueRange, bool]:
+                  after_row: Callable[[int], None] | None, block: int = 1) -> tuple[np.ndarray, ValueRange, bool]:
     """The picture of a mosaic (float32), a row of panels at a time: each map from ``get`` aggregated in
     the layout's blocks, its cells repeated to the layout's pixels, in its place; separators and
     empty slots infinite for now. With ``scale.per_panel`` each panel holds its positions 0..1 on its
@@ -157,7 +158,8 @@ def _fill_picture(get: MapGetter, layout: MosaicLayout, reduce: str, scale: Colo
     sq, sk = layout.scale
     picture = np.full((height, width), np.inf, np.float32)  # separators and empty slots, for now
     masked = False
-    values = ValueRange()
+    values = ValueRange(histogram=scale.norm == "auto")
+    skip = scale.skipped_columns(block * layout.blocks[1])  # the columns of the keys left out of the scale
     for r in range(layout.rows):
         shown = []  # the row's cells, for the shared scale: one look at the row rather than at each panel
         for c in range(layout.cols):
@@ -168,7 +170,7 @@ def _fill_picture(get: MapGetter, layout: MosaicLayout, reduce: str, scale: Colo
             cells = reduce_panel(data, keep, *layout.blocks, reduce)
             if scale.per_panel:  # positions 0..1 on the panel's own scale
                 masked = masked or bool(np.isnan(cells).any())
-                cells, top = own_scale(cells, scale, diverging)
+                cells, top = own_scale(cells, scale, diverging, block * layout.blocks[1])
                 texts[r][c] = " ".join(t for t in (texts[r][c], f"max {number(top)}") if t)
             else:
                 shown.append(cells)
@@ -179,7 +181,7 @@ def _fill_picture(get: MapGetter, layout: MosaicLayout, reduce: str, scale: Colo
         if shown:
             row = np.stack(shown)
             masked = masked or bool(np.isnan(row).any())
-            values.add(row, diverging)
+            values.add(row, diverging, skip)
         if after_row is not None:
             after_row(r)
     return picture, values, masked

@@ -25,9 +25,13 @@ class FigureOptions:
                                 panel=FIGURE, metavar="V")
     vmax: float | None = option(None, "the top of the colour scale (default the largest value shown); larger values "
                                 "take its top colour", panel=FIGURE, metavar="V")
-    norm: str = option("linear", "how values map to colours: linear, log (small weights visible; zeros in the bottom "
-                       "colour) or power:G (matplotlib's PowerNorm, e.g. power:0.5)", panel=FIGURE,
-                       metavar="linear|log|power:G", parse="norm")
+    norm: str = option("auto", "how values map to colours: linear, log (small weights visible; zeros in the bottom "
+                       "colour), power:G (matplotlib's PowerNorm, e.g. power:0.5) or auto: log when the largest value "
+                       "lies 2 decades or more above the median of those above 0 (long maps), else linear; the colour "
+                       "bar names the scale drawn", panel=FIGURE, metavar="linear|log|power:G|auto", parse="norm")
+    scale_skip_keys: int = option(0, "leave the first S keys out of the colour scale (an attention sink's column "
+                                  "takes the top colour instead of washing out every other cell)", panel=FIGURE,
+                                  metavar="S", min=0)
     scale_per_panel: bool = option(False, "draw each panel on its own scale, 0 to its own maximum (compare: symmetric "
                                    "around 0, up to its own largest difference), written with the panel, instead of "
                                    "one scale shared by all", panel=FIGURE)
@@ -42,7 +46,7 @@ class FigureOptions:
 
     def scale(self) -> Any:
         """The ``ColourScale`` of these options (imports the renderer: call when drawing)."""
-        return figure_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel)
+        return figure_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel, self.scale_skip_keys)
 
 
 def check_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool = False,
@@ -66,11 +70,12 @@ def check_scale(vmin: float | None, vmax: float | None, norm: str | None, per_pa
                          "bottom colour).")
 
 
-def figure_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool) -> Any:
+def figure_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool,
+                 skip_keys: int = 0) -> Any:
     """The ``ColourScale`` of the figure options (imports the renderer: call when drawing)."""
     from attnviz.render.scale import ColourScale
 
-    return ColourScale.from_options(vmin, vmax, norm, per_panel)
+    return ColourScale.from_options(vmin, vmax, norm, per_panel, skip_keys)
 
 
 

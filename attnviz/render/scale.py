@@ -21,7 +21,12 @@ from typing import Any
 import numpy as np
 
 LOG_DECADES = 4  # --norm log without --vmin: the scale starts at most this many decades below its top
-NORMS = ("linear", "log", "power")
+NORMS = ("linear", "log", "power", "auto")
+#: --norm auto: a log scale when the largest value shown lies at least this many decades above the median of
+#: the values above 0 (a long map's block means are ~1/L while a sink column holds most of the weight)
+AUTO_DECADES = 2.0
+#: the bins (decades) of the values above 0 that ``--norm auto`` looks at: a quarter of a decade each
+_DECADE_EDGES = np.arange(-45.0, 45.25, 0.25)
 
 
 def _colormap(name: str) -> Any:
@@ -60,17 +65,28 @@ class ColourScale:
     norm: str = "linear"
     gamma: float = 1.0
     per_panel: bool = False
+    #: the first keys left out of the scale (``--scale-skip-keys``): an attention sink's column is drawn in the
+    #: top colour instead of setting the top for every other cell
+    skip_keys: int = 0
+    #: ``norm`` was ``auto``, resolved to this by the values shown (``make_scaling``)
+    auto: bool = False
 
     @classmethod
     def from_options(cls, vmin: float | None = None, vmax: float | None = None, norm: str | None = "linear",
-                     per_panel: bool = False) -> ColourScale:
+                     per_panel: bool = False, skip_keys: int = 0) -> ColourScale:
         kind, _, gamma = (norm or "linear").partition(":")
-        return cls(vmin, vmax, kind, float(gamma) if gamma else 1.0, per_panel)
+        return cls(vmin, vmax, kind, float(gamma) if gamma else 1.0, per_panel, skip_keys)
 
     @property
     def name(self) -> str:
-        """``""``, ``"log"`` or ``"power 0.5"``: how the colour bar's label names the scale."""
-        return {"log": "log", "power": f"power {self.gamma:g}"}.get(self.norm, "")
+        """``""`` (linear), ``"log"``, ``"power 0.5"``, ``"auto"`` (not yet resolved) or ``"log, auto"`` (chosen
+        by the values): how the colour bar's label names the scale."""
+        kind = {"log": "log", "power": f"power {self.gamma:g}", "auto": "auto"}.get(self.norm, "")
+        return f"{kind}, auto" if self.auto and kind else kind
+
+    def skipped_columns(self, block: int = 1) -> int:
+        """The columns of a map drawn in blocks of ``block`` keys that hold one of the first ``skip_keys`` keys."""
+        return -(-self.skip_keys // max(1, block)) if self.skip_keys else 0
 
 
 @dataclass
@@ -81,18 +97,47 @@ class ValueRange:
     low: float = math.inf
     high: float = -math.inf
     tiny: float = math.inf
+    #: the lowest and highest of every cell, those of the keys left out of the scale too (the colour bar's
+    #: triangles say that some lie beyond it)
+    bottom: float = math.inf
+    top: float = -math.inf
+    #: with ``histogram`` (``--norm auto``): how many values above 0 fall in each quarter of a decade
+    histogram: bool = False
+    counts: np.ndarray | None = None
 
-    def add(self, cells: np.ndarray, diverging: bool = False) -> None:
+    def add(self, cells: np.ndarray, diverging: bool = False, skip: int = 0) -> None:
+        """Count ``cells`` (``[..., rows, columns]``) in, their first ``skip`` columns left out of the scale."""
         if not cells.size:
             return
-        self.low = min(self.low, float(np.nanmin(cells, initial=np.inf)))
-        self.high = max(self.high, float(np.nanmax(cells, initial=-np.inf)))
+        low, high = float(np.nanmin(cells, initial=np.inf)), float(np.nanmax(cells, initial=-np.inf))
+        self.bottom, self.top = min(self.bottom, low), max(self.top, high)
+        if skip:
+            cells = cells[..., skip:]
+            if not cells.size:
+                return
+            low, high = float(np.nanmin(cells, initial=np.inf)), float(np.nanmax(cells, initial=-np.inf))
+        self.low, self.high = min(self.low, low), max(self.high, high)
         size = np.abs(cells) if diverging else cells
         self.tiny = min(self.tiny, float(np.nanmin(np.where(size > 0, size, np.inf), initial=np.inf)))
+        if self.histogram:
+            above = size[size > 0]  # (NaN is not)
+            decades = np.clip(np.log10(above[np.isfinite(above)]), _DECADE_EDGES[0], _DECADE_EDGES[-1])
+            counts = np.histogram(decades, bins=_DECADE_EDGES)[0]
+            self.counts = counts if self.counts is None else self.counts + counts
 
     @property
     def empty(self) -> bool:
         return not self.high >= self.low
+
+    def decades(self) -> float:
+        """How many decades the largest value lies above the median of the values above 0 (of ``|value|``
+        diverging), to a quarter of a decade; 0 when nothing is above 0."""
+        if self.counts is None or not self.counts.sum() or not self.high > 0:
+            return 0.0
+        cumulative = np.cumsum(self.counts)
+        middle = int(np.searchsorted(cumulative, cumulative[-1] / 2))
+        top = max(abs(self.low), abs(self.high))
+        return max(0.0, math.log10(top) - float(_DECADE_EDGES[middle + 1]))
 
 
 @dataclass
@@ -107,6 +152,8 @@ class Scaling:
     extend: str
     note: str = ""
     log: bool = False
+    #: the scale made (``--norm auto`` resolved to the one chosen), for the colour bar's label
+    scale: ColourScale | None = None
 
     def bounds32(self) -> tuple[np.float32, np.float32]:
         """``low`` and ``high`` as float32, a hair inside ``[low, high]`` (far below one step of a colour
@@ -130,8 +177,40 @@ class Scaling:
         return out
 
 
+def choose_norm(scale: ColourScale, values: ValueRange, diverging: bool = False) -> tuple[ColourScale, str]:
+    """``--norm auto`` resolved by ``values``: log when the largest value lies ``AUTO_DECADES`` or more above
+    the median of those above 0 (and none is below 0, unless the map is diverging), else linear; with a note
+    saying what was chosen and why. Any other scale is returned as it is, with no note."""
+    from dataclasses import replace
+
+    if scale.norm != "auto":
+        return scale, ""
+    span = values.decades()
+    negative = not values.empty and values.low < 0 and not diverging
+    fixed = [v for v in (scale.vmin, scale.vmax) if v is not None]  # a log scale needs them above 0
+    if span >= AUTO_DECADES and not negative and all(v > 0 for v in fixed):
+        return replace(scale, norm="log", auto=True), f"--norm auto: log, the top {span:.1f} decades above the median"
+    return replace(scale, norm="linear", auto=True), ""
+
+
 def make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False) -> Scaling:
-    """The norm of ``scale`` for ``values`` (see ``ColourScale`` for the defaults)."""
+    """The norm of ``scale`` for ``values`` (see ``ColourScale`` for the defaults; ``auto``: ``choose_norm``);
+    the values of keys left out of the scale (``skip_keys``) take its ends' colours."""
+    from dataclasses import replace
+
+    chosen, why = choose_norm(scale, values, diverging)
+    made = _make_scaling(chosen, values, diverging)
+    if values.top > values.high or values.bottom < values.low:  # cells left out of the scale lie beyond it
+        made.extend = _extend(values.bottom < made.low or made.extend in ("min", "both"),
+                              values.top > made.high or made.extend in ("max", "both"))
+    skipped = ("" if not scale.skip_keys else "the first key left out of the scale" if scale.skip_keys == 1 else
+               f"the first {scale.skip_keys} keys left out of the scale")
+    made.note = "; ".join(t for t in (why, made.note, skipped) if t)
+    made.scale = replace(chosen, skip_keys=scale.skip_keys)
+    return made
+
+
+def _make_scaling(scale: ColourScale, values: ValueRange, diverging: bool = False) -> Scaling:
     from matplotlib import colors
 
     low, high = (0.0, 0.0) if values.empty else (values.low, values.high)
@@ -184,11 +263,12 @@ def _extend(below: bool, above: bool) -> str:
     return {(False, False): "neither", (True, False): "min", (False, True): "max"}.get((below, above), "both")
 
 
-def own_scale(cells: np.ndarray, scale: ColourScale, diverging: bool = False) -> tuple[np.ndarray, float]:
+def own_scale(cells: np.ndarray, scale: ColourScale, diverging: bool = False,
+              block: int = 1) -> tuple[np.ndarray, float]:
     """A panel on its own scale (``--scale-per-panel``): its cells as positions 0..1 of the colour map
     (NaN stays NaN), and the panel's maximum (of ``|value|`` when diverging) for its label."""
-    values = ValueRange()
-    values.add(cells, diverging)
+    values = ValueRange(histogram=scale.norm == "auto")
+    values.add(cells, diverging, scale.skipped_columns(block))
     scaling = make_scaling(scale, values, diverging)
     clipped = scaling.clip(cells)
     position = np.ma.filled(scaling.norm(np.ma.masked_invalid(clipped)), np.nan)

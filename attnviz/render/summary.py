@@ -180,18 +180,22 @@ def received_document(result: SummaryResult) -> dict[str, Any]:
             "note": "per key: the attention it receives from the real rows that see it, divided by their number"}
 
 
-def _norm_for(fig: Any, values: np.ndarray, skip: int = 0) -> tuple[Any, str]:
-    """The colour scale of summary pictures: as --norm asks; where it is left linear, a log scale (block means
-    are about 1/L and sinks take most of the weight: a linear scale shows nothing), named in the label."""
-    from attnviz.render.scale import ColourScale, ValueRange, make_scaling
+def _norm_for(fig: Any, values: np.ndarray) -> tuple[Any, str]:
+    """The colour scale of summary pictures, as every heatmap's (``--norm``), but ``auto`` (the default)
+    takes a log scale as soon as the values above 0 span a decade above their median (block means are about
+    1/L beside sinks of nearly 1: a linear scale shows the sinks alone); the name for the colour bar."""
+    from dataclasses import replace
+
+    from attnviz.render.scale import ValueRange, make_scaling
 
     scale = fig.scale()
-    if scale.norm == "linear" and fig.vmin is None and fig.vmax is None:
-        scale = ColourScale(None, None, "log")
-    found = ValueRange()
-    found.add(np.asarray(values, dtype=np.float64))
+    found = ValueRange(histogram=scale.norm == "auto")
+    found.add(np.asarray(values, dtype=np.float64)[None])
+    if scale.norm == "auto" and scale.vmin is None and scale.vmax is None and found.decades() >= 1.0:
+        scale = replace(scale, norm="log", auto=True)
     scaling = make_scaling(scale, found)
-    return scaling, scale.name
+    made = scaling.scale or scale
+    return scaling, made.name
 
 
 def pooled_grid_figure(result: SummaryResult, fig: Any) -> Any:

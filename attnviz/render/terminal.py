@@ -148,17 +148,18 @@ def fit(shape: tuple[int, int], width: int, height: int) -> tuple[int, int]:
     return 1, max(1, min(width // max(cols, 1), height // max(rows, 1), MAX_SCALE))
 
 
-def colour_positions(cells: list[np.ndarray], scale: ColourScale, diverging: bool) -> tuple[list[np.ndarray], Any,
-                                                                                            list[float]]:
+def colour_positions(cells: list[np.ndarray], scale: ColourScale, diverging: bool,
+                     blocks: list[int] | None = None) -> tuple[list[np.ndarray], Any, list[float]]:
     """Each panel's cells as positions 0..1 of the colour map (NaN where masked): on one scale made for
     every cell shown (``make_scaling``, as the PNG's), or with ``scale.per_panel`` each on its own (and
     its maximum). Returns the positions, the shared ``Scaling`` (None per panel) and the maxima."""
+    blocks = blocks or [1] * len(cells)  # the keys in a column of each panel's cells
     if scale.per_panel:
-        own = [own_scale(c, scale, diverging) for c in cells]
+        own = [own_scale(c, scale, diverging, b) for c, b in zip(cells, blocks)]
         return [p for p, _ in own], None, [t for _, t in own]
-    values = ValueRange()
-    for c in cells:
-        values.add(c, diverging)
+    values = ValueRange(histogram=scale.norm == "auto")
+    for c, b in zip(cells, blocks):
+        values.add(c, diverging, scale.skipped_columns(b))
     scaling = make_scaling(scale, values, diverging)
     out = []
     for c in cells:
@@ -252,7 +253,8 @@ class _Drawing:
             cells = reduce_blocks(data, keep, f, f, p.reduce)
             placed.append(Placed(panel, cells, f, s))
         live = [x for x in placed if x is not None]
-        positions, scaling, tops = colour_positions([x.cells for x in live], p.scale, p.diverging)
+        positions, scaling, tops = colour_positions([x.cells for x in live], p.scale, p.diverging,
+                                                    [x.f * p.blocks for x in live])
         for x, pos, top in zip(live, positions, tops):
             x.positions, x.top = pos, top
         out: list[list[Segment]] = []
@@ -477,7 +479,8 @@ class _Drawing:
                 low = "≤" + low
             if scaling.extend in ("max", "both"):
                 high = "≥" + high
-        label = scale_label(p.colorbar_label, p.scale, p.diverging)
+        label = scale_label(p.colorbar_label, p.scale if scaling is None or scaling.scale is None else scaling.scale,
+                            p.diverging)
         tail = f"  {inert.label(label, 40)}" + ("  x masked" if masked and p.plain else "")
         grey = "  ■ masked" if masked and not p.plain else ""
         room = self.width - len(low) - len(high) - 2

@@ -173,8 +173,9 @@ class ViewerApp(App[None]):
         self.refresh_all(f"heads walked by {key}" + (" (largest first)" if key != "head" else ""))
 
     def action_rollout(self) -> None:
-        if not self.model.rollout and self.model.shape[0] != self.model.shape[1]:
-            self.refresh_all("rollout needs square maps (self-attention)")
+        refused = None if self.model.rollout else self.model.rollout_refused()
+        if refused:
+            self.refresh_all(refused)
             return
         self.model.rollout = not self.model.rollout
         self.refresh_all()

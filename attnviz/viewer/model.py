@@ -20,6 +20,9 @@ from attnviz.inspection.heads import HEAD_STATS
 from attnviz.render.terminal import TermPanel, TermPicture
 
 THUMB = 16  # a thumbnail is at most this many cells a side
+#: bytes the rollout of a long map may take whole (its heads and four [L, L] maps in float64) when drawn with
+#: --reduce max; with mean (the default) a long map's rollout is computed in blocks (``pooled_rollout``)
+WHOLE_ROLLOUT = 2**29
 SORTS = ("head", *HEAD_STATS)  # what 's' cycles through: natural order, then each statistic (largest first)
 
 
@@ -124,13 +127,41 @@ class ViewerModel:
         (cells, block size)."""
         key = (-1, -1) if self.rollout else (self.layer, self.head)
         if key not in self._maps:
+            f = max(block_factors(*self.shape, MAX_SIDE))
+            if self.rollout and f > 1 and self.fig.reduce == "mean":  # in blocks, never the [L, L] result
+                self._maps[key] = (self.pooled_rollout(f), f)
+                return self._maps[key]
             if self.rollout:
                 data, keep = self.rollout_map(), None
             else:
                 data, keep = self.get(self.layer, self.head)
-            f = max(block_factors(int(data.shape[0]), int(data.shape[1]), MAX_SIDE))
             self._maps[key] = (reduce_blocks(data, keep, f, f, self.fig.reduce), f)
         return self._maps[key]
+
+    def rollout_refused(self) -> str | None:
+        """Why the rollout cannot be shown, in one line; None when it can. A long map's rollout is computed
+        in blocks and drawn as their means; the max of each block would need the whole ``[L, L]`` result."""
+        lq, lk = self.shape
+        if lq != lk:
+            return "rollout needs square maps (self-attention)"
+        heads = int(self.result.opened.weights.shape[2])
+        if self.fig.reduce == "max" and max(block_factors(lq, lk, MAX_SIDE)) > 1 and \
+                (heads + 4) * lq * lk * 8 > WHOLE_ROLLOUT:
+            return (f"rollout of [{lq}, {lk}] maps is computed in blocks and drawn as block means; --reduce max "
+                    "would need the whole map in memory: view with --reduce mean")
+        return None
+
+    def _real_tokens(self) -> np.ndarray | None:
+        """The real tokens of the batch entry (``[L]``), None when none is padded."""
+        w = self.result.opened.weights
+        real = None if self.real is None else np.broadcast_to(self.real, (*w.shape[:1], *w.shape[2:-1]))
+        return None if real is None else np.asarray(np.asarray(real).all(axis=(0, 1)))
+
+    def pooled_rollout(self, f: int) -> np.ndarray:
+        """The rollout of the batch entry in blocks of ``f x f`` (their means; padded tokens left out)."""
+        from attnviz.inspection.rollout import pooled_rollout
+
+        return pooled_rollout(self.result.opened.weights.data[:, self.batch], f, real=self._real_tokens())
 
     def rollout_map(self) -> np.ndarray:
         """The rollout of the batch entry (heads mean, residual 0.5, every layer), padded tokens NaN."""
@@ -138,11 +169,10 @@ class ViewerModel:
             from attnviz.inspection.rollout import rollout
 
             w = self.result.opened.weights
-            if self.shape[0] != self.shape[1]:
-                raise ValueError("rollout needs square maps (self-attention)")
-            real = None if self.real is None else np.broadcast_to(self.real, (*w.shape[:1], *w.shape[2:-1]))
-            tokens = None if real is None else np.asarray(np.asarray(real).all(axis=(0, 1)))
-            self._rollout = rollout(w.data[:, self.batch], real=tokens, weighed=w.renormalised).result
+            refused = self.rollout_refused()
+            if refused:
+                raise ValueError(refused)
+            self._rollout = rollout(w.data[:, self.batch], real=self._real_tokens(), weighed=w.renormalised).result
         return self._rollout
 
     def value(self) -> float:

@@ -41,8 +41,9 @@ FIGURE_OVERRIDES = {
 ORDER = ("layout", "generation", "generation_a", "generation_b",
          "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "atol", "rtol", "worst", "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention",
-         "mask_kind", "png", "html", "title", "cmap", "reduce", "vmax", "norm", "scale_per_panel", "layers", "heads",
-         "reduce_heads", "max_panels", "show", "graphics", "precision", "json", "json_file", "no_table", "quiet")
+         "mask_kind", "png", "html", "title", "cmap", "reduce", "vmax", "norm", "scale_skip_keys", "scale_per_panel",
+         "layers", "heads", "reduce_heads", "max_panels", "show", "graphics", "precision", "json", "json_file",
+         "no_table", "quiet")
 
 
 def compare_command(**values: Any) -> None:

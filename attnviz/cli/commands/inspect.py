@@ -79,8 +79,8 @@ ORDER = ("layout", "generation", "weigh_by",
          "check_finite", "atol", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
          "upsample", "keep_mass", "png", "map_png", "stats_png", "stat", "received_png", "overlay_png", "html",
          "save_maps", "title", "cmap",
-         "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "show", "graphics",
-         "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
+         "reduce", "vmin", "vmax", "norm", "scale_skip_keys", "scale_per_panel", "layers", "heads", "reduce_heads",
+         "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
 
 def inspect_command(**values: Any) -> None:

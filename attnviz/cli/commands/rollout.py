@@ -39,7 +39,8 @@ ORDER = ("layout", "generation", "weigh_by",
          "key_padding_mask", "mask_convention", "mask_kind", "image", "patch_grid", "patch_size", "prefix_tokens",
          "image_tokens", "query",
          "upsample", "keep_mass", "png", "overlay_png", "html", "title", "cmap", "reduce", "vmin", "vmax", "norm",
-         "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
+         "scale_skip_keys", "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table",
+         "quiet")
 
 
 def rollout_command(**values: Any) -> None:

@@ -26,7 +26,7 @@ LEFT_OUT = (*CheckOptions.__dataclass_fields__, *ImageOptions.__dataclass_fields
             "scale_per_panel")
 ORDER = ("layout", "generation", "weigh_by", "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
          "layer", "head", "batch", "mask", "key_padding_mask", "mask_convention", "mask_kind", "layers", "heads",
-         "reduce_heads", "cmap", "reduce", "vmin", "vmax", "norm")
+         "reduce_heads", "cmap", "reduce", "vmin", "vmax", "norm", "scale_skip_keys")
 
 
 def view_command(**values: Any) -> None:
