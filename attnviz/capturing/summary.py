@@ -16,6 +16,7 @@ torch is imported inside the functions: importing this module costs nothing.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
@@ -25,9 +26,24 @@ BLOCK_VALUES = 1 << 20  # 4 MiB of scores a block: the block stays in the caches
 MASKED = -1e30  # masked scores: exp underflows to exactly 0, and 0 * MASKED is 0 (not NaN as with -inf)
 
 
-def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, parts: MaskParts,
-              dense: Any = None, softcap: float | None = None, sinks: Any = None, bias: Any = None,
-              row_budget: int = BLOCK_VALUES) -> dict[str, Any]:
+def summarise(query: Any, key: Any, **options: Any) -> dict[str, Any]:
+    """``_summarise`` (below); on the CPU its many small operations each on one thread of torch's, the blocks
+    of rows as many at once as torch had threads (``_run_blocks``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if query.device.type != "cpu" or threads < 2:
+        return _summarise(query, key, threads=1, **options)
+    torch.set_num_threads(1)
+    try:
+        return _summarise(query, key, threads=threads, **options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, parts: MaskParts,
+               dense: Any = None, softcap: float | None = None, sinks: Any = None, bias: Any = None,
+               row_budget: int = BLOCK_VALUES, threads: int = 1) -> dict[str, Any]:
     """The summary of one call of a site: ``query [B, H, Lq, d]``, ``key [B, Hkv, Lk, d]`` (torch, any
     device), ``dense`` a boolean keep mask ``[B or 1, 1 or H, Lq, Lk]`` (or None: ``parts`` say it all).
     Returns torch tensors on the same device, named as ``attnviz.summarystats`` names them.
@@ -82,7 +98,9 @@ def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, 
     sink_logit = None if sinks is None else sinks.to(f32).reshape(1, h, 1).to(dev)
     qs = query.to(f32) * scale
     step = max(1, min(lq, row_budget // max(1, b * h * lkp)))
-    for r0 in range(0, lq, step):
+    lock = threading.Lock()
+
+    def one_block(r0: int) -> None:
         r1 = min(lq, r0 + step)
         r = r1 - r0
         pos = torch.arange(r0, r1, device=dev) + q_pos0  # the rows' positions among the keys
@@ -175,15 +193,19 @@ def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, 
             while stop < r and qb[stop] == qi:
                 stop += 1
             sums = torch.matmul(weight[:, :, None, start:stop], e[:, :, start:stop])[:, :, 0]  # [B, H, width]
-            received[..., lo:hi] += sums
-            pooled_sum[:, :, qi, j0:j0 + nj] += sums.view(b, h, nj, bk).sum(-1)
-            pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(pooled_max[:, :, qi, j0:j0 + nj],
-                                                            cell_top[:, :, start:stop].amax(2))
-            if keep is not None:
-                kept = keep[:, 0, start:stop] & row_real[:, start:stop, None]
-                seen_by[:, lo:hi] += kept.sum(1)
-                pooled_seen[:, qi, j0:j0 + nj] |= kept.view(b, stop - start, nj, bk).any(-1).any(1)
+            cells = sums.view(b, h, nj, bk).sum(-1)
+            tops = cell_top[:, :, start:stop].amax(2)
+            kept = None if keep is None else keep[:, 0, start:stop] & row_real[:, start:stop, None]
+            with lock:  # blocks run a few threads at a time (``_run_blocks``); their sums meet here
+                received[..., lo:hi] += sums
+                pooled_sum[:, :, qi, j0:j0 + nj] += cells
+                pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(pooled_max[:, :, qi, j0:j0 + nj], tops)
+                if kept is not None:
+                    seen_by[:, lo:hi] += kept.sum(1)
+                    pooled_seen[:, qi, j0:j0 + nj] |= kept.view(b, stop - start, nj, bk).any(-1).any(1)
             start = stop
+
+    _run_blocks(one_block, list(range(0, lq, step)), threads)
     if dense is None:
         seen_by, pooled_seen = _seen_from_parts(parts, counts, counted_rows, realp, q_pos0, lk, qe, ke)
     pooled_rows = torch.stack([counted_rows[:, qe[i]:qe[i + 1]].sum(-1) for i in range(pq)], -1)  # [B, Pq]
@@ -259,6 +281,27 @@ def _seen_from_parts(parts: MaskParts, counts: Any, counted: Any, realp: Any, q_
             n = counts[bi][hi_i.clamp(min=0)] - counts[bi][torch.minimum(lo_i, hi_i)]
             seen[bi, qi] = ((n > 0) & counted[bi, rows, None]).any(0)
     return seen_by, seen
+
+
+def _run_blocks(run: Any, starts: list[int], threads: int) -> None:
+    """``run`` on every block, ``threads`` Python threads at a time (torch lets go of the GIL in its
+    operations, each on one thread of its own: OpenMP's count is per thread): a block's dozens of small
+    operations never wait at a barrier for a thread the system has lent to another process, as torch's own
+    threads would, every operation, on a shared machine."""
+    if threads < 2 or len(starts) < 2:
+        for r0 in starts:
+            run(r0)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from attnviz.threads import quick_switching
+
+    with quick_switching(), ThreadPoolExecutor(threads, thread_name_prefix="attnviz-summary",
+                                               initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        for done in [pool.submit(run, r0) for r0 in starts]:
+            done.result()
 
 
 def _at(p: Any, index: Any, width: int) -> Any:
