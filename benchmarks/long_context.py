@@ -8,7 +8,7 @@ baseline, the model's plain SDPA forward on the tokens; summary, the same forwar
 summary within 6x the forward's time, its peak within the forward's + 512 MiB, the file at most 64 MiB.
 
     python benchmarks/long_context.py                       # 8k, 16k, 32k tokens
-    python benchmarks/long_context.py --tokens 131072 --repeat 1
+    python benchmarks/long_context.py --tokens 131072 --repeat 1 --layers 1
     python benchmarks/long_context.py --device cuda --size 1b --dtype bfloat16 --tokens 32768
 """
 
@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--size", choices=("small", "1b"), default="small")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each; the fastest is kept")
+    ap.add_argument("--layers", type=int, default=4, help="the small model's layers (1: a 128k run's memory in "
+                                                          "a quarter of the time; a site's summary needs no more)")
     ap.add_argument("--one", nargs=3, metavar=("FOLDER", "TOKENS", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -94,8 +96,8 @@ def main() -> None:
         if args.size == "1b":  # a 1B-class Llama: 16 layers x 32 heads (8 kv), head_dim 64
             folder = llama_folder(Path(tmp) / "model", layers=16, heads=32, kv_heads=8, hidden=2048)
         else:
-            folder = llama_folder(Path(tmp) / "model")
-        print(f"model: {args.size}, device {args.device}, dtype {args.dtype}, torch threads "
+            folder = llama_folder(Path(tmp) / "model", layers=args.layers)
+        print(f"model: {args.size} ({args.layers} layers), device {args.device}, dtype {args.dtype}, torch threads "
               f"{os.environ.get('OMP_NUM_THREADS', 'default')}")
         print(f"{'tokens':>7} {'forward s':>10} {'summary s':>10} {'ratio':>6} {'fwd peak MiB':>13} "
               f"{'sum peak MiB':>13} {'extra MiB':>10} {'file MiB':>9}")
