@@ -29,7 +29,9 @@ how many keys row i may attend (for the normalised entropy, ``entropy / log keys
 Pooled: the query and key axes cut into blocks of ``ceil(L / P)`` positions (``pool_edges``), ``pooled_mean
 [B, H, Pq, Pk]`` the sum of ``A_ij`` over the cell's real rows and its keys divided by (real rows x keys of
 the block), masked weights counting 0; ``pooled_max`` the cell's largest weight; NaN where the cell has no
-real row or no key its rows may see. ``rows [B, H, R, Lk]``: the chosen rows' weights over every key.
+real row or no key its rows may see; ``pool_q_edges [Pq + 1]`` and ``pool_k_edges [Pk + 1]`` the blocks'
+edges in positions (block I covers ``edges[I]`` to ``edges[I + 1] - 1``). ``rows [B, H, R, Lk]``: the
+chosen rows' weights over every key, ``row_positions [R]`` which rows.
 
 The three paths that compute these (the capture's torch blocks, ``attnviz.capturing.summary``; this
 module's ``summarise`` in NumPy; ``attnviz.inspection.heads`` on exact weights for the head means) are
@@ -273,8 +275,10 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
                                      "seen_by": seen_by, "real_keys": real_keys,
                                      "pooled_mean": np.where(ok, mean, np.nan),
                                      "pooled_max": np.where(ok, cell_max, np.nan)}
+    result["pool_q_edges"], result["pool_k_edges"] = np.array(qe, np.int64), np.array(ke, np.int64)
     if positions:
         result["rows"] = rows
+        result["row_positions"] = np.array(positions, np.int64)
     return result
 
 

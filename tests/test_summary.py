@@ -163,6 +163,8 @@ def test_summary_equals_the_exact_weights(family: str, left: bool, tmp_path: Pat
         want = oracle(a, keep, mask.numpy().astype(bool), sinks=2, local=3, pool=4, rows=[0, 5, 12])
         got = _summary(path, site)
         assert "weights" not in got and "q" not in got
+        assert got["pool_q_edges"].tolist() == got["pool_k_edges"].tolist() == pool_edges(13, 4) == [0, 4, 8, 12, 13]
+        assert got["row_positions"].tolist() == [0, 5, 12]
         _assert_summary(got, want, f"{family} {site}")
         if config_name == "GptOssConfig":
             assert np.nanmax(got["total"]) < 1.0  # the sinks take their share of each row

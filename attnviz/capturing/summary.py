@@ -220,8 +220,11 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
     result["keys_seen"] = keys_seen.to(torch.int32)
     result["argmax"] = out["argmax"].to(torch.int32)
     result["real_keys"] = real_keys
+    result["pool_q_edges"] = torch.tensor(qe, dtype=torch.int64, device=dev)
+    result["pool_k_edges"] = torch.tensor(ke, dtype=torch.int64, device=dev)
     if rows_out is not None:
         result["rows"] = rows_out
+        result["row_positions"] = torch.tensor(positions, dtype=torch.int64, device=dev)
     return result
 
 

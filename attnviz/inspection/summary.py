@@ -97,6 +97,8 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
     from attnviz.summarystats import parse_rows, pool_edges
 
     pool = int(settings.get("pool", 256))
+    edges = [np.asarray(raw.get(f"{sites[0]}.{n}")).tolist() if capture.has(sites[0], n) else None
+             for n in ("pool_q_edges", "pool_k_edges")]
     chosen = stack("rows") if all(capture.has(s, "rows") for s in sites) else None
     steps = stack("step_rows") if all(capture.has(s, "step_rows") for s in sites) else None
     parts = mask_parts_of(capture, sites[0]) or {}
@@ -105,8 +107,10 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
         ids = raw.get("decoder_input_ids")
     return SummaryRead(capture.source, kind, sites, settings, rows, stack("keys_seen", np.int64),
                        stack("received", np.float64), stack("seen_by", np.int64), stack("pooled_mean"),
-                       stack("pooled_max"), pool_edges(lq, pool), pool_edges(lk, pool), real, chosen,
-                       parse_rows(settings.get("rows"), lq) if chosen is not None else [], steps,
+                       stack("pooled_max"), edges[0] or pool_edges(lq, pool), edges[1] or pool_edges(lk, pool), real,
+                       chosen, (np.asarray(raw.get(f"{sites[0]}.row_positions")).tolist()
+                                if capture.has(sites[0], "row_positions") else
+                                parse_rows(settings.get("rows"), lq)) if chosen is not None else [], steps,
                        capture.tokens(kind), capture.key_tokens(kind), None if ids is None else np.asarray(ids),
                        bool(parts.get("self_attention", kind != "cross")), capture.metadata)
 
