@@ -344,7 +344,7 @@ def summarise_qk(raw: Any, capture: Any, kind: str, settings: Any = None) -> tup
     from dataclasses import replace
 
     from attnviz.capturing.fileformat import mask_parts_of
-    from attnviz.summarystats import MaskParts, SummarySettings, summarise
+    from attnviz.summarystats import MaskParts, SummarySettings
 
     settings = settings or SummarySettings()
     arrays: dict[str, np.ndarray] = {}
@@ -371,8 +371,8 @@ def summarise_qk(raw: Any, capture: Any, kind: str, settings: Any = None) -> tup
         sinks = np.asarray(raw.get(f"{site}.sinks")) if capture.has(site, "sinks") else None
         bias = np.asarray(raw.get(f"{site}.position_bias")) if capture.has(site, "position_bias") else None
         scale = meta.get("scale") or q.shape[-1] ** -0.5
-        got = summarise(q, k, scale=float(scale), settings=settings, parts=parts, dense=dense,
-                        softcap=meta.get("softcap"), sinks=sinks, bias=bias)
+        got = _summarised(q, k, scale=float(scale), settings=settings, parts=parts, dense=dense,
+                          softcap=meta.get("softcap"), sinks=sinks, bias=bias)
         real_keys = got.pop("real_keys")
         for name, value in got.items():
             arrays[f"{site}.{name}"] = value
@@ -384,6 +384,31 @@ def summarise_qk(raw: Any, capture: Any, kind: str, settings: Any = None) -> tup
     meta = dict(capture.metadata)
     meta["summary"] = {**settings.as_metadata(), "computed_from": "q and k"}
     return computed, replace(capture, metadata=meta, keys=list(arrays))
+
+
+def _summarised(q: np.ndarray, k: np.ndarray, **options: Any) -> dict[str, np.ndarray]:
+    """One site's summary: by the torch blocks where torch is installed (the same definition, tested equal;
+    several times quicker than NumPy's float64 form), else by ``attnviz.summarystats.summarise``."""
+    from attnviz.summarystats import summarise
+
+    try:
+        import torch
+    except ImportError:
+        return summarise(q, k, **options)
+    from dataclasses import replace
+
+    from attnviz.capturing.summary import summarise as in_torch
+
+    def tensor(value: Any) -> Any:
+        return None if value is None else torch.from_numpy(np.ascontiguousarray(value))
+
+    parts = options["parts"]
+    if parts.padding is not None:
+        options["parts"] = replace(parts, padding=tensor(np.asarray(parts.padding, bool)))
+    for name in ("dense", "sinks", "bias"):
+        options[name] = tensor(options.get(name))
+    got = in_torch(tensor(q), tensor(k), **options)
+    return {name: value.numpy() for name, value in got.items()}
 
 
 def open_qk_capture(spec: str) -> tuple[Any, Any, str] | None:
