@@ -30,13 +30,15 @@ class Capture:
     temporary file), ``weights=False`` (keep q, k, v and masks only: long inputs), ``weights_dtype``
     (``float32``, ``float16``, ``bfloat16``: reduced where the model runs, before the copy), ``target``
     ("next", or a token id: the gradient of that logit at the last position with respect to every
-    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled).
+    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled), ``corpus`` (an
+    ``attnviz.capturing.corpus.CorpusAccumulator``: each site's weights go to it instead of the file, and
+    the block may run the model many times; nothing is written).
     On exit the model is as before: its attention implementation, its configs, its hooks.
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *,
                  path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool = True,
-                 weights_dtype: str = "float32", target: Any = None) -> None:
+                 weights_dtype: str = "float32", target: Any = None, corpus: Any = None) -> None:
         if weights_dtype not in WEIGHT_DTYPES:
             raise UsageError(f"attnviz.capture: weights_dtype {weights_dtype!r}; choose one of "
                              f"{', '.join(WEIGHT_DTYPES)}.")
@@ -47,6 +49,9 @@ class Capture:
         self.layers = _layers(layers)
         self.target_path = None if path is None else Path(path)
         self.weights, self.qkv, self.weights_dtype, self.target = weights, qkv, weights_dtype, target
+        self.corpus = corpus
+        if corpus is not None and (not weights or target is not None):
+            raise UsageError("attnviz.capture: a corpus needs the weights and takes no target.")
         self.path: Path | None = None  # the finished file
         self.warnings: list[str] = []
         self._adapter: Any = None
@@ -65,6 +70,8 @@ class Capture:
         self._rec = Recorder(stream, self.layers, _counts(self.model))
         try:
             if _is_keras(self.model):
+                if self.corpus is not None:
+                    raise UsageError("attnviz.capture: corpus statistics are computed for transformers models.")
                 from attnviz.capturing.keras import KerasCapture
 
                 self._adapter = KerasCapture(self.model, self._rec, self.weights_dtype, self.weights)
@@ -73,7 +80,7 @@ class Capture:
 
                 check_model(self.model)
                 self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
-                                          self.target)
+                                          self.target, corpus=self.corpus)
             self._opened = self._adapter.opened()
             self._opened.__enter__()
         except BaseException:
@@ -140,6 +147,11 @@ class Capture:
             if not getattr(logits, "requires_grad", False):
                 raise UsageError("attnviz.capture: a target needs gradients: run the model outside torch.no_grad().")
             adapter.gradients(logits, self.target)
+        if self.corpus is not None:  # the statistics went to the accumulator: no file, the model described
+            rec.writer.close()
+            rec.discard_stream()
+            self.metadata = dict(getattr(adapter, "describe", lambda: {})())
+            return
         if not rec.run:
             if not getattr(adapter, "forwards", 1):
                 raise UsageError("attnviz.capture: the model did not run inside the block; call it (or generate()) "
