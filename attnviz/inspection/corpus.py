@@ -241,7 +241,7 @@ def merge_corpora(parts: list[tuple[str, CorpusSums]]) -> CorpusSums:
             kept = sources.setdefault(str(source.get("sha256")), {**source, "shards": []})
             kept["shards"] = sorted(kept["shards"] + [list(s) for s in source.get("shards") or []])
     meta = json.loads(json.dumps(base.meta))
-    corpus = meta["corpus"]
+    corpus = meta.setdefault("corpus", {})
     corpus.update(dict(totals))
     corpus["first_tokens"] = dict(first.most_common())
     corpus["last_tokens"] = dict(last.most_common())
