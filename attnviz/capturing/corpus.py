@@ -472,6 +472,14 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
     truncated = dropped = 0
     total = len(corpus.texts)
     names = _forward_names(runner)
+    if long == "refuse":  # every text measured before the model runs
+        for start in range(0, total, 256):
+            _, lost = _fit(tokenizer, corpus.texts[start:start + 256], limit)
+            if lost.any():
+                at = int(np.flatnonzero(lost)[0])
+                raise InputError(f"--text-file {corpus.source['file']}: line {corpus.lines[start + at]} has "
+                                 f"{limit + int(lost[at])} tokens, more than the model's {limit} positions "
+                                 "(--long truncate keeps the first ones).")
     with torch.no_grad(), Capture(model, tokenizer, corpus=acc) as cap:
         for start in range(0, total, batch_size):
             chunk = corpus.texts[start:start + batch_size]
@@ -479,11 +487,6 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
             # them whole instead (statistics computed a block of rows at a time); this is where it goes.
             cut, lost = _fit(tokenizer, chunk, limit)
             if lost.any():
-                if long == "refuse":
-                    at = int(np.flatnonzero(lost)[0])
-                    raise InputError(f"--text-file {corpus.source['file']}: line {corpus.lines[start + at]} has "
-                                     f"{limit + int(lost[at])} tokens, more than the model's {limit} positions "
-                                     "(--long truncate keeps the first ones).")
                 truncated += int((lost > 0).sum())
                 dropped += int(lost.sum())
             try:

@@ -31,7 +31,11 @@ from attnviz.streams import err_console, out_console, stdout
 
 SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
             "induction", "duplicate")
-FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps")
+#: what --sort also takes on a corpus file (attnviz capture --corpus)
+CORPUS_SORTABLE = ("punctuation", "next", "entropy_uniform", "first_row_entropy", "top_previous", "top_next",
+                   "sink_rate")
+FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps",
+                "heads_map")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
                 "head of the layer (--layer; default the last) and their mean; .png, .svg or .pdf")
 
@@ -40,8 +44,9 @@ OVERLAY_HELP = ("the query's attention over the image's patches, blended over th
 class InspectOutputs(TableOptions):
     """What inspect prints and saves."""
 
-    sort: Literal[SORTABLE] = option(  # type: ignore[valid-type]
-        "layer", "order the head statistics by this column (statistics: largest first)", panel=OUTPUT)
+    sort: Literal[SORTABLE + CORPUS_SORTABLE] = option(  # type: ignore[valid-type]
+        "layer", "order the head statistics by this column (statistics: largest first; a corpus file's too)",
+        panel=OUTPUT)
     reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
     top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
     png: str | None = option(None, "a layer x head grid of every map (the map itself when there is one); .png, .svg "
@@ -57,6 +62,9 @@ class InspectOutputs(TableOptions):
                               "entry as thumbnails, hover, head view, sortable statistics; with --image a panel of "
                               "the picture: hover a patch to see its attention)", panel=OUTPUT,
                               metavar="FILE.html")
+    heads_map: str | None = option(None, "a corpus file's heads placed by the Jensen-Shannon distances of their rows "
+                                   "(classical multidimensional scaling), coloured by layer; .png, .svg or .pdf",
+                                   panel=OUTPUT, metavar="FILE")
     save_maps: str | None = option(None, "save the maps inspected, [layers, batch, heads, Lq, Lk] (after --generation "
                                    "and --merge-subwords; without them the weights as read): .npy, .npz or "
                                    ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
@@ -68,7 +76,7 @@ ORDER = ("layout", "generation", "weigh_by",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
          "check_finite", "atol", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
          "upsample", "keep_mass", "png", "map_png", "stats_png", "stat", "received_png", "overlay_png", "html",
-         "save_maps", "title", "cmap",
+         "save_maps", "heads_map", "title", "cmap",
          "reduce", "vmin", "vmax", "norm", "scale_per_panel", "layers", "heads", "reduce_heads", "show", "graphics",
          "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
@@ -110,6 +118,20 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,
                  show: ShowOptions | None = None) -> bool:
     """One file of weights: returns whether a check failed."""
+    from attnviz.inspection.corpus import corpus_meta_of
+
+    corpus = corpus_meta_of(options.weights)
+    if corpus is not None:  # per-head statistics over many texts (attnviz capture --corpus)
+        from attnviz.cli.corpus import inspect_corpus
+
+        inspect_corpus(options.weights, corpus, out, fig, out.heads_map)
+        return False
+    if out.heads_map is not None or out.sort in CORPUS_SORTABLE:
+        from attnviz.errors import UsageError
+
+        flag = "--heads-map" if out.heads_map is not None else f"--sort {out.sort}"
+        raise UsageError(f"{flag}: a statistic of corpus files (attnviz capture --corpus); "
+                         f"{options.weights} holds weights.")
     from attnviz.cli import show as shown
     from attnviz.inspection import inspecting
     from attnviz.io import check_outputs
