@@ -205,7 +205,8 @@ def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 TEXT = ("the cat sat on the mat.\n\nthe dog ran fast, the cat sat.\na cat\nthe dog sat, the cat ran.\n"
-        "a dog ran on the mat. the cat sat.\nthe cat.\nthe cat sat on the mat the dog ran fast the cat sat on the mat\n")
+        "a dog ran on the mat. the cat sat.\nthe cat.\n"
+        "the cat sat on the mat the dog ran fast the cat sat on the mat\n")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

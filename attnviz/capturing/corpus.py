@@ -447,7 +447,6 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
     called after each batch. ``long``: ``truncate`` (texts past the model's positions keep their first
     tokens, and the dropped tokens are counted) or ``refuse``."""
     from attnviz.capturing.folder import check_folder, choose_device, import_torch, load_model
-    from attnviz.capturing.session import Capture
     from attnviz.inspection.corpus import write_corpus
 
     path = check_folder(folder)
@@ -455,6 +454,22 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
     device = choose_device(torch, device)
     started = time.perf_counter()
     model, tokenizer = load_model(path, torch, transformers, device, dtype)
+    sums, warnings = run_corpus(model, tokenizer, corpus, device=device, batch_size=batch_size, classes=classes,
+                                sink_threshold=sink_threshold, long=long, progress=progress, where=folder)
+    write_corpus(out, sums)
+    return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, len(corpus.texts),
+                     time.perf_counter() - started, warnings)
+
+
+def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = "cpu", batch_size: int = 8,
+               classes: Sequence[tuple[str, re.Pattern[str]]] = (), sink_threshold: float = 0.3,
+               long: str = "truncate", progress: Callable[[int, int], None] | None = None,
+               where: str = "the model") -> tuple[CorpusSums, list[str]]:
+    """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings."""
+    import torch
+
+    from attnviz.capturing.session import Capture
+
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     tokenizer.padding_side = "right"  # real tokens at their own positions, whatever the family's habit
@@ -463,7 +478,7 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
         get = getattr(model, "get_encoder", None)
         runner = get() if callable(get) else None
         if runner is None:
-            raise InputError(f"{folder}: an encoder-decoder without an encoder attnviz can run alone.")
+            raise InputError(f"{where}: an encoder-decoder without an encoder attnviz can run alone.")
     limit = position_limit(model, tokenizer)
     token_classes = TokenClasses(tokenizer, classes)
     acc = CorpusAccumulator(sink_threshold, [n for n, _ in classes])
@@ -472,7 +487,7 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
     truncated = dropped = 0
     total = len(corpus.texts)
     names = _forward_names(runner)
-    if long == "refuse":  # every text measured before the model runs
+    if long == "refuse" and limit is not None:  # every text measured before the model runs
         for start in range(0, total, 256):
             _, lost = _fit(tokenizer, corpus.texts[start:start + 256], limit)
             if lost.any():
@@ -493,7 +508,7 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
                 batch = tokenizer(chunk, return_tensors="pt", padding=True, truncation=cut,
                                   max_length=limit if cut else None)
             except Exception as exc:  # noqa: BLE001
-                raise InputError(f"{folder}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
+                raise InputError(f"{where}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
             inputs = {k: v.to(device) for k, v in batch.items() if k in names or k == "input_ids"}
             ids = inputs["input_ids"]
             real = batch["attention_mask"].to(device).bool() if "attention_mask" in batch else \
@@ -505,10 +520,10 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
             except AttnvizError:
                 raise
             except torch.cuda.OutOfMemoryError:
-                raise DeviceError(f"{folder}: the GPU ran out of memory; a smaller --batch-size, --dtype bfloat16, "
+                raise DeviceError(f"{where}: the GPU ran out of memory; a smaller --batch-size, --dtype bfloat16, "
                                   "or --device cpu.") from None
             except Exception as exc:  # noqa: BLE001
-                raise InputError(f"{folder}: the model failed on the texts of lines {corpus.lines[start]}.."
+                raise InputError(f"{where}: the model failed on the texts of lines {corpus.lines[start]}.."
                                  f"{corpus.lines[start + len(chunk) - 1]} ({_reason(exc)}).") from None
             acc.end()
             if progress is not None:
@@ -525,14 +540,11 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
             "first_tokens": dict(first_tokens.most_common()), "last_tokens": dict(last_tokens.most_common()),
         },
     }
-    sums = acc.result(meta)
-    write_corpus(out, sums)
     warnings = []
     if truncated:
         warnings.append(f"{truncated} text(s) were longer than the model's {limit} positions: their first {limit} "
                         f"tokens were used ({dropped} tokens dropped)")
-    return CorpusRun(out, sums, str(describe.get("model_type")), device, total, time.perf_counter() - started,
-                     warnings)
+    return acc.result(meta), warnings
 
 
 def settings(sink_threshold: float, classes: Sequence[tuple[str, re.Pattern[str]]], limit: int | None,

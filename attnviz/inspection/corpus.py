@@ -132,7 +132,7 @@ def write_corpus(path: str | os.PathLike[str], sums: CorpusSums) -> Path:
     listed: list[tuple[str, np.dtype, tuple[int, ...], Source]] = []
     for name, arr in arrays.items():
         a = np.ascontiguousarray(arr, dtype=np.int64 if name == "corpus.heads" else np.float64)
-        listed.append((name, a.dtype, tuple(a.shape), (lambda a=a: a)))
+        listed.append((name, a.dtype, tuple(a.shape), _constant(a)))
     folder = target.parent if str(target.parent) else Path(".")
     try:
         fd, name = hidden_file(folder, f".{target.name[:60]}.", ".part.safetensors")
@@ -152,6 +152,10 @@ def write_corpus(path: str | os.PathLike[str], sums: CorpusSums) -> Path:
     return target
 
 
+def _constant(arr: np.ndarray) -> Any:
+    return lambda: arr
+
+
 def is_corpus(meta: dict[str, Any] | None) -> bool:
     return isinstance(meta, dict) and isinstance(meta.get("corpus"), dict)
 
@@ -163,7 +167,6 @@ def corpus_meta_of(path: str) -> dict[str, Any] | None:
         return None
     from attnviz.capturing.fileformat import read_metadata
     from attnviz.formats import open_file
-
     from attnviz.storage.urls import place
 
     try:
@@ -210,8 +213,8 @@ def read_corpus(path: str) -> CorpusSums:
     for name in ARRAYS[:-1]:
         if not np.all(np.isfinite(arrays[name])):
             raise InputError(f"{path}: {name} holds NaN or infinity.")
-    return CorpusSums(sites, layers, heads, names, *(arrays[a].astype(np.float64) for a in ARRAYS[:-1]),
-                      meta=meta)
+    values = [arrays[a].astype(np.float64) for a in ARRAYS[:-1]]
+    return CorpusSums(sites, layers, heads, names, values[0], values[1], values[2], values[3], values[4], meta)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -228,9 +231,10 @@ def merge_corpora(parts: list[tuple[str, CorpusSums]]) -> CorpusSums:
     for name, part in parts[1:]:
         _same(base_name, base, name, part)
     _disjoint(parts)
-    first, last = Counter(), Counter()
+    first: Counter[str] = Counter()
+    last: Counter[str] = Counter()
     sources: dict[str, dict[str, Any]] = {}
-    totals = Counter()
+    totals: Counter[str] = Counter()
     for _, part in parts:
         corpus = part.corpus
         first.update(corpus.get("first_tokens") or {})
@@ -247,9 +251,9 @@ def merge_corpora(parts: list[tuple[str, CorpusSums]]) -> CorpusSums:
     corpus["last_tokens"] = dict(last.most_common())
     corpus["sources"] = list(sources.values())
     corpus["merged"] = len(parts)
-    return CorpusSums(list(base.sites), list(base.layers), list(base.heads), list(base.names),
-                      *(sum(getattr(p, a) for _, p in parts) for a in ("sums", "texts", "rows", "js", "js_rows")),
-                      meta=meta)
+    added = {a: np.sum([getattr(p, a) for _, p in parts], axis=0) for a in ("sums", "texts", "rows", "js", "js_rows")}
+    return CorpusSums(list(base.sites), list(base.layers), list(base.heads), list(base.names), added["sums"],
+                      added["texts"], added["rows"], added["js"], added["js_rows"], meta)
 
 
 def _same(a_name: str, a: CorpusSums, b_name: str, b: CorpusSums) -> None:
@@ -370,8 +374,8 @@ def corpus_document(sums: CorpusSums, source: str, files: dict[str, str] | None 
 def corpus_sites_text(sums: CorpusSums) -> str:
     """One line: what the file holds."""
     corpus = sums.corpus
-    first = ", ".join(list((corpus.get("first_tokens") or {}))[:3])
-    last = ", ".join(list((corpus.get("last_tokens") or {}))[:3])
+    first = ", ".join(list(corpus.get("first_tokens") or {})[:3])
+    last = ", ".join(list(corpus.get("last_tokens") or {})[:3])
     return (f"{corpus.get('texts')} texts, {int(sums.rows.max(initial=0))} query rows, {len(sums.sites)} layers x "
             f"{max(sums.heads, default=0)} heads of {sums.meta.get('model_type')}; first tokens: {first or '-'}; "
             f"last tokens: {last or '-'}")

@@ -36,11 +36,15 @@ def _order(sums: CorpusSums, sort: str, reverse: bool) -> list[int]:
     return order[::-1] if reverse else order
 
 
+#: columns left out, in this order, when the table is wider than the terminal (the JSON has them all)
+FIT_DROPS = ("top next", "top prev", "H(first row)", "uniform", "next", "self", "prev")
+
+
 def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", reverse: bool = False,
                  top: int | None = None) -> Any:
-    """Every head's statistics, one row each (``sort``: layer, head or a statistic, largest first)."""
-    from rich import box
-    from rich.table import Table
+    """Every head's statistics, one row each (``sort``: layer, head or a statistic, largest first); laid out
+    for the width it is printed at (``render.table.Fitted``: the least telling columns left out, and said)."""
+    from attnviz.render.table import Fitted
 
     order = _order(sums, sort, reverse)
     shown = order[:top] if top else order
@@ -50,25 +54,41 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
     first = ", ".join(list(corpus.get("first_tokens") or {})[:2]) or "-"
     last = ", ".join(list(corpus.get("last_tokens") or {})[:2]) or "-"
     caption = (f"{corpus.get('texts')} texts; means over each text's real query rows, then over texts; first = "
-               f"the first real token ({first}), last = the last ({last}); punct = '.' and ','; entropy in nats "
-               f"against uniform attention over the same rows; sink rate = share of texts whose mean weight on the "
-               f"first token passes {(corpus.get('settings') or {}).get('sink_threshold')}")
+               f"the first real token ({first}), last = the last ({last}); punct = '.' and ','; self = the token "
+               f"itself; entropy in nats, uniform = that of uniform attention over the same rows; top prev/next = "
+               f"share of rows whose largest weight is on the previous/next token; sink rate = share of texts "
+               f"whose mean weight on the first token passes {(corpus.get('settings') or {}).get('sink_threshold')}")
     if len(shown) < len(order):
         caption += f"; showing {len(shown)} of {len(order)} heads (--top)"
-    table = Table(title=f"corpus head statistics (by {sort}{', reversed' if reverse else ''})", caption=caption,
-                  caption_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    table.add_column("layer", justify="right", no_wrap=True)
-    table.add_column("head", justify="right", no_wrap=True)
-    for header in COLUMNS.values():
-        table.add_column(header, justify="right", no_wrap=True)
+    cells: dict[str, list[str]] = {"layer": [str(heads[g][0]) for g in shown],
+                                   "head": [str(heads[g][1]) for g in shown]}
+    for stat, header in COLUMNS.items():
+        cells[header] = [_num(means[stat][g], precision) for g in shown]
     for name in sums.classes:
-        table.add_column(name, justify="right", no_wrap=True)
-    for g in shown:
-        cells = [str(heads[g][0]), str(heads[g][1])]
-        cells += [_num(means[stat][g], precision) for stat in COLUMNS]
-        cells += [_num(means[f"class:{name}"][g], precision) for name in sums.classes]
-        table.add_row(*cells)
-    return table
+        cells[name] = [_num(means[f"class:{name}"][g], precision) for g in shown]
+    widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
+
+    def build(width: int | None) -> Any:
+        from rich import box
+        from rich.table import Table
+
+        names = list(cells)
+        dropped: list[str] = []
+        for name in FIT_DROPS:
+            if width is None or sum(widths[n] for n in names) + len(names) + 1 <= width:
+                break
+            names.remove(name)
+            dropped.append(name)
+        note = f"; left out to fit the terminal: {', '.join(dropped)} (--json has them)" if dropped else ""
+        table = Table(title=f"corpus head statistics (by {sort}{', reversed' if reverse else ''})",
+                      caption=caption + note, caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for name in names:
+            table.add_column(name, justify="right", no_wrap=True, overflow="ellipsis", width=widths[name])
+        for r in range(len(shown)):
+            table.add_row(*[cells[n][r] for n in names])
+        return table
+
+    return Fitted(build)
 
 
 def closest_pairs_table(pairs: list[tuple[tuple[int, int], tuple[int, int], float]], precision: int = 4) -> Any:

@@ -96,8 +96,9 @@ def capture_command(
             refuse_with_corpus({"--layers": layers, "--generate": generate, "--no-weights": no_weights,
                                 "--weights-dtype": weights_dtype != "float32", "--target": target,
                                 "--decoder-text": decoder_text, "--check": check})
-            options = CorpusOptions(**{k.lstrip("-").replace("-", "_"): v for k, v in given.items() if v is not None})
-            options.token_class = tuple(token_class or ())
+            options = CorpusOptions(batch_size=batch_size or 8, shard=shard, token_class=tuple(token_class or ()),
+                                    sink_threshold=0.3 if sink_threshold is None else sink_threshold,
+                                    long=long or "truncate")
             return capture_corpus_command(model, text or [], text_file, output, device, dtype, options, json_out)
         from attnviz.cli.corpus import refuse_without_corpus
 

