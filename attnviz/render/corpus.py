@@ -156,7 +156,7 @@ def layer_strips_figure(sums: CorpusSums, fig: Any = None) -> Any:
     uniform = [np.nanmean(means["entropy_uniform"][x == k]) for k in range(len(layers))]
     ax.plot(range(len(layers)), uniform, ls="--", color="black", lw=1, label="uniform attention")
     ax.set_title("entropy (nats) by layer", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best", framealpha=0.8)
     _layer_axis(ax, layers)
     for ax in axes[n:]:
         ax.set_visible(False)
