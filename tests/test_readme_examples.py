@@ -299,7 +299,8 @@ def folder(tmp_path_factory) -> Path:
                 str(d / "run.safetensors")])
         _gradient_capture(d / "grads.safetensors")
         # corpus files (docs/corpus.md, docs/commands/merge.md): a whole run and two shards of a short text file
-        (d / "corpus.txt").write_text("The cat sat on the mat.\nA dog ran.\n\nThe dog sat, the cat ran.\n")
+        (d / "corpus.txt").write_text("The cat sat on the mat.\nA dog ran.\n\nThe dog sat, the cat ran.\nThe cat ran.\n"
+                                       "A dog sat on the mat.\n")
         invoke(["capture", str(d / "my-model"), "--text-file", str(d / "corpus.txt"), "--corpus", "-o",
                 str(d / "heads.safetensors")])
         for i in range(3):
