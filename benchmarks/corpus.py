@@ -13,7 +13,10 @@ as ``attnviz capture`` loads it (its own attention implementation).
 
 Baseline and corpus alternate ``--repeat`` times; the fastest of each is kept. Prints the seconds, the ratio
 (target: at most 2x the baseline) and, from fresh processes, the peak memory the corpus run adds over the loaded
-model for 100 and for 1,000 texts (target: the same for both: flat in the number of texts).
+model for 100 and for 1,000 texts (target: the same for both: flat in the number of texts), with the longest
+text of each (what the batch's temporaries scale with). The children run with ``MALLOC_MMAP_THRESHOLD_`` at
+1 MiB, so that a freed large block goes back to the system and the peak is what was live (glibc's dynamic
+threshold otherwise keeps the blocks of batches of other lengths, and the peak grows with their variety).
 
     python benchmarks/corpus.py                          # CPU: 1,000 texts, batches of 8
     python benchmarks/corpus.py --device cuda --repeat 3
@@ -121,10 +124,12 @@ def memory_child(count: int, batch: int, device: str) -> None:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+    items = texts(count)
+    longest = max(len(ids) for ids in tokenizer(items)["input_ids"])
     reset_peak()
     before = rss_now()
-    corpus(model, tokenizer, texts(count), batch, device)
-    out = {"texts": count, "host_added": rss_peak() - before}
+    corpus(model, tokenizer, items, batch, device)
+    out = {"texts": count, "host_added": rss_peak() - before, "longest": longest}
     if device == "cuda":
         out["gpu_added"] = torch.cuda.max_memory_allocated() - base
     print(json.dumps(out))
@@ -169,9 +174,11 @@ def main() -> None:
     for count in (100, 1000):
         done = subprocess.run([sys.executable, __file__, "--memory-child", str(count), "--batch-size",
                                str(args.batch_size), "--device", args.device, "--threads", str(args.threads)],
-                              capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": str(1 << 20)})
         got = json.loads(done.stdout.strip().splitlines()[-1])
-        line = f"peak memory added by the corpus run over {count} texts: host {got['host_added'] / 2**20:.1f} MiB"
+        line = (f"peak memory added by the corpus run over {count} texts (the longest {got['longest']} tokens): host "
+                f"{got['host_added'] / 2**20:.1f} MiB")
         if "gpu_added" in got:
             line += f", GPU {got['gpu_added'] / 2**20:.1f} MiB"
         print(line)
