@@ -279,6 +279,29 @@ def test_cli_corpus_run_shards_merge_and_inspect(bert_folder: Path, tmp_path: Pa
     assert "punct" in table.stdout and "sink" in table.stdout
 
 
+def test_api_corpus_equals_the_command(bert_folder: Path, tmp_path: Path) -> None:
+    """attnviz.corpus(model, tokenizer, texts) keeps the sums the command line keeps over the same texts, and
+    its settings and model identity, so that the two merge."""
+    import attnviz
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "cli.safetensors"
+    assert _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--token-class", "the=the",
+                   "--batch-size", "2", "-o", str(out)).exit_code == 0
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
+    model = transformers.AutoModel.from_pretrained(str(bert_folder)).eval()
+    with pytest.warns(UserWarning, match="2 tokens dropped"):
+        sums = attnviz.corpus(model, tok, TEXT.splitlines(), token_class=["the=the"], batch_size=3,
+                              path=tmp_path / "api.safetensors")
+    cli = read_corpus(str(out))
+    for name in ("sums", "texts", "rows", "js", "js_rows"):
+        np.testing.assert_allclose(getattr(sums, name), getattr(cli, name), rtol=1e-6, atol=1e-9)
+    api = read_corpus(str(tmp_path / "api.safetensors"))
+    for key in ("model", "tokenizer", "settings"):
+        assert api.corpus[key] == cli.corpus[key], key
+
+
 def test_cli_corpus_pictures(bert_folder: Path, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)
