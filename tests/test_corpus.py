@@ -163,6 +163,28 @@ def test_every_statistic_equals_its_definition(name: str, left: bool) -> None:
     assert np.ptp(means["entropy"]) > 0.05 and 0 < np.mean(means["sink"]) < 1
 
 
+@pytest.mark.parametrize("name", ["bert (encoder)", "gpt2 (decoder)"])
+def test_inspect_s_fields_keep_inspect_s_definitions(name: str) -> None:
+    """On one text, first, last, diagonal, previous, entropy and max are what ``inspect`` reports
+    (``inspection.heads.head_statistics``) for that text's weights, padding left out."""
+    from attnviz.inspection.heads import head_statistics
+
+    config, cls, _, extra = MODELS[name]
+    model, eager = _models(config, cls, extra)
+    ids, mask, classes = _batches(True)[0]
+    for b in range(ids.shape[0]):
+        one = [(ids[b:b + 1], mask[b:b + 1], classes[:, b:b + 1])]
+        means = _accumulate(model, one).means()
+        with torch.no_grad():
+            att = eager(input_ids=ids[b:b + 1], attention_mask=mask[b:b + 1], output_attentions=True).attentions
+        w = np.stack([a.numpy() for a in att])  # [layers, 1, H, L, L]
+        real = mask[b].numpy().astype(bool)
+        keep = real[None, None, None, None, :] & (np.tril(np.ones(w.shape[-2:], bool)) if "decoder" in name else True)
+        stats = head_statistics(w, keep, real_rows=real[None, None, None, :], real_keys=real[None, None, None, :])
+        for stat in ("first", "last", "diagonal", "previous", "entropy", "max"):
+            np.testing.assert_allclose(means[stat], stats[stat].reshape(-1), atol=1e-5, err_msg=f"{stat}, text {b}")
+
+
 def test_batches_add_up_as_one() -> None:
     """The same texts in other batches (two halves, added) give the same sums as one run: what merging shards
     relies on."""
