@@ -382,6 +382,24 @@ def test_merge_refuses_what_does_not_add_up(bert_folder: Path, tmp_path: Path) -
         done = _invoke("merge", *map(str, files), "-o", str(out))
         assert done.exit_code in (1, 2) and words in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
+    # a file that is not a corpus file
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros((2, 2), np.float32)}, str(tmp_path / "plain.safetensors"))
+    done = _invoke("merge", str(runs["a"]), str(tmp_path / "plain.safetensors"), "-o", str(out))
+    assert done.exit_code == 1 and "not a corpus file" in done.stderr and not out.exists(), done.stderr
+    # --shard auto: a Kubernetes Indexed Job's pod 1 of 2 runs what --shard 1/2 runs
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    auto = tmp_path / "auto.safetensors"
+    done = CliRunner().invoke(app, ["capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--shard",
+                                    "auto", "-o", str(auto)],
+                              env={"JOB_COMPLETION_INDEX": "1", "ATTNVIZ_SHARD_COUNT": "2"})
+    assert done.exit_code == 0, done.stderr
+    np.testing.assert_allclose(read_corpus(str(auto)).sums, read_corpus(str(runs["b"])).sums, rtol=1e-9)
+    assert read_corpus(str(auto)).corpus["sources"][0]["shards"] == [[1, 2]]
     # another model (its weights differ)
     other = tmp_path / "other"
     other.mkdir()
