@@ -11,7 +11,9 @@ as ``attnviz capture`` loads it (its own attention implementation).
 * corpus: ``attnviz.capturing.corpus.run_corpus`` over the same texts and batches: every statistic and the
   Jensen-Shannon head distances (what ``attnviz capture --corpus`` runs once the model is loaded).
 
-Baseline and corpus alternate ``--repeat`` times; the fastest of each is kept. Prints the seconds, the ratio
+Baseline and corpus alternate ``--repeat`` times; the fastest of each is kept. Then, as noise on a shared
+machine can differ between two long runs, the two alternate batch by batch (``interleaved``), ``--repeat`` times.
+Prints the seconds, the ratio
 (target: at most 2x the baseline) and, from fresh processes, the peak memory the corpus run adds over the loaded
 model for 100 and for 1,000 texts (target: the same for both: flat in the number of texts), with the longest
 text of each (what the batch's temporaries scale with). The children run with ``MALLOC_MMAP_THRESHOLD_`` at
@@ -115,6 +117,44 @@ def corpus(model, tokenizer, items: list[str], batch: int, device: str) -> float
     return time.perf_counter() - started
 
 
+def interleaved(model, tokenizer, items: list[str], batch: int, device: str) -> tuple[float, float]:  # noqa: ANN001
+    """Batch by batch, alternating: the plain forward of a batch (tokenizer included), then the corpus run's
+    step on it (the same model's weights as another instance inside ``attnviz.capture``: the tokenizer, the
+    token classes, the forward with every statistic, the head distances). On a shared machine, noise then
+    falls on both alike. Returns (plain seconds, corpus seconds)."""
+    import copy
+
+    import torch
+
+    from attnviz.capturing.corpus import CorpusAccumulator, TokenClasses, _fit, position_limit
+    from attnviz.capturing.session import Capture
+
+    limit = position_limit(model, tokenizer)
+    captured = copy.deepcopy(model)
+    acc = CorpusAccumulator()
+    classes = TokenClasses(tokenizer, [])
+    plain_s = corpus_s = 0.0
+    with torch.no_grad(), Capture(captured, tokenizer, corpus=acc):
+        for start in range(0, len(items), batch):
+            chunk = items[start:start + batch]
+            sync(device)
+            t0 = time.perf_counter()
+            enc = tokenizer(chunk, return_tensors="pt", padding=True, truncation=True, max_length=limit).to(device)
+            model(**enc)
+            sync(device)
+            t1 = time.perf_counter()
+            _fit(tokenizer, chunk, limit)
+            enc = tokenizer(chunk, return_tensors="pt", padding=True, truncation=True, max_length=limit).to(device)
+            acc.begin(enc["attention_mask"].bool(), classes.masks(enc["input_ids"]))
+            captured(**enc)
+            acc.end()
+            sync(device)
+            t2 = time.perf_counter()
+            plain_s += t1 - t0
+            corpus_s += t2 - t1
+    return plain_s, corpus_s
+
+
 def memory_child(count: int, batch: int, device: str) -> None:
     """In a fresh process: the peak memory a corpus run over ``count`` texts adds to the loaded model."""
     import torch
@@ -162,6 +202,7 @@ def main() -> None:
     for _ in range(args.repeat):
         base.append(plain(model, tokenizer, items, args.batch_size, args.device))
         ours.append(corpus(model, tokenizer, items, args.batch_size, args.device))
+    inter = [interleaved(model, tokenizer, items, args.batch_size, args.device) for _ in range(args.repeat)]
     eager_model, _ = load(args.device, eager=True)
     eager = plain(eager_model, tokenizer, items, args.batch_size, args.device, attentions=True)
     b, o = min(base), min(ours)
@@ -171,6 +212,8 @@ def main() -> None:
     print(f"corpus run (every statistic and the head distances): {o:.2f} s (runs: "
           f"{', '.join(f'{t:.2f}' for t in ours)})")
     print(f"ratio corpus / plain: {o / b:.2f}x (target <= 2x); {args.texts / o:.1f} texts/s")
+    for p, c in inter:
+        print(f"interleaved batch by batch: plain {p:.2f} s, corpus {c:.2f} s, ratio {c / p:.2f}x")
     for count in (100, 1000):
         done = subprocess.run([sys.executable, __file__, "--memory-child", str(count), "--batch-size",
                                str(args.batch_size), "--device", args.device, "--threads", str(args.threads)],
