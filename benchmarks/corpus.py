@@ -155,12 +155,14 @@ def interleaved(model, tokenizer, items: list[str], batch: int, device: str) -> 
     return plain_s, corpus_s
 
 
-def memory_child(count: int, batch: int, device: str) -> None:
-    """In a fresh process: the peak memory a corpus run over ``count`` texts adds to the loaded model."""
+def memory_child(count: int, batch: int, device: str, mode: str = "corpus") -> None:
+    """In a fresh process: the peak memory a corpus run (or the plain forwards: ``mode``) over ``count`` texts
+    adds to the loaded model."""
     import torch
 
     model, tokenizer = load(device)
-    corpus(model, tokenizer, texts(16), batch, device)  # warm: the first batches allocate the allocator's pools
+    run = corpus if mode == "corpus" else plain
+    run(model, tokenizer, texts(16), batch, device)  # warm: the first batches allocate the allocator's pools
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -168,7 +170,7 @@ def memory_child(count: int, batch: int, device: str) -> None:
     longest = max(len(ids) for ids in tokenizer(items)["input_ids"])
     reset_peak()
     before = rss_now()
-    corpus(model, tokenizer, items, batch, device)
+    run(model, tokenizer, items, batch, device)
     out = {"texts": count, "host_added": rss_peak() - before, "longest": longest}
     if device == "cuda":
         out["gpu_added"] = torch.cuda.max_memory_allocated() - base
@@ -183,13 +185,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as torch chooses)")
     parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-mode", default="corpus", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_child:
-        memory_child(args.memory_child, args.batch_size, args.device)
+        memory_child(args.memory_child, args.batch_size, args.device, args.memory_mode)
         return
     items = texts(args.texts)
     model, tokenizer = load(args.device)
@@ -214,17 +217,19 @@ def main() -> None:
     print(f"ratio corpus / plain: {o / b:.2f}x (target <= 2x); {args.texts / o:.1f} texts/s")
     for p, c in inter:
         print(f"interleaved batch by batch: plain {p:.2f} s, corpus {c:.2f} s, ratio {c / p:.2f}x")
-    for count in (100, 1000):
-        done = subprocess.run([sys.executable, __file__, "--memory-child", str(count), "--batch-size",
-                               str(args.batch_size), "--device", args.device, "--threads", str(args.threads)],
-                              capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": str(1 << 20)})
-        got = json.loads(done.stdout.strip().splitlines()[-1])
-        line = (f"peak memory added by the corpus run over {count} texts (the longest {got['longest']} tokens): host "
-                f"{got['host_added'] / 2**20:.1f} MiB")
-        if "gpu_added" in got:
-            line += f", GPU {got['gpu_added'] / 2**20:.1f} MiB"
-        print(line)
+    for mode in ("corpus", "plain"):
+        for count in (100, 1000):
+            done = subprocess.run([sys.executable, __file__, "--memory-child", str(count), "--memory-mode", mode,
+                                   "--batch-size", str(args.batch_size), "--device", args.device, "--threads",
+                                   str(args.threads)], capture_output=True, text=True, check=True,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": str(1 << 20)})
+            got = json.loads(done.stdout.strip().splitlines()[-1])
+            what = "the corpus run" if mode == "corpus" else "the plain forwards"
+            line = (f"peak memory added by {what} over {count} texts (the longest {got['longest']} tokens): host "
+                    f"{got['host_added'] / 2**20:.1f} MiB")
+            if "gpu_added" in got:
+                line += f", GPU {got['gpu_added'] / 2**20:.1f} MiB"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":
