@@ -53,6 +53,13 @@ class OutputError(AttnvizError):
 
 #: how the command line names recording a model (the Python API says ``attnviz.capture(model)``)
 CAPTURE_HINT = "attnviz capture (attnviz.capture(model) in Python)"
+#: how the command line says to record a model on some text, and to record the gradients of a target; the
+#: Python API says ``PYTHON_WORDS[...]`` instead (``attnviz.api.wording``)
+CAPTURE_RUN = "attnviz capture MODEL_DIR --text ... -o run.safetensors"
+CAPTURE_TARGET = "attnviz capture --target next (or a token)"
+PYTHON_WORDS = {CAPTURE_HINT: "attnviz.capture(model)",
+                CAPTURE_RUN: "attnviz.capture(model, tokenizer) around a forward pass",
+                CAPTURE_TARGET: 'attnviz.capture(model, target="next") (or a token id) around a forward pass'}
 
 
 def no_weights(subject: str) -> str:

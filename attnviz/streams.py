@@ -107,6 +107,8 @@ class MessageConsole(Console):
         #: the terminal's width, when known: a message longer has its paths shortened in the middle
         #: (``attnviz.text.fit_paths``) and wraps
         self.fit = fit
+        #: the width is the reader's (a terminal's, or ``COLUMNS``), not a default for a pipe or a file
+        self.width_known = True
 
     def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
         if self.quiet:  # its reader went away: nothing to render
@@ -199,6 +201,7 @@ def out_console() -> Console:
         console = MessageConsole(highlight=False, markup=False, emoji=False, width=output_width(sys.stdout),
                                  quiet=silenced(sys.stdout))
     console.fit = console.width if console.is_terminal else None
+    console.width_known = terminal_width(sys.stdout if stream is None else stream) is not None
     return console
 
 

@@ -124,6 +124,7 @@ ONE_WORKER = {
     "test_browser": "one Chromium for the module",
     "test_readme_examples": "the examples run one after another in one folder",
     "test_object_stores": "one S3 server (moto) for the module, its buckets made once",
+    "test_kerashub": "KerasHub's import (~6 s) paid once, and its backbones built once for the module",
 }
 
 

@@ -132,7 +132,8 @@ def _offenders(rule: str) -> list[str]:
             if rule == "typer" and top == "typer" and not in_cli:
                 bad.append(where)
             if rule == "tensorflow" and top in ("tensorflow", "keras") and not (
-                    name.startswith("attnviz.variants") or name in ("attnviz.device", "attnviz.capturing.keras")):
+                    name.startswith("attnviz.variants") or name in ("attnviz.device", "attnviz.capturing.keras",
+                                                             "attnviz.capturing.kerashub", "attnviz.capturing.preset")):
                 bad.append(where)
             if rule == "cli" and module.startswith("attnviz.cli") and not in_cli and name != "attnviz.__main__":
                 bad.append(where)

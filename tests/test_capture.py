@@ -75,10 +75,20 @@ def _real(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.broadcast_to(mask.any(axis=-1, keepdims=True), shape)
 
 
+def _keep(path: Path, site: str) -> np.ndarray:
+    """A site's keep mask as the file describes it (its parts, or a dense array)."""
+    from attnviz.capturing.fileformat import open_capture, site_keep
+
+    with open_capture(path) as (raw, capture):
+        keep = site_keep(raw, capture, site)
+    assert keep is not None, site
+    return keep
+
+
 def _compare(path: Path, site: str, reference: np.ndarray, atol: float = 1e-5) -> None:
+    keep = _keep(path, site)
     with safe_open(str(path), "np") as f:
         ours = f.get_tensor(f"{site}.weights")
-        keep = f.get_tensor(f"{site}.mask")
     assert ours.shape == reference.shape, (site, ours.shape, reference.shape)
     real = _real(keep, ours.shape)
     assert real.any()
@@ -116,7 +126,9 @@ def test_file_holds_qkv_mask_projection_and_metadata(tmp_path: Path) -> None:
         assert f.get_tensor("layers.0.q").shape == (2, 9, 4, 8)
         assert f.get_tensor("layers.0.k").shape == (2, 9, 2, 8)
         assert f.get_tensor("layers.0.v").shape == (2, 9, 2, 8)
-        keep = f.get_tensor("layers.0.mask")
+        assert not set(f.keys()) & {"layers.0.mask", "layers.1.mask"}  # padding and causal: kept as parts
+        assert f.get_tensor("layers.0.real_keys").shape == (2, 9)
+        keep = _keep(tmp_path / "run.safetensors", "layers.0")
         assert keep.dtype == np.bool_ and keep.shape == (2, 1, 9, 9)
         assert not keep[1, 0, 5, :3].any() and keep[1, 0, 5, 3:6].all() and not keep[1, 0, 5, 6:].any()
         wo = f.get_tensor("layers.0.wo")
@@ -128,6 +140,7 @@ def test_file_holds_qkv_mask_projection_and_metadata(tmp_path: Path) -> None:
     assert meta["transformers"] == transformers.__version__
     assert meta["sites"]["layers.1"]["module"] == "model.layers.1.self_attn"
     assert meta["sites"]["layers.1"]["scale"] == pytest.approx(8 ** -0.5)
+    assert meta["sites"]["layers.1"]["mask"] == {"causal": True, "window": None, "self_attention": True}
 
 
 def test_restore_after_normal_exit_and_exception() -> None:

@@ -139,3 +139,33 @@ def test_received_leaves_padding_out(probe, tmp_path):
     for h in range(2):
         expected = [np.mean([w[0, h, i, j] for i in range(max(j, 2), length)]) for j in range(2, length)]
         np.testing.assert_allclose(per_head[0, h, 2:].astype(float), expected)
+
+
+def test_a_tag_needs_enough_rows(tmp_path):
+    """One repeated token in the batch: the head that puts all of that row on the induction target scores 1.0 but
+    is not tagged from one row; the JSON and the table say how many rows the detectors counted."""
+    from attnviz.inspection.tokens import TOKEN_TAG_MIN_ROWS
+
+    tokens = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]  # "the" repeats once, at 5
+    length = len(tokens)
+    (tmp_path / "tokens.txt").write_text("".join(f"{t}\n" for t in tokens))
+    w = np.zeros((1, 1, 2, length, length))
+    for i in range(length):
+        w[0, 0, 0, i, 2 if i == 5 else i] = 1.0  # row 5: the token after the earlier "the"
+        w[0, 0, 1, i, max(i - 1, 0)] = 1.0
+    np.save(tmp_path / "w.npy", w)
+    result = invoke("inspect", tmp_path / "w.npy", "--labels", tmp_path / "tokens.txt", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    rows = head_rows(doc)
+    assert rows[0, 0]["induction"] == 1.0 and rows[0, 0]["token_rows"] == 1
+    assert rows[0, 0]["tag"] == "diagonal" and rows[0, 1]["tag"] == "previous-token"  # not "diagonal, induction"
+    assert any(f"at least {TOKEN_TAG_MIN_ROWS}" in note for note in doc["notes"])
+    table = invoke("inspect", tmp_path / "w.npy", "--labels", tmp_path / "tokens.txt", "--max-cols", "10")
+    caption = " ".join(table.stdout.split())
+    assert "over 1 query row" in caption and f"a tag needs at least {TOKEN_TAG_MIN_ROWS}" in caption
+
+
+def test_the_probe_counts_its_rows(probe):
+    doc = json.loads(invoke("inspect", probe / "attn.npz", "--labels", probe / "tokens.txt", "--json").stdout)
+    assert {h["token_rows"] for h in doc["head_stats"]} == {N}

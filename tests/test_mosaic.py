@@ -365,3 +365,27 @@ def test_text_sizes_measured_once_draw_what_matplotlib_draws(tmp_path):
                 prop = FontProperties(size=size, weight=weight)
                 assert ours.get_text_width_height_descent(text, prop, False) == \
                     theirs.get_text_width_height_descent(text, prop, False)
+
+
+def test_a_grid_too_small_for_its_tokens_says_so(tmp_path):
+    """6 layers x 12 heads of 11 tokens (a MiniLM batch): the grid has no room for the tokens, and inspect says so
+    in one line naming the options that draw them; a few heads, drawn larger, get them and no such line."""
+    from matplotlib.text import Text
+
+    rng = np.random.default_rng(0)
+    w = rng.dirichlet(np.ones(11), size=(6, 1, 12, 11)).astype(np.float32)
+    np.save(tmp_path / "w.npy", w)
+    tokens = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]", "zebra", "yak"]
+    (tmp_path / "tok.txt").write_text("\n".join(tokens) + "\n")
+    args = ["inspect", str(tmp_path / "w.npy"), "--labels", str(tmp_path / "tok.txt"), "--no-table"]
+    full = runner.invoke(app, [*args, "--png", str(tmp_path / "grid.png")])
+    assert full.exit_code == 0, full.stderr
+    notes = [line for line in full.stderr.splitlines() if "tokens" in line and "left out" in line]
+    assert len(notes) == 1 and "--map-png" in notes[0] and "--heads" in notes[0], full.stderr
+    figure = model_grid_figure(w[:, 0], title="t", tokens=(tokens, tokens))
+    assert not any(t.get_text() == "zebra" for t in figure.findobj(Text))  # indeed none drawn
+    few = runner.invoke(app, [*args, "--png", str(tmp_path / "few.png"), "--layers", "0", "--heads", "0-1"])
+    assert few.exit_code == 0, few.stderr
+    assert "left out" not in few.stderr, few.stderr
+    figure = model_grid_figure(w[:1, 0, :2], title="t", tokens=(tokens, tokens))
+    assert any(t.get_text() == "zebra" for t in figure.findobj(Text))

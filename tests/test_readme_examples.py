@@ -29,6 +29,7 @@ import json
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -307,7 +308,40 @@ def folder(tmp_path_factory) -> Path:
             invoke(["capture", str(d / "my-model"), "--text-file", str(d / "corpus.txt"), "--corpus", "--shard",
                     f"{i}/3", "-o", str(d / f"shard-{i}.safetensors")])
         invoke(["merge", *(str(d / f"shard-{i}.safetensors") for i in range(3)), "-o", str(d / "all.safetensors")])
+        _long_context(d)
+    _preset_folder(d / "bert-preset")
     return d
+
+
+def _long_context(d: Path) -> None:
+    """The long-context page's ./my-llama (a tiny Llama with a word-level tokenizer, benchmarks/models.py), its
+    long.txt and haystack.txt (a needle inside), and the summaries its reading examples read."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from models import llama_folder, long_text
+
+    llama_folder(d / "my-llama", layers=2, heads=4, kv_heads=2, hidden=32, positions=4096)
+    (d / "long.txt").write_text(long_text(700, "the secret code is magic blue").replace(" . ", " .\n"))
+    (d / "haystack.txt").write_text(long_text(300, "the secret code is magic blue"))
+    invoke(["capture", str(d / "my-llama"), "--text", "@" + str(d / "long.txt"), "--summary", "-o",
+            str(d / "long.safetensors")])
+    invoke(["capture", str(d / "my-llama"), "--text", "@" + str(d / "haystack.txt"), "--summary", "--generate", "8",
+            "-o", str(d / "needle.safetensors")])
+
+
+def _preset_folder(path: Path) -> None:
+    """A tiny KerasHub BERT and its WordPiece tokenizer saved by save_to_preset (the capture page's
+    ./bert-preset), where keras-hub is installed."""
+    try:
+        import keras
+        import keras_hub
+    except ImportError:
+        return
+
+    keras.utils.set_random_seed(0)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the cat sat on mat a dog ran . ,".split()]
+    keras_hub.models.BertBackbone(vocabulary_size=len(words), num_layers=2, num_heads=2, hidden_dim=8,
+                                  intermediate_dim=8, max_sequence_length=16).save_to_preset(str(path))
+    keras_hub.tokenizers.BertTokenizer(vocabulary=words).save_to_preset(str(path))
 
 
 def _model_folder(path: Path) -> None:

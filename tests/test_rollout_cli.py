@@ -228,8 +228,8 @@ def test_methods_from_python(grads):
     relevance = attnviz.rollout(layers, method="grad", grads=tuple(g[i] for i in range(3)))
     want = chefer_reference([w[li, 1:2] for li in range(3)], [g[li, 1:2] for li in range(3)])
     np.testing.assert_allclose(relevance.maps[1], want, atol=1e-6)
-    with pytest.raises(attnviz.errors.InputError, match="attnviz capture --target"):
-        attnviz.rollout(w, method="grad")
+    with pytest.raises(attnviz.errors.InputError, match=r'attnviz\.capture\(model, target="next"\)'):
+        attnviz.rollout(w, method="grad")  # in Python's words, not the command line's
 
 
 def test_repeat_test_writes_the_probe(tmp_path):
@@ -267,3 +267,19 @@ def test_all_layers_picture_names_the_entry_layers_and_colours():
         assert "batch 1" in heading
         text = segments_text(rollout_picture(run.run, FigureOptions(), plain=True, height=40).lines(100))
         assert "share of each input token" in text
+
+
+def test_rollout_help_says_what_rollout_does():
+    """--batch speaks of what rollout does (the entry printed and drawn, every entry in the JSON), not head
+    statistics; --method grad takes the gradients of --grads or of a capture taken with --target."""
+    r = CliRunner().invoke(app, ["rollout", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    text = " ".join(r.stdout.replace("│", " ").split())
+    batch = text[text.index("--batch"):text.index("--batch") + 220]
+    assert "head statistics" not in batch and "rolled out" in batch, batch
+    summary = text[text.index("--method grad"):text.index("--method grad") + 300]
+    assert "--target" in summary and "needs --grads," not in summary, summary
+    option = text.index("--method [rollout")
+    assert "--target" in text[option:text.index("--grads FILE")], text[option:option + 600]
+    grads = text[text.index("--grads"):text.index("--grads") + 300]
+    assert "--target" in grads, grads

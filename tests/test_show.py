@@ -591,3 +591,37 @@ def test_the_viewer_fits_80_by_24_with_the_batch_entry_and_its_keys(tmp_path, la
             await pilot.press("q")
 
     asyncio.run(drive())
+
+
+def test_the_viewer_numbers_its_axes_in_token_positions(tmp_path):
+    """A map of 3,000 tokens, drawn in blocks: the axes count token positions (up to about 3,000, not the
+    blocks' count), and the title and the status line name one block size, that of the cells drawn; the status
+    line's value is that cell's."""
+    import re
+
+    from attnviz.cli.commands.view import view
+    from attnviz.inspection.options import InspectOptions
+    from attnviz.render.options import FigureOptions
+    from attnviz.render.terminal import segments_text
+
+    n = 3000
+    rng = np.random.default_rng(0)
+    w = rng.random((1, 1, 1, n, n), dtype=np.float32)
+    w /= w.sum(-1, keepdims=True)
+    np.save(tmp_path / "long.npy", w)
+    model = view(InspectOptions(weights=str(tmp_path / "long.npy")), FigureOptions(), run=False).model
+    model.cursor = (2999, 1234)
+    picture = model.picture(80, 20)
+    text = segments_text(picture.lines(80))
+    lines = text.splitlines()
+    block = int(re.search(r"blocks of (\d+)x\1", text).group(1))
+    axis = next(line for line in reversed(lines) if re.fullmatch(r"[\d ]+", line.strip() or "x"))
+    ticks = [int(t) for t in axis.split()]
+    assert ticks[0] == 0 and 2000 <= ticks[-1] < n, axis
+    left = [int(m.group(1)) for line in lines if (m := re.match(r"\s*(\d+) ", line))]
+    assert left and max(left) >= 2000, text
+    status = model.cursor_line()
+    assert f"mean of a {block}x{block} block" in status, (status, block)
+    g = block
+    expected = w[0, 0, 0, (2999 // g) * g:(2999 // g + 1) * g, (1234 // g) * g:(1234 // g + 1) * g].mean()
+    assert f"{expected:.4f}" in status, (status, expected)

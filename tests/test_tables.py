@@ -71,3 +71,55 @@ def test_plain_tables_are_richs_tables_to_the_character(argv, files, monkeypatch
         assert ours.stdout == theirs.stdout, f"COLUMNS={columns}"
         assert ours.stderr == theirs.stderr
     assert any(used), "no table took the plain path"
+
+
+def test_a_pipe_gets_the_whole_head_table(tmp_path):
+    """Written to a pipe (no terminal, no COLUMNS) the head table keeps every column, where a terminal of 80
+    columns drops some to fit (a long tag: "first-token sink, duplicate-token")."""
+    tokens = [t for pair in zip("aaaaaa", "uvwxyz") for t in pair]  # "a" at 0, 2, ..., 10
+    n = len(tokens)
+    w = np.zeros((2, 1, 2, n, n), np.float32)
+    w[..., 0] = 1.0  # every row on the first token, the earlier occurrences of "a" among them
+    np.save(tmp_path / "w.npy", w)
+    (tmp_path / "tok.txt").write_text("".join(f"{t}\n" for t in tokens))
+    args = ["inspect", str(tmp_path / "w.npy"), "--labels", str(tmp_path / "tok.txt"), "--max-rows", "2",
+            "--max-cols", "3"]
+    narrow = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0, narrow.stderr
+    assert "left out to fit the terminal" in narrow.stdout  # the table is wider than 80 columns
+    piped = runner.invoke(app, args, env={"COLUMNS": None})
+    assert piped.exit_code == 0, piped.stderr
+    assert "left out to fit" not in piped.stdout
+    header = next(line.split() for line in piped.stdout.splitlines() if line.split()[:2] == ["layer", "head"])
+    assert header[-5:] == ["last", "max", "ind", "dup", "pattern"]
+    assert "first-token sink, duplicate-token" in piped.stdout
+
+
+def test_no_table_keeps_the_head_table_that_was_sorted(files):
+    args = ["inspect", str(files / "w.npy"), "--no-table"]
+    assert runner.invoke(app, args).stdout == ""
+    r = runner.invoke(app, [*args, "--sort", "previous", "--top", "5"])
+    assert r.exit_code == 0, r.stderr
+    assert "head statistics (by previous)" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert len(rows) == 5
+    assert "per-query statistics" not in r.stdout and "weights of" not in r.stdout
+
+
+def test_top_k_leaves_masked_keys_out(tmp_path):
+    """Left padding: row 4 may attend to keys 3 and 4 only; its top-3 names those two, never a padded key."""
+    n = 6
+    w = np.zeros((1, 1, 1, n, n), np.float32)
+    for i in range(n):
+        w[0, 0, 0, i, 3:i + 1] = 1 / max(i - 2, 1) if i >= 3 else 0.0
+    np.save(tmp_path / "w.npy", w)
+    keep = np.ones((1, n), bool)
+    keep[:, :3] = False
+    np.save(tmp_path / "pad.npy", keep)
+    (tmp_path / "tok.txt").write_text("<pad>\n<pad>\n<pad>\nThe\ncat\nsat\n")
+    r = runner.invoke(app, ["inspect", str(tmp_path / "w.npy"), "--mask", str(tmp_path / "pad.npy"),
+                            "--labels", str(tmp_path / "tok.txt")])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.split("per-query statistics")[1].splitlines()
+    row = next(line for line in lines if "4 cat" in line)
+    assert "3 The: 0.500" in row and "4 cat: 0.500" in row and "<pad>" not in row

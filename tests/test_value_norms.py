@@ -130,3 +130,141 @@ def test_rollout_grad_reads_the_capture_gradients(tmp_path: Path) -> None:
     np.testing.assert_allclose(np.array(got, dtype=float), expected[1:], rtol=1e-5, atol=1e-6)
     r = runner.invoke(app, ["rollout", str(tmp_path / "plain.safetensors"), "--method", "grad"])
     assert r.exit_code == 1 and "--target" in r.stderr
+
+
+def _texts(figure) -> str:
+    from matplotlib.text import Text
+
+    return " | ".join(t.get_text() for t in figure.findobj(Text) if t.get_text())
+
+
+def test_value_norm_maps_are_named_for_what_they_are(minilm, tmp_path: Path) -> None:
+    """Titles, colour bars, table headings, HTML, terminal pictures and JSON of a value-norm run say what is
+    shown (alpha * ||v W_O||), not "attention weights"; rollout's as well."""
+    from attnviz.inspection.inspecting import analyse, prepare
+    from attnviz.inspection.options import InspectOptions, RolloutOptions, Selection
+    from attnviz.inspection.rollout import run_rollout
+    from attnviz.render.figures import inspect_map_figure, opened_grid_figure, rollout_figure
+    from attnviz.render.options import FigureOptions
+    from attnviz.render.terminal import inspect_picture, rollout_picture
+
+    path, _, _ = minilm
+    r = runner.invoke(app, ["inspect", str(path), "--weigh-by", "value-norms", "--layer", "2", "--head", "3",
+                            "--batch", "1", "--html", str(tmp_path / "n.html"), "--max-cols", "20"])
+    assert r.exit_code == 0, r.stderr
+    assert "value-norm-weighted attention of layer 2, batch 1, head 3" in r.stdout
+    assert "weights of layer" not in r.stdout
+    html = (tmp_path / "n.html").read_text()
+    assert "value-norm-weighted attention of" in html and "attention weights of" not in html
+    assert "alpha * ||v W_O||" in html
+    result = analyse(prepare(InspectOptions(weights=str(path), weigh_by="value-norms",
+                                            selection=Selection(layer=2, head=3, batch=1))))
+    fig = FigureOptions()
+    for figure in (inspect_map_figure(result, fig), opened_grid_figure(result.opened, fig)):
+        text = _texts(figure)
+        assert "value-norm-weighted attention of" in text and "attention weights" not in text, text
+        assert "alpha * ||v W_O||" in text, text
+    picture = inspect_picture(result, fig, plain=True)
+    assert picture.title.startswith("value-norm-weighted attention of")
+    assert picture.colorbar_label == "alpha * ||v W_O||"
+    plain = analyse(prepare(InspectOptions(weights=str(path), selection=Selection(layer=2, head=3, batch=1))))
+    assert "attention weights of" in _texts(inspect_map_figure(plain, fig))
+
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["weighed_by"] == "value-norms"
+    r = runner.invoke(app, ["rollout", str(path)])
+    plain_title = r.stdout.splitlines()[0]
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms"])
+    assert r.exit_code == 0, r.stderr
+    assert "value-norm-weighted attention" in r.stdout and r.stdout.splitlines()[0] != plain_title
+    run = run_rollout(RolloutOptions(weights=str(path), weigh_by="value-norms"))
+    assert "value-norm-weighted attention" in _texts(rollout_figure(run, fig))
+    assert "value-norm-weighted attention" in rollout_picture(run, fig, plain=True).title
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--html", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.stderr
+    assert "value-norm-weighted attention" in (tmp_path / "r.html").read_text()
+
+
+def test_value_norm_statistics_are_over_rows_renormalised(minilm) -> None:
+    """Entropy, H/ln n, the pattern masses and the per-query entropy of a value-norm map are those of each row
+    renormalised to sum 1 (a NumPy oracle from the capture's arrays); H/ln n never exceeds 1; the JSON and the
+    table say so."""
+    from safetensors import safe_open
+
+    path, _, batch = minilm
+    r = runner.invoke(app, ["inspect", str(path), "--weigh-by", "value-norms", "--layer", "2", "--head", "3",
+                            "--batch", "1", "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "renormalised" in doc["statistics_of"]
+    real = batch["attention_mask"].numpy().astype(bool)  # [B, L]
+    heads = {(h["layer"], h["head"]): h for h in doc["head_stats"]}
+    with safe_open(str(path), "np") as f:
+        for layer in range(6):
+            alpha, v, wo = (f.get_tensor(f"layers.{layer}.{n}").astype(np.float64) for n in ("weights", "v", "wo"))
+            m = alpha * value_norms(v, wo)[:, :, None, :] * real[:, None, None, :]
+            p = m / m.sum(-1, keepdims=True)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)  # [B, H, L]
+            n = real.sum(-1)[:, None, None]
+            rows = np.broadcast_to(real[:, None, :], h.shape)
+            for head in range(12):  # the head statistics of --batch 1
+                got = heads[(layer, head)]
+                sel = rows[1, head]
+                assert got["entropy"] == pytest.approx(h[1, head][sel].mean(), rel=1e-4)
+                assert got["entropy_norm"] == pytest.approx((h / np.log(n))[1, head][sel].mean(), rel=1e-4)
+                assert got["max"] == pytest.approx(p.max(-1)[1, head][sel].mean(), rel=1e-4)
+                assert got["entropy_norm"] <= 1 + 1e-6
+            if layer == 2:
+                q = real[1]
+                np.testing.assert_allclose(np.array(doc["stats"]["entropy"], dtype=float)[q], h[1, 3][q], rtol=1e-4)
+                np.testing.assert_allclose(np.array(doc["stats"]["row_sum"], dtype=float)[q], m[1, 3].sum(-1)[q],
+                                           rtol=1e-4)
+    r = runner.invoke(app, ["inspect", str(path), "--weigh-by", "value-norms", "--layer", "2"])
+    assert "renormalised to sum 1" in r.stdout
+
+
+def test_token_scores_of_rows_renormalised() -> None:
+    from attnviz.inspection.tokens import token_scores
+
+    rng = np.random.default_rng(1)
+    tokens = ["a", "b", "c", "a", "b", "c", "a"]
+    w = rng.uniform(0.1, 3.0, size=(2, 1, 3, 7, 7))
+    p = w / w.sum(-1, keepdims=True)
+    plain, renormalised = token_scores(p, tokens), token_scores(w, tokens, renormalise=True)
+    for name in ("induction", "duplicate"):
+        np.testing.assert_allclose(renormalised[name], plain[name], rtol=1e-12)
+    assert not np.allclose(token_scores(w, tokens)["duplicate"], plain["duplicate"])
+
+
+def test_rollout_of_value_norms_averages_the_heads_as_they_are(minilm) -> None:
+    """rollout --weigh-by value-norms on a padded entry: each layer's heads averaged as weighed (a head that adds
+    little weighs little), then the residual added and the rows renormalised (a NumPy oracle); --method grad
+    refuses value norms."""
+    from safetensors import safe_open
+
+    path, _, batch = minilm
+    real = batch["attention_mask"].numpy().astype(bool)
+    entry = int(np.flatnonzero(~real.all(-1))[0])  # a padded entry
+    keep = np.flatnonzero(real[entry])
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--batch", str(entry), "--json"])
+    assert r.exit_code == 0, r.stderr
+    got = np.array(json.loads(r.stdout)["rollout"]["data"][0], dtype=float)
+    current = np.eye(len(keep))
+    with safe_open(str(path), "np") as f:
+        for layer in range(6):
+            alpha, v, wo = (f.get_tensor(f"layers.{layer}.{n}").astype(np.float64) for n in ("weights", "v", "wo"))
+            m = (alpha * value_norms(v, wo)[:, :, None, :])[entry][:, keep][:, :, keep]
+            a = 0.5 * m.mean(0) + 0.5 * np.eye(len(keep))
+            current = (a / a.sum(-1, keepdims=True)) @ current
+    np.testing.assert_allclose(got[np.ix_(keep, keep)], current, rtol=1e-5)
+    from attnviz.cli.commands.view import view
+    from attnviz.inspection.options import InspectOptions, Selection
+    from attnviz.render.options import FigureOptions
+
+    model = view(InspectOptions(weights=str(path), weigh_by="value-norms", selection=Selection(batch=entry)),
+                 FigureOptions(), run=False).model  # the viewer's rollout (r) is the same
+    np.testing.assert_allclose(model.rollout_map()[np.ix_(keep, keep)], current, rtol=1e-5)
+    r = runner.invoke(app, ["rollout", str(path), "--weigh-by", "value-norms", "--method", "grad"])
+    assert r.exit_code == 2 and "--weigh-by value-norms" in r.stderr and "Traceback" not in r.stderr

@@ -157,6 +157,18 @@ def _spec(value: Any, name: str, memory: dict[str, Any], shown: str | None = Non
     return memory_spec(key)
 
 
+def recordings(*values: Any) -> dict[str, str]:
+    """What titles and messages call the files of the recordings handed over (``attnviz.capture``): their
+    model (``my-org/model (captured)``), not a temporary file that ``save`` may move."""
+    import os
+
+    from attnviz.capturing.folder import recorded_name
+    from attnviz.capturing.session import Capture
+
+    return {os.fspath(v): f"{recorded_name(v.model)} (captured)" for v in values
+            if isinstance(v, Capture) and v.path is not None}
+
+
 def described(value: Any, given_as: str = "") -> str:
     """How messages, titles and documents name weights handed over in memory (``the tuple of 12 arrays
     given``, ``the array [2, 12, 7, 7] given as a``): what they are, since their variable's name is unknown."""
@@ -194,7 +206,9 @@ def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: An
         attnviz.inspect(rec)          # rec.save("run.safetensors")
 
     Options: ``path`` (write the file there), ``weights=False`` (q, k, v and masks only),
-    ``weights_dtype`` ("float16", "bfloat16"), ``target`` ("next" or a token id: SITE.grad).
+    ``weights_dtype`` ("float16", "bfloat16"), ``target`` ("next" or a token id: SITE.grad), ``summary=True``
+    (long inputs: each site's summary instead of its weights, with ``sinks``, ``local``, ``pool``, ``rows``;
+    docs/long-context.md). A long document is one string: ``tokenizer(open("doc.txt").read())``.
     See ``attnviz.capturing.session.Capture``."""
     from attnviz.capturing.session import Capture
 
@@ -372,7 +386,7 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
 
     from attnviz.inspection import inspecting
     from attnviz.inspection.options import InspectOptions
-    from attnviz.io import in_memory
+    from attnviz.io import in_memory, named
 
     memory: dict[str, Any] = {}
     shown = described(weights)
@@ -381,7 +395,7 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
         options = option_values({**options, "labels": labels, "mask": mask}, memory, [InspectOptions])
         (built,) = _split("inspect", options, [InspectOptions])
         spec = _spec(weights, "weights", memory, shown)
-        with in_memory(memory):
+        with in_memory(memory), named(recordings(weights)):
             opened = inspecting.prepare(replace(built, weights=spec))
             result = inspecting.analyse(opened)
         _warn(result.warnings, [InspectOptions], {shown: "weights"})
@@ -396,7 +410,7 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
 
     from attnviz.inspection import compare as comparing
     from attnviz.inspection.options import CompareOptions
-    from attnviz.io import in_memory
+    from attnviz.io import in_memory, named
 
     memory: dict[str, Any] = {}
     names = {described(a, "a"): "a", described(b, "b"): "b"}
@@ -405,7 +419,7 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
         options = option_values(options, memory, [CompareOptions])
         (built,) = _split("compare", options, [CompareOptions])
         specs = [_spec(a, "a", memory, described(a, "a")), _spec(b, "b", memory, described(b, "b"))]
-        with in_memory(memory):
+        with in_memory(memory), named(recordings(a, b)):
             run = comparing.prepare_compare(replace(built, a=specs[0], b=specs[1]))
             result = comparing.run_compare(run)
         _warn(result.warnings, [CompareOptions], names)
@@ -424,7 +438,7 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
 
     from attnviz.inspection.options import RolloutOptions
     from attnviz.inspection.rollout import run_rollout
-    from attnviz.io import in_memory
+    from attnviz.io import in_memory, named
 
     memory: dict[str, Any] = {}
     shown = described(weights)
@@ -433,7 +447,7 @@ def rollout(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
         options = option_values({**options, "labels": labels, "mask": mask}, memory, [RolloutOptions])
         (built,) = _split("rollout", options, [RolloutOptions])
         spec = _spec(weights, "weights", memory, shown)
-        with in_memory(memory):
+        with in_memory(memory), named(recordings(weights)):
             run = run_rollout(replace(built, weights=spec))
         _warn(run.warnings, [RolloutOptions], {shown: "weights"})
         return _finish(RolledOut(run), "rollout", figure, table, files)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from attnviz.errors import CAPTURE_HINT, AttnvizError
+from attnviz.errors import PYTHON_WORDS, AttnvizError
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _option(match: re.Match[str], known: Mapping[str, Keyword], memory: Mapping[
         return match.group(0) if where is None else where + space + value
     if keyword.flag:
         return f"{keyword.name}={'False' if negated else 'True'}" + space + value
-    if not value:
+    if not value or value.isupper():  # a placeholder (``--grads SPEC``): the keyword takes the value itself
         return f"{keyword.name}=…"
     if value[0] in "'\"" or re.fullmatch(r"-?\d[\w.+\-]*", value):
         return f"{keyword.name}={value}"
@@ -77,7 +77,9 @@ def for_python(message: str, known: Mapping[str, Keyword], memory: Mapping[str, 
     """``message`` in the API's words. ``memory``: the names of the values handed over (as messages name
     their sources) and the keyword each was given as, for ``NAME:KEY`` (``weights[KEY]``)."""
     memory = memory or {}
-    text = message.replace(CAPTURE_HINT, "attnviz.capture(model)")
+    text = message
+    for theirs, ours in PYTHON_WORDS.items():
+        text = text.replace(theirs, ours)
     for name, keyword in sorted(memory.items(), key=lambda item: -len(item[0])):
         text = text.replace(f"{name}:KEY", f"{keyword}[KEY]")
 

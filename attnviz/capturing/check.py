@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.capturing.fileformat import open_capture
+from attnviz.capturing.fileformat import open_capture, site_keep
 
 #: the default tolerance of --check by the dtype the model computed in (its weights carry that rounding)
 TOLERANCE = {"float32": 1e-5, "float64": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -60,11 +60,13 @@ def check_capture(path: str | Path) -> dict[str, float]:
         dtype = capture.metadata.get("dtype") if capture.metadata.get("framework") == "transformers" else None
         for kind in capture.kinds:
             for site in capture.sites(kind):
-                if not all(capture.has(site, n) for n in ("weights", "q", "k", "mask")):
+                if not all(capture.has(site, n) for n in ("weights", "q", "k")):
+                    continue
+                keep = site_keep(raw, capture, site)
+                if keep is None:
                     continue
                 meta = sites_meta.get(site, {})
                 q, k = raw.get(f"{site}.q"), raw.get(f"{site}.k")
-                keep = raw.get(f"{site}.mask").astype(bool)
                 scale = meta.get("scale") or q.shape[-1] ** -0.5
                 sinks = raw.get(f"{site}.sinks") if capture.has(site, "sinks") else None
                 bias = raw.get(f"{site}.position_bias") if capture.has(site, "position_bias") else None

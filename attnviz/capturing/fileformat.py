@@ -7,7 +7,11 @@ One ``.safetensors`` file (or ``.npz``) holds, per attention site (``layers.N``;
 * ``SITE.weights`` [B, H, Lq, Lk]: the model's own probabilities (float32 unless asked otherwise);
 * ``SITE.q`` [B, Lq, H, d], ``SITE.k`` and ``SITE.v`` [B, Lk, Hkv, d]: what the attention function
   received (after projections, norms and position encodings, before the grouped-query repeat);
-* ``SITE.mask`` [B, 1, Lq, Lk] bool (True = kept);
+* ``SITE.real_keys`` [B, Lk] bool, the padding vector, where the mask is made of padding, causal and a sliding
+  window (the site's metadata ``mask`` names them; ``site_keep`` builds the mask); else ``SITE.mask``
+  [B, 1, Lq, Lk] bool (True = kept);
+* instead of weights, q, k and v, a summary capture's per-row, per-key and pooled arrays
+  (``attnviz.summarystats``);
 * ``SITE.wo`` [H, dv, d_model] and ``SITE.bo`` [d_model] where the module has an output projection;
 * ``SITE.sinks`` [H] (gpt-oss), ``SITE.position_bias`` [1 or B, H, Lq, Lk] (T5) where the model has them;
 * ``SITE.grad`` [B, H, Lq, Lk] with a target: d(target logit) / d(weights);
@@ -372,3 +376,73 @@ class open_capture:  # noqa: N801 - used as a context manager, like open()
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Masks as their parts
+
+
+def array_shape(raw: Any, key: str) -> tuple[int, ...]:
+    """An array's shape without reading its data where the format allows (a safetensors header)."""
+    entry = getattr(raw, "entry", None)
+    if callable(entry):
+        return tuple(int(n) for n in entry(key)["shape"])
+    return tuple(raw.get(key).shape)
+
+
+def site_lengths(raw: Any, capture: Capture, site: str) -> tuple[int, int, int]:
+    """``(B, Lq, Lk)`` of a site, from whichever of its arrays the file holds."""
+    if capture.has(site, "weights"):
+        b, _, lq, lk = array_shape(raw, f"{site}.weights")
+        return b, lq, lk
+    if capture.has(site, "entropy"):
+        b, _, lq = array_shape(raw, f"{site}.entropy")
+        lk = array_shape(raw, f"{site}.received")[-1]
+        return b, lq, lk
+    if capture.has(site, "q") and capture.has(site, "k"):
+        b, lq = array_shape(raw, f"{site}.q")[:2]
+        return b, lq, array_shape(raw, f"{site}.k")[1]
+    if capture.has(site, "mask"):
+        b, _, lq, lk = array_shape(raw, f"{site}.mask")
+        return b, lq, lk
+    raise InputError(f"{capture.source}: the site {site} holds neither weights, a summary nor q and k.")
+
+
+def mask_parts_of(capture: Capture, site: str) -> dict[str, Any] | None:
+    """A site's mask as the file describes its parts (``causal``, ``window``), or None (a dense ``SITE.mask``,
+    or a file written before masks were kept as parts)."""
+    meta = capture.metadata.get("sites", {}).get(site, {})
+    parts = meta.get("mask") if isinstance(meta, dict) else None
+    return parts if isinstance(parts, dict) else None
+
+
+def site_keep(raw: Any, capture: Capture, site: str, rows: tuple[int, int] | None = None) -> np.ndarray | None:
+    """The keep mask of a site, ``[B, 1, r, Lk]`` bool for query rows ``rows`` (all: None): the dense
+    ``SITE.mask`` where the file holds one, else built from its parts (``SITE.real_keys`` the padding vector,
+    causal from the bottom right, the window), a block of rows costing only that block. None when the file
+    has neither."""
+    if capture.has(site, "mask"):
+        keep = raw.get(f"{site}.mask")
+        keep = keep if rows is None else keep[..., rows[0]:rows[1], :]
+        return np.asarray(keep, dtype=bool)
+    parts = mask_parts_of(capture, site)
+    if parts is None:
+        return None
+    b, lq, lk = site_lengths(raw, capture, site)
+    r0, r1 = (0, lq) if rows is None else rows
+    i = np.arange(r0, r1)[:, None] + (lk - lq if parts.get("self_attention", True) and lq <= lk else 0)
+    j = np.arange(lk)[None]
+    keep = np.ones((r1 - r0, lk), dtype=bool)
+    if parts.get("causal"):
+        keep &= j <= i
+    window = parts.get("window")
+    if window:
+        keep &= j > i - int(window)
+    real = np.ones((b, lk), dtype=bool)
+    if capture.has(site, "real_keys"):
+        got = np.asarray(raw.get(f"{site}.real_keys"), dtype=bool).reshape(-1, raw_len := array_shape(
+            raw, f"{site}.real_keys")[-1])
+        if raw_len < lk:  # generate()'s last step saw all but the last token generated: those are real
+            got = np.concatenate([got, np.ones((got.shape[0], lk - raw_len), bool)], axis=-1)
+        real = np.broadcast_to(got[..., -lk:], (b, lk))
+    return keep[None, None] & real[:, None, None, :]

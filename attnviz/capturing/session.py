@@ -30,15 +30,34 @@ class Capture:
     temporary file), ``weights=False`` (keep q, k, v and masks only: long inputs), ``weights_dtype``
     (``float32``, ``float16``, ``bfloat16``: reduced where the model runs, before the copy), ``target``
     ("next", or a token id: the gradient of that logit at the last position with respect to every
-    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled), ``corpus`` (an
-    ``attnviz.capturing.corpus.CorpusAccumulator``: each site's weights go to it instead of the file, and
-    the block may run the model many times; nothing is written).
-    On exit the model is as before: its attention implementation, its configs, its hooks.
+    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled), ``summary=True``
+    (long inputs: each site's summary instead of its weights, computed where the model runs a block of query
+    rows at a time: per-row entropy, largest weight, sink, local and total mass; per-key received attention;
+    a pooled map; chosen rows; see ``attnviz.summarystats``) with ``sinks`` (S, the first S real keys),
+    ``local`` (W, the keys i - W < j <= i), ``pool`` (P, at most P x P cells) and ``rows`` (``"last"``,
+    ``"0,512,-1"``, ranges ``"100:200"``); ``qkv`` (keep q, k and v: by default with weights, not with a
+    summary); ``corpus`` (an ``attnviz.capturing.corpus.CorpusAccumulator``: each site's weights go to it
+    instead of the file, and the block may run the model many times; nothing is written). On exit the model
+    is as before: its attention implementation, its configs, its hooks.
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *,
-                 path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool = True,
-                 weights_dtype: str = "float32", target: Any = None, corpus: Any = None) -> None:
+                 path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool | None = None,
+                 weights_dtype: str = "float32", target: Any = None, summary: bool = False,
+                 sinks: int | None = None, local: int | None = None, pool: int | None = None,
+                 rows: str | None = "last", corpus: Any = None) -> None:
+        from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
+
+        if not summary and any(v is not None for v in (sinks, local, pool)):
+            raise UsageError("attnviz.capture: sinks, local and pool go with summary=True.")
+        self.summary = SummarySettings(DEFAULT_SINKS if sinks is None else sinks,
+                                       DEFAULT_LOCAL if local is None else local,
+                                       DEFAULT_POOL if pool is None else pool, rows) if summary else None
+        if summary:
+            if target is not None:
+                raise UsageError("attnviz.capture: a target needs the weights; drop summary=True.")
+            weights = False
+        qkv = (not summary) if qkv is None else qkv
         if weights_dtype not in WEIGHT_DTYPES:
             raise UsageError(f"attnviz.capture: weights_dtype {weights_dtype!r}; choose one of "
                              f"{', '.join(WEIGHT_DTYPES)}.")
@@ -72,6 +91,9 @@ class Capture:
             if _is_keras(self.model):
                 if self.corpus is not None:
                     raise UsageError("attnviz.capture: corpus statistics are computed for transformers models.")
+                if self.summary is not None:
+                    raise UsageError("attnviz.capture: summary=True captures transformers models; capture a Keras "
+                                     "model's q, k and v (weights=False): inspect summarises them.")
                 from attnviz.capturing.keras import KerasCapture
 
                 self._adapter = KerasCapture(self.model, self._rec, self.weights_dtype, self.weights)
@@ -80,7 +102,7 @@ class Capture:
 
                 check_model(self.model)
                 self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
-                                          self.target, corpus=self.corpus)
+                                          self.target, self.summary, corpus=self.corpus)
             self._opened = self._adapter.opened()
             self._opened.__enter__()
         except BaseException:
@@ -201,13 +223,18 @@ class Capture:
         meta["sites"] = sites
         meta["kinds"] = sorted({s["kind"] for s in sites.values()})
         meta["weights_dtype"] = self.weights_dtype if self.weights else None
+        if self.summary is not None:
+            meta["summary"] = self.summary.as_metadata()
+        dense = int(getattr(self._adapter, "dense_bytes", 0))
+        if dense:
+            meta["dense_mask_bytes"] = dense
         meta["steps"] = rec.steps
         for name, key in (("input_ids", "tokens"), ("decoder_input_ids", "decoder_tokens")):
             if name in rec.inputs and self.tokenizer is not None:
                 import numpy as np
 
                 ids = np.concatenate(rec.inputs[name], axis=-1)
-                meta[key] = [[str(t) for t in self.tokenizer.convert_ids_to_tokens([int(i) for i in row])]
+                meta[key] = [_token_strings(self.tokenizer, [int(i) for i in row])
                              for row in ids.reshape(-1, ids.shape[-1])]
         return meta
 
@@ -229,6 +256,8 @@ class Capture:
 
             convert(self.path, target)
             return target
+        if self._temp is not None and self.path == self._temp and self._moved(target):
+            return target
 
         def copy(fh: Any) -> None:
             with open(self.path, "rb") as src:  # type: ignore[arg-type]
@@ -236,6 +265,27 @@ class Capture:
 
         write_atomic(target, copy)
         return target
+
+    def _moved(self, target: Path) -> bool:
+        """The temporary file moved to ``target`` (a rename: the same file system), the recording reading it
+        there from now on; False when it cannot be renamed there (another file system: it is copied)."""
+        from attnviz.capturing.fileformat import _umask
+
+        assert self._temp is not None
+        if target.exists() and not target.is_file():
+            raise OutputError(f"{target}: exists and is not a regular file; refusing to replace it.")
+        try:
+            os.replace(self._temp, target)
+        except OSError:
+            return False
+        try:
+            os.chmod(target, 0o666 & ~_umask())  # as any file the user writes (the temporary one was private)
+        except OSError:
+            pass  # a file system without modes
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the file is the user's now
+        self.path, self._temp, self._finalizer = target, None, None
+        return True
 
     def __fspath__(self) -> str:
         if self.path is None:
@@ -277,8 +327,21 @@ def _layers(value: Any) -> list[int] | None:
         raise UsageError(f"attnviz.capture: layers {value!r}; give site numbers (0, 3, -1).") from None
 
 
+def _token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
+    """A row's tokens: a transformers tokenizer's ``convert_ids_to_tokens``, or a KerasHub tokenizer's (or
+    preprocessor's) ``id_to_token``."""
+    if hasattr(tokenizer, "convert_ids_to_tokens"):
+        return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    return [str(tokenizer.id_to_token(i)) for i in ids]
+
+
 def _counts(model: Any) -> dict[str, int]:
     """How many sites of each kind the model has, from its config (negative layers count from there)."""
+    if _is_keras(model):
+        from attnviz.capturing.keras import site_counts
+
+        return site_counts(model)
     config = getattr(model, "config", None)
     if config is None or isinstance(config, dict):
         layers = getattr(model, "layers", None)

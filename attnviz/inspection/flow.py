@@ -125,14 +125,16 @@ class LayeredGraph:
 
 
 def attention_flow(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_layer: int = 0,
-                   real: np.ndarray | None = None, all_layers: bool = False, discard_ratio: float = 0.0) -> Rollout:
+                   real: np.ndarray | None = None, all_layers: bool = False, discard_ratio: float = 0.0,
+                   weighed: bool = False) -> Rollout:
     """Attention flow of ``w [layers, heads, L, L]`` (one batch entry; see the module's docstring), each
     row renormalised to sum to 1. The layers' maps are made as rollout makes them (``heads``,
     ``residual``, ``discard_ratio``, from ``start_layer``). ``real [L]`` marks the real tokens: the graph
     holds them alone, and padded rows and columns of the result are NaN. ``all_layers``: also the flow
-    from the nodes above each layer (``cumulative``; the reference computes these too)."""
+    from the nodes above each layer (``cumulative``; the reference computes these too). ``weighed``: value-norm
+    maps, whose heads are combined as they are (``mixing.mixing_maps``)."""
     maps = np.stack(list(mixing_maps(w, heads=heads, residual=residual, start_layer=start_layer, real=real,
-                                     discard_ratio=discard_ratio)))
+                                     discard_ratio=discard_ratio, weighed=weighed)))
     size = w.shape[-1]
     keep = real_indices(real, size)
     layers = list(range(start_layer, w.shape[0]))

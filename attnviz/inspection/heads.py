@@ -124,7 +124,8 @@ class _Sums(NamedTuple):
 
 def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.ndarray | None,
                first_key: np.ndarray, last_key: np.ndarray, first_row: np.ndarray,
-               tol: float, grids: _Grids | None = None, above_known: bool = False) -> _Sums:
+               tol: float, grids: _Grids | None = None, above_known: bool = False,
+               renormalise: bool = False) -> _Sums:
     """Sums over batch entries and query rows of one block ``[l, b, h, r, Lk]`` (rows ``start`` on):
     ``[l, h]`` arrays, the least and largest row sums and values ``[l, h]``, and whether a weight
     lies above the diagonal; also the weights summed over the rows (per key: received attention) and
@@ -137,7 +138,10 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
     Non-negative weights (distributions) take the quick way: a logarithm clamped at the smallest normal
     number (a zero weight adds 0 to the entropy), and the weight above the diagonal as one weighted
     sum (a sum of non-negative numbers is 0 only if each is); ``above_known`` (a weight above the
-    diagonal was found in another block) skips that sum."""
+    diagonal was found in another block) skips that sum.
+
+    ``renormalise``: the statistics are those of each counted row divided by its sum (maps whose rows are not
+    distributions by design: value norms); the column sums and the weight held stay as the rows are."""
     grids = grids or _Grids()
     lk, nrows = block.shape[-1], block.shape[-2]
     i = np.arange(start, start + nrows)
@@ -163,6 +167,11 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
     else:
         x = np.where(live[..., None] if keep is None else keep & live[..., None], block, block.dtype.type(0))
         non_negative = bool(x.min(initial=0) >= 0)
+    columns = x.sum(axis=-2, dtype=np.float64 if x.dtype.itemsize > 4 else None)
+    if renormalise:
+        mass = x.sum(axis=-1, keepdims=True)
+        x = np.divide(x, mass, out=np.zeros_like(x), where=mass > 0)
+        near = np.ones_like(near)  # distributions now, each of them
     distance_grid, above_grid = grids(start, nrows, lk, x.dtype.type)
     if above_known:
         above = True
@@ -221,7 +230,7 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
         "held": total(row_sum),
     }
     finite = bool(np.isfinite(row_sum if real is None else row_sum[np.broadcast_to(real, row_sum.shape)]).all())
-    return _Sums(sums, extremes, above, x.sum(axis=-2, dtype=np.float64 if x.dtype.itemsize > 4 else None), finite)
+    return _Sums(sums, extremes, above, columns, finite)
 
 
 def _slabs(w: np.ndarray, chunk: int) -> Iterator[tuple[tuple[slice, slice, slice], int, np.ndarray]]:
@@ -301,17 +310,19 @@ class HeadPass:
 
 def head_pass(w: np.ndarray, keep: np.ndarray | None = None, chunk: int = CHUNK, *,
               real_rows: np.ndarray | None = None, real_keys: np.ndarray | None = None,
-              stored: str | None = None, threads: int | None = None) -> HeadPass:
+              stored: str | None = None, threads: int | None = None, renormalise: bool = False) -> HeadPass:
     """``head_statistics`` (the same arguments), with the column sums and the finiteness of the rows
-    found in the same reading of ``w``; its blocks ``threads`` at a time (default ``attnviz.threads``')."""
+    found in the same reading of ``w``; its blocks ``threads`` at a time (default ``attnviz.threads``').
+    ``renormalise``: the statistics (and tags) of each row divided by its sum (value-norm maps)."""
     if w.size > chunk:
-        return _head_pass(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name, threads)
+        return _head_pass(w, keep, real_rows, real_keys, _slabs(w, chunk), stored or w.dtype.name, threads,
+                          renormalise)
     return _head_pass(w, keep, real_rows, real_keys, [((slice(None),) * 3, 0, np.asarray(w, work_dtype(w.dtype)))],
-                      stored or w.dtype.name, threads)
+                      stored or w.dtype.name, threads, renormalise)
 
 
 def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | None, real_keys: np.ndarray | None,
-               blocks: Any, stored: str, threads: int | None = None) -> HeadPass:
+               blocks: Any, stored: str, threads: int | None = None, renormalise: bool = False) -> HeadPass:
     layers, batches, heads, lq, lk = w.shape
     lead = (layers, batches, heads)
     first_key, last_key = _first_last(real_keys, lead, lk)
@@ -334,7 +345,8 @@ def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | N
         with np.errstate(all="ignore"):  # NaN or infinity in the weights: ``finite`` says so, the caller decides
             got = _head_sums(block, start, None if full_keep is None else full_keep[sl + (span,)],
                              None if full_real is None else full_real[sl + (span,)],
-                             first_key[sl], last_key[sl], first_row[sl], tol, grids, bool(found_above))
+                             first_key[sl], last_key[sl], first_row[sl], tol, grids, bool(found_above),
+                             renormalise)
         if got.above:
             found_above.append(True)
         return sl, got
@@ -445,10 +457,20 @@ def head_tags(stats: dict[str, np.ndarray]) -> np.ndarray:
     return tags
 
 
-def map_row_stats(one: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK) -> Any:
+def map_row_stats(one: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK, renormalise: bool = False) -> Any:
     """Per-query statistics (``attnviz.stats.RowStats``) of one map ``[Lq, Lk]``, masked keys counted
-    as weight 0, a block of rows at a time."""
+    as weight 0, a block of rows at a time; with ``renormalise`` (value-norm maps) the entropies are those of
+    each row divided by its sum, the rest (max, top-k, row sums) the map's own values."""
+    from dataclasses import replace
+
     from attnviz.stats import RowStats, row_stats
+
+    if renormalise:
+        kept = np.asarray(one, dtype=np.float64) if keep is None else np.where(keep, np.asarray(one, np.float64), 0.0)
+        total = kept.sum(axis=-1, keepdims=True)
+        shares = map_row_stats(np.divide(kept, total, out=np.zeros_like(kept), where=total > 0), keep, chunk)
+        own = map_row_stats(one, keep, chunk)
+        return replace(own, entropy=shares.entropy, entropy_norm=shares.entropy_norm)
 
     if keep is None:
         return row_stats(one)

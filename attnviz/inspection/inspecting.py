@@ -138,7 +138,8 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
         merged = merge_run(w, masks, checked, q_labels, k_labels, options.labels.subword_style)
         w, masks, checked = merged.weights, merged.masks, merged.checked
         labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels],
-                             None if merged.k_labels is None else [merged.k_labels], labels.given)
+                             None if merged.k_labels is None else [merged.k_labels],
+                             labels.given and not labels.per_entry)  # the shown entry's own: nothing to warn of
         words = merged.document()
     q_labels, k_labels = labels.of(index[1])
     entries = [index[1]] if options.selection.batch is not None else list(range(w.shape[1]))
@@ -181,7 +182,7 @@ def _pass_and_meanwhile(opened: Opened, meanwhile: Callable[[], Any] | None) -> 
 
     def summed(threads: int | None = None) -> HeadPass:
         return head_pass(data, chosen.keep, real_rows=chosen.real_rows, real_keys=chosen.real_keys,
-                         stored=w.stored_dtype, threads=threads)
+                         stored=w.stored_dtype, threads=threads, renormalise=w.renormalised)
 
     if meanwhile is None:
         return summed(), None
@@ -254,7 +255,7 @@ def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
 
     stats = passed.stats
     found = distributions(stats, row_sum_tolerance(w.stored_dtype))
-    note = add_token_scores(stats, data, opened.tokens, chosen.real_rows, found.ok)
+    note = add_token_scores(stats, data, opened.tokens, chosen.real_rows, found.ok, w.renormalised)
     if o.received:
         # the keys' labels: the shown entry's, unless the counted entries have labels of their own
         k_labels = None if opened.labels.per_entry and batch is None else opened.k_labels
@@ -283,7 +284,7 @@ def _analyse(opened: Opened, passed: HeadPass) -> InspectResult:
         drawn_keep[one_padded] = False
     result.one, result.one_keep, result.one_padded, result.drawn_keep = one, one_keep, one_padded, drawn_keep
     if o.row_stats:
-        result.rows = map_row_stats(one, one_keep)
+        result.rows = map_row_stats(one, one_keep, renormalise=w.renormalised)
     if opened.image is not None:
         layer = opened.overlay_layer
         result.overlay = overlay(w.data[layer, bi], opened.image.layout, opened.image.query, layer=layer, batch=bi,

@@ -77,15 +77,19 @@ def check_square(w: np.ndarray, start_layer: int) -> None:
 
 
 def mixing_maps(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_layer: int = 0,
-                real: np.ndarray | None = None, discard_ratio: float = 0.0) -> Iterator[np.ndarray]:
+                real: np.ndarray | None = None, discard_ratio: float = 0.0,
+                weighed: bool = False) -> Iterator[np.ndarray]:
     """Each layer's ``A'`` (``[n, n]`` over the ``n`` real tokens, float64) from ``start_layer`` up, for
     ``w [layers, heads, L, L]`` (one batch entry): each head's rows renormalised among the real tokens
     when ``real [L]`` marks some as padded, the heads combined, the lowest dropped (``discard_ratio``),
-    the residual added and the rows renormalised. The pages of a mapped file are released as it goes."""
+    the residual added and the rows renormalised. ``weighed``: maps whose rows are not distributions by
+    design (value norms, ``alpha * ||v W_O||``): the heads are combined as they are, never renormalised one by
+    one, so that a head that adds little to the output weighs little; the residual is then added to the
+    combined map and its rows renormalised. The pages of a mapped file are released as it goes."""
     check_square(w, start_layer)
     keep = real_indices(real, w.shape[-1])
     for li in range(start_layer, w.shape[0]):
-        one = w[li] if real is None else real_heads(w[li], keep)
+        one = w[li] if real is None else real_heads(w[li], keep, renormalise=not weighed)
         combined = combine_heads(one, heads)
         if discard_ratio > 0:
             combined = discard_lowest(combined, discard_ratio)

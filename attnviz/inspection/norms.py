@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnviz.errors import InputError, ShapeError, shape_str
+from attnviz.errors import CAPTURE_RUN, InputError, ShapeError, shape_str
 from attnviz.inspection.weights import Weights
 
 
@@ -36,7 +36,7 @@ def weigh(w: Weights, by: str) -> Weights:
         return w
     if w.capture is None or w.kind is None:
         raise InputError(f"{w.source}: --weigh-by value-norms needs every layer's v and output projection W_O, "
-                         "which a capture file holds: attnviz capture MODEL_DIR --text ... -o run.safetensors.")
+                         f"which a capture file holds: {CAPTURE_RUN}.")
     if w.generation is not None:
         raise InputError(f"{w.source}: --weigh-by value-norms reads a capture's sites, not a generation dump.")
     sites = w.capture.sites(w.kind)

@@ -32,6 +32,8 @@ GENERATION_HELP = ("the file holds generate()'s attentions, keys STEP.LAYER (tor
 PER_ENTRY_HELP = ("a padded batch of different sentences: one list per batch entry (a JSON list of lists, or a text "
                   "file with a blank line between the entries)")
 BATCH_HELP = "the batch entry shown; head statistics average over all entries unless this is given"
+ROLLOUT_BATCH_HELP = ("the batch entry rolled out, printed and drawn (default: every entry is rolled out, into the "
+                      "JSON and --html, and the first printed and drawn)")
 
 
 @dataclass(frozen=True)
@@ -195,16 +197,17 @@ class RolloutOptions:
                                 + PER_ENTRY_HELP, panel=LABELS, metavar="TOKENS")
     merge_subwords: bool = option(False, MERGE_HELP, panel=LABELS)
     subword_style: Literal[SUBWORD_STYLES] = option("auto", STYLE_HELP, panel=LABELS)  # type: ignore[valid-type]
-    batch: int | None = option(None, BATCH_HELP, panel=SELECT)
+    batch: int | None = option(None, ROLLOUT_BATCH_HELP, panel=SELECT)
     weigh_by: Literal[WEIGH_BY] = option("weights", WEIGH_HELP, panel=SELECT)  # type: ignore[valid-type]
     method: Literal[ROLLOUT_METHODS] = option(  # type: ignore[valid-type]
         "rollout", "rollout: the layers' maps multiplied (Abnar & Zuidema); flow: the maximum flow through them "
         "from each token to each input, rows renormalised (Abnar & Zuidema; L^2 max-flow problems: seconds at 48 "
         "tokens, far longer at hundreds); grad: Chefer et al.'s R = R + mean_h(clamp(grad * A, min=0)) R, which "
-        "needs --grads", panel=ROLLOUT)
+        "needs the gradients: --grads, or a capture taken with --target", panel=ROLLOUT)
     grads: str | None = option(None, "--method grad: the gradients of the explained score with respect to every "
-                               "layer's attention weights, read as the weights are (same formats and shape)",
-                               panel=ROLLOUT, metavar="FILE")
+                               "layer's attention weights, read as the weights are (same formats and shape); not "
+                               "needed for a capture taken with --target, which holds them", panel=ROLLOUT,
+                               metavar="FILE")
     heads: Literal[HEAD_COMBINE] = option(  # type: ignore[valid-type]
         "mean", "how each layer's heads are combined (the paper: mean)", panel=ROLLOUT)
     residual: float = option(0.5, "r in A' = (1 - r) A + r I, the residual connection's share (the paper: 0.5; 0: "

@@ -51,19 +51,21 @@ __all__ = ["METHODS", "Method", "Rollout", "RolloutRun", "combine_heads", "disca
 
 
 def rollout(w: np.ndarray, *, heads: str = "mean", residual: float = 0.5, start_layer: int = 0,
-            real: np.ndarray | None = None, all_layers: bool = False, discard_ratio: float = 0.0) -> Rollout:
+            real: np.ndarray | None = None, all_layers: bool = False, discard_ratio: float = 0.0,
+            weighed: bool = False) -> Rollout:
     """Attention rollout of ``w [layers, heads, L, L]`` (one batch entry; see the module's docstring);
     ``discard_ratio`` drops the lowest entries of each combined map first (``discard_lowest``).
 
     ``real [L]`` marks the real tokens: the rollout runs over them alone (each head's rows
     renormalised among them first, so the residual keeps its share), and padded rows and columns
-    of the result are NaN."""
+    of the result are NaN. ``weighed``: value-norm maps, whose heads are averaged as they are
+    (``mixing.mixing_maps``)."""
     size = w.shape[-1]
     keep = real_indices(real, size)
     current = np.eye(len(keep))
     cumulative = []
     for step in mixing_maps(w, heads=heads, residual=residual, start_layer=start_layer, real=real,
-                            discard_ratio=discard_ratio):
+                            discard_ratio=discard_ratio, weighed=weighed):
         current = step @ current
         if all_layers:
             cumulative.append(scatter(current, keep, size))
@@ -83,6 +85,7 @@ class Method:
     label: str  # what a colour bar calls its values
     options: tuple[str, ...] = ("heads", "residual", "discard_ratio")  # the RolloutOptions it reads
     gradients: bool = False  # it needs --grads
+    weighable: bool = True  # it follows value-norm maps (--weigh-by value-norms; keyword ``weighed``)
 
 
 #: every method of ``attnviz rollout``: the one place a method is added (``choices.ROLLOUT_METHODS``
@@ -91,7 +94,7 @@ METHODS: dict[str, Method] = {
     "rollout": Method(rollout, "attention rollout", "rollout: share of each input token"),
     "flow": Method(attention_flow, "attention flow", "flow: share of each input token"),
     "grad": Method(gradient_entry, "gradient rollout", "relevance of each input token", options=("heads",),
-                   gradients=True),
+                   gradients=True, weighable=False),
 }
 
 
@@ -127,8 +130,10 @@ class RolloutRun:
 
     @property
     def title(self) -> str:
-        """What the result is called: "attention rollout", "attention flow", "gradient rollout"."""
-        return self.method.title
+        """What the result is called: "attention rollout", "attention flow", "gradient rollout" (of
+        value-norm-weighted attention, with ``--weigh-by value-norms``)."""
+        w = self.weights
+        return self.method.title if w.weighed == "weights" else f"{self.method.title} of {w.what}"
 
     @property
     def how(self) -> str:
@@ -192,7 +197,8 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         tokens = entry_labels_to_merge(labels, options.batch, bi)[0]
         merged = merge_run(w, masks, None, tokens, tokens, options.subword_style)
         w, masks, words = merged.weights, merged.masks, merged.document()
-        labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels], None, labels.given)
+        labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels], None,
+                             labels.given and not labels.per_entry)  # the shown entry's own: nothing to warn of
         layers, batches, _, lq, lk = w.shape
     from attnviz.inspection.images import read_image_input
 
@@ -205,7 +211,9 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
                              "them.")
     entries = [bi] if options.batch is not None else list(range(batches))
     real_tokens = None if masks.real_keys is None else np.broadcast_to(masks.real_keys, w.shape[:-2] + (lk,))
-    settings = {name: getattr(options, name) for name in method.options}
+    settings: dict[str, Any] = {name: getattr(options, name) for name in method.options}
+    if w.renormalised:
+        settings["weighed"] = True
     results = {}
     for b in entries:
         real = None if real_tokens is None else real_tokens[0, b, 0]
@@ -242,6 +250,10 @@ def check_method(options: RolloutOptions, method: Method) -> None:
             shown = f"{value:g}" if isinstance(value, float) else value
             raise UsageError(f"--{name.replace('_', '-')} {shown}: --method {options.method} does not use it "
                              f"({method.title} takes {', '.join('--' + o.replace('_', '-') for o in method.options)}).")
+    if options.weigh_by != "weights" and not method.weighable:
+        raise UsageError(f"--weigh-by {options.weigh_by}: not with --method {options.method} ({method.title} weighs "
+                         "each layer's attention weights by the gradient of the score with respect to them; a "
+                         "value-norm map has no recorded gradient). Use --method rollout or flow.")
     if options.grads is not None and not method.gradients:
         raise UsageError(f"--grads {options.grads}: only --method grad reads gradients.")
     if method.gradients and options.merge_subwords:
@@ -269,7 +281,7 @@ def capture_gradients(options: RolloutOptions, w: Weights) -> Weights:
     without them, what to do."""
     from dataclasses import replace
 
-    from attnviz.errors import InputError
+    from attnviz.errors import CAPTURE_TARGET, InputError
 
     if w.capture is not None and w.kind is not None:
         sites = w.capture.sites(w.kind)
@@ -278,11 +290,11 @@ def capture_gradients(options: RolloutOptions, w: Weights) -> Weights:
             if data.shape == w.shape:
                 return replace(w, data=data, keys=[f"{s}.grad" for s in sites], weighed="weights")
         raise InputError(f"{w.source}: --method {options.method} needs the gradients of the explained score with "
-                         "respect to every layer's attention weights, and this capture holds none: capture with "
-                         "--target next (or a token), or give them with --grads SPEC.")
+                         f"respect to every layer's attention weights, and this capture holds none: record them with "
+                         f"{CAPTURE_TARGET}, or give them with --grads SPEC.")
     raise InputError(f"--method {options.method} needs the gradients of the explained score with respect to every "
                      "layer's attention weights: give them with --grads SPEC (read as the weights are), or "
-                     "record them with attnviz capture --target.")
+                     f"record them with {CAPTURE_TARGET}.")
 
 
 def image_mask(result: np.ndarray, query: int, layout: Any) -> np.ndarray:

@@ -75,7 +75,8 @@ def grid_choice(layers: str | None, heads: str | None, shape: tuple[int, ...],
 @dataclass(frozen=True)
 class TokenLabels:
     """The labels of the queries and of the keys: one list per batch entry, or one list for every entry
-    (None: not given). ``given``: from --labels (a capture's own tokens are not)."""
+    (None: not given). ``given``: from --labels (a capture's own tokens are not, nor the words merged from
+    the shown entry's own list)."""
 
     q: list[list[str]] | None = None
     k: list[list[str]] | None = None

@@ -19,6 +19,9 @@ CHUNK = 2**22  # values (or pattern pairs) handled at a time on long inputs
 #: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average
 TOKEN_TAG_THRESHOLD = 0.5
 TOKEN_TAGS = {"induction": "induction", "duplicate": "duplicate-token"}
+#: the fewest query rows (over batch entries) a head's induction or duplicate-token score may be averaged over
+#: and still earn it a tag: one repeated token says nothing about a head
+TOKEN_TAG_MIN_ROWS = 5
 
 
 
@@ -69,12 +72,14 @@ def _entry_tokens(tokens: Sequence[str] | Sequence[Sequence[str]], batches: int)
 
 
 def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
-                 real_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                 real_rows: np.ndarray | None = None, renormalise: bool = False) -> dict[str, np.ndarray]:
     """Per (layer, head) of ``w [L, B, H, Lq, Lk]`` (``Lq == Lk == len(tokens)``; ``tokens`` one list, or
     one per batch entry): the ``induction`` and ``duplicate`` scores (module docstring), averaged over
-    the real query rows whose token occurred before and over batch entries; ``repeated`` is how many
-    such rows there are per batch entry (``[B]``). NaN where no query qualifies. ``real_rows``
-    broadcasts to ``[L, B, H, Lq]``. Only the weights of the patterns' pairs are read."""
+    the real query rows whose token occurred before and over batch entries; ``rows`` is how many rows
+    each head's scores were averaged over (``[L, H]``), ``repeated`` how many such rows there are per batch
+    entry (``[B]``). NaN where no query qualifies. ``real_rows``
+    broadcasts to ``[L, B, H, Lq]``. Only the weights of the patterns' pairs are read; with ``renormalise``
+    (maps whose rows are not distributions: value norms) each weight is divided by its row's sum."""
     layers, batches, heads, lq, lk = w.shape
     entry_ids = [token_ids(t) for t in _entry_tokens(tokens, batches)]
     entry_qualifies = []
@@ -95,9 +100,12 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
             if li == 0:
                 repeated[bi] = int(live[0].sum())
             mass = {name: np.zeros((heads, lq)) for name in sums}
+            totals = np.asarray(block, dtype=np.float64).sum(axis=-1) if renormalise else None  # [H, Lq]
             for pi, pj in earlier_occurrences(ids):
                 for name, cols in (("duplicate", pj), ("induction", pj + 1)):
                     values = np.asarray(block[:, pi, cols], dtype=np.float64)  # [H, pairs]
+                    if totals is not None:
+                        values = np.divide(values, totals[:, pi], out=np.zeros_like(values), where=totals[:, pi] > 0)
                     for h in range(heads):
                         mass[name][h] += np.bincount(pi, weights=values[h], minlength=lq)
             for name in sums:
@@ -106,16 +114,20 @@ def token_scores(w: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]],
             release_pages(w)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = {name: np.where(counts > 0, total / np.maximum(counts, 1), np.nan) for name, total in sums.items()}
+    out["rows"] = counts
     out["repeated"] = repeated
     return out
 
 
 def token_tags(scores: dict[str, np.ndarray]) -> np.ndarray:
     """``induction`` or ``duplicate-token`` where that score is at least ``TOKEN_TAG_THRESHOLD`` (the
-    larger, when both are), else empty; ``[L, H]`` object array."""
+    larger, when both are) over at least ``TOKEN_TAG_MIN_ROWS`` rows (``scores["rows"]``, when given), else
+    empty; ``[L, H]`` object array."""
     shape = scores["induction"].shape
     tags = np.full(shape, "", dtype=object)
     for idx in np.ndindex(*shape):
+        if "rows" in scores and scores["rows"][idx] < TOKEN_TAG_MIN_ROWS:
+            continue
         best = max(TOKEN_TAGS, key=lambda k: np.nan_to_num(scores[k][idx], nan=-1.0))
         if scores[best][idx] >= TOKEN_TAG_THRESHOLD:
             tags[idx] = TOKEN_TAGS[best]
@@ -140,14 +152,15 @@ TOKEN_NOTE = "induction and duplicate-token scores need the tokens: --labels (se
 
 def add_token_scores(stats: dict[str, Any], data: np.ndarray, tokens: Sequence[str] | Sequence[Sequence[str]] | None,
                      real_rows: Any,
-                     tags: bool) -> str | None:
+                     tags: bool, renormalise: bool = False) -> str | None:
     """Put the ``induction`` and ``duplicate`` scores of ``data [L, B, H, L, L]`` into the head
     statistics and their tags into ``stats["tag"]`` (with ``tags``: the rows are distributions);
     returns a note when they cannot be computed (no tokens)."""
     if tokens is None:
         return TOKEN_NOTE
-    scores = token_scores(data, tokens, real_rows)
+    scores = token_scores(data, tokens, real_rows, renormalise)
     stats["induction"], stats["duplicate"] = scores["induction"], scores["duplicate"]
+    stats["token_rows"] = scores["rows"]
     if not tags:
         return None
     found = token_tags(scores)
@@ -159,4 +172,10 @@ def add_token_scores(stats: dict[str, Any], data: np.ndarray, tokens: Sequence[s
         stats["tag"][idx] = extra if have in ("", "broad") else f"{have}, {extra}"
     if not int(scores["repeated"].max(initial=0)):
         return "no token occurs twice in --labels: induction and duplicate-token scores are undefined"
+    few = scores["rows"] < TOKEN_TAG_MIN_ROWS
+    if few.any():
+        counted = int(scores["rows"][few].max())
+        return (f"induction and duplicate-token scores of {int(few.sum())} head(s) are averaged over {counted} query "
+                f"row(s) or fewer (rows whose token occurred before); a tag needs at least {TOKEN_TAG_MIN_ROWS}, "
+                "so those heads are not tagged by them")
     return None

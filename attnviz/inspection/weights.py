@@ -29,6 +29,12 @@ ALIASES = {"l": "layer", "layers": "layer", "b": "batch", "h": "head", "heads": 
            "t": "q", "lk": "k", "key": "k", "s": "k"}
 DEFAULT_LAYOUTS = {2: ("q", "k"), 3: ("head", "q", "k"), 4: ("batch", "head", "q", "k"),
                    5: ("layer", "batch", "head", "q", "k")}
+#: what the maps of each ``--weigh-by`` are called (titles, table headings) and what their colour bar measures
+WEIGHED = {"weights": ("attention weights", "weight"),
+           "value-norms": ("value-norm-weighted attention", "alpha * ||v W_O||")}
+#: what the statistics that assume a distribution (entropy, pattern masses, tags, detectors) are computed over,
+#: for maps whose rows are not distributions (``Weights.renormalised``)
+RENORMALISED = "each row renormalised to sum 1"
 
 
 @dataclass
@@ -54,6 +60,22 @@ class Weights:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.data.shape)
+
+    @property
+    def what(self) -> str:
+        """What the maps are, as titles say it: "attention weights", "value-norm-weighted attention"."""
+        return WEIGHED[self.weighed][0]
+
+    @property
+    def renormalised(self) -> bool:
+        """The rows are not distributions by design (value norms): statistics are of each row renormalised to
+        sum 1 (``RENORMALISED``)."""
+        return self.weighed != "weights"
+
+    @property
+    def unit(self) -> str:
+        """What a colour bar of these maps measures: "weight", "alpha * ||v W_O||"."""
+        return WEIGHED[self.weighed][1]
 
     def read_as(self, axes: str = "[layers, batch, heads, Lq, Lk]") -> str:
         """How the file was read, for the information line: ``FILE [shape] read as AXES = [shape]`` (stitched,
@@ -170,6 +192,10 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     kind = capture.choose_kind(opened.key)
     sites = capture.sites(kind)
     missing = [s for s in sites if not capture.has(s, "weights")]
+    if missing and isinstance(capture.metadata.get("summary"), dict):
+        raise UsageError(f"{opened.source}: a summary capture (attnviz capture --summary) holds each site's summary, "
+                         "not its weights: attnviz inspect reads it; this needs every weight (capture without "
+                         "--summary: fewer tokens, or --layers).")
     if missing:
         raise InputError(f"{opened.source}: the capture holds no attention weights for {missing[0]} (captured with "
                          "q, k and v only); capture again without --no-weights.")
@@ -198,8 +224,11 @@ def capture_mask(w: Weights) -> np.ndarray | None:
     layers where every site has the same)."""
     if w.capture is None or w.kind is None:
         return None
+    from attnviz.capturing.fileformat import site_keep
+
     sites = w.capture.sites(w.kind)
-    masks = [w.container.get(f"{s}.mask").astype(bool) for s in sites if w.capture.has(s, "mask")]
+    found = [site_keep(w.container, w.capture, s) for s in sites]
+    masks = [m for m in found if m is not None]
     if len(masks) != len(sites) or not masks:
         return None
     if all(np.array_equal(m, masks[0]) for m in masks[1:]):

@@ -115,7 +115,11 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
     agg_canvas(fig)
     ax = _picture_axes(fig, picture, picture_map or mappable.cmap, mappable.norm)
     renderer = fig.canvas.get_renderer()
+    written = len(ax.texts)
     beside = token_labels(ax, layout, tokens[0], tokens[1], renderer)
+    # a map a cell a position, its tokens given, none written: its cells are too small (``figures.tokens_note``)
+    fig.attnviz_tokens_left_out = (layout.blocks == (1, 1) and len(ax.texts) == written
+                                   and (tokens[0] is not None or tokens[1] is not None))
     labels = _label_picture(ax, layout, row_labels, col_labels, row_name, col_name, renderer, beside)
     cax = _mosaic_colour_bar(fig, mappable, colorbar_label, extend, per_panel)
     labels.captions = _write_captions(ax, layout, captions, renderer)

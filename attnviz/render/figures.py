@@ -67,12 +67,21 @@ def compute_figure(outcome: Outcome, fig: FigureOptions) -> Any:
                           scale=scale)
 
 
+def tokens_note(figure: Any, name: str) -> str | None:
+    """One line when a grid picture left its tokens out (its cells too small for a line of them), naming the
+    options that draw them; None when it drew them, or had none to draw."""
+    if not getattr(figure, "attnviz_tokens_left_out", False):
+        return None
+    return (f"{name}: the tokens are left out, the cells of its maps being too small for them; --layers and --heads "
+            "draw fewer maps, larger, with their tokens, and --map-png one map with them")
+
+
 def inspect_name(result: InspectResult, fig: FigureOptions) -> str:
     return opened_name(result.opened, fig)
 
 
 def opened_name(opened: Opened, fig: FigureOptions) -> str:
-    return fig.title or f"attention weights of {opened.weights.source}"
+    return fig.title or f"{opened.weights.what} of {opened.weights.source}"
 
 
 def inspect_grid_figure(result: InspectResult, fig: FigureOptions) -> Any:
@@ -95,11 +104,11 @@ def opened_grid_figure(opened: Opened, fig: FigureOptions) -> Any:
         return model_grid_figure(w.data[:, bi], title=f"{name}, batch {bi}", cmap=fig.cmap, reduce=fig.reduce,
                                  keep=keep, real_rows=real, layers=grid.layers, heads=grid.heads,
                                  reduce_heads=grid.reduce_heads, scale=fig.scale(),
-                                 tokens=(opened.q_labels, opened.k_labels))
+                                 tokens=(opened.q_labels, opened.k_labels), colorbar_label=w.unit)
     data, drawn_keep = grid_getter(w.data[:, bi], keep, real)(grid.layers[0], grid.heads[0])
     where = f", layer {grid.layers[0]}, batch {bi}, head {grid.heads[0]}" if w.shape[0] * w.shape[2] > 1 else ""
     return heatmap_figure(data, title=name + where, q_labels=opened.q_labels, k_labels=opened.k_labels,
-                          keep=drawn_keep, cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale())
+                          keep=drawn_keep, cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale(), colorbar_label=w.unit)
 
 
 def inspect_map_figure(result: InspectResult, fig: FigureOptions) -> Any:
@@ -110,7 +119,8 @@ def inspect_map_figure(result: InspectResult, fig: FigureOptions) -> Any:
     assert result.one is not None  # analysed: the weights are finite
     return heatmap_figure(result.one, title=f"{inspect_name(result, fig)}, layer {li}, batch {bi}, head {hi}",
                           q_labels=result.opened.q_labels, k_labels=result.opened.k_labels, keep=result.drawn_keep,
-                          cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale())
+                          cmap=fig.cmap, reduce=fig.reduce, scale=fig.scale(),
+                          colorbar_label=result.opened.weights.unit)
 
 
 def inspect_stat_figure(result: InspectResult, fig: FigureOptions, stat: str) -> Any:

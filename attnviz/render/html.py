@@ -555,18 +555,19 @@ def inspect_html(result: Any, fig: Any, precision: int) -> str:
 
     opened = result.opened
     w, (li, bi, hi), grid = opened.weights, opened.index, opened.grid
-    name = fig.title or f"attention weights of {w.source}"
+    name = fig.title or f"{w.what} of {w.source}"
     keep, real = grid_masks(opened.masks, w.shape, bi)
     batches = "every batch entry" if opened.options.selection.batch is None else f"batch entry {bi}"
     table = head_stats_table(result.stats, {k: v for k, v in COLUMNS.items() if k in result.stats},
                              precision=precision,
-                             caption=f"means over query rows of {batches}: entropy H (nats) and H/ln n; dist: mean "
+                             caption=("statistics of each row renormalised to sum 1; " if w.renormalised else "")
+                             + f"means over query rows of {batches}: entropy H (nats) and H/ln n; dist: mean "
                                      "|i - j| weighted; diag, prev (j = i - 1), first (j = 0), last: mean weight on "
                                      "that key; max: mean largest weight")
     return model_report(
         w.data[:, bi], title=f"{name}, batch {bi}", q_labels=opened.q_labels, k_labels=opened.k_labels, keep=keep,
         real_rows=real, stats=table, selected=(li, hi), cmap=fig.cmap, reduce=fig.reduce, layers=grid.layers,
-        heads=grid.heads, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm,
+        heads=grid.heads, vmin=fig.vmin, vmax=fig.vmax, norm=fig.norm, colorbar_label=w.unit,
         image=None if result.overlay is None else image_panel(result),
         subtitle=f"{w.source} {shape_str(w.file_shape)} read as [layers, batch, heads, Lq, Lk] = "
                  f"{shape_str(w.shape)}; batch entry {bi} of {w.shape[1]}")

@@ -16,7 +16,7 @@ from attnviz import __version__
 from attnviz.inspection.checks import CheckResult
 from attnviz.inspection.compare import Comparison
 from attnviz.inspection.heads import HEAD_STATS
-from attnviz.inspection.weights import Weights
+from attnviz.inspection.weights import RENORMALISED, Weights
 from attnviz.pipeline import Outcome
 from attnviz.stats import RowStats
 
@@ -116,6 +116,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
     token_stats = [k for k in ("induction", "duplicate") if k in stats]  # only when the tokens were given
     head_rows = [{"layer": li, "head": hi, **{k: float(stats[k][li, hi]) for k in (*HEAD_STATS, *token_stats)},
                   "rows": int(stats["rows"][li, hi]) if "rows" in stats else None,
+                  **({"token_rows": int(stats["token_rows"][li, hi])} if "token_rows" in stats else {}),
                   "tag": str(stats["tag"][li, hi]) or None} for li in range(layers) for hi in range(heads)]
     per_query = stats_document(rows)
     if padded is not None:
@@ -131,7 +132,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "layout": list(w.layout),
         "layers_from_keys": (w.keys or None) if w.generation is None else None,
         **({"generation": w.generation.document()} if w.generation is not None else {}),
-        **({"weighed_by": w.weighed} if w.weighed != "weights" else {}),
+        **({"weighed_by": w.weighed, "statistics_of": RENORMALISED} if w.renormalised else {}),
         "weights_shape": list(w.shape),
         "selected": dict(zip(("layer", "batch", "head"), index)),
         "labels": {"q": q_labels, "k": k_labels},
@@ -241,6 +242,7 @@ def rollout_document(run: RolloutRun, files: dict[str, str]) -> dict[str, Any]:
     return plain({
         "attnviz": __version__, "command": "rollout", "source": w.source,
         "file_shape": list(w.file_shape), "weights_shape": list(w.shape), "labels": run.tokens,
+        **({"weighed_by": w.weighed} if w.weighed != "weights" else {}),
         **({"labels_per_entry": run.labels.document()["q"]} if run.labels is not None and run.labels.per_entry
            else {}),
         **({"words": run.words} if run.words is not None else {}),

@@ -30,11 +30,12 @@ FIT_DROPS = ("last", "first", "prev", "diag", "dist", "dup", "ind", "pattern")
 
 
 def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
-                     precision: int = 2, padded: int = 0) -> Fitted:
+                     precision: int = 2, padded: int = 0, of: str | None = None) -> Fitted:
     """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
     first); ``reverse`` turns the order round. Laid out for the width it is printed at: on a terminal
     too narrow for every column, the columns of ``FIT_DROPS`` are left out in that order (the caption
-    names them), never a number cut short."""
+    names them), never a number cut short. ``of``: what the statistics were computed over, when not the rows
+    as they are (value-norm maps: ``RENORMALISED``)."""
     import numpy as np
 
     from attnviz.render.table import UNDEFINED, Fitted, number_text
@@ -54,10 +55,19 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     shown = rows[:top] if top else rows
     caption = ("means over query rows (and batch entries): entropy H (nats) and H/ln n; dist: mean |i - j| weighted; "
                "diag, prev (j = i - 1), first (j = 0), last: mean weight on that key; max: mean largest weight")
+    if of:
+        caption = f"statistics of {of}; {caption}"
     if "induction" in stats:
         caption += ("; ind, dup: mean weight on the token after an earlier occurrence of the query's token "
                     "(induction) and on the earlier occurrences (duplicate-token), over queries whose token "
                     f"occurred before ({UNDEFINED} where no token occurs twice)")
+        if "token_rows" in stats:
+            from attnviz.inspection.tokens import TOKEN_TAG_MIN_ROWS
+
+            least, most = int(np.min(stats["token_rows"])), int(np.max(stats["token_rows"]))
+            counted = f"{least}" if least == most else f"{least} to {most}"
+            caption += (f", over {counted} query row{'' if most == 1 else 's'} (a tag needs at least "
+                        f"{TOKEN_TAG_MIN_ROWS})")
     else:
         caption += "; induction and duplicate-token scores need the tokens (--labels)"
     if padded:
@@ -98,7 +108,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
                           *([Text(tag, style="bold cyan" if tag else "")] if "pattern" in names else []))
         return table
 
-    return Fitted(build)
+    return Fitted(build, whole_in_pipe=True)
 
 
 def received_table(summary: dict[str, Any], precision: int) -> Any:
@@ -233,7 +243,7 @@ def compute_tables(outcome: Outcome, index: tuple[int, ...], precision: int = 3,
             tables.append(vector_table(data, labels=labels, precision=precision, max_cols=max_cols,
                                        title=f"{view.title}{where}"))
     tables.append(stats_table(outcome.stats.select(index), q_labels=prep.q_labels, k_labels=prep.k_labels,
-                              precision=precision, max_rows=max_rows, row_name=prep.variant.axis_names[0],
+                              precision=precision, max_rows=max_rows, row_name=prep.variant.axis_names[0], keep=keep2d,
                               title="per-query statistics" + (f", {shown}" if lead else "")))
     if lead:
         tables.append(slice_summary_table(outcome.stats, precision=precision, max_rows=max_rows, names=names))
@@ -251,18 +261,25 @@ def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | No
     lq, lk = opened.weights.shape[-2:]
     assert result.one is not None and result.rows is not None  # a finite run
     tables: list[Any] = []
+    from attnviz.inspection.weights import RENORMALISED
+
+    w = opened.weights
+    of = RENORMALISED if w.renormalised else None
     tables.append(head_stats_table(result.stats, sort=sort, reverse=reverse, top=top,
-                                   padded=result.padded))
+                                   padded=result.padded, of=of))
     if result.received is not None and result.received["top"]:
         tables.append(received_table(result.received, precision))
     where = f"layer {li}, batch {bi}, head {hi}"
+    what = "weights" if opened.weights.weighed == "weights" else opened.weights.what
     max_r = max_rows
     tables.append(weights_table(result.one, q_labels=opened.q_labels, k_labels=opened.k_labels, keep=result.one_keep,
                                 precision=precision, max_rows=max_r, max_cols=max_cols,
-                                title=f"weights of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
+                                title=f"{what} of {where} [{lq}, {lk}] (--layer/--batch/--head pick another)",
                                 padded=result.one_padded))
     tables.append(stats_table(result.rows, q_labels=opened.q_labels, k_labels=opened.k_labels, precision=precision,
-                              max_rows=max_r, title=f"per-query statistics, {where}", padded=result.one_padded))
+                              max_rows=max_r, title=f"per-query statistics, {where}"
+                              + (" (entropies of each row renormalised to sum 1)" if of else ""),
+                              padded=result.one_padded, keep=result.one_keep))
     return tables
 
 

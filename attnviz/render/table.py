@@ -152,23 +152,29 @@ class Fitted:
     """A table laid out for the width it is printed at: ``Console.print`` renders it at the console's
     width (``ConsoleOptions.max_width``). ``table(width)`` builds the rich ``Table`` itself (``None``:
     natural widths, nothing elided for want of space). A table that asked for every column
-    (``max_cols=0``) and needs more than the width is printed at its own width, never squeezed."""
+    (``max_cols=0``) and needs more than the width is printed at its own width, never squeezed. With
+    ``whole_in_pipe``, a console whose width is a default for a pipe or a file (``width_known`` False) gets the
+    table at its natural width: a pipe is not a terminal, nothing need be left out for it."""
 
-    def __init__(self, build: Callable[[int | None], Table]) -> None:
+    def __init__(self, build: Callable[[int | None], Table], whole_in_pipe: bool = False) -> None:
         self._build = build
+        self._whole_in_pipe = whole_in_pipe
+
+    def _width(self, console: Console, width: int) -> int | None:
+        return None if self._whole_in_pipe and not getattr(console, "width_known", True) else width
 
     def table(self, width: int | None = None) -> Table:
         return self._build(width)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        table = self._build(options.max_width)
+        table = self._build(self._width(console, options.max_width))
         need = table_width(table)
         options = options.update_width(need) if need > options.max_width else options
         plain = plain_table(table, console, options) if console.color_system is None else None
         yield from plain if plain is not None else console.render(table, options)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        need = table_width(self._build(options.max_width))
+        need = table_width(self._build(self._width(console, options.max_width)))
         return Measurement(need, need)
 
 
@@ -478,9 +484,11 @@ def stats_table(
     title: str | None = None,
     row_name: str = "query",
     padded: np.ndarray | None = None,
+    keep: np.ndarray | None = None,
 ) -> Fitted:
     """Per-query statistics of one 2-D map: entropy, normalised entropy, max, argmax, top-k, row sum.
-    ``padded`` (bool ``[Lq]``): rows at padded positions, shown as ``pad`` (left out).
+    ``padded`` (bool ``[Lq]``): rows at padded positions, shown as ``pad`` (left out). ``keep`` (bool, broadcasting
+    to ``[Lq, Lk]``): the keys a row may attend to; the top-k lists leave the others out.
 
     To fit the width, the argmax column (the first top-k entry) is left out first, then the top-k
     entries' labels are shortened, then whole entries wrap onto further lines; an entry is never split."""
@@ -489,7 +497,8 @@ def stats_table(
     elided = _elided(rows, lq, "rows")
     counted = ~stats.masked if padded is None else ~stats.masked & ~padded
     sparse = bool(((stats.support < stats.n_keys) & counted).any())  # exact zeros: say how many keys each row uses
-    cells = _StatsCells(_stats_records(stats, rows, q_labels, k_labels, precision, padded, sparse), k_labels,
+    kept = None if keep is None else np.broadcast_to(keep, (lq, np.shape(keep)[-1]))
+    cells = _StatsCells(_stats_records(stats, rows, q_labels, k_labels, precision, padded, sparse, kept), k_labels,
                         stats.top_index.shape[-1], sparse, row_name)
 
     def build(width: int | None) -> Table:
@@ -512,7 +521,7 @@ def stats_table(
 
 def _stats_records(stats: RowStats, rows: Sequence[int | None], q_labels: Sequence[str] | None,
                    k_labels: Sequence[str] | None, p: int, padded: np.ndarray | None,
-                   sparse: bool) -> list[dict[str, Any]]:
+                   sparse: bool, keep: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Every cell of a ``stats_table`` as text, a record a row: its label, its kind (``row``,
     ``masked``, ``pad`` or ``gap``), the three numbers, argmax, top-k entries, sum and support."""
     records: list[dict[str, Any]] = []
@@ -530,7 +539,8 @@ def _stats_records(stats: RowStats, rows: Sequence[int | None], q_labels: Sequen
             rec.update(kind="row", numbers=[f"{stats.entropy[i]:.{p}f}", f"{stats.entropy_norm[i]:.{p}f}",
                                             f"{stats.max[i]:.{p}f}"],
                        argmax=axis_name(int(stats.argmax[i]), k_labels), sum=f"{stats.row_sum[i]:.{p}f}",
-                       top=[(int(j), f"{w:.{p}f}") for j, w in zip(stats.top_index[i], stats.top_weight[i])])
+                       top=[(int(j), f"{w:.{p}f}") for j, w in zip(stats.top_index[i], stats.top_weight[i])
+                            if keep is None or keep[i, int(j)]])
         records.append(rec)
     return records
 

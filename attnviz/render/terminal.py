@@ -208,7 +208,7 @@ class _Drawing:
             widest = max([cell_len(inert.label(t, LABEL_CELLS)) for t in p.row_labels] + [cell_len(p.row_name)])
             return min(LABEL_CELLS, widest) + 1
         lq = next(x for x in p.panels if x is not None).shape[0]
-        widest = len(str(max(lq - 1, 0)))
+        widest = len(str(max(lq * p.blocks - 1, 0)))  # positions, not the cells handed over
         if p.q_labels is not None:
             widest = max(widest, min(LABEL_CELLS, max((cell_len(inert.label(t, LABEL_CELLS)) for t in p.q_labels),
                                                       default=0)))
@@ -370,8 +370,9 @@ class _Drawing:
                 if t < nrows:
                     out[t] = _fit_cells(inert.label(text, LABEL_CELLS), margin - 1, right=True) + " "
             return out
-        for position in ticks(x.cells.shape[0] * x.f, x.f, x.s, 2, 3):
-            t = math.ceil((position // x.f) * x.s / 2)
+        g = x.f * self.p.blocks  # positions a cell holds: the axis counts positions, not cells
+        for position in ticks(x.cells.shape[0] * g, g, x.s, 2, 3):
+            t = math.ceil((position // g) * x.s / 2)
             if t < nrows:
                 out[t] = _fit_cells(str(position), margin - 1, right=True) + " "
         return out
@@ -454,8 +455,9 @@ class _Drawing:
                 out.append([Segment(" " * margin + "".join(line).rstrip())])
             return out
         line = [" "] * (cols * x.s)
-        for position in ticks(cols * x.f, x.f, x.s, 1, len(str(cols * x.f)) + 2):
-            at = (position // x.f) * x.s
+        g = x.f * self.p.blocks  # positions a cell holds: the axis counts positions, not cells
+        for position in ticks(cols * g, g, x.s, 1, len(str(cols * g)) + 2):
+            at = (position // g) * x.s
             text = str(position)
             if at + len(text) <= len(line):
                 line[at:at + len(text)] = list(text)
@@ -626,7 +628,7 @@ def inspect_picture(result: InspectResult, fig: FigureOptions, plain: bool = Fal
     name = inspect_name(result, fig)
     keep, real = grid_masks(opened.masks, w.shape, bi)
     get_map = grid_getter(w.data[:, bi], keep, real)
-    look = _look(fig, plain, height)
+    look = {**_look(fig, plain, height), "colorbar_label": w.unit}
     shape = (int(w.shape[-2]), int(w.shape[-1]))
     if grid.reduce_heads:
         how = grid.reduce_heads

@@ -38,6 +38,8 @@ class ViewerModel:
     _thumbs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _rollout: np.ndarray | None = None
     _fitting: dict[tuple[int, int, bool], int] = field(default_factory=dict)  # layers that fit, by size
+    #: the map last drawn: its block size as drawn and its cells (``cursor_cell``), by (layer, head, entry)
+    _drawn: dict[tuple[int, int, int], tuple[int, np.ndarray]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         opened = self.result.opened
@@ -140,14 +142,19 @@ class ViewerModel:
                 raise ValueError("rollout needs square maps (self-attention)")
             real = None if self.real is None else np.broadcast_to(self.real, (*w.shape[:1], *w.shape[2:-1]))
             tokens = None if real is None else np.asarray(np.asarray(real).all(axis=(0, 1)))
-            self._rollout = rollout(w.data[:, self.batch], real=tokens).result
+            self._rollout = rollout(w.data[:, self.batch], real=tokens, weighed=w.renormalised).result
         return self._rollout
 
     def value(self) -> float:
-        """The weight under the cursor (the block's, when the map is drawn in blocks), NaN when masked."""
+        """The weight under the cursor (the block's, when the map is drawn in blocks: the cell drawn, once the
+        picture was laid out), NaN when masked."""
         cells, f = self.map()
+        g, drawn = self._drawn.get(self._map_key(), (f, cells))
         q, k = self.cursor
-        return float(cells[q // f, k // f])
+        return float(drawn[q // g, k // g])
+
+    def _map_key(self) -> tuple[int, int, int]:
+        return (-1, -1, self.batch) if self.rollout else (self.layer, self.head, self.batch)
 
     def picture(self, width: int, height: int, plain: bool = False) -> TermPicture:
         """The selected map (or the rollout) with its labels and the cursor, for ``width x height``."""
@@ -160,9 +167,10 @@ class ViewerModel:
             k_labels = None if k_labels is None else list(k_labels[::f])
         title = "rollout (heads mean, residual 0.5)" if self.rollout else f"layer {self.layer}, head {self.head}"
         title += f", {self.entry}" if self.entry else ""
+        unit = "rollout" if self.rollout else self.result.opened.weights.unit
         picture = single_picture(cells, None, title=title, q_labels=q_labels, k_labels=k_labels,
                                  cmap=self.fig.cmap, reduce=self.fig.reduce, scale=self.fig.scale(), plain=plain,
-                                 height=height, colorbar_label="rollout" if self.rollout else "weight")
+                                 height=height, colorbar_label=unit)
         picture.blocks = f
         picture.cursor = self.cursor_cell(picture, width)
         return picture
@@ -171,8 +179,10 @@ class ViewerModel:
         """The cursor in the cells ``picture`` draws at ``width`` (laid out once to know its blocks)."""
         picture.lines(width)
         placed = picture.placed[0]
-        _, f = self.map()
+        cells, f = self.map()
         g = (placed.f if placed is not None else 1) * f
+        # the cells as drawn: the status line's block and value are theirs (one block size, as the title's)
+        self._drawn = {self._map_key(): (g, placed.cells if placed is not None else cells)}
         return self.cursor[0] // g, self.cursor[1] // g
 
     def drawn_blocks(self, picture: TermPicture) -> int:
@@ -261,8 +271,9 @@ class ViewerModel:
         qname = f"{q}" + (f" {self.q_labels[q]!r}" if self.q_labels is not None else "")
         kname = f"{k}" + (f" {self.k_labels[k]!r}" if self.k_labels is not None else "")
         value = self.value()
+        f = self._drawn.get(self._map_key(), (f, None))[0]
         weight = "masked" if np.isnan(value) else f"{value:.4f}"
-        what = "rollout" if self.rollout else "weight"
+        what = "rollout" if self.rollout else self.result.opened.weights.unit
         block = f" ({self.fig.reduce} of a {f}x{f} block)" if f > 1 else ""
         entry = f"[{self.entry}]  " if self.entry else ""
         return f"{entry}query {qname}  key {kname}  {what} {weight}{block}"

@@ -21,15 +21,18 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 MODEL = "Model (capture)"
+SUMMARY = "Summary (long inputs)"
 CORPUS = "Corpus (--corpus)"
 
 
 def capture_command(
     model: Annotated[str, typer.Argument(metavar="MODEL_DIR", show_default=False,
                                          help="a local model folder: config.json, the weights and the tokenizer "
-                                              "(what save_pretrained writes); nothing is downloaded")],
+                                              "(what save_pretrained writes), or a KerasHub preset folder "
+                                              "(save_to_preset's); nothing is downloaded")],
     text: Annotated[list[str] | None, typer.Option(
-        "--text", metavar="TEXT", help="a text to run the model on; repeat for a padded batch")] = None,
+        "--text", metavar="TEXT", help="a text to run the model on; repeat for a padded batch; @FILE: a whole file "
+                                       "as one text (a long document, newlines kept)")] = None,
     text_file: Annotated[str | None, typer.Option("--text-file", metavar="FILE",
                                                   help="more texts, one a line")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
@@ -59,7 +62,29 @@ def capture_command(
     atol: Annotated[float | None, checked_option(float | None, "--atol", min=0.0,
                                                  help="tolerance of --check (default by the model's dtype: 1e-5 "
                                                       "float32, 1e-3 float16, 8e-3 bfloat16)")] = None,
+    summary: Annotated[bool, typer.Option("--summary", rich_help_panel=SUMMARY, help=(
+        "long inputs: record each site's summary instead of its weights, computed where the model runs a block of "
+        "query rows at a time (per row: entropy, largest weight and its key, sink, local and total mass; per key: "
+        "received attention; a pooled map; the rows of --rows)"))] = False,
+    sinks: Annotated[int | None, checked_option(int | None, "--sinks", min=1, metavar="S", rich_help_panel=SUMMARY,
+                                                help="with --summary: the sink mass is the weight on the first S "
+                                                     "real keys (default 4)")] = None,
+    local: Annotated[int | None, checked_option(int | None, "--local", min=1, metavar="W", rich_help_panel=SUMMARY,
+                                                help="with --summary: the local mass is the weight on the keys "
+                                                     "i - W < j <= i (default 64)")] = None,
+    pool: Annotated[int | None, checked_option(int | None, "--pool", min=1, metavar="P", rich_help_panel=SUMMARY,
+                                               help="with --summary: pooled maps of at most P x P blocks (means "
+                                                    "and maxima; default 256)")] = None,
+    rows: Annotated[str | None, typer.Option("--rows", metavar="ROWS", rich_help_panel=SUMMARY,
+                                             help="with --summary: query rows kept whole: last (the default), "
+                                                  "0,512,-1, ranges 100:200, none")] = None,
+    max_file: Annotated[str | None, typer.Option("--max-file", metavar="SIZE", help=(
+        "refuse, before the model runs, an exact capture whose weights would take more than SIZE (default 4G; "
+        "0: no limit)"))] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
+    truncate: Annotated[bool, typer.Option("--truncate", help="keep the first tokens of a text longer than the "
+                                                              "model's positions (and say how many were dropped)")]
+    = False,
     corpus: Annotated[bool, typer.Option("--corpus", rich_help_panel=CORPUS, help="per-head statistics over every "
                                          "line of --text-file instead of the weights (a corpus file: attnviz inspect "
                                          "reads it, attnviz merge adds shards)")] = False,
@@ -95,7 +120,9 @@ def capture_command(
 
             refuse_with_corpus({"--layers": layers, "--generate": generate, "--no-weights": no_weights,
                                 "--weights-dtype": weights_dtype != "float32", "--target": target,
-                                "--decoder-text": decoder_text, "--check": check})
+                                "--decoder-text": decoder_text, "--check": check, "--summary": summary,
+                                "--truncate": truncate, "--max-file": max_file, "--sinks": sinks is not None,
+                                "--local": local is not None, "--pool": pool is not None, "--rows": rows is not None})
             options = CorpusOptions(batch_size=batch_size or 8, shard=shard, token_class=tuple(token_class or ()),
                                     sink_threshold=0.3 if sink_threshold is None else sink_threshold,
                                     long=long or "truncate")
@@ -103,13 +130,54 @@ def capture_command(
         from attnviz.cli.corpus import refuse_without_corpus
 
         refuse_without_corpus(given)
+        settings = summary_settings(summary, sinks, local, pool, rows, no_weights, target, check)
         _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
-                 target, decoder_text, check, atol, json_out)
+                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file),
+                 truncate)
+
+
+def summary_settings(summary: bool, sinks: int | None, local: int | None, pool: int | None, rows: str | None,
+                     no_weights: bool, target: str | None, check: bool) -> Any:
+    """--summary's settings (``attnviz.summarystats.SummarySettings``), or None; its conflicts (exit 2)."""
+    from attnviz.errors import UsageError
+
+    if not summary:
+        for flag, value in (("--sinks", sinks), ("--local", local), ("--pool", pool), ("--rows", rows)):
+            if value is not None:
+                raise UsageError(f"{flag} goes with --summary (a summary capture's settings).")
+        return None
+    for flag, given in (("--no-weights", no_weights), ("--target", target is not None), ("--check", check)):
+        if given:
+            raise UsageError(f"--summary records no weights: drop {flag}.")
+    from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
+
+    rows = "last" if rows is None else rows
+    return SummarySettings(DEFAULT_SINKS if sinks is None else sinks, DEFAULT_LOCAL if local is None else local,
+                           DEFAULT_POOL if pool is None else pool, None if rows.strip().lower() == "none" else rows)
+
+
+def parse_max_file(text: str | None) -> int | None:
+    """--max-file as bytes (0: no limit), or None for the default."""
+    from attnviz.errors import UsageError
+
+    if text is None:
+        return None
+    if text.strip() == "0":
+        return 0
+    from attnviz.blockwise import UNITS
+
+    t = text.strip().lower()
+    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    try:
+        return int(float(number) * UNITS[t[len(number):]])
+    except (ValueError, KeyError):
+        raise UsageError(f"--max-file {text!r}: expected a size such as 4G, 500M or 0 (no limit).") from None
 
 
 def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
              layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
-             decoder_text: str | None, check: bool, atol: float | None, json_out: bool) -> None:
+             decoder_text: str | None, check: bool, atol: float | None, json_out: bool, summary: Any = None,
+             max_file: int | None = None, truncate: bool = False) -> None:
     import json
 
     from attnviz.capturing.folder import capture_folder, read_texts
@@ -130,7 +198,8 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
     def run(path: Any) -> Any:
         return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
                               weights=not no_weights, weights_dtype=weights_dtype, target=target,
-                              decoder_text=decoder_text, check=check)
+                              decoder_text=decoder_text, check=check, summary=summary, max_file=max_file,
+                              truncate=truncate)
 
     if isinstance(targets["-o"], Path):
         done = run(output)
@@ -153,7 +222,7 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         doc = {"attnviz": _version(), "command": "capture", "model": model, "model_type": done.model_type,
                "device": done.device, "file": str(done.path), "sites": done.sites, "shape": list(done.shape),
                "texts": len(all_texts), "generate": generate, "seconds": round(done.seconds, 3),
-               "warnings": done.warnings}
+               "summary": done.summary, "dense_mask_bytes": done.dense_mask_bytes, "warnings": done.warnings}
         if done.checked is not None:
             doc["check"] = {"atol": atol, "passed": not failed, "max_abs_diff": done.checked}
         stdout().write(json.dumps(doc) + "\n")
@@ -162,8 +231,14 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         kinds = list(dict.fromkeys(s.rpartition(".layers.")[0] or "layers" for s in done.sites))
         what = ("[" + ", ".join(str(n) for n in done.shape) + "] each" if len(kinds) == 1 else
                 ", ".join(f"{sum(s.startswith(k + '.') for s in done.sites)} {k}" for k in kinds))
-        out.write(f"captured {len(done.sites)} attention sites of {done.model_type} ({what}) on {done.device} "
+        kind = "summaries of " if done.summary else ""
+        out.write(f"captured {kind}{len(done.sites)} attention sites of {done.model_type} ({what}) on {done.device} "
                   f"in {done.seconds:.1f} s\n")
+        if done.dense_mask_bytes:
+            from attnviz.formats._base import size_str
+
+            out.write(f"masks: not made of padding, causal and a window: kept whole ("
+                      f"{size_str(done.dense_mask_bytes)})\n")
         if done.checked is not None:
             worst = max(done.checked, key=lambda s: done.checked[s]) if done.checked else None  # type: ignore[index]
             if worst is None:
@@ -215,6 +290,9 @@ def model_parameters() -> list[inspect.Parameter]:
         p("model_device", kw, default="auto", annotation=Annotated[str, checked_option(
             Literal[DEVICES], "--model-device", rich_help_panel=MODEL,  # type: ignore[valid-type]
             help="with --model: where it runs")]),
+        p("truncate", kw, default=False, annotation=Annotated[bool, typer.Option(
+            "--truncate", rich_help_panel=MODEL, help="with --model: keep the first tokens of a text longer than "
+                                                      "the model's positions")]),
     ]
 
 
@@ -225,10 +303,10 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     from attnviz.errors import UsageError
 
     model, texts, text_file = values.pop("model"), values.pop("text") or [], values.pop("text_file")
-    device = values.pop("model_device")
+    device, truncate = values.pop("model_device"), values.pop("truncate")
     if model is None:
-        if texts or text_file:
-            raise UsageError("--text and --text-file go with --model MODEL_DIR.")
+        if texts or text_file or truncate:
+            raise UsageError("--text, --text-file and --truncate go with --model MODEL_DIR.")
         if not files:
             raise UsageError("missing argument WEIGHTS (or a model folder: --model DIR --text TEXT).")
         yield files
@@ -238,18 +316,18 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     import shutil
     import tempfile
 
-    from attnviz.capturing.folder import capture_folder, read_texts
+    from attnviz.capturing.folder import capture_folder, model_name, read_texts
 
     all_texts = read_texts(texts, text_file)
     folder = tempfile.mkdtemp(prefix="attnviz-model-")
     try:
         path = Path(folder) / f"{Path(model).name or 'model'}.safetensors"
-        done = capture_folder(model, all_texts, path, device=device)
+        done = capture_folder(model, all_texts, path, device=device, auto_summary=True, truncate=truncate)
         for text in done.warnings:
             err_console().print(f"warning: {text}", markup=False, style="yellow")
         from attnviz.io import named
 
-        with named({str(path): f"{model} (captured)"}):
+        with named({str(path): f"{model_name(model)} (captured)"}):
             yield [str(path)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)

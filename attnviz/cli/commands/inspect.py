@@ -30,7 +30,9 @@ from attnviz.render.options import FigureOptions, ShowOptions
 from attnviz.streams import err_console, out_console, stdout
 
 SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
-            "induction", "duplicate")
+            "induction", "duplicate", "sink_mass", "local_mass", "total", "retrieval")
+SUMMARY_PANEL = "Summary (long inputs)"
+SUMMARY_ONLY = ("sink_mass", "local_mass", "total", "retrieval")
 #: what --sort also takes on a corpus file (attnviz capture --corpus)
 CORPUS_SORTABLE = ("punctuation", "next", "entropy_uniform", "first_row_entropy", "top_previous", "top_next",
                    "sink_rate")
@@ -49,6 +51,8 @@ class InspectOutputs(TableOptions):
         panel=OUTPUT)
     reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
     top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
+    no_table: bool = option(False, "print no tables; with --sort, --reverse or --top, the head statistics table alone",
+                            panel=OUTPUT)
     png: str | None = option(None, "a layer x head grid of every map (the map itself when there is one); .png, .svg "
                              "or .pdf", panel=OUTPUT, metavar="FILE")
     map_png: str | None = option(None, "the selected map alone, with labels", panel=OUTPUT, metavar="FILE")
@@ -69,6 +73,12 @@ class InspectOutputs(TableOptions):
                                    "and --merge-subwords; without them the weights as read): .npy, .npz or "
                                    ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
 
+    @property
+    def head_table(self) -> bool:
+        """--no-table with an order asked for (--sort, --reverse, --top): the head table the user sorted."""
+        return (self.no_table and not (self.json or self.quiet)
+                and (self.sort != "layer" or self.reverse or self.top is not None))
+
 
 ORDER = ("layout", "generation", "weigh_by",
          "labels", "q_labels", "k_labels", "merge_subwords", "subword_style",
@@ -86,17 +96,39 @@ def inspect_command(**values: Any) -> None:
     from attnviz.cli.commands.capture import captured_input
     from attnviz.cli.errors import user_errors
 
+    asked = {name: values.pop(name) for name in ("span", "span_text", "needle")}
     with user_errors(), captured_input(values.pop("weights") or [], values) as files:
-        _inspect_files(files, values)
+        _inspect_files(files, values, asked)
 
 
-def _inspect_files(files: list[str], values: dict[str, Any]) -> None:
+def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, Any] | None = None) -> None:
     options: InspectOptions = build(InspectOptions, values)
     fig: FigureOptions = build(FigureOptions, values)
     out: InspectOutputs = build(InspectOutputs, values)
     show: ShowOptions = build(ShowOptions, values)
 
     def one(path: str, names: dict[str, Any], source: str | None) -> bool:
+        from attnviz.inspection.corpus import corpus_meta_of
+        from attnviz.inspection.summary import open_qk_capture, open_summary
+
+        corpus = corpus_meta_of(path)
+        if corpus is not None:  # per-head statistics over many texts (attnviz capture --corpus)
+            from attnviz.cli.corpus import inspect_corpus
+
+            if asked and any(asked.values()):
+                from attnviz.errors import UsageError
+
+                raise UsageError("--span, --span-text and --needle read a summary capture (attnviz capture "
+                                 "--summary); a corpus file holds per-head statistics.")
+            inspect_corpus(path, corpus, replace(out, **names), fig, names.get("heads_map"))
+            return False
+        found = open_summary(path) or open_qk_capture(path)
+        if found is not None:
+            return inspect_summary(found, options, fig, replace(out, **names), asked or {})
+        if asked and any(asked.values()):
+            from attnviz.errors import UsageError
+
+            raise UsageError("--span, --span-text and --needle read a summary capture (attnviz capture --summary).")
         return inspect_file(replace(options, weights=path), fig, replace(out, **names), source, show)
 
     run_each(files, {"--" + o.replace("_", "-"): getattr(out, o) for o in FILE_OUTPUTS}, lambda path, plan, source:
@@ -112,20 +144,89 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
              "placeholder ({stem}, {name}, {dir}, {index}, {})")]),
     *parameters(InspectOptions, FigureOptions, InspectOutputs, ShowOptions, order=ORDER, overrides={"cmap": {
         "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}}),
-    *model_parameters()])
+    *model_parameters(),
+    inspect.Parameter("span", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        list[str] | None, typer.Option("--span", metavar="NAME=START:END", rich_help_panel=SUMMARY_PANEL,
+                                       help="a summary: each head's attention on the key positions START..END-1 "
+                                            "(a document of a retrieval prompt, a needle); repeatable")]),
+    inspect.Parameter("span_text", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        list[str] | None, typer.Option("--span-text", metavar="NAME=TEXT", rich_help_panel=SUMMARY_PANEL,
+                                       help="a summary: a span found by its text in the tokens; repeatable")]),
+    inspect.Parameter("needle", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        str | None, typer.Option("--needle", metavar="NAME|TEXT", rich_help_panel=SUMMARY_PANEL,
+                                 help="a summary captured with --generate: each head's retrieval score (Wu et al. "
+                                      "2024) for this span (a --span name) or text")]),
+])
+
+
+def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out: InspectOutputs,
+                    asked: dict[str, Any]) -> bool:
+    """A summary capture: the per-head table (sortable, --top), the pooled grid (--png), the received
+    attention by position (--received-png), the chosen rows (--map-png), JSON; spans and retrieval heads."""
+    import json
+
+    from attnviz.errors import UsageError
+    from attnviz.inspection.summary import analyse_summary, read_summary
+    from attnviz.io import check_outputs
+    from attnviz.render import summary as drawn
+    from attnviz.staging import staged_outputs
+
+    raw, capture, kind = found
+    for name in ("png", "map_png", "received_png"):
+        check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
+    for name in ("stats_png", "overlay_png", "html", "save_maps"):
+        if getattr(out, name):
+            raise UsageError(f"--{name.replace('_', '-')}: {capture.source} holds summaries, not weights; it draws "
+                             "--png (pooled maps), --received-png and --map-png (the chosen rows).")
+    fig.check()
+    read = read_summary(raw, capture, kind)
+    layers = read.shape[0]
+    if options.selection.layer is not None and not -layers <= options.selection.layer < layers:
+        raise UsageError(f"--layer {options.selection.layer}: {capture.source} holds {layers} sites (0..{layers - 1}).")
+    layer = None if options.selection.layer is None else options.selection.layer % layers
+    if out.map_png and read.chosen is None:
+        raise UsageError(f"--map-png: {capture.source} holds no chosen rows (capture with --rows).")
+    result = analyse_summary(read, batch=options.selection.batch, spans=asked.get("span"),
+                             span_texts=asked.get("span_text"), needle=asked.get("needle"))
+    targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--received-png": out.received_png,
+                             "--json-file": out.json_file}, [])
+    err = err_console()
+    files: dict[str, str] = {}
+    with staged_outputs(targets) as staged:
+        from attnviz.render.heatmap import save_figure
+
+        for flag, name, make in (("--png", "png", lambda: drawn.pooled_grid_figure(result, fig)),
+                                 ("--received-png", "received_png",
+                                  lambda: drawn.received_profile_figure(result, fig, layer)),
+                                 ("--map-png", "map_png",
+                                  lambda: drawn.rows_figure(result, fig, layers - 1 if layer is None else layer))):
+            if flag in staged:
+                save_figure(make(), staged[flag])
+                files[name] = getattr(out, name)
+        document = None
+        if out.document:
+            if out.json_file:
+                files["json"] = out.json_file
+            document = json.dumps(drawn.summary_document(result, files, out.sort, out.reverse, out.top))
+            save_json(document, staged)
+        staged.commit()
+    if not out.quiet:
+        b, h, lq, lk = read.shape[1:]
+        what = "sites" if kind == "layers" else f"{kind} sites"
+        err.print(f"inspect: {capture.source}: summaries of {layers} {what} x {h} heads, {lq} queries x {lk} keys, "
+                  f"batch {b}", markup=False, style="dim")
+        for what, path in files.items():
+            err.print(f"saved {what} to {path}", markup=False, style="dim")
+    if out.json and document is not None:
+        stdout().write(document + "\n")
+    elif out.tables or out.head_table:  # its one table: the head table, which --sort and --top ask for
+        out_console().print(drawn.head_table(result, out.precision, out.sort, out.reverse, out.top), crop=False)
+    return False
 
 
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,
                  show: ShowOptions | None = None) -> bool:
     """One file of weights: returns whether a check failed."""
-    from attnviz.inspection.corpus import corpus_meta_of
-
-    corpus = corpus_meta_of(options.weights)
-    if corpus is not None:  # per-head statistics over many texts (attnviz capture --corpus)
-        from attnviz.cli.corpus import inspect_corpus
-
-        inspect_corpus(options.weights, corpus, out, fig, out.heads_map)
-        return False
     if out.heads_map is not None or out.sort in CORPUS_SORTABLE:
         from attnviz.errors import UsageError
 
@@ -137,6 +238,11 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
+    for flag, value in (("--sort", out.sort), ("--stat", out.stat if out.stats_png else None)):
+        if value in SUMMARY_ONLY:
+            from attnviz.errors import UsageError
+
+            raise UsageError(f"{flag} {value}: a column of a summary capture's head table (attnviz capture --summary).")
     for name in ("png", "map_png", "stats_png", "received_png", "overlay_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
     check_html_path(out.html)
@@ -164,13 +270,14 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             if atol > 1e-5:  # the storage's own rounding: bfloat16 rows cannot sum to 1 within 1e-5
                 err.print(f"check-rows: the weights were stored as {w.stored_dtype}: tolerance {atol:g} "
                           "(--atol to choose)", markup=False, style="dim")
-        result = inspecting.analyse(opened, _grid_meanwhile(opened, staged, fig, options))
+        notes: list[str] = []  # what a picture could not show (its tokens), for stderr
+        result = inspecting.analyse(opened, _grid_meanwhile(opened, staged, fig, options, notes, out.png))
         failed = report_checks(result.checks, err, source) if result.checks else False
         if not result.finite:
             return True
         for text in result.warnings:
             err.print(f"warning: {text}", markup=False, style="yellow")
-        files = _save_files(result, staged, fig, out)
+        files = _save_files(result, staged, fig, out, notes)
         if "--save-maps" in staged:
             from attnviz.io import save_array
 
@@ -198,10 +305,14 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
                 err.print(f"masks: {', '.join(opened.masks.described)}{left_out}", markup=False, style="dim")
             for what, path in files.items():
                 err.print(f"saved {what} to {path}", markup=False, style="dim")
+            for note in notes:
+                err.print(note, markup=False, style="dim")
         if out.json and document is not None:
             stdout().write(document + "\n")
         if not out.json and result.rows is not None and out.tables:
             _print_tables(result, out)
+        elif out.head_table and result.stats:
+            _print_head_table(result, out)
         _draw(show, result, fig)
         return failed
 
@@ -223,7 +334,8 @@ def save_json(text: str, staged: Any) -> None:
         save_text(staged["--json-file"], text + "\n")
 
 
-def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: InspectOptions) -> Any:
+def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: InspectOptions, notes: list[str],
+                    name: str | None) -> Any:
     """--png's picture needs the weights, not their statistics: it is drawn (and a PNG encoded) while the
     statistics are summed (``inspecting.analyse``'s ``meanwhile``). Not when --check-finite asked to
     locate NaN and infinity (nothing is drawn then)."""
@@ -232,15 +344,18 @@ def _grid_meanwhile(opened: Any, staged: Any, fig: FigureOptions, options: Inspe
     target = staged["--png"]
 
     def draw() -> Any:
-        from attnviz.render.figures import opened_grid_figure
+        from attnviz.render.figures import opened_grid_figure, tokens_note
         from attnviz.render.heatmap import figure_file
 
-        return figure_file(opened_grid_figure(opened, fig), target.suffix)
+        figure = opened_grid_figure(opened, fig)
+        notes.extend(note for note in [tokens_note(figure, name or "--png")] if note)
+        return figure_file(figure, target.suffix)
 
     return draw
 
 
-def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs) -> dict[str, str]:
+def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutputs,
+                notes: list[str] | None = None) -> dict[str, str]:
     """Every figure and the HTML report asked for, written to their staged paths."""
     from attnviz.render import figures
 
@@ -257,7 +372,11 @@ def _save_files(result: Any, staged: Any, fig: FigureOptions, out: InspectOutput
             if flag == "--png" and result.meanwhile is not None:  # drawn while the statistics were summed
                 result.meanwhile(staged[flag])
             else:
-                save_figure(make(result, fig), staged[flag])
+                figure = make(result, fig)
+                note = figures.tokens_note(figure, out.png or "--png") if flag == "--png" else None
+                if note and notes is not None:
+                    notes.append(note)
+                save_figure(figure, staged[flag])
             written[name] = getattr(out, name)
     if "--overlay-png" in staged:
         from attnviz.render.overlay import inspect_overlay_figure
@@ -281,6 +400,16 @@ def _draw(show: ShowOptions, result: Any, fig: FigureOptions) -> None:
 
     draw(show, lambda: inspect_grid_figure(result, fig), lambda plain, height: inspect_picture(result, fig, plain,
                                                                                                  height))
+
+
+def _print_head_table(result: Any, out: InspectOutputs) -> None:
+    """--no-table with an order asked for (--sort, --reverse, --top): the head statistics table, alone."""
+    from attnviz.inspection.weights import RENORMALISED
+    from attnviz.render.summaries import head_stats_table
+
+    renormalised = result.opened.weights.renormalised
+    out_console().print(head_stats_table(result.stats, sort=out.sort, reverse=out.reverse, top=out.top,
+                                         padded=result.padded, of=RENORMALISED if renormalised else None), crop=False)
 
 
 def _print_tables(result: Any, out: InspectOutputs) -> None:

@@ -57,9 +57,13 @@ def rollout_command(**values: Any) -> None:
     --method flow (attention flow, the same paper) takes the same maps as capacities of a layered
     graph: row i holds the maximum flow from position i after the last layer to each input token,
     renormalised to sum to 1 (one max-flow problem per pair: seconds at 48 tokens, minutes or more at
-    hundreds). --method grad (Chefer, Gur and Wolf 2021) needs --grads, the gradient of the explained
-    score with respect to every layer's weights: R = I, then R = R + mean_h(clamp(grad * A, min=0)) R
-    from the first layer (or --start-layer) up.
+    hundreds). --method grad (Chefer, Gur and Wolf 2021) needs the gradient of the explained score
+    with respect to every layer's weights, from --grads or from a capture taken with --target (attnviz
+    capture): R = I, then R = R + mean_h(clamp(grad * A, min=0)) R from the first layer (or
+    --start-layer) up.
+
+    --weigh-by value-norms (a capture) follows alpha * ||v W_O|| instead of the weights, each layer's heads
+    averaged as they are (not renormalised one by one), with --method rollout or flow.
 
     With --image (a ViT's patches after --prefix-tokens, or --image-tokens) the result is also the
     query's row (CLS) over the patches, divided by its maximum (JSON overlay.rollout; --overlay-png).

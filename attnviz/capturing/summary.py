@@ -1,0 +1,420 @@
+"""Summaries of a site's attention computed where the model runs (torch), a block of query rows at a time,
+never holding a head's [Lq, Lk] map: what ``attnviz.capture(model, summary=True)`` and ``attnviz capture
+--summary`` record instead of the weights.
+
+Each statistic follows its one written definition in ``attnviz.summarystats`` (name, formula, which rows
+count); ``attnviz.summarystats.summarise`` is the same computation in NumPy (for ``--no-weights`` captures
+read by ``inspect``, and the tests' second path). The scores are the family's own: ``scale``, ``softcap``,
+a position ``bias``, gpt-oss's ``sinks`` (one logit per head in the denominator only: a row sums to less
+than 1), grouped-query heads (``Hkv`` key heads shared by ``H / Hkv`` query heads), and the mask: the dense
+boolean mask the model built (sliced a block of rows at a time), or its parts (padding, causal, window) when
+the model built none.
+
+torch is imported inside the functions: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
+
+#: scores held at a time per block (float32 values, all heads): the block's rows follow from it
+BLOCK_VALUES = 1 << 20  # 4 MiB of scores a block: the block stays in the caches while it is read again
+MASKED = -1e30  # masked scores: exp underflows to exactly 0, and 0 * MASKED is 0 (not NaN as with -inf)
+
+
+def summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, parts: MaskParts,
+              dense: Any = None, softcap: float | None = None, sinks: Any = None, bias: Any = None,
+              row_budget: int = BLOCK_VALUES) -> dict[str, Any]:
+    """The summary of one call of a site: ``query [B, H, Lq, d]``, ``key [B, Hkv, Lk, d]`` (torch, any
+    device), ``dense`` a boolean keep mask ``[B or 1, 1 or H, Lq, Lk]`` (or None: ``parts`` say it all).
+    Returns torch tensors on the same device, named as ``attnviz.summarystats`` names them.
+
+    Each block of query rows is read a few times only: its scores ``s`` (the keys it may see, in whole
+    blocks of the pooled map), the maximum of each (row, key block) (which gives the row's maximum, its key,
+    and the pooled maxima), ``e = exp(s - max)`` beside the shifted scores (kept for the entropy), its row
+    sums, one small matrix product for the per-row sums over key functions (sink keys, the first and last
+    real key, positions),
+    one row dot for the entropy, and one matrix product per query block for the received attention and the
+    pooled sums; every per-row quantity is divided by the row's sum at the end, not each weight."""
+    import torch
+
+    dev = query.device
+    b, h, lq, _ = query.shape
+    hkv, lk = key.shape[1], key.shape[-2]
+    groups = h // hkv
+    f32 = torch.float32
+    qe, ke = pool_edges(lq, settings.pool), pool_edges(lk, settings.pool)
+    bq, bk = qe[1] - qe[0], ke[1] - ke[0]
+    pq, pk = len(qe) - 1, len(ke) - 1
+    lkp = pk * bk  # the keys padded to whole pooled blocks (the padding is masked)
+    kt = torch.zeros((b, hkv, key.shape[-1], lkp), dtype=f32, device=dev)
+    kt[..., :lk] = key.to(f32).transpose(-1, -2)
+    q_pos0 = parts.q_offset
+    real_keys = _real_keys(parts, dense, b, lq, lk, dev)  # [B, Lk] bool
+    realp = torch.zeros((b, lkp), dtype=torch.bool, device=dev)
+    realp[:, :lk] = real_keys
+    real_rows = real_keys[:, lk - lq:] if parts.self_attention and lq <= lk else _rows_seeing(parts, dense, b, lq, lk,
+                                                                                              dev)
+    first_key = torch.where(real_keys.any(-1), real_keys.float().argmax(-1), 0)  # [B]
+    last_key = torch.where(real_keys.any(-1), lk - 1 - real_keys.flip(-1).float().argmax(-1), lk - 1)
+    key_pos = torch.arange(lkp, device=dev)
+    features = torch.zeros((b, 1, lkp, 4), dtype=f32, device=dev)  # per key: position, sink, first, last
+    features[..., 0] = key_pos.to(f32)
+    features[..., 1] = _first_real(realp, settings.sinks)[:, None]
+    features[..., 2] = (key_pos[None] == first_key[:, None]).to(f32)[:, None]
+    features[..., 3] = (key_pos[None] == last_key[:, None]).to(f32)[:, None]
+    counts = None if dense is not None else torch.nn.functional.pad(realp.to(torch.int64).cumsum(-1), (1, 0))
+    out = {name: torch.full((b, h, lq), math.nan, dtype=f32, device=dev) for name in PER_ROW}
+    out["argmax"] = torch.full((b, h, lq), -1, dtype=torch.int64, device=dev)
+    keys_seen = torch.zeros((b, lq), dtype=torch.int64, device=dev)
+    counted_rows = torch.zeros((b, lq), dtype=torch.bool, device=dev)
+    received = torch.zeros((b, h, lkp), dtype=torch.float64, device=dev)
+    seen_by = torch.zeros((b, lkp), dtype=torch.int64, device=dev)
+    pooled_sum = torch.zeros((b, h, pq, pk), dtype=torch.float64, device=dev)
+    pooled_max = torch.zeros((b, h, pq, pk), dtype=f32, device=dev)
+    pooled_seen = torch.zeros((b, pq, pk), dtype=torch.bool, device=dev)  # a kept (real row, key) in the cell
+    positions = settings.row_positions(lq)
+    rows_out = torch.zeros((b, h, len(positions), lk), dtype=f32, device=dev) if positions else None
+    wanted = {p: n for n, p in enumerate(positions)}
+    sink_logit = None if sinks is None else sinks.to(f32).reshape(1, h, 1).to(dev)
+    qs = query.to(f32) * scale
+    step = max(1, min(lq, row_budget // max(1, b * h * lkp)))
+    for r0 in range(0, lq, step):
+        r1 = min(lq, r0 + step)
+        r = r1 - r0
+        pos = torch.arange(r0, r1, device=dev) + q_pos0  # the rows' positions among the keys
+        lo, hi = _key_range(parts, dense, r0, r1, q_pos0, lk)
+        lo, hi = lo // bk * bk, min(lkp, -(-hi // bk) * bk)  # whole key blocks of the pooled map
+        width, nj, j0 = hi - lo, (hi - lo) // bk, lo // bk
+        s = torch.matmul(qs[:, :, r0:r1].reshape(b, hkv, groups * r, -1), kt[..., lo:hi]).view(b, h, r, width)
+        if softcap is not None:
+            s.div_(softcap).tanh_().mul_(softcap)
+        if bias is not None:
+            s[..., :max(0, min(hi, lk) - lo)].add_(bias[..., r0:r1, lo:min(hi, lk)].to(f32))
+        keep = None
+        if dense is not None:
+            keep = torch.zeros((b, 1, r, width), dtype=torch.bool, device=dev)
+            got = dense[:, :, r0:r1, lo:min(hi, lk)]
+            keep[..., :got.shape[-1]] = got if got.shape[1] == 1 else got.any(1, keepdim=True)
+            s.masked_fill_(~keep, MASKED)
+            live = keep.any(-1)[:, 0]  # [B, r]
+            seen = keep.sum(-1)[:, 0]
+        else:
+            seen = _mask_parts_block(s, parts, realp, counts, pos, lo, hi, lk)
+            live = seen > 0
+        row_real = real_rows[:, r0:r1] & live  # [B, r]: the rows that count in sums over rows
+        blocks = s.view(b, h, r, nj, bk)
+        block_max = blocks.amax(-1)  # [B, H, r, nj]
+        top, which = block_max.max(-1)
+        inside = blocks.gather(3, which[..., None, None].expand(b, h, r, 1, bk))[..., 0, :].argmax(-1)
+        arg = (which + j0) * bk + inside
+        key_top = top
+        if sink_logit is not None:
+            top = torch.maximum(top, sink_logit)
+        s.sub_(top[..., None])
+        e = torch.exp(s)
+        total_e = e.sum(-1)
+        denom = total_e if sink_logit is None else total_e + torch.exp(sink_logit - top)
+        alive = live[:, None].expand(b, h, r)
+        inv = torch.where(alive, 1.0 / denom, torch.zeros((), device=dev))  # a row that sees nothing: no weights
+        if not bool(live.all()):
+            e.mul_(live[:, None, :, None])
+        got = torch.matmul(e, features[:, :, lo:hi])  # [B, H, r, 4]: sums of e times position, sink, first, last
+        dot = torch.linalg.vecdot(e, s)  # sum e (s - max): for the entropy
+        total = total_e * inv
+        entropy = total * torch.log(denom) - dot * inv
+        maxw = inv if sink_logit is None else torch.exp(key_top - top) * inv
+        # distance: sum A |pos - j|: the keys left of the block's first row and right of its last are on one side
+        # of every row's diagonal; the keys in between are summed exactly
+        posf = pos.to(f32)
+        c0, c1 = max(lo, int(pos[0])), min(hi, int(pos[-1]) + 1)
+        jsum = got[..., 0]
+        if c1 > c0:
+            mid = e[..., c0 - lo:c1 - lo]
+            jm = key_pos[c0:c1].to(f32)
+            dmid = torch.matmul(mid, jm[:, None])[..., 0]
+            amid = mid.sum(-1)
+            absmid = (mid * (posf[:, None] - jm[None]).abs()).sum(-1)
+        else:
+            dmid = amid = absmid = torch.zeros_like(total_e)
+        if c0 > lo:
+            left = e[..., :c0 - lo]
+            aleft = left.sum(-1)
+            jleft = torch.matmul(left, key_pos[lo:c0].to(f32)[:, None])[..., 0]
+        else:
+            aleft = jleft = torch.zeros_like(total_e)
+        aright, jright = total_e - aleft - amid, jsum - jleft - dmid
+        distance = ((posf * aleft - jleft) + absmid + (jright - posf * aright)) * inv
+        values = {"entropy": entropy, "max": maxw, "sink_mass": got[..., 1] * inv,
+                  "local_mass": _band(e, pos, lo, hi, settings.local) * inv, "total": total, "distance": distance,
+                  "diagonal": _at(e, pos - lo, width) * inv, "previous": _at(e, pos - 1 - lo, width) * inv,
+                  "first": got[..., 2] * inv, "last": got[..., 3] * inv}
+        nan = torch.tensor(math.nan, device=dev)
+        for name, value in values.items():
+            out[name][:, :, r0:r1] = torch.where(alive, value, nan)
+        out["argmax"][:, :, r0:r1] = torch.where(alive, arg, -1)
+        keys_seen[:, r0:r1] = seen
+        counted_rows[:, r0:r1] = row_real
+        for pos_wanted in range(r0, r1):
+            if pos_wanted in wanted and rows_out is not None:
+                n = wanted[pos_wanted]
+                end = min(hi, lk)
+                rows_out[:, :, n, lo:end] = e[:, :, pos_wanted - r0, :end - lo] * inv[:, :, pos_wanted - r0, None]
+        # per query block of the pooled map: the weights of its real rows summed per key (one matrix product),
+        # which give the received attention and the pooled sums; the pooled maxima from the block maxima
+        weight = inv * row_real[:, None]  # [B, H, r]
+        cell_top = torch.exp(block_max - top[..., None]) * weight[..., None]  # [B, H, r, nj]
+        qb = (torch.arange(r0, r1) // bq).tolist()
+        start = 0
+        while start < r:
+            qi = qb[start]
+            stop = start
+            while stop < r and qb[stop] == qi:
+                stop += 1
+            sums = torch.matmul(weight[:, :, None, start:stop], e[:, :, start:stop])[:, :, 0]  # [B, H, width]
+            received[..., lo:hi] += sums
+            pooled_sum[:, :, qi, j0:j0 + nj] += sums.view(b, h, nj, bk).sum(-1)
+            pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(pooled_max[:, :, qi, j0:j0 + nj],
+                                                            cell_top[:, :, start:stop].amax(2))
+            if keep is not None:
+                kept = keep[:, 0, start:stop] & row_real[:, start:stop, None]
+                seen_by[:, lo:hi] += kept.sum(1)
+                pooled_seen[:, qi, j0:j0 + nj] |= kept.view(b, stop - start, nj, bk).any(-1).any(1)
+            start = stop
+    if dense is None:
+        seen_by, pooled_seen = _seen_from_parts(parts, counts, counted_rows, realp, q_pos0, lk, qe, ke)
+    pooled_rows = torch.stack([counted_rows[:, qe[i]:qe[i + 1]].sum(-1) for i in range(pq)], -1)  # [B, Pq]
+    widths = torch.tensor([ke[i + 1] - ke[i] for i in range(pk)], dtype=torch.float64, device=dev)
+    cells = pooled_rows[:, None, :, None].to(torch.float64) * widths
+    ok = (pooled_seen & (pooled_rows[:, :, None] > 0))[:, None]
+    result = dict(out)
+    result["pooled_mean"] = torch.where(ok, pooled_sum / cells.clamp_min(1), math.nan).to(f32)
+    result["pooled_max"] = torch.where(ok, pooled_max, torch.tensor(math.nan, device=dev))
+    result["received"] = received[..., :lk].to(f32)
+    result["seen_by"] = seen_by[:, :lk].to(torch.int32)
+    result["keys_seen"] = keys_seen.to(torch.int32)
+    result["argmax"] = out["argmax"].to(torch.int32)
+    result["real_keys"] = real_keys
+    if rows_out is not None:
+        result["rows"] = rows_out
+    return result
+
+
+def _mask_parts_block(s: Any, parts: MaskParts, realp: Any, counts: Any, pos: Any, lo: int, hi: int,
+                      lk: int) -> Any:
+    """Mask the scores of a block of rows (keys ``lo:hi``) by the mask's parts, touching only what they mask:
+    padding columns, the triangle above the diagonal, the edge of the window. Returns how many keys each
+    row may see, ``[B, r]``."""
+    import torch
+
+    dev = s.device
+    pad = realp[:, lo:hi]
+    if not bool(pad.all()):
+        s.masked_fill_(~pad[:, None, None, :], MASKED)
+    first, last = int(pos[0]), int(pos[-1])
+    if parts.causal and hi > first + 1:  # keys after a row's own position
+        c0 = max(lo, first + 1)
+        j = torch.arange(c0, hi, device=dev)
+        s[..., c0 - lo:].masked_fill_(j[None] > pos[:, None], MASKED)
+    if parts.window is not None:
+        edge = min(hi, last - parts.window + 1)  # keys at or before pos - W
+        if edge > lo:
+            j = torch.arange(lo, edge, device=dev)
+            s[..., :edge - lo].masked_fill_(j[None] <= pos[:, None] - parts.window, MASKED)
+    top = torch.clamp(pos + 1, max=lk) if parts.causal else torch.full_like(pos, lk)
+    bottom = torch.clamp(pos - parts.window + 1, min=0) if parts.window is not None else torch.zeros_like(pos)
+    return counts.gather(1, top[None].expand(counts.shape[0], -1)) - counts.gather(
+        1, torch.minimum(bottom, top)[None].expand(counts.shape[0], -1))
+
+
+def _seen_from_parts(parts: MaskParts, counts: Any, counted: Any, realp: Any, q_pos0: int, lk: int,
+                     qe: list[int], ke: list[int]) -> tuple[Any, Any]:
+    """For a mask of parts: per key, the counted rows that may see it (``seen_by``), and per pooled cell,
+    whether a counted row may see a key of it; from each row's window of keys, without a block of bools."""
+    import torch
+
+    dev = counted.device
+    b, lq = counted.shape
+    pos = torch.arange(lq, device=dev) + q_pos0
+    top = torch.clamp(pos + 1, max=lk) if parts.causal else torch.full_like(pos, lk)
+    bottom = torch.clamp(pos - parts.window + 1, min=0) if parts.window is not None else torch.zeros_like(pos)
+    bottom = torch.minimum(bottom, top)
+    diff = torch.zeros((b, realp.shape[-1] + 1), dtype=torch.int64, device=dev)
+    c = counted.to(torch.int64)
+    diff.index_add_(1, bottom, c)
+    diff.index_add_(1, top, -c)
+    seen_by = diff.cumsum(-1)[:, :-1] * realp
+    pq, pk = len(qe) - 1, len(ke) - 1
+    seen = torch.zeros((b, pq, pk), dtype=torch.bool, device=dev)
+    k_lo = torch.tensor(ke[:-1], device=dev)
+    k_hi = torch.tensor(ke[1:], device=dev)
+    for qi in range(pq):
+        rows = slice(qe[qi], qe[qi + 1])
+        lo_i = torch.maximum(bottom[rows, None], k_lo[None])  # [r, Pk]
+        hi_i = torch.minimum(top[rows, None], k_hi[None])
+        for bi in range(b):
+            n = counts[bi][hi_i.clamp(min=0)] - counts[bi][torch.minimum(lo_i, hi_i)]
+            seen[bi, qi] = ((n > 0) & counted[bi, rows, None]).any(0)
+    return seen_by, seen
+
+
+def _at(p: Any, index: Any, width: int) -> Any:
+    """``p[..., i, index[i]]`` for each row i (0 where the index is outside the block's keys)."""
+    import torch
+
+    inside = (index >= 0) & (index < width)
+    got = p.gather(-1, index.clamp(0, max(width - 1, 0)).expand(*p.shape[:-2], -1)[..., None])[..., 0]
+    return torch.where(inside, got, torch.zeros((), device=p.device))
+
+
+def _band(p: Any, qpos: Any, lo: int, hi: int, window: int) -> Any:
+    """The mass on the keys i - W < j <= i of each row i (``window`` W)."""
+    import torch
+
+    first = max(lo, int(qpos[0]) - window + 1)
+    last = min(hi, int(qpos[-1]) + 1)
+    if last <= first:
+        return torch.zeros(p.shape[:-1], device=p.device)
+    j = torch.arange(first, last, device=p.device)
+    inside = (j[None] <= qpos[:, None]) & (j[None] > qpos[:, None] - window)
+    return (p[..., first - lo:last - lo] * inside).sum(-1)
+
+
+def _real_keys(parts: MaskParts, dense: Any, b: int, lq: int, lk: int, dev: Any) -> Any:
+    """[B, Lk] bool: the keys some query row may attend (the padding vector; from a dense mask, its columns'
+    any, a block of rows at a time)."""
+    import torch
+
+    if dense is None:
+        return parts.padding_tensor(b, lk, dev)
+    found = torch.zeros((b, lk), dtype=torch.bool, device=dev)
+    step = max(1, (1 << 26) // max(1, lk))
+    for r0 in range(0, lq, step):
+        found |= dense[:, :, r0:r0 + step].any(-2).any(1).expand(b, lk)
+    return found
+
+
+def _rows_seeing(parts: MaskParts, dense: Any, b: int, lq: int, lk: int, dev: Any) -> Any:
+    """[B, Lq] bool: the rows that may attend some key (cross attention: every decoder row)."""
+    import torch
+
+    if dense is None:
+        return torch.ones((b, lq), dtype=torch.bool, device=dev) if parts.padding_tensor(b, lk, dev).any() else \
+            torch.zeros((b, lq), dtype=torch.bool, device=dev)
+    found = torch.zeros((b, lq), dtype=torch.bool, device=dev)
+    step = max(1, (1 << 26) // max(1, lk))
+    for r0 in range(0, lq, step):
+        found[:, r0:r0 + step] = dense[:, :, r0:r0 + step].any(-1).any(1).expand(b, -1)
+    return found
+
+
+def _first_real(real: Any, count: int) -> Any:
+    """[B, Lk] float: 1 on each row's first ``count`` real keys."""
+    import torch
+
+    ranks = real.to(torch.int64).cumsum(-1)
+    return (real & (ranks <= count)).float()
+
+
+def _key_range(parts: MaskParts, dense: Any, r0: int, r1: int, q_pos0: int, lk: int) -> tuple[int, int]:
+    """The keys rows ``r0:r1`` may attend lie in ``[lo, hi)``: causal rows see no later key, a window no
+    earlier one than its width."""
+    hi, lo = lk, 0
+    if dense is None:
+        if parts.causal:
+            hi = min(lk, q_pos0 + r1)
+        if parts.window is not None:
+            lo = max(0, q_pos0 + r0 - parts.window + 1)
+    return lo, max(hi, lo + 1)
+
+
+def _keep_block(parts: MaskParts, dense: Any, real_keys: Any, r0: int, r1: int, lo: int, hi: int, q_pos0: int,
+                dev: Any) -> Any:
+    """[B, 1, r, hi - lo] bool: the keep mask of rows r0:r1 over keys lo:hi."""
+    import torch
+
+    if dense is not None:
+        block = dense[:, :, r0:r1, lo:hi]
+        return block if block.shape[1] == 1 else block.any(1, keepdim=True)
+    i = torch.arange(r0, r1, device=dev)[:, None] + q_pos0
+    j = torch.arange(lo, hi, device=dev)[None]
+    keep = real_keys[:, None, None, lo:hi]
+    if parts.causal:
+        keep = keep & (j <= i)
+    if parts.window is not None:
+        keep = keep & (j > i - parts.window)
+    return keep.expand(real_keys.shape[0], 1, r1 - r0, hi - lo)
+
+
+def mask_parts(dense: Any, *, causal: bool, window: int | None, lq: int, lk: int,
+               self_attention: bool) -> tuple[MaskParts | None, Any]:
+    """A site's mask as parts, and its real keys ``[B, Lk]`` (bool, torch). ``dense`` is the boolean keep mask
+    the attention function received (``[B or 1, 1 or H, Lq, Lk]``; None: none was built, so ``causal`` says
+    it all, as SDPA's ``is_causal`` does). With a dense mask, the padding is the keys some row may attend,
+    and the parts are tried in turn (causal with the site's window, causal, none) against every row, a block
+    at a time on the mask's device; None when none of them is the mask (a user's 4-D mask, packed sequences,
+    bidirectional image spans: the dense mask is kept)."""
+    import torch
+
+    if dense is None:
+        return MaskParts(causal=causal and lq > 1, window=None, q_offset=lk - lq if self_attention else 0,
+                         self_attention=self_attention), None
+    b = dense.shape[0]
+    dev = dense.device
+    real = torch.zeros((b, lk), dtype=torch.bool, device=dev)
+    step = max(1, (1 << 25) // max(1, lk))
+    for r0 in range(0, lq, step):
+        real |= dense[:, :, r0:r0 + step].any(-2).any(1)
+    offset = lk - lq if self_attention else 0
+    tried: list[tuple[bool, int | None]] = []
+    if self_attention and window is not None:
+        tried.append((True, int(window)))
+    if self_attention:
+        tried.append((True, None))
+    tried.append((False, None))
+    for is_causal, win in tried:
+        parts = MaskParts(causal=is_causal, window=win, padding=real, q_offset=offset, self_attention=self_attention)
+        if _same_mask(parts, dense, real, lq, lk, step):
+            return parts, real
+    return None, real
+
+
+def _same_mask(parts: MaskParts, dense: Any, real: Any, lq: int, lk: int, step: int) -> bool:
+    dev = dense.device
+    sample = sorted({0, lq - 1, lq // 2, *range(0, lq, max(1, lq // 16))})
+    spans = [(r, r + 1) for r in sample] + [(r, min(lq, r + step)) for r in range(0, lq, step)]
+    for r0, r1 in spans:  # a few rows first: a mask of other parts fails there at once
+        built = _keep_block(parts, None, real, r0, r1, 0, lk, parts.q_offset, dev)
+        given = dense[:, :, r0:r1]
+        given = given if given.shape[1] == 1 else given.any(1, keepdim=True)
+        if not bool((built == given).all()):
+            return False
+    return True
+
+
+def step_row(query: Any, key: Any, *, scale: float, dense: Any = None, softcap: float | None = None,
+             sinks: Any = None, bias: Any = None) -> Any:
+    """The exact weights of a few rows, ``[B, H, r, Lk]`` float32: query ``[B, H, r, d]`` (a decode step's row,
+    or rows chosen to check a family), keys ``[B, Hkv, Lk, d]``, ``dense`` their keep mask ``[B, 1, r, Lk]``."""
+    import torch
+
+    b, h, r, _ = query.shape
+    hkv, lk = key.shape[1], key.shape[-2]
+    s = torch.matmul(query.to(torch.float32).reshape(b, hkv, (h // hkv) * r, -1),
+                     key.to(torch.float32).transpose(-1, -2)).reshape(b, h, r, lk) * scale
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    if bias is not None:
+        s = s + bias.to(torch.float32)
+    if dense is not None:
+        s = s.masked_fill(~dense, -math.inf)
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(torch.float32).reshape(1, h, 1, 1).expand(b, h, r, 1)], -1)
+    top = s.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = torch.exp(s - top)
+    w = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    return w[..., :lk]

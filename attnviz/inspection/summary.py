@@ -1,0 +1,436 @@
+"""Reading a summary capture (``attnviz capture --summary``; ``attnviz.summarystats`` defines each array):
+the per-head table, the received attention by position, the pooled maps, the chosen rows, spans and
+retrieval heads. NumPy only; every array is read once, and none is larger than ``[layers, B, H, Lk]``
+(the pooled maps are at most P x P per head)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnviz.errors import InputError, UsageError
+from attnviz.summarystats import PER_ROW
+
+#: the per-head table of a summary: the same fields as ``inspect``'s head statistics of exact weights
+#: (``attnviz.inspection.heads.HEAD_STATS``), then the summary's own
+HEAD_FIELDS = ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max", "sink_mass",
+               "local_mass", "total")
+
+
+def is_summary(capture: Any) -> bool:
+    """Whether a capture file (``fileformat.Capture``) holds summaries instead of weights."""
+    return isinstance(capture.metadata.get("summary"), dict)
+
+
+@dataclass
+class Span:
+    """A span of key positions ``[start, end)`` with a name (``--span``, ``--span-text``)."""
+
+    name: str
+    start: int
+    end: int
+
+
+@dataclass
+class SummaryRead:
+    """The arrays of one kind of sites of a summary capture, stacked over sites as layers."""
+
+    source: str
+    kind: str
+    sites: list[str]
+    settings: dict[str, Any]
+    rows: dict[str, np.ndarray]  # PER_ROW and argmax, [layers, B, H, Lq]
+    keys_seen: np.ndarray  # [layers, B, Lq]
+    received: np.ndarray  # [layers, B, H, Lk]
+    seen_by: np.ndarray  # [layers, B, Lk]
+    pooled_mean: np.ndarray  # [layers, B, H, Pq, Pk]
+    pooled_max: np.ndarray
+    q_edges: list[int]
+    k_edges: list[int]
+    real_keys: np.ndarray  # [B, Lk] (of the first site)
+    chosen: np.ndarray | None  # [layers, B, H, R, Lk]
+    chosen_positions: list[int]
+    step_rows: np.ndarray | None  # [layers, B, H, N, Lk]: generate()'s decode rows
+    tokens: list[list[str]] | None
+    key_tokens: list[list[str]] | None
+    input_ids: np.ndarray | None
+    self_attention: bool = True
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        layers, b, h, lq = self.rows["entropy"].shape
+        return layers, b, h, lq, self.received.shape[-1]
+
+    @property
+    def real_rows(self) -> np.ndarray:
+        """[B, Lq]: the rows that are not padding (self-attention: their own position is a real key)."""
+        _, b, _, lq, lk = self.shape
+        if self.self_attention and lq <= lk:
+            return self.real_keys[:, lk - lq:]
+        return np.ones((b, lq), bool)
+
+
+def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
+    """The summary arrays of the sites of ``kind``, stacked as layers."""
+    from attnviz.capturing.fileformat import array_shape, mask_parts_of
+
+    sites = capture.sites(kind)
+    missing = [s for s in sites if not capture.has(s, "entropy")]
+    if missing:
+        raise InputError(f"{capture.source}: the site {missing[0]} holds no summary.")
+
+    def stack(name: str, dtype: Any = np.float32) -> np.ndarray:
+        return np.stack([np.asarray(raw.get(f"{s}.{name}"), dtype=dtype) for s in sites])
+
+    rows = {n: stack(n) for n in PER_ROW}
+    rows["argmax"] = stack("argmax", np.int64)
+    b, _, lq = rows["entropy"].shape[1:]
+    lk = array_shape(raw, f"{sites[0]}.received")[-1]
+    real = np.ones((b, lk), bool)
+    if capture.has(sites[0], "real_keys"):
+        real = np.broadcast_to(np.asarray(raw.get(f"{sites[0]}.real_keys"), bool)[..., -lk:], (b, lk)).copy()
+    settings = dict(capture.metadata.get("summary") or {})
+    from attnviz.summarystats import parse_rows, pool_edges
+
+    pool = int(settings.get("pool", 256))
+    chosen = stack("rows") if all(capture.has(s, "rows") for s in sites) else None
+    steps = stack("step_rows") if all(capture.has(s, "step_rows") for s in sites) else None
+    parts = mask_parts_of(capture, sites[0]) or {}
+    ids = raw.get("input_ids") if "input_ids" in raw.keys and kind != "cross" else None
+    if kind == "decoder" and "decoder_input_ids" in raw.keys:
+        ids = raw.get("decoder_input_ids")
+    return SummaryRead(capture.source, kind, sites, settings, rows, stack("keys_seen", np.int64),
+                       stack("received", np.float64), stack("seen_by", np.int64), stack("pooled_mean"),
+                       stack("pooled_max"), pool_edges(lq, pool), pool_edges(lk, pool), real, chosen,
+                       parse_rows(settings.get("rows"), lq) if chosen is not None else [], steps,
+                       capture.tokens(kind), capture.key_tokens(kind), None if ids is None else np.asarray(ids),
+                       bool(parts.get("self_attention", kind != "cross")), capture.metadata)
+
+
+def head_table(s: SummaryRead) -> dict[str, np.ndarray]:
+    """Per (layer, head) means over batch entries and real rows that attend somewhere, as
+    ``attnviz.inspection.heads.head_statistics`` defines them on exact weights: ``previous`` and ``first``
+    over the rows after the first real one, ``entropy_norm`` over rows with more than one key. Plus the
+    summary's ``sink_mass``, ``local_mass`` and ``total``, and ``rows`` (the rows counted)."""
+    layers, b, h, lq, _ = s.shape
+    real = s.real_rows  # [B, Lq]
+    live = np.isfinite(s.rows["entropy"]) & real[None, :, None, :]  # [layers, B, H, Lq]
+    first_row = np.where(real.any(-1), real.argmax(-1), 0)  # [B]
+    later = live & (np.arange(lq)[None, None, None, :] > first_row[None, :, None, None])
+    out: dict[str, np.ndarray] = {}
+    count = live.sum(axis=(1, 3)).astype(np.float64)
+    later_count = later.sum(axis=(1, 3)).astype(np.float64)
+
+    def mean(values: np.ndarray, where: np.ndarray, n: np.ndarray) -> np.ndarray:
+        total = np.where(where, values.astype(np.float64), 0.0).sum(axis=(1, 3))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, total / n, np.nan)
+
+    for name in ("entropy", "distance", "diagonal", "last", "max", "sink_mass", "local_mass", "total"):
+        out[name] = mean(s.rows[name], live, count)
+    for name in ("previous", "first"):
+        out[name] = np.where(later_count > 0, mean(s.rows[name], later, later_count),
+                             np.where(count > 0, mean(s.rows[name], live, count) if name == "first" else 0.0, np.nan))
+    n_keys = s.keys_seen[:, :, None, :].astype(np.float64)  # [layers, B, 1, Lq]
+    many = live & (n_keys > 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        normed = np.where(many, s.rows["entropy"] / np.log(np.maximum(n_keys, 2)), 0.0)
+    n_many = many.sum(axis=(1, 3)).astype(np.float64)
+    out["entropy_norm"] = np.where(n_many > 0, normed.sum(axis=(1, 3)) / np.maximum(n_many, 1),
+                                   np.where(count > 0, 0.0, np.nan))
+    out["rows"] = count
+    return out
+
+
+def received_profile(s: SummaryRead) -> dict[str, np.ndarray]:
+    """The attention each key receives: ``sum`` [layers, B, H, Lk] as recorded, ``mean`` the sum over the
+    real rows that see the key divided by their number (kvpress' observed attention: early keys of a causal
+    model are seen by more rows), NaN for keys no real row sees."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(s.seen_by[:, :, None] > 0, s.received / s.seen_by[:, :, None], np.nan)
+    return {"sum": s.received, "mean": mean, "seen_by": s.seen_by}
+
+
+SPAN_RE = re.compile(r"^(?P<name>[^=]+)=(?P<start>-?\d+):(?P<end>-?\d+)$")
+
+
+def parse_spans(spans: list[str], texts: list[str], s: SummaryRead, batch: int = 0) -> list[Span]:
+    """``--span NAME=START:END`` (key positions, END exclusive, negative from the end) and ``--span-text
+    NAME=TEXT`` (the first place the tokens of batch entry ``batch`` spell TEXT) as spans; bad ones are
+    usage errors naming them."""
+    lk = s.shape[-1]
+    out: list[Span] = []
+    for spec in spans:
+        m = SPAN_RE.match(spec.strip())
+        if not m:
+            raise UsageError(f"--span {spec!r}: give NAME=START:END (token positions, END exclusive).")
+        start, end = int(m.group("start")), int(m.group("end"))
+        start, end = (start + lk if start < 0 else start), (end + lk if end < 0 else end)
+        if not 0 <= start < end <= lk:
+            raise UsageError(f"--span {spec}: outside the sequence of {lk} tokens (0..{lk}).")
+        if not s.real_keys[batch, start:end].all():
+            raise UsageError(f"--span {spec}: covers padding of batch entry {batch}; give the real tokens' positions.")
+        out.append(Span(m.group("name"), start, end))
+    for spec in texts:
+        name, eq, text = spec.partition("=")
+        if not eq or not name or not text:
+            raise UsageError(f"--span-text {spec!r}: give NAME=TEXT.")
+        found = find_text(s.key_tokens, text, batch)
+        if found is None:
+            raise UsageError(f"--span-text {spec}: the tokens of batch entry {batch} do not spell {text!r}"
+                             + ("" if s.key_tokens else " (the capture holds no tokens)") + ".")
+        out.append(Span(name, *found))
+    return out
+
+
+def _clean(token: str) -> str:
+    return token.replace("\u0120", " ").replace("\u2581", " ").replace("##", "").replace("\u010a", "\n")
+
+
+def find_text(tokens: list[list[str]] | None, text: str, batch: int) -> tuple[int, int] | None:
+    """The first token span of entry ``batch`` whose text (sub-word marks dropped, spaces ignored) is ``text``."""
+    if not tokens:
+        return None
+    row = tokens[batch] if len(tokens) > batch else tokens[0]
+    pieces = ["".join(_clean(t).split()).lower() for t in row]  # an uncased tokenizer lowers the text
+    target = "".join(text.split()).lower()
+    if not target:
+        return None
+    for start in range(len(pieces)):
+        if not pieces[start] or not target.startswith(pieces[start]) and pieces[start] not in target:
+            continue
+        joined = ""
+        for end in range(start, len(pieces)):
+            joined += pieces[end]
+            if target in joined and len(joined) - len(pieces[start]) < len(target):
+                return start, end + 1
+            if len(joined) >= len(target) + len(pieces[start]):
+                break
+    return None
+
+
+def span_masses(s: SummaryRead, spans: list[Span], batch: int = 0) -> dict[str, dict[str, Any]]:
+    """Per span: ``rows`` (each chosen row's weight on the span, [layers, H, R], when rows were recorded),
+    and ``received`` (the span's mean received attention per key over the real rows that see it, [layers,
+    H])."""
+    out: dict[str, dict[str, Any]] = {}
+    for span in spans:
+        got: dict[str, Any] = {"start": span.start, "end": span.end}
+        rec = s.received[:, batch, :, span.start:span.end].sum(-1)
+        seen = s.seen_by[:, batch, span.start:span.end].sum(-1).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            got["received"] = np.where(seen[:, None] > 0, rec / seen[:, None], np.nan)
+        if s.chosen is not None:
+            got["rows"] = s.chosen[:, batch, :, :, span.start:span.end].sum(-1)
+            got["row_positions"] = list(s.chosen_positions)
+        out[span.name] = got
+    return out
+
+
+def retrieval_scores(s: SummaryRead, needle: Span) -> tuple[np.ndarray, int]:
+    """Wu et al. 2024's retrieval score of each (layer, head) over ``generate()``'s decode rows: a row
+    counts when its largest weight's key lies in the needle and the token there is the token generated at
+    that step; the score is hits / needle length, averaged over batch entries. The prompt's last row (when
+    ``--rows`` kept it) decodes the first token. Returns [layers, H] and the number of rows read."""
+    if s.step_rows is None or s.input_ids is None:
+        raise UsageError(f"{s.source}: retrieval scores need a capture made with --generate N and --summary.")
+    layers, b, h, lq, lk = s.shape
+    ids = s.input_ids.reshape(b, -1)
+    prompt = lq
+    rows = [s.step_rows]
+    if s.chosen is not None and (lq - 1) in s.chosen_positions:
+        last = s.chosen[:, :, :, s.chosen_positions.index(lq - 1)][:, :, :, None]
+        pad = np.zeros((*last.shape[:-1], s.step_rows.shape[-1] - last.shape[-1]))
+        rows = [np.concatenate([last, pad], -1), s.step_rows]
+        first_step = 0
+    else:
+        first_step = 1
+    decode = np.concatenate(rows, axis=3)  # [layers, B, H, N, Lk_total]
+    n = decode.shape[3]
+    top = decode.argmax(-1)  # [layers, B, H, N]
+    generated = np.stack([ids[:, prompt + first_step + t] if prompt + first_step + t < ids.shape[1] else
+                          np.full(b, -1) for t in range(n)], -1)  # [B, N]
+    at_top = np.take_along_axis(np.broadcast_to(ids[None, :, None, :], (layers, b, h, ids.shape[1])),
+                                np.minimum(top, ids.shape[1] - 1), -1)
+    inside = (top >= needle.start) & (top < needle.end)
+    hits = (inside & (at_top == generated[None, :, None, :])).sum(-1)  # [layers, B, H]
+    return hits.mean(1) / (needle.end - needle.start), n
+
+
+@dataclass
+class SummaryResult:
+    """What ``inspect`` finds in a summary capture (one batch entry's spans and pictures, every entry's head
+    means)."""
+
+    read: SummaryRead
+    heads: dict[str, np.ndarray]
+    received: dict[str, np.ndarray]
+    spans: dict[str, dict[str, Any]]
+    retrieval: np.ndarray | None = None
+    needle: dict[str, Any] | None = None
+    decode_rows: int = 0
+    batch: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def open_summary(spec: str) -> tuple[Any, Any, str] | None:
+    """``(raw, capture, kind)`` when ``spec`` (a path or URL, ``:KIND`` allowed) is a summary capture; None
+    for any other input (read as weights)."""
+    from attnviz.capturing.fileformat import as_capture
+    from attnviz.formats import Container
+    from attnviz.io import MEMORY, STDIN, open_spec, split_spec
+
+    if spec == STDIN or spec.startswith(MEMORY) or not split_spec(spec)[0].lower().endswith((".safetensors", ".npz")):
+        return None  # stdin is read once, by the reader of weights; a capture is .safetensors or .npz
+    try:
+        opened = open_spec(spec)
+    except Exception:  # noqa: BLE001 - the weights reader says what is wrong with it
+        return None
+    if not isinstance(opened.raw, Container):
+        return None
+    capture = as_capture(opened.raw)
+    if capture is None or not is_summary(capture):
+        return None
+    if opened.key is not None and opened.raw.has(opened.key):
+        raise UsageError(f"{spec}: a summary capture is read whole (or by kind: FILE:cross), not one array.")
+    return opened.raw, capture, capture.choose_kind(opened.key)
+
+
+def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[str] | None = None,
+                    span_texts: list[str] | None = None, needle: str | None = None) -> SummaryResult:
+    """The head table over every batch entry and real row; the received profile; the spans and the
+    retrieval scores of batch entry ``batch`` (0 by default)."""
+    b = read.shape[1]
+    bi = 0 if batch is None else batch
+    if not 0 <= bi < b:
+        raise UsageError(f"--batch {bi}: {read.source} holds {b} batch entr{'y' if b == 1 else 'ies'} (0..{b - 1}).")
+    found = parse_spans(spans or [], span_texts or [], read, bi)
+    result = SummaryResult(read, head_table(read), received_profile(read), span_masses(read, found, bi), batch=bi)
+    if needle is not None:
+        target = next((sp for sp in found if sp.name == needle), None)
+        if target is None:
+            target = parse_spans([], [f"needle={needle}"], read, bi)[0]
+        scores, rows = retrieval_scores(read, target)
+        result.retrieval, result.decode_rows = scores, rows
+        result.needle = {"start": target.start, "end": target.end, "name": target.name}
+    return result
+
+
+class _Computed:
+    """Arrays computed in memory, read as ``read_summary`` reads a file's."""
+
+    def __init__(self, source: str, arrays: dict[str, np.ndarray]) -> None:
+        self.source, self.arrays, self.keys = source, arrays, list(arrays)
+
+    def get(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def has(self, key: str) -> bool:
+        return key in self.arrays
+
+
+def summarise_qk(raw: Any, capture: Any, kind: str, settings: Any = None) -> tuple[Any, Any]:
+    """The summary of a capture that holds q and k but no weights (``--no-weights``), computed by attnviz's
+    own blockwise scoring in NumPy (``attnviz.summarystats.summarise``) with each site's scale, softcap,
+    sinks, position bias and mask: ``(arrays, capture)`` as ``read_summary`` takes them."""
+    from dataclasses import replace
+
+    from attnviz.capturing.fileformat import mask_parts_of
+    from attnviz.summarystats import MaskParts, SummarySettings, summarise
+
+    settings = settings or SummarySettings()
+    arrays: dict[str, np.ndarray] = {}
+    meta_sites = capture.metadata.get("sites", {})
+    for site in capture.sites(kind):
+        if not (capture.has(site, "q") and capture.has(site, "k")):
+            raise InputError(f"{capture.source}: the site {site} holds neither weights nor q and k.")
+        q = np.asarray(raw.get(f"{site}.q"), np.float32).transpose(0, 2, 1, 3)
+        k = np.asarray(raw.get(f"{site}.k"), np.float32).transpose(0, 2, 1, 3)
+        meta = meta_sites.get(site, {})
+        if meta.get("window") and not mask_parts_of(capture, site) and not capture.has(site, "mask"):
+            raise InputError(f"{capture.source}: {site} has a sliding window but no mask recorded.")
+        parts_meta = mask_parts_of(capture, site)
+        dense = None
+        parts = MaskParts(self_attention=kind != "cross")
+        if capture.has(site, "mask"):
+            dense = np.asarray(raw.get(f"{site}.mask"), bool)
+        elif parts_meta is not None:
+            real = np.asarray(raw.get(f"{site}.real_keys"), bool) if capture.has(site, "real_keys") else None
+            lq, lk = q.shape[2], k.shape[2]
+            parts = MaskParts(causal=bool(parts_meta.get("causal")), window=parts_meta.get("window"), padding=real,
+                              q_offset=lk - lq if parts_meta.get("self_attention", True) else 0,
+                              self_attention=bool(parts_meta.get("self_attention", True)))
+        sinks = np.asarray(raw.get(f"{site}.sinks")) if capture.has(site, "sinks") else None
+        bias = np.asarray(raw.get(f"{site}.position_bias")) if capture.has(site, "position_bias") else None
+        scale = meta.get("scale") or q.shape[-1] ** -0.5
+        got = summarise(q, k, scale=float(scale), settings=settings, parts=parts, dense=dense,
+                        softcap=meta.get("softcap"), sinks=sinks, bias=bias)
+        real_keys = got.pop("real_keys")
+        for name, value in got.items():
+            arrays[f"{site}.{name}"] = value
+        arrays[f"{site}.real_keys"] = real_keys
+    for name in ("input_ids", "decoder_input_ids"):
+        if name in raw.keys:
+            arrays[name] = np.asarray(raw.get(name))
+    computed = _Computed(capture.source, arrays)
+    meta = dict(capture.metadata)
+    meta["summary"] = {**settings.as_metadata(), "computed_from": "q and k"}
+    return computed, replace(capture, metadata=meta, keys=list(arrays))
+
+
+def open_qk_capture(spec: str) -> tuple[Any, Any, str] | None:
+    """``(arrays, capture, kind)`` of the summary computed from a capture's q and k when it holds no weights
+    (``--no-weights``); None for any other input."""
+    from attnviz.capturing.fileformat import as_capture
+    from attnviz.formats import Container
+    from attnviz.io import MEMORY, STDIN, open_spec, split_spec
+
+    if spec == STDIN or spec.startswith(MEMORY) or not split_spec(spec)[0].lower().endswith((".safetensors", ".npz")):
+        return None  # stdin is read once, by the reader of weights; a capture is .safetensors or .npz
+    try:
+        opened = open_spec(spec)
+    except Exception:  # noqa: BLE001 - the weights reader says what is wrong with it
+        return None
+    if not isinstance(opened.raw, Container):
+        return None
+    capture = as_capture(opened.raw)
+    if capture is None or is_summary(capture) or (opened.key is not None and opened.raw.has(opened.key)):
+        return None
+    kind = capture.choose_kind(opened.key)
+    sites = capture.sites(kind)
+    if not sites or any(capture.has(s, "weights") for s in sites):
+        return None
+    computed, described = summarise_qk(opened.raw, capture, kind)
+    return computed, described, kind
+
+
+@dataclass
+class SummaryComparison:
+    """Two summaries of the same shape: each head statistic of A and B and the largest difference of each
+    per-row statistic over the real rows."""
+
+    a: SummaryResult
+    b: SummaryResult
+    row_diff: dict[str, float]  # per-row statistic: the largest |A - B| / max(1, |B|) over real rows
+    head_diff: dict[str, np.ndarray]  # per head statistic: B - A, [layers, H]
+
+
+def compare_summaries(a: SummaryRead, b: SummaryRead) -> SummaryComparison:
+    """A and B must hold the same sites, heads and rows (the same run of two models, or two settings)."""
+    if a.shape != b.shape:
+        raise InputError(f"{b.source}: summaries of shape {list(b.shape)}, where {a.source} holds {list(a.shape)} "
+                         "(sites, batch, heads, queries, keys); compare summaries of the same input.")
+    left, right = analyse_summary(a), analyse_summary(b)
+    real = a.real_rows[None, :, None, :] & b.real_rows[None, :, None, :]
+    row_diff = {}
+    for name in PER_ROW:
+        both = real & np.isfinite(a.rows[name]) & np.isfinite(b.rows[name])
+        theirs = b.rows[name].astype(np.float64)  # relative above 1: distances run to thousands
+        diff = np.abs(a.rows[name].astype(np.float64) - theirs) / np.maximum(1.0, np.abs(theirs))
+        row_diff[name] = float(diff[both].max()) if both.any() else 0.0
+    head_diff = {name: right.heads[name] - left.heads[name] for name in HEAD_FIELDS}
+    return SummaryComparison(left, right, row_diff, head_diff)

