@@ -185,6 +185,53 @@ def test_inspect_s_fields_keep_inspect_s_definitions(name: str) -> None:
             np.testing.assert_allclose(means[stat], stats[stat].reshape(-1), atol=1e-5, err_msg=f"{stat}, text {b}")
 
 
+def test_head_distances_where_layers_see_different_keys() -> None:
+    """A layer with a sliding window beside a full causal layer (their rows' supports differ): the
+    Jensen-Shannon divergences equal their definition, each row smoothed over the keys its own layer sees."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(3)
+    nb, nh, n = 2, 3, 6
+    real = np.ones((nb, n), bool)
+    real[1, 4:] = False
+    causal = np.tril(np.ones((n, n), bool))
+    window = causal & (np.arange(n)[:, None] - np.arange(n)[None, :] < 3)
+    keeps = [causal[None, None] & real[:, None, None, :], window[None, None] & real[:, None, None, :]]
+    weights = []
+    for keep in keeps:
+        scores = rng.normal(size=(nb, nh, n, n)) * 2
+        w = np.where(keep, np.exp(scores), 0.0)
+        w = w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+        weights.append(w)
+    acc = CorpusAccumulator()
+    acc.begin(torch.tensor(real), torch.zeros((1, nb, n)))
+    for layer, (w, keep) in enumerate(zip(weights, keeps)):
+        site = SimpleNamespace(name=f"layers.{layer}", kind="layers", layer=layer)
+        acc.add(site, torch.tensor(w, dtype=torch.float32), torch.tensor(keep))
+    acc.end()
+    got = acc.result({}).distances()
+    smoothed = []  # [head][b][row] -> (p over the row's support, the support)
+    for w, keep in zip(weights, keeps):
+        for h in range(nh):
+            smoothed.append([[None if not real[b, i] else
+                              np.where(keep[b, 0, i], 0.001 / keep[b, 0, i].sum() + 0.999 * w[b, h, i], 0.0)
+                              for i in range(n)] for b in range(nb)])
+    want = np.zeros((2 * nh, 2 * nh))
+    for x in range(2 * nh):
+        for y in range(2 * nh):
+            for b in range(nb):
+                for i in range(n):
+                    if not real[b, i]:
+                        continue
+                    p, q = smoothed[x][b][i], smoothed[y][b][i]
+                    m = (p + q) / 2
+                    on_p, on_q = p > 0, q > 0
+                    want[x, y] += 0.5 * (np.sum(p[on_p] * np.log(p[on_p] / m[on_p])) +
+                                         np.sum(q[on_q] * np.log(q[on_q] / m[on_q])))
+    want /= real.sum()
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-4)
+
+
 def test_batches_add_up_as_one() -> None:
     """The same texts in other batches (two halves, added) give the same sums as one run: what merging shards
     relies on."""

@@ -37,7 +37,9 @@ from attnviz.inspection.corpus import (
 )
 
 #: elements of the temporary ``[B, K, L, L]`` a head's distances to K later heads take at once
-PAIR_BUDGET = 1 << 23
+PAIR_BUDGET = 1 << 22
+#: what a zero becomes before its logarithm (t log t of it is 0 to float32)
+_TINY = 1e-30
 
 
 @dataclass
@@ -48,7 +50,8 @@ class _Batch:
     classes: Any  # [C, B, L] float (punctuation, then the user's classes)
     first: Any  # [B] the first real position
     last: Any  # [B] the last real position
-    smoothed: list[tuple[int, Any, Any]] = field(default_factory=list)  # (site index, P [B,H,L,L], sum p log p)
+    #: (site index, P [B,H,L,L], sum_j p log p [B,H,L], the keys each row may see [B,1|H,L,L])
+    smoothed: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
 
 
 class CorpusAccumulator:
@@ -194,7 +197,7 @@ class CorpusAccumulator:
         self.rows[s] += rows.expand(-1, nh, -1).sum((0, 2)).to(dtype)
         if self.distances:
             p = torch.where(keep, SMOOTHING / seen.clamp_min(1)[..., None] + (1 - SMOOTHING) * x, 0.0)
-            b.smoothed.append((s, p, torch.special.xlogy(p, p).sum(-1)))
+            b.smoothed.append((s, p, torch.special.xlogy(p, p).sum(-1), keep))
 
     def end(self) -> None:
         """The forward pass is over: the Jensen-Shannon divergences between every pair of heads of the
@@ -212,30 +215,45 @@ class CorpusAccumulator:
                                    "every batch.")
             p_all = torch.cat([t[1].expand(-1, self.heads[t[0]], -1, -1) for t in order], dim=1)  # [B, G, L, L]
             e_all = torch.cat([t[2] for t in order], dim=1)  # [B, G, L]: sum_j p log p
+            keeps = [t[3] for t in order]
             b.smoothed.clear()
-            total = p_all.sum(-1)  # [B, G, L]: each smoothed row's sum (1 where the row sums to 1)
             g = p_all.shape[1]
             if self.js is None:
                 self.js = torch.zeros((g, g), dtype=_sum_dtype(p_all.device), device=p_all.device)
                 self.js_rows = torch.zeros((), dtype=self.js.dtype, device=p_all.device)
             real = b.real.to(torch.float32)  # [B, L]
+            # Summed over the real rows, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with
+            # A = sum p log p, C = sum p and M = sum t log t, t = p + q = 2m: only M needs the pairs.
+            a_sum = torch.einsum("bgl,bl->g", e_all, real)
+            c_sum = torch.einsum("bgl,bl->g", p_all.sum(-1), real)
+            rows = b.real[:, None, :, None]
+            same = all(k.shape == keeps[0].shape and bool(torch.equal(k, keeps[0])) for k in keeps[1:])
+            if same:  # one support for every head: 1/2 where it is not (t = 1 there, and 1 log 1 = 0 exactly)
+                p_all.masked_fill_(~(keeps[0] & rows), 0.5)
+            else:  # supports differ (windows on some layers): 0 off each (t log t = 0 by the clamp below)
+                p_all.mul_(rows)
             nb, _, n, _ = p_all.shape
             chunk = max(1, PAIR_BUDGET // max(1, nb * n * n))
-            buf = None
-            half_log2 = 0.5 * math.log(2.0)
-            for h in range(g - 1):
+            size = nb * min(chunk, g - 1) * n * n
+            buf = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
+            logs = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
+            pairs = torch.zeros((g, g), dtype=torch.float32, device=p_all.device)
+            for h in range(g - 1):  # one head against every later head, broadcast: no copy per pair
                 p = p_all[:, h:h + 1]
                 for lo in range(h + 1, g, chunk):
                     hi = min(g, lo + chunk)
-                    if buf is None:
-                        buf = torch.empty(nb * min(chunk, g - 1) * n * n, dtype=p_all.dtype, device=p_all.device)
                     t = buf[:nb * (hi - lo) * n * n].view(nb, hi - lo, n, n)
-                    torch.add(p_all[:, lo:hi], p, out=t)  # p + q = 2 m
-                    t.xlogy_(t)
-                    # sum_j m log m = (1/2) sum_j t log t - (1/2) log 2 sum_j t
-                    m_log_m = 0.5 * t.sum(-1) - half_log2 * (total[:, lo:hi] + total[:, h:h + 1])
-                    rows_js = 0.5 * (e_all[:, lo:hi] + e_all[:, h:h + 1]) - m_log_m  # [B, K, L]
-                    self.js[h, lo:hi] += torch.einsum("bkl,bl->k", rows_js, real).to(self.js.dtype)
+                    log_t = logs[:nb * (hi - lo) * n * n].view(nb, hi - lo, n, n)
+                    torch.add(p_all[:, lo:hi], p, out=t)
+                    if not same:
+                        t.clamp_min_(_TINY)
+                    torch.log(t, out=log_t)
+                    pairs[h, lo:hi] = torch.einsum("bkij,bkij->k", t, log_t)
+            half_log2 = 0.5 * math.log(2.0)
+            a64, c64 = a_sum.to(self.js.dtype), c_sum.to(self.js.dtype)
+            js = 0.5 * (a64[:, None] + a64[None, :]) + half_log2 * (c64[:, None] + c64[None, :]) \
+                - 0.5 * pairs.to(self.js.dtype)
+            self.js += torch.triu(js, diagonal=1)
             self.js_rows += real.sum().to(self.js.dtype)
 
     # -- the result
