@@ -185,10 +185,15 @@ def test_inspect_s_fields_keep_inspect_s_definitions(name: str) -> None:
             np.testing.assert_allclose(means[stat], stats[stat].reshape(-1), atol=1e-5, err_msg=f"{stat}, text {b}")
 
 
-def test_head_distances_where_layers_see_different_keys() -> None:
+@pytest.mark.parametrize("budget", [None, 50, 300], ids=["one pass", "a pair a pass", "pairs in blocks"])
+def test_head_distances_where_layers_see_different_keys(budget: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer with a sliding window beside a full causal layer (their rows' supports differ): the
-    Jensen-Shannon divergences equal their definition, each row smoothed over the keys its own layer sees."""
+    Jensen-Shannon divergences equal their definition, each row smoothed over the keys its own layer sees;
+    the same in passes of any size."""
     from types import SimpleNamespace
+
+    if budget is not None:
+        monkeypatch.setattr("attnviz.capturing.corpus.PAIR_BUDGET", budget)
 
     rng = np.random.default_rng(3)
     nb, nh, n = 2, 3, 6

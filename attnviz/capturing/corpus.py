@@ -36,8 +36,8 @@ from attnviz.inspection.corpus import (
     CorpusSums,
 )
 
-#: elements of the temporary ``[B, K, L, L]`` a head's distances to K later heads take at once
-PAIR_BUDGET = 1 << 22
+#: elements of each temporary ``[B, H, K, L, L]`` of the head distances (H heads against K later heads at once)
+PAIR_BUDGET = 1 << 23
 #: what a zero becomes before its logarithm (t log t of it is 0 to float32)
 _TINY = 1e-30
 
@@ -233,22 +233,27 @@ class CorpusAccumulator:
             else:  # supports differ (windows on some layers): 0 off each (t log t = 0 by the clamp below)
                 p_all.mul_(rows)
             nb, _, n, _ = p_all.shape
-            chunk = max(1, PAIR_BUDGET // max(1, nb * n * n))
-            size = nb * min(chunk, g - 1) * n * n
+            per_pair = nb * n * n
+            kc = max(1, min(g, PAIR_BUDGET // per_pair))  # later heads per pass
+            hc = max(1, PAIR_BUDGET // (per_pair * kc))  # heads broadcast against them per pass
+            size = min(hc, g - 1) * min(kc, g - 1) * per_pair
             buf = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
             logs = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
             pairs = torch.zeros((g, g), dtype=torch.float32, device=p_all.device)
-            for h in range(g - 1):  # one head against every later head, broadcast: no copy per pair
-                p = p_all[:, h:h + 1]
-                for lo in range(h + 1, g, chunk):
-                    hi = min(g, lo + chunk)
-                    t = buf[:nb * (hi - lo) * n * n].view(nb, hi - lo, n, n)
-                    log_t = logs[:nb * (hi - lo) * n * n].view(nb, hi - lo, n, n)
-                    torch.add(p_all[:, lo:hi], p, out=t)
+            # a few heads against every later head, broadcast (no copy per pair): few, large passes, as each
+            # pass costs the threads a start; pairs below the diagonal are computed and left out
+            for h0 in range(0, g - 1, hc):
+                h1 = min(g - 1, h0 + hc)
+                for k0 in range(h0 + 1, g, kc):
+                    k1 = min(g, k0 + kc)
+                    count = nb * (h1 - h0) * (k1 - k0) * n * n
+                    t = buf[:count].view(nb, h1 - h0, k1 - k0, n, n)
+                    log_t = logs[:count].view(nb, h1 - h0, k1 - k0, n, n)
+                    torch.add(p_all[:, h0:h1, None], p_all[:, None, k0:k1], out=t)
                     if not same:
                         t.clamp_min_(_TINY)
                     torch.log(t, out=log_t)
-                    pairs[h, lo:hi] = torch.einsum("bkij,bkij->k", t, log_t)
+                    pairs[h0:h1, k0:k1] = log_t.mul_(t).sum((0, 3, 4))
             half_log2 = 0.5 * math.log(2.0)
             a64, c64 = a_sum.to(self.js.dtype), c_sum.to(self.js.dtype)
             js = 0.5 * (a64[:, None] + a64[None, :]) + half_log2 * (c64[:, None] + c64[None, :]) \
