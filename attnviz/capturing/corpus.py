@@ -224,8 +224,9 @@ class CorpusAccumulator:
             real = b.real.to(torch.float32)  # [B, L]
             # Summed over the real rows, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with
             # A = sum p log p, C = sum p and M = sum t log t, t = p + q = 2m: only M needs the pairs.
-            a_sum = torch.einsum("bgl,bl->g", e_all, real)
-            c_sum = torch.einsum("bgl,bl->g", p_all.sum(-1), real)
+            wide = _sum_dtype(p_all.device)  # the totals are large beside their differences: summed wide
+            a_sum = torch.einsum("bgl,bl->g", e_all.to(wide), real.to(wide))
+            c_sum = torch.einsum("bgl,bl->g", p_all.sum(-1, dtype=wide), real.to(wide))
             rows = b.real[:, None, :, None]
             same = all(k.shape == keeps[0].shape and bool(torch.equal(k, keeps[0])) for k in keeps[1:])
             if same:  # one support for every head: 1/2 where it is not (t = 1 there, and 1 log 1 = 0 exactly)
@@ -239,7 +240,7 @@ class CorpusAccumulator:
             size = min(hc, g - 1) * min(kc, g - 1) * per_pair
             buf = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
             logs = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
-            pairs = torch.zeros((g, g), dtype=torch.float32, device=p_all.device)
+            pairs = torch.zeros((g, g), dtype=wide, device=p_all.device)
             # a few heads against every later head, broadcast (no copy per pair): few, large passes, as each
             # pass costs the threads a start; pairs below the diagonal are computed and left out
             for h0 in range(0, g - 1, hc):
@@ -253,7 +254,7 @@ class CorpusAccumulator:
                     if not same:
                         t.clamp_min_(_TINY)
                     torch.log(t, out=log_t)
-                    pairs[h0:h1, k0:k1] = log_t.mul_(t).sum((0, 3, 4))
+                    pairs[h0:h1, k0:k1] = log_t.mul_(t).sum((0, 3, 4), dtype=wide)
             half_log2 = 0.5 * math.log(2.0)
             a64, c64 = a_sum.to(self.js.dtype), c_sum.to(self.js.dtype)
             js = 0.5 * (a64[:, None] + a64[None, :]) + half_log2 * (c64[:, None] + c64[None, :]) \
