@@ -222,11 +222,12 @@ class CorpusAccumulator:
                 self.js = torch.zeros((g, g), dtype=_sum_dtype(p_all.device), device=p_all.device)
                 self.js_rows = torch.zeros((), dtype=self.js.dtype, device=p_all.device)
             real = b.real.to(torch.float32)  # [B, L]
-            # Summed over the real rows, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with
-            # A = sum p log p, C = sum p and M = sum t log t, t = p + q = 2m: only M needs the pairs.
-            wide = _sum_dtype(p_all.device)  # the totals are large beside their differences: summed wide
-            a_sum = torch.einsum("bgl,bl->g", e_all.to(wide), real.to(wide))
-            c_sum = torch.einsum("bgl,bl->g", p_all.sum(-1, dtype=wide), real.to(wide))
+            # Per row, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with A = sum_j p log p,
+            # C = sum_j p and M = sum_j t log t, t = p + q = 2m: only M needs the pairs. Taken per row (small), then
+            # summed over the real rows.
+            wide = _sum_dtype(p_all.device)
+            c_all = p_all.sum(-1)  # [B, G, L]
+            half_log2 = 0.5 * math.log(2.0)
             rows = b.real[:, None, :, None]
             same = all(k.shape == keeps[0].shape and bool(torch.equal(k, keeps[0])) for k in keeps[1:])
             if same:  # one support for every head: 1/2 where it is not (t = 1 there, and 1 log 1 = 0 exactly)
@@ -254,11 +255,11 @@ class CorpusAccumulator:
                     if not same:
                         t.clamp_min_(_TINY)
                     torch.log(t, out=log_t)
-                    pairs[h0:h1, k0:k1] = log_t.mul_(t).sum((0, 3, 4), dtype=wide)
-            half_log2 = 0.5 * math.log(2.0)
-            a64, c64 = a_sum.to(self.js.dtype), c_sum.to(self.js.dtype)
-            js = 0.5 * (a64[:, None] + a64[None, :]) + half_log2 * (c64[:, None] + c64[None, :]) \
-                - 0.5 * pairs.to(self.js.dtype)
+                    m = log_t.mul_(t).sum(-1)  # [B, H, K, L]
+                    row = 0.5 * (e_all[:, h0:h1, None] + e_all[:, None, k0:k1]) + \
+                        half_log2 * (c_all[:, h0:h1, None] + c_all[:, None, k0:k1]) - 0.5 * m
+                    pairs[h0:h1, k0:k1] = torch.einsum("bhkl,bl->hk", row, real).to(wide)
+            js = pairs
             self.js += torch.triu(js, diagonal=1)
             self.js_rows += real.sum().to(self.js.dtype)
 
