@@ -8,6 +8,7 @@ nor TensorFlow):
   **options)``; arrays may be NumPy arrays, PyTorch or TensorFlow tensors (bfloat16 included);
 * ``attnviz.capture(model, tokenizer)``: a context manager that records every attention site of a
   transformers or Keras model while it runs, into a capture file the other functions read;
+* ``attnviz.corpus(model, tokenizer, texts)``: per-head statistics over many texts, as sums and counts;
 * ``attnviz.inspect(weights, labels=None, mask=None, ...)`` for saved weights or a model's
   ``out.attentions``, ``attnviz.compare(a, b, ...)``, ``attnviz.rollout(weights, ...)`` and
   ``attnviz.load(spec)``.
@@ -36,7 +37,7 @@ __version__ = "0.1.0"
 #: the attention types, as the commands (``attnviz.variants.REGISTRY``; a test keeps the two equal)
 VARIANTS = ("scaled", "dot", "general", "additive", "multihead", "self", "pooling", "coattention", "local", "hard",
             "sparse", "structured", "hierarchical", "bidirectional")
-RUNS = ("compute", "inspect", "compare", "rollout", "load", "capture")
+RUNS = ("compute", "inspect", "compare", "rollout", "load", "capture", "corpus")
 ERRORS = ("AttnvizError", "UsageError", "InputError", "ShapeError", "ParamsError", "DeviceError", "OutputError")
 RESULTS = ("Computed", "Inspected", "Compared", "RolledOut")
 

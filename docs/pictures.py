@@ -32,7 +32,7 @@ IMAGE = re.compile(r"!\[[^\]]*\]\((?:docs/)?images/([\w.-]+\.png)\)")
 #: the terminal each terminal picture is drawn in (columns, lines)
 SIZES = {"terminal-blocks.png": (100, 32), "terminal-view.png": (80, 24)}
 #: the options naming the picture a command writes
-OUTPUTS = ("--png", "--overlay-png", "--map-png", "--stats-png", "--received-png")
+OUTPUTS = ("--png", "--overlay-png", "--map-png", "--stats-png", "--received-png", "--heads-map")
 CELL = (9, 18)  # a character cell in pixels
 BACKGROUND, FOREGROUND = (24, 24, 27), (221, 221, 221)
 

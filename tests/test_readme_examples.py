@@ -60,7 +60,7 @@ EXPECTED_EXIT: dict[str, int] = {}
 
 # options naming a file the command writes
 OUTPUT_OPTIONS = {"--png", "--map-png", "--stats-png", "--overlay-png", "--html", "--json-file", "--save-weights",
-                  "--save-output", "--save-params"}
+                  "--save-output", "--save-params", "--heads-map"}
 
 
 def readme_examples(text: str | None = None, first_fence_is_install: bool = True) -> list[str]:
@@ -299,6 +299,15 @@ def folder(tmp_path_factory) -> Path:
         invoke(["capture", str(d / "my-model"), "--text", "The cat sat on the mat.", "--text", "A dog ran.", "-o",
                 str(d / "run.safetensors")])
         _gradient_capture(d / "grads.safetensors")
+        # corpus files (docs/corpus.md, docs/commands/merge.md): a whole run and two shards of a short text file
+        (d / "corpus.txt").write_text("The cat sat on the mat.\nA dog ran.\n\nThe dog sat, the cat ran.\nThe cat ran.\n"
+                                       "A dog sat on the mat.\n")
+        invoke(["capture", str(d / "my-model"), "--text-file", str(d / "corpus.txt"), "--corpus", "-o",
+                str(d / "heads.safetensors")])
+        for i in range(3):
+            invoke(["capture", str(d / "my-model"), "--text-file", str(d / "corpus.txt"), "--corpus", "--shard",
+                    f"{i}/3", "-o", str(d / f"shard-{i}.safetensors")])
+        invoke(["merge", *(str(d / f"shard-{i}.safetensors") for i in range(3)), "-o", str(d / "all.safetensors")])
         _long_context(d)
     _preset_folder(d / "bert-preset")
     return d

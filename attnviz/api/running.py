@@ -215,6 +215,45 @@ def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: An
     return Capture(model, tokenizer, layers, **options)
 
 
+def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None, batch_size: int = 8,
+           token_class: Sequence[str] = (), sink_threshold: float = 0.3, long: str = "truncate") -> Any:
+    """Per-head statistics of a transformers model over many texts, as ``attnviz capture --corpus`` keeps
+    them (see the corpus page of the documentation)::
+
+        sums = attnviz.corpus(model, tokenizer, texts, batch_size=16, token_class=["digits=[0-9]+"])
+        sums.means()["first"], sums.distances()          # [heads], [heads, heads]
+
+    ``texts``: one string per text. Options as the command line's: ``batch_size``, ``token_class``
+    (``"NAME=REGEX"`` strings), ``sink_threshold``, ``long`` ("truncate" or "refuse"); ``path`` writes the
+    corpus file (``attnviz inspect`` reads it, ``attnviz merge`` adds such files). Returns an
+    ``attnviz.inspection.corpus.CorpusSums``."""
+    import hashlib
+
+    from attnviz.capturing.corpus import CorpusText, compile_classes, run_corpus
+    from attnviz.inspection.corpus import write_corpus
+
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise UsageError("attnviz.corpus: texts is a list of strings, one per text.")
+    kept = [t for t in texts if t.strip()]
+    if not kept:
+        raise UsageError("attnviz.corpus: no text (every one is empty).")
+    if batch_size < 1:
+        raise UsageError(f"attnviz.corpus: batch_size={batch_size}; it is at least 1.")
+    if long not in ("truncate", "refuse"):
+        raise UsageError(f"attnviz.corpus: long={long!r}; choose 'truncate' or 'refuse'.")
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    source = {"file": "(texts)", "sha256": digest, "lines": len(texts), "shards": [[0, 1]]}
+    lines = [n + 1 for n, t in enumerate(texts) if t.strip()]
+    device = next((p.device for p in model.parameters()), "cpu") if hasattr(model, "parameters") else "cpu"
+    sums, warned = run_corpus(model, tokenizer, CorpusText(kept, lines, len(texts) - len(kept), source),
+                              device=device, batch_size=batch_size, classes=compile_classes(token_class),
+                              sink_threshold=sink_threshold, long=long)
+    _warn(warned)
+    if path is not None:
+        write_corpus(path, sums)
+    return sums
+
+
 def _stores(run: Callable[..., Any]) -> Callable[..., Any]:
     """A run that also takes ``storage_options=``: fsspec storage options for the URLs among its file specs
     (``s3://bucket/dump.npz``), as ``attnviz --storage-options`` gives them on the command line."""

@@ -186,7 +186,8 @@ class HFCapture:
     """A capture of one transformers model: the attention sites it runs, recorded by ``recorder``."""
 
     def __init__(self, model: Any, recorder: Recorder, weights_dtype: str = "float32", weights: bool = True,
-                 qkv: bool = True, target: Any = None, summary: Any = None) -> None:
+                 qkv: bool = True, target: Any = None, summary: Any = None,
+                 corpus: Any = None) -> None:
         import torch
 
         self.model = model
@@ -204,6 +205,7 @@ class HFCapture:
         self.forwards = 0
         self.hooks: list[Any] = []
         self.target = target
+        self.corpus = corpus  # an ``attnviz.capturing.corpus.CorpusAccumulator``: the weights go there
         self.graph: dict[str, Any] = {}  # with a target: each site's weights, kept for the gradient
         self.note: str | None = None
         self.logits: Any = None
@@ -364,7 +366,10 @@ class HFCapture:
             out = eager_out
         else:
             out = self._original(module, query, key, value, attention_mask, kwargs, eager_out)
-        if site is not None:
+        if self.corpus is not None:
+            if site is not None and weights is not None:
+                self.corpus.add(site, weights, attention_mask)
+        elif site is not None:
             with torch.no_grad():
                 self._record(site, module, query, key, value, attention_mask, weights, kwargs, lq, lk)
         returned = weights if kwargs.get("output_attentions") else None

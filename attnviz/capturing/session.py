@@ -36,14 +36,16 @@ class Capture:
     a pooled map; chosen rows; see ``attnviz.summarystats``) with ``sinks`` (S, the first S real keys),
     ``local`` (W, the keys i - W < j <= i), ``pool`` (P, at most P x P cells) and ``rows`` (``"last"``,
     ``"0,512,-1"``, ranges ``"100:200"``); ``qkv`` (keep q, k and v: by default with weights, not with a
-    summary). On exit the model is as before: its attention implementation, its configs, its hooks.
+    summary); ``corpus`` (an ``attnviz.capturing.corpus.CorpusAccumulator``: each site's weights go to it
+    instead of the file, and the block may run the model many times; nothing is written). On exit the model
+    is as before: its attention implementation, its configs, its hooks.
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *,
                  path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool | None = None,
                  weights_dtype: str = "float32", target: Any = None, summary: bool = False,
                  sinks: int | None = None, local: int | None = None, pool: int | None = None,
-                 rows: str | None = "last") -> None:
+                 rows: str | None = "last", corpus: Any = None) -> None:
         from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
 
         if not summary and any(v is not None for v in (sinks, local, pool)):
@@ -66,6 +68,9 @@ class Capture:
         self.layers = _layers(layers)
         self.target_path = None if path is None else Path(path)
         self.weights, self.qkv, self.weights_dtype, self.target = weights, qkv, weights_dtype, target
+        self.corpus = corpus
+        if corpus is not None and (not weights or target is not None):
+            raise UsageError("attnviz.capture: a corpus needs the weights and takes no target.")
         self.path: Path | None = None  # the finished file
         self.warnings: list[str] = []
         self._adapter: Any = None
@@ -84,6 +89,8 @@ class Capture:
         self._rec = Recorder(stream, self.layers, _counts(self.model))
         try:
             if _is_keras(self.model):
+                if self.corpus is not None:
+                    raise UsageError("attnviz.capture: corpus statistics are computed for transformers models.")
                 if self.summary is not None:
                     raise UsageError("attnviz.capture: summary=True captures transformers models; capture a Keras "
                                      "model's q, k and v (weights=False): inspect summarises them.")
@@ -95,7 +102,7 @@ class Capture:
 
                 check_model(self.model)
                 self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
-                                          self.target, self.summary)
+                                          self.target, self.summary, corpus=self.corpus)
             self._opened = self._adapter.opened()
             self._opened.__enter__()
         except BaseException:
@@ -162,6 +169,11 @@ class Capture:
             if not getattr(logits, "requires_grad", False):
                 raise UsageError("attnviz.capture: a target needs gradients: run the model outside torch.no_grad().")
             adapter.gradients(logits, self.target)
+        if self.corpus is not None:  # the statistics went to the accumulator: no file, the model described
+            rec.writer.close()
+            rec.discard_stream()
+            self.metadata = dict(getattr(adapter, "describe", lambda: {})())
+            return
         if not rec.run:
             if not getattr(adapter, "forwards", 1):
                 raise UsageError("attnviz.capture: the model did not run inside the block; call it (or generate()) "

@@ -1,6 +1,6 @@
 """The ``attnviz`` application: the Typer app, its command group (usage errors in attnviz's one-line
 form, shell completion) and the one place where every command is registered: one compute command per
-registered variant, then ``variants``, ``inspect``, ``compare``, ``rollout``, ``repeat-test``,
+registered variant, then ``variants``, ``capture``, ``inspect``, ``merge``, ``compare``, ``rollout``, ``repeat-test``,
 ``batch``, ``serve`` and ``view``. Each command lives in its own module under ``attnviz.cli.commands``.
 
 Results go to stdout (tables, or JSON with ``--json``); everything else (device, saved files,
@@ -147,6 +147,7 @@ def main(
 COMMANDS = {
     "capture": ("capture", "capture_command"),
     "inspect": ("inspect", "inspect_command"),
+    "merge": ("merge", "merge_command"),
     "compare": ("compare", "compare_command"),
     "batch": ("batch", "batch_command"),
     "serve": ("serve", "serve_command"),

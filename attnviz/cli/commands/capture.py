@@ -22,6 +22,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 MODEL = "Model (capture)"
 SUMMARY = "Summary (long inputs)"
+CORPUS = "Corpus (--corpus)"
 
 
 def capture_command(
@@ -84,6 +85,25 @@ def capture_command(
     truncate: Annotated[bool, typer.Option("--truncate", help="keep the first tokens of a text longer than the "
                                                               "model's positions (and say how many were dropped)")]
     = False,
+    corpus: Annotated[bool, typer.Option("--corpus", rich_help_panel=CORPUS, help="per-head statistics over every "
+                                         "line of --text-file instead of the weights (a corpus file: attnviz inspect "
+                                         "reads it, attnviz merge adds shards)")] = False,
+    batch_size: Annotated[int | None, checked_option(int | None, "--batch-size", min=1, metavar="N",
+                                                     rich_help_panel=CORPUS, help="texts per forward pass (8)")] = None,
+    shard: Annotated[str | None, typer.Option("--shard", metavar="INDEX/COUNT|auto", rich_help_panel=CORPUS,
+                                              help="every COUNT-th line from INDEX on (auto: from a Slurm array or "
+                                                   "a Kubernetes Indexed Job)")] = None,
+    token_class: Annotated[list[str] | None, typer.Option("--token-class", metavar="NAME=REGEX",
+                                                          rich_help_panel=CORPUS,
+                                                          help="each head's weight on the tokens whose text the "
+                                                               "regex matches whole; repeatable")] = None,
+    sink_threshold: Annotated[float | None, checked_option(float | None, "--sink-threshold", min=0.0, max=1.0,
+                                                           rich_help_panel=CORPUS,
+                                                           help="a head is a sink in a text when its mean weight on "
+                                                                "the first token passes this (0.3)")] = None,
+    long: Annotated[str | None, typer.Option("--long", metavar="truncate|refuse", rich_help_panel=CORPUS,
+                                             help="texts past the model's positions: keep their first tokens and "
+                                                  "count the rest (truncate), or stop (refuse)")] = None,
 ) -> None:
     """Capture every attention site of a local model on some texts into one file.
 
@@ -93,6 +113,23 @@ def capture_command(
     mask and the output projection. Then `attnviz inspect run.safetensors`.
     """
     with user_errors():
+        given = {"--batch-size": batch_size, "--shard": shard, "--token-class": token_class,
+                 "--sink-threshold": sink_threshold, "--long": long}
+        if corpus:
+            from attnviz.cli.corpus import CorpusOptions, capture_corpus_command, refuse_with_corpus
+
+            refuse_with_corpus({"--layers": layers, "--generate": generate, "--no-weights": no_weights,
+                                "--weights-dtype": weights_dtype != "float32", "--target": target,
+                                "--decoder-text": decoder_text, "--check": check, "--summary": summary,
+                                "--truncate": truncate, "--max-file": max_file, "--sinks": sinks is not None,
+                                "--local": local is not None, "--pool": pool is not None, "--rows": rows is not None})
+            options = CorpusOptions(batch_size=batch_size or 8, shard=shard, token_class=tuple(token_class or ()),
+                                    sink_threshold=0.3 if sink_threshold is None else sink_threshold,
+                                    long=long or "truncate")
+            return capture_corpus_command(model, text or [], text_file, output, device, dtype, options, json_out)
+        from attnviz.cli.corpus import refuse_without_corpus
+
+        refuse_without_corpus(given)
         settings = summary_settings(summary, sinks, local, pool, rows, no_weights, target, check)
         _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
                  target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file),

@@ -33,7 +33,11 @@ SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", 
             "induction", "duplicate", "sink_mass", "local_mass", "total", "retrieval")
 SUMMARY_PANEL = "Summary (long inputs)"
 SUMMARY_ONLY = ("sink_mass", "local_mass", "total", "retrieval")
-FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps")
+#: what --sort also takes on a corpus file (attnviz capture --corpus)
+CORPUS_SORTABLE = ("punctuation", "next", "entropy_uniform", "first_row_entropy", "top_previous", "top_next",
+                   "sink_rate")
+FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps",
+                "heads_map")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
                 "head of the layer (--layer; default the last) and their mean; .png, .svg or .pdf")
 
@@ -42,8 +46,9 @@ OVERLAY_HELP = ("the query's attention over the image's patches, blended over th
 class InspectOutputs(TableOptions):
     """What inspect prints and saves."""
 
-    sort: Literal[SORTABLE] = option(  # type: ignore[valid-type]
-        "layer", "order the head statistics by this column (statistics: largest first)", panel=OUTPUT)
+    sort: Literal[SORTABLE + CORPUS_SORTABLE] = option(  # type: ignore[valid-type]
+        "layer", "order the head statistics by this column (statistics: largest first; a corpus file's too)",
+        panel=OUTPUT)
     reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
     top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
     no_table: bool = option(False, "print no tables; with --sort, --reverse or --top, the head statistics table alone",
@@ -61,6 +66,9 @@ class InspectOutputs(TableOptions):
                               "entry as thumbnails, hover, head view, sortable statistics; with --image a panel of "
                               "the picture: hover a patch to see its attention)", panel=OUTPUT,
                               metavar="FILE.html")
+    heads_map: str | None = option(None, "a corpus file's heads placed by the Jensen-Shannon distances of their rows "
+                                   "(classical multidimensional scaling), coloured by layer; .png, .svg or .pdf",
+                                   panel=OUTPUT, metavar="FILE")
     save_maps: str | None = option(None, "save the maps inspected, [layers, batch, heads, Lq, Lk] (after --generation "
                                    "and --merge-subwords; without them the weights as read): .npy, .npz or "
                                    ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
@@ -78,7 +86,7 @@ ORDER = ("layout", "generation", "weigh_by",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
          "check_finite", "atol", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
          "upsample", "keep_mass", "png", "map_png", "stats_png", "stat", "received_png", "overlay_png", "html",
-         "save_maps", "title", "cmap",
+         "save_maps", "heads_map", "title", "cmap",
          "reduce", "vmin", "vmax", "norm", "scale_skip_keys", "scale_per_panel", "layers", "heads", "reduce_heads",
          "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
@@ -100,8 +108,20 @@ def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, An
     show: ShowOptions = build(ShowOptions, values)
 
     def one(path: str, names: dict[str, Any], source: str | None) -> bool:
+        from attnviz.inspection.corpus import corpus_meta_of
         from attnviz.inspection.summary import open_qk_capture, open_summary
 
+        corpus = corpus_meta_of(path)
+        if corpus is not None:  # per-head statistics over many texts (attnviz capture --corpus)
+            from attnviz.cli.corpus import inspect_corpus
+
+            if asked and any(asked.values()):
+                from attnviz.errors import UsageError
+
+                raise UsageError("--span, --span-text and --needle read a summary capture (attnviz capture "
+                                 "--summary); a corpus file holds per-head statistics.")
+            inspect_corpus(path, corpus, replace(out, **names), fig, names.get("heads_map"))
+            return False
         found = open_summary(path) or open_qk_capture(path)
         if found is not None:
             return inspect_summary(found, options, fig, replace(out, **names), asked or {})
@@ -207,6 +227,12 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,
                  show: ShowOptions | None = None) -> bool:
     """One file of weights: returns whether a check failed."""
+    if out.heads_map is not None or out.sort in CORPUS_SORTABLE:
+        from attnviz.errors import UsageError
+
+        flag = "--heads-map" if out.heads_map is not None else f"--sort {out.sort}"
+        raise UsageError(f"{flag}: a statistic of corpus files (attnviz capture --corpus); "
+                         f"{options.weights} holds weights.")
     from attnviz.cli import show as shown
     from attnviz.inspection import inspecting
     from attnviz.io import check_outputs

@@ -1,0 +1,621 @@
+"""Corpus statistics where the model runs: each attention site's weights ``[B, H, L, L]`` reduced, as the
+model computes them, to per-head sums and counts over a mini-batch of texts (torch, vectorised over texts,
+heads and rows: no loop over texts), and the run of a local model folder over a text file in mini-batches
+(``attnviz capture MODEL_DIR --text-file corpus.txt --corpus``).
+
+The definitions (which rows count, which keys, the averaging over texts) are those of
+``attnviz.inspection.corpus``, which turns the sums into means, merges shards and writes the file. Per
+text, each statistic is a mean over the text's real query rows (padding left out); the sums over texts
+and the number of texts that had such rows are kept, so that batches and shards add up exactly (to float
+rounding). The Jensen-Shannon divergences between heads (Clark et al. 2019, ``head_distances``) are summed
+over every real query row, each head broadcast against all later heads of the batch (one buffer of the
+batch's smoothed rows, no copy per pair).
+
+torch and transformers are imported inside the functions, when a corpus is captured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
+from attnviz.inspection.corpus import (
+    CORPUS_STATS,
+    PUNCTUATION,
+    SMOOTHING,
+    CorpusSums,
+)
+
+#: elements of each temporary ``[B, H, K, L, L]`` of the head distances (H heads against K later heads at once)
+PAIR_BUDGET = 1 << 23
+#: what a zero becomes before its logarithm (t log t of it is 0 to float32)
+_TINY = 1e-30
+
+
+@dataclass
+class _Batch:
+    """The mini-batch running now: its real tokens and the key classes of each token."""
+
+    real: Any  # [B, L] bool
+    classes: Any  # [C, B, L] float (punctuation, then the user's classes)
+    first: Any  # [B] the first real position
+    last: Any  # [B] the last real position
+    #: (site index, P [B,H,L,L], sum_j p log p [B,H,L], the keys each row may see [B,1|H,L,L])
+    smoothed: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
+
+
+class CorpusAccumulator:
+    """Per-head sums and counts over the texts of every batch it is shown.
+
+    ``begin(real, classes)`` before each forward pass, ``add(site, weights, mask)`` for each attention
+    call (the capture's ``attend`` calls it), ``end()`` after the forward (the head distances of the batch);
+    ``result()`` hands the sums over as NumPy (``attnviz.inspection.corpus.CorpusSums``).
+    """
+
+    def __init__(self, sink_threshold: float = 0.3, classes: Sequence[str] = (), distances: bool = True) -> None:
+        self.sink_threshold = float(sink_threshold)
+        self.class_names = list(classes)
+        self.distances = distances
+        self.sites: list[str] = []
+        self.layers: list[int] = []
+        self.heads: list[int] = []
+        self.sums: list[Any] = []  # per site: [S, H] float64
+        self.texts: list[Any] = []  # per site: [S, H] float64
+        self.rows: list[Any] = []  # per site: [H]
+        self.js: Any = None  # [G, G] float64, upper triangle filled
+        self.js_rows: Any = None
+        self.batch: _Batch | None = None
+        self.skipped: set[str] = set()
+
+    @property
+    def names(self) -> list[str]:
+        return [*CORPUS_STATS, *(f"class:{n}" for n in self.class_names)]
+
+    # -- one batch
+
+    def begin(self, real: Any, classes: Any) -> None:
+        """A new forward pass over texts whose real tokens are ``real`` [B, L] and whose key classes are
+        ``classes`` [C, B, L] (C = 1 + the user's classes; punctuation first)."""
+        import torch
+
+        real = real.to(torch.bool)
+        n = real.shape[-1]
+        anything = real.any(-1)
+        first = torch.where(anything, real.to(torch.int8).argmax(-1), 0)
+        last = torch.where(anything, n - 1 - real.flip(-1).to(torch.int8).argmax(-1), n - 1)
+        self.batch = _Batch(real, classes.to(torch.float32), first, last)
+
+    def _site_index(self, site: Any, heads: int, device: Any) -> int:
+        import torch
+
+        if site.name in self.sites:
+            return self.sites.index(site.name)
+        if self.js is not None:
+            raise AttnvizError(f"corpus: the attention site {site.name} first ran after the first batch; every "
+                               "batch must run the same sites.")
+        self.sites.append(site.name)
+        self.layers.append(int(site.layer))
+        self.heads.append(heads)
+        dtype = _sum_dtype(device)
+        s = len(self.names)
+        self.sums.append(torch.zeros((s, heads), dtype=dtype, device=device))
+        self.texts.append(torch.zeros((s, heads), dtype=dtype, device=device))
+        self.rows.append(torch.zeros(heads, dtype=dtype, device=device))
+        return len(self.sites) - 1
+
+    def add(self, site: Any, weights: Any, mask: Any) -> None:
+        """One attention call: ``weights`` [B, H, L, L] (the model's own probabilities), ``mask`` as the
+        attention function received it (additive float or boolean, [B, 1, L, L]; None: every key)."""
+        import torch
+
+        b = self.batch
+        if b is None or site.kind == "cross":
+            return
+        nb, nh, lq, lk = (int(n) for n in weights.shape)
+        n = int(b.real.shape[-1])
+        if lq != n or lk != n or nb != int(b.real.shape[0]):
+            self.skipped.add(site.name)  # not self-attention over the texts (a decoder's start tokens)
+            return
+        with torch.no_grad():
+            self._add(site, weights, mask, b, nh, n)
+
+    def _add(self, site: Any, weights: Any, mask: Any, b: _Batch, nh: int, n: int) -> None:
+        import torch
+
+        device = weights.device
+        s = self._site_index(site, nh, device)
+        dtype = self.sums[s].dtype
+        if mask is None:
+            keep = torch.ones((1, 1, n, n), dtype=torch.bool, device=device)
+        else:
+            keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+            keep = keep[..., :n, :n]
+        keep = keep & b.real[:, None, None, :]  # real keys only: [B, 1|H, L, L]
+        x = torch.where(keep, weights.to(torch.float32), 0.0)
+        rows = b.real[:, None, :] & keep.any(-1)  # real rows that see some key: [B, 1|H, L]
+        pos = torch.arange(n, device=device)
+        first_key = b.first.view(-1, 1, 1, 1).expand(x.shape[0], nh, n, 1)
+        last_key = b.last.view(-1, 1, 1, 1).expand(x.shape[0], nh, n, 1)
+        later = rows & (pos > b.first.view(-1, 1, 1))  # rows after the first real one
+        earlier = rows & (pos < b.last.view(-1, 1, 1))  # rows before the last real one
+
+        entropy = -torch.special.xlogy(x, x).sum(-1)  # [B, H, L], exact: 0 log 0 = 0
+        top, arg = x.max(-1)
+        first_w = x.gather(-1, first_key)[..., 0]
+        last_w = x.gather(-1, last_key)[..., 0]
+        diagonal = x.diagonal(0, -2, -1)
+        previous = torch.nn.functional.pad(x.diagonal(-1, -2, -1), (1, 0))
+        following = torch.nn.functional.pad(x.diagonal(1, -2, -1), (0, 1))
+        seen = keep.sum(-1)  # the keys each row may see: [B, 1|H, L]
+        uniform = torch.log(seen.clamp_min(1).to(torch.float32))
+        top_previous = (arg == pos - 1).to(torch.float32)
+        top_next = (arg == pos + 1).to(torch.float32)
+        first_row = b.first.view(-1, 1, 1).expand(x.shape[0], nh, 1)
+        first_row_entropy = entropy.gather(-1, first_row)  # [B, H, 1]
+        first_rows = torch.zeros_like(rows).scatter_(-1, b.first.view(-1, 1, 1).expand(rows.shape[0],
+                                                                                     rows.shape[1], 1), True) & rows
+        sees_first = rows & keep.gather(-1, b.first.view(-1, 1, 1, 1).expand(*keep.shape[:-1], 1))[..., 0]
+        masses = torch.einsum("bhij,cbj->cbhi", x, b.classes)  # [C, B, H, L]
+
+        per_row = {"first": (first_w, later), "last": (last_w, rows), "punctuation": (masses[0], rows),
+                   "diagonal": (diagonal, rows), "previous": (previous, later), "next": (following, earlier),
+                   "entropy": (entropy, rows), "entropy_uniform": (uniform, rows), "max": (top, rows),
+                   "top_previous": (top_previous, later), "top_next": (top_next, earlier)}
+        means: list[Any] = []
+        counts: list[Any] = []
+        for name in CORPUS_STATS:
+            if name == "first_row_entropy":
+                value, where = first_row_entropy.expand(-1, -1, n), first_rows
+            elif name == "sink":  # Gu et al.: the mean weight on the first token over the rows that see it
+                count = sees_first.sum(-1)
+                alpha = (first_w * sees_first).sum(-1) / count.clamp_min(1)
+                sink = (alpha > self.sink_threshold).to(torch.float32)
+                means.append(torch.where(count > 0, sink, 0.0).expand(-1, nh))
+                counts.append((count > 0).expand(-1, nh))
+                continue
+            else:
+                value, where = per_row[name]
+            m, c = _text_mean(value, where, nh)
+            means.append(m)
+            counts.append(c)
+        for k in range(len(self.class_names)):
+            m, c = _text_mean(masses[k + 1], rows, nh)
+            means.append(m)
+            counts.append(c)
+        self.sums[s] += torch.stack(means).to(dtype).sum(1)
+        self.texts[s] += torch.stack(counts).to(dtype).sum(1)
+        self.rows[s] += rows.expand(-1, nh, -1).sum((0, 2)).to(dtype)
+        if self.distances:
+            p = torch.where(keep, SMOOTHING / seen.clamp_min(1)[..., None] + (1 - SMOOTHING) * x, 0.0)
+            b.smoothed.append((s, p, torch.special.xlogy(p, p).sum(-1), keep))
+
+    def end(self) -> None:
+        """The forward pass is over: the Jensen-Shannon divergences between every pair of heads of the
+        batch, summed over its real query rows."""
+        import torch
+
+        b, self.batch = self.batch, None
+        if b is None or not b.smoothed or not self.distances:
+            return
+        with torch.no_grad():
+            order = sorted(b.smoothed, key=lambda t: t[0])
+            if [t[0] for t in order] != list(range(len(self.sites))):
+                missing = sorted(set(self.sites) - {self.sites[t[0]] for t in order})
+                raise AttnvizError(f"corpus: the attention site {missing[0] if missing else '?'} did not run in "
+                                   "every batch.")
+            p_all = torch.cat([t[1].expand(-1, self.heads[t[0]], -1, -1) for t in order], dim=1)  # [B, G, L, L]
+            e_all = torch.cat([t[2] for t in order], dim=1)  # [B, G, L]: sum_j p log p
+            keeps = [t[3] for t in order]
+            b.smoothed.clear()
+            g = p_all.shape[1]
+            if self.js is None:
+                self.js = torch.zeros((g, g), dtype=_sum_dtype(p_all.device), device=p_all.device)
+                self.js_rows = torch.zeros((), dtype=self.js.dtype, device=p_all.device)
+            real = b.real.to(torch.float32)  # [B, L]
+            # Per row, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with A = sum_j p log p,
+            # C = sum_j p and M = sum_j t log t, t = p + q = 2m: only M needs the pairs. Taken per row (small), then
+            # summed over the real rows.
+            wide = _sum_dtype(p_all.device)
+            c_all = p_all.sum(-1)  # [B, G, L]
+            half_log2 = 0.5 * math.log(2.0)
+            rows = b.real[:, None, :, None]
+            same = all(k.shape == keeps[0].shape and bool(torch.equal(k, keeps[0])) for k in keeps[1:])
+            if same:  # one support for every head: 1/2 where it is not (t = 1 there, and 1 log 1 = 0 exactly)
+                p_all.masked_fill_(~(keeps[0] & rows), 0.5)
+            else:  # supports differ (windows on some layers): 0 off each (t log t = 0 by the clamp below)
+                p_all.mul_(rows)
+            nb, _, n, _ = p_all.shape
+            per_pair = nb * n * n
+            kc = max(1, min(g, PAIR_BUDGET // per_pair))  # later heads per pass
+            hc = max(1, PAIR_BUDGET // (per_pair * kc))  # heads broadcast against them per pass
+            size = min(hc, g - 1) * min(kc, g - 1) * per_pair
+            buf = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
+            logs = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
+            pairs = torch.zeros((g, g), dtype=wide, device=p_all.device)
+            # a few heads against every later head, broadcast (no copy per pair): few, large passes, as each
+            # pass costs the threads a start; pairs below the diagonal are computed and left out
+            for h0 in range(0, g - 1, hc):
+                h1 = min(g - 1, h0 + hc)
+                for k0 in range(h0 + 1, g, kc):
+                    k1 = min(g, k0 + kc)
+                    count = nb * (h1 - h0) * (k1 - k0) * n * n
+                    t = buf[:count].view(nb, h1 - h0, k1 - k0, n, n)
+                    log_t = logs[:count].view(nb, h1 - h0, k1 - k0, n, n)
+                    torch.add(p_all[:, h0:h1, None], p_all[:, None, k0:k1], out=t)
+                    if not same:
+                        t.clamp_min_(_TINY)
+                    torch.log(t, out=log_t)
+                    m = log_t.mul_(t).sum(-1)  # [B, H, K, L]
+                    row = 0.5 * (e_all[:, h0:h1, None] + e_all[:, None, k0:k1]) + \
+                        half_log2 * (c_all[:, h0:h1, None] + c_all[:, None, k0:k1]) - 0.5 * m
+                    pairs[h0:h1, k0:k1] = torch.einsum("bhkl,bl->hk", row, real).to(wide)
+            js = pairs
+            self.js += torch.triu(js, diagonal=1)
+            self.js_rows += real.sum().to(self.js.dtype)
+
+    # -- the result
+
+    def result(self, metadata: dict[str, Any]) -> CorpusSums:
+        if not self.sites:
+            raise AttnvizError("corpus: no self-attention site ran over the texts.")
+        g = sum(self.heads)
+        js = np.zeros((g, g)) if self.js is None else self.js.double().cpu().numpy()
+        js = js + js.T
+        js_rows = np.full((g, g), 0.0 if self.js_rows is None else float(self.js_rows))
+        return CorpusSums(
+            sites=list(self.sites), layers=list(self.layers), heads=list(self.heads), names=self.names,
+            sums=np.concatenate([t.double().cpu().numpy() for t in self.sums], axis=1),
+            texts=np.concatenate([t.double().cpu().numpy() for t in self.texts], axis=1),
+            rows=np.concatenate([t.double().cpu().numpy() for t in self.rows]),
+            js=js, js_rows=js_rows if self.distances else np.zeros((g, g)), meta=metadata)
+
+
+def _sum_dtype(device: Any) -> Any:
+    import torch
+
+    return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64  # MPS has no float64
+
+
+def _text_mean(value: Any, where: Any, heads: int) -> tuple[Any, Any]:
+    """Per (text, head): the mean of ``value`` [B, H, L] over the rows ``where`` [B, 1|H, L] marks (0 where
+    none), and whether there were any."""
+    count = where.sum(-1).expand(-1, heads)
+    total = (value * where).sum(-1)
+    return total / count.clamp_min(1), count > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tokens: which are punctuation, which match the user's classes
+
+
+def compile_classes(specs: Sequence[str]) -> list[tuple[str, re.Pattern[str]]]:
+    """``--token-class NAME=REGEX`` (repeatable) as (name, compiled pattern); a usage error names a bad one."""
+    out: list[tuple[str, re.Pattern[str]]] = []
+    for spec in specs:
+        name, eq, pattern = spec.partition("=")
+        name = name.strip()
+        if not eq or not name or not pattern:
+            raise UsageError(f"--token-class {spec!r}: expected NAME=REGEX, e.g. digits=[0-9]+.")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise UsageError(f"--token-class {spec!r}: a NAME of letters, digits, '_', '-' and '.'.")
+        if name in (n for n, _ in out):
+            raise UsageError(f"--token-class {name}: named twice.")
+        try:
+            out.append((name, re.compile(pattern)))
+        except re.error as exc:
+            raise UsageError(f"--token-class {name}: the regular expression {pattern!r} does not compile "
+                             f"({exc}).") from None
+    return out
+
+
+class TokenClasses:
+    """Each token id's text (the tokenizer's decoding of it alone, stripped) and the classes it is in:
+    punctuation ("." or ","), then each user class (its regex matching the whole text)."""
+
+    def __init__(self, tokenizer: Any, classes: Sequence[tuple[str, re.Pattern[str]]]) -> None:
+        self.tokenizer = tokenizer
+        self.classes = list(classes)
+        self.known: dict[int, list[bool]] = {}
+
+    def text(self, token_id: int) -> str:
+        try:
+            return str(self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)).strip()
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode one id
+            return str(self.tokenizer.convert_ids_to_tokens(token_id))
+
+    def flags(self, token_id: int) -> list[bool]:
+        found = self.known.get(token_id)
+        if found is None:
+            text = self.text(token_id)
+            found = [text in PUNCTUATION, *(bool(p.fullmatch(text)) for _, p in self.classes)]
+            self.known[token_id] = found
+        return found
+
+    def masks(self, ids: Any) -> Any:
+        """``[C, B, L]`` float: 1 where the token is in the class."""
+        import torch
+
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        table = torch.tensor([self.flags(int(i)) for i in unique.tolist()], dtype=torch.float32)  # [U, C]
+        return table.to(ids.device)[inverse].permute(2, 0, 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Identity: what must agree for files to merge
+
+
+def model_identity(model: Any) -> dict[str, Any]:
+    """The model's family, class, the SHA-256 of its configuration (what changes its computation) and of a
+    sample of its parameters (each tensor's shape and first 4,096 values)."""
+    import torch
+
+    config = model.config.to_dict()
+    for volatile in ("transformers_version", "_name_or_path", "_attn_implementation", "_attn_implementation_internal",
+                     "_commit_hash", "dtype", "torch_dtype", "architectures", "use_cache", "output_attentions",
+                     "return_dict", "output_hidden_states"):
+        config.pop(volatile, None)
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, param in model.state_dict().items():
+            flat = param.detach().reshape(-1)[:4096].to("cpu", torch.float32)
+            digest.update(name.encode())
+            digest.update(str(tuple(param.shape)).encode())
+            digest.update(flat.numpy().tobytes())
+    return {"model_type": getattr(model.config, "model_type", None), "architecture": type(model).__name__,
+            "config_sha256": _sha(json.dumps(config, sort_keys=True, default=str)),
+            "weights_sample_sha256": digest.hexdigest()}
+
+
+def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer's class, vocabulary size and the SHA-256 of its vocabulary and special tokens."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    specials = {k: str(v) for k, v in sorted((getattr(tokenizer, "special_tokens_map", {}) or {}).items())}
+    return {"class": type(tokenizer).__name__, "vocabulary": len(vocab),
+            "vocabulary_sha256": _sha(json.dumps(vocab, separators=(",", ":"))),
+            "special_tokens": specials}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run over a text file
+
+
+@dataclass
+class CorpusText:
+    """The texts of one shard of a corpus file, and what was left out of it."""
+
+    texts: list[str]
+    lines: list[int]  # each text's line number in the file (1-based)
+    empty: int  # empty lines skipped (in this shard's share)
+    source: dict[str, Any]  # the file's name and SHA-256, the shard
+
+
+def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusText:
+    """The non-empty lines of ``path`` (UTF-8; a local file or a URL) that shard ``index/count`` takes:
+    every ``count``-th line from ``index`` on, counting every line (empty ones too), so that the shards of
+    one file are disjoint and together the whole file."""
+    from pathlib import Path
+
+    from attnviz import storage
+
+    if not storage.is_url(path) and not Path(path).exists():
+        raise UsageError(f"--text-file {path}: no such file.")
+    data = storage.read_text_bytes(path, path, what="text")
+    from attnviz.formats._base import decode_text
+
+    text = decode_text(data, path, "text")
+    lines = text.splitlines()
+    index, count = shard
+    texts, numbers, empty = [], [], 0
+    for n in range(index, len(lines), count):
+        if lines[n].strip():
+            texts.append(lines[n])
+            numbers.append(n + 1)
+        else:
+            empty += 1
+    if not any(line.strip() for line in lines):
+        raise InputError(f"--text-file {path}: holds no text (no non-empty line).")
+    source = {"file": Path(path).name if not storage.is_url(path) else path,
+              "sha256": hashlib.sha256(data).hexdigest(), "lines": len(lines), "shards": [[index, count]]}
+    return CorpusText(texts, numbers, empty, source)
+
+
+def position_limit(model: Any, tokenizer: Any) -> int | None:
+    """The most tokens the model takes: the least of its position embeddings and the tokenizer's limit."""
+    found = []
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            found.append(value)
+            break
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < 10**7:
+        found.append(limit)
+    return min(found) if found else None
+
+
+@dataclass
+class CorpusRun:
+    """What ``capture_corpus`` did."""
+
+    path: Any
+    sums: CorpusSums
+    model_type: str
+    device: str
+    texts: int
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "auto", dtype: str = "auto",
+                   batch_size: int = 8, classes: Sequence[tuple[str, re.Pattern[str]]] = (),
+                   sink_threshold: float = 0.3, long: str = "truncate",
+                   progress: Callable[[int, int], None] | None = None) -> CorpusRun:
+    """Run a local model folder over ``corpus`` in mini-batches of ``batch_size`` texts and write the
+    per-head sums to ``out`` (a corpus file: ``attnviz.inspection.corpus``). ``progress(done, total)`` is
+    called after each batch. ``long``: ``truncate`` (texts past the model's positions keep their first
+    tokens, and the dropped tokens are counted) or ``refuse``."""
+    from attnviz.capturing.folder import check_folder, choose_device, import_torch, load_model
+    from attnviz.inspection.corpus import write_corpus
+
+    path = check_folder(folder)
+    torch, transformers = import_torch()
+    device = choose_device(torch, device)
+    started = time.perf_counter()
+    model, tokenizer = load_model(path, torch, transformers, device, dtype)
+    sums, warnings = run_corpus(model, tokenizer, corpus, device=device, batch_size=batch_size, classes=classes,
+                                sink_threshold=sink_threshold, long=long, progress=progress, where=folder)
+    write_corpus(out, sums)
+    return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, len(corpus.texts),
+                     time.perf_counter() - started, warnings)
+
+
+def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = "cpu", batch_size: int = 8,
+               classes: Sequence[tuple[str, re.Pattern[str]]] = (), sink_threshold: float = 0.3,
+               long: str = "truncate", progress: Callable[[int, int], None] | None = None,
+               where: str = "the model") -> tuple[CorpusSums, list[str]]:
+    """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings."""
+    import torch
+
+    from attnviz.capturing.session import Capture
+
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    tokenizer.padding_side = "right"  # real tokens at their own positions, whatever the family's habit
+    runner = model
+    if getattr(model.config, "is_encoder_decoder", False):
+        get = getattr(model, "get_encoder", None)
+        runner = get() if callable(get) else None
+        if runner is None:
+            raise InputError(f"{where}: an encoder-decoder without an encoder attnviz can run alone.")
+    limit = position_limit(model, tokenizer)
+    token_classes = TokenClasses(tokenizer, classes)
+    acc = CorpusAccumulator(sink_threshold, [n for n, _ in classes])
+    first_tokens: Counter[str] = Counter()
+    last_tokens: Counter[str] = Counter()
+    truncated = dropped = 0
+    total = len(corpus.texts)
+    names = _forward_names(runner)
+    if long == "refuse" and limit is not None:  # every text measured before the model runs
+        for start in range(0, total, 256):
+            _, lost = _fit(tokenizer, corpus.texts[start:start + 256], limit)
+            if lost.any():
+                at = int(np.flatnonzero(lost)[0])
+                raise InputError(f"--text-file {corpus.source['file']}: line {corpus.lines[start + at]} has "
+                                 f"{limit + int(lost[at])} tokens, more than the model's {limit} positions "
+                                 "(--long truncate keeps the first ones).")
+    with torch.no_grad(), Capture(model, tokenizer, corpus=acc) as cap:
+        for start in range(0, total, batch_size):
+            chunk = corpus.texts[start:start + batch_size]
+            # Long texts: cut to the model's positions here. A summary path for long contexts would take
+            # them whole instead (statistics computed a block of rows at a time); this is where it goes.
+            cut, lost = _fit(tokenizer, chunk, limit)
+            if lost.any():
+                truncated += int((lost > 0).sum())
+                dropped += int(lost.sum())
+            try:
+                batch = tokenizer(chunk, return_tensors="pt", padding=True, truncation=cut,
+                                  max_length=limit if cut else None)
+            except Exception as exc:  # noqa: BLE001
+                raise InputError(f"{where}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
+            inputs = {k: v.to(device) for k, v in batch.items() if k in names or k == "input_ids"}
+            ids = inputs["input_ids"]
+            real = batch["attention_mask"].to(device).bool() if "attention_mask" in batch else \
+                torch.ones_like(ids, dtype=torch.bool)
+            _ends(tokenizer, ids, real, first_tokens, last_tokens)
+            acc.begin(real, token_classes.masks(ids))
+            try:
+                runner(**inputs)
+            except AttnvizError:
+                raise
+            except torch.cuda.OutOfMemoryError:
+                raise DeviceError(f"{where}: the GPU ran out of memory; a smaller --batch-size, --dtype bfloat16, "
+                                  "or --device cpu.") from None
+            except Exception as exc:  # noqa: BLE001
+                raise InputError(f"{where}: the model failed on the texts of lines {corpus.lines[start]}.."
+                                 f"{corpus.lines[start + len(chunk) - 1]} ({_reason(exc)}).") from None
+            acc.end()
+            if progress is not None:
+                progress(min(start + batch_size, total), total)
+    describe = dict(cap.metadata)
+    meta = {
+        "model_type": describe.get("model_type"), "transformers": describe.get("transformers"),
+        "torch": describe.get("torch"), "dtype": describe.get("dtype"),
+        "corpus": {
+            "model": model_identity(model), "tokenizer": tokenizer_identity(tokenizer),
+            "settings": settings(sink_threshold, classes, limit, long),
+            "texts": total, "empty_lines": corpus.empty, "truncated_texts": truncated, "dropped_tokens": dropped,
+            "sources": [corpus.source],
+            "first_tokens": dict(first_tokens.most_common()), "last_tokens": dict(last_tokens.most_common()),
+        },
+    }
+    warnings = []
+    if truncated:
+        warnings.append(f"{truncated} text(s) were longer than the model's {limit} positions: their first {limit} "
+                        f"tokens were used ({dropped} tokens dropped)")
+    return acc.result(meta), warnings
+
+
+def settings(sink_threshold: float, classes: Sequence[tuple[str, re.Pattern[str]]], limit: int | None,
+             long: str) -> dict[str, Any]:
+    """What decides the statistics besides the model and the texts (files merge only when these agree)."""
+    return {"sink_threshold": float(sink_threshold), "smoothing": SMOOTHING, "punctuation": list(PUNCTUATION),
+            "classes": {n: p.pattern for n, p in classes}, "max_length": limit, "long": long, "padding": "right"}
+
+
+def _fit(tokenizer: Any, texts: list[str], limit: int | None) -> tuple[bool, np.ndarray]:
+    """Whether the batch must be cut to ``limit`` tokens, and how many tokens each text loses."""
+    if limit is None:
+        return False, np.zeros(len(texts), dtype=np.int64)
+    lengths = np.array([len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]])
+    lost = np.maximum(lengths - limit, 0)
+    return bool(lost.any()), lost
+
+
+def _ends(tokenizer: Any, ids: Any, real: Any, first: Counter[str], last: Counter[str]) -> None:
+    """Count the tokens standing first and last in each text (what ``first`` and ``last`` measure)."""
+    import torch
+
+    n = real.shape[-1]
+    anything = real.any(-1)
+    lo = real.to(torch.int8).argmax(-1)
+    hi = n - 1 - real.flip(-1).to(torch.int8).argmax(-1)
+    rows = torch.arange(ids.shape[0], device=ids.device)
+    for name, where, counter in (("first", lo, first), ("last", hi, last)):
+        del name
+        chosen = ids[rows, where][anything].tolist()
+        counter.update(str(t) for t in tokenizer.convert_ids_to_tokens(chosen))
+
+
+def _forward_names(model: Any) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return {"input_ids", "attention_mask"}
+
+
+def _reason(exc: BaseException) -> str:
+    from attnviz.formats._base import reason
+
+    return reason(exc)
+
+
+__all__ = ["CorpusAccumulator", "TokenClasses", "capture_corpus", "compile_classes", "read_corpus_text"]

@@ -1,0 +1,381 @@
+"""Corpus files: per-head statistics over many texts, kept as sums and counts (NumPy only).
+
+A corpus file is a capture file (safetensors; metadata key ``attnviz.capture``) whose metadata holds a
+``corpus`` object (the settings, the model's and tokenizer's identity, the tokens that stood first and
+last, the sources and shards) and whose arrays are sums and counts, so that shards add:
+
+* ``corpus.sums`` [S, G]: per statistic and head, the per-text means summed over texts;
+* ``corpus.texts`` [S, G]: how many texts each sum holds (texts that had rows for it);
+* ``corpus.rows`` [G]: the real query rows seen;
+* ``corpus.js`` [G, G]: the Jensen-Shannon divergence between two heads' rows, summed over every real
+  query row; ``corpus.js_rows`` [G, G] the rows summed;
+* ``corpus.heads`` [G, 2] int64: each head's (layer, head).
+
+G counts every head of every self-attention site, in the order the sites run; S the statistics of
+``CORPUS_STATS`` then one per token class (``class:NAME``).
+
+**Definitions** (Clark et al. 2019, "What Does BERT Look At?", arXiv 1906.04341; Voita et al. 2019,
+arXiv 1905.09418; Gu et al. 2024, arXiv 2410.10781). For one text and head, A its weights, the real
+query rows i (padding left out), n_i the keys row i may see, f and l the first and last real positions:
+
+* ``first``: A[i, f] over the rows after the first (i > f); ``last``: A[i, l] over every row;
+  ``diagonal``: A[i, i]; ``previous``: A[i, i - 1] over i > f; ``next``: A[i, i + 1] over i < l;
+* ``punctuation``: the weight on tokens whose text is "." or ","; ``class:NAME``: on tokens whose text the
+  class's regex matches whole;
+* ``entropy``: -sum_j A_ij log A_ij (exact, 0 log 0 = 0); ``entropy_uniform``: log n_i;
+  ``first_row_entropy``: the entropy of row f;
+* ``max``: max_j A_ij (Voita's confidence); ``top_previous`` (``top_next``): whether row i's largest weight
+  is on i - 1 (i + 1; ties go to the lower index), over the rows of ``previous`` (``next``);
+* ``sink``: whether alpha = the mean of A[i, f] over the rows that see f exceeds the threshold (Gu et al.:
+  a sink); its mean over texts is the sink rate.
+
+Each is a mean over the text's rows; the means are summed over texts (each text weighs the same) with the
+number of texts. The head distances: per real query row, p = 0.001 / n_i + 0.999 A_h[i] and q likewise
+for head g (over the keys the row may see), m = (p + q) / 2, JS = (1/2) sum_j [p log(p / m) + q log(q / m)],
+summed over rows; ``head_distances`` is the mean per row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.errors import InputError, UsageError
+
+#: per-text means kept for every head, in the order of the file's rows
+CORPUS_STATS = ("first", "last", "punctuation", "diagonal", "previous", "next", "entropy", "entropy_uniform",
+                "first_row_entropy", "max", "top_previous", "top_next", "sink")
+#: the names the table and JSON give them (``sink``'s mean over texts is the sink rate)
+SHOWN = {name: ("sink_rate" if name == "sink" else name) for name in CORPUS_STATS}
+PUNCTUATION = (".", ",")
+#: the share of each smoothed row spread evenly over the keys it may see (Clark's head distances)
+SMOOTHING = 0.001
+ARRAYS = ("corpus.sums", "corpus.texts", "corpus.rows", "corpus.js", "corpus.js_rows", "corpus.heads")
+#: what must agree for two files to merge, in the order a difference is reported
+IDENTITY = ("model", "tokenizer", "settings")
+
+
+@dataclass
+class CorpusSums:
+    """The sums and counts of a corpus file, and its metadata (the capture metadata, ``corpus`` inside)."""
+
+    sites: list[str]
+    layers: list[int]  # each site's layer number
+    heads: list[int]  # each site's heads
+    names: list[str]  # the statistics: CORPUS_STATS, then class:NAME
+    sums: np.ndarray  # [S, G]
+    texts: np.ndarray  # [S, G]
+    rows: np.ndarray  # [G]
+    js: np.ndarray  # [G, G]
+    js_rows: np.ndarray  # [G, G]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def corpus(self) -> dict[str, Any]:
+        return dict(self.meta.get("corpus") or {})
+
+    @property
+    def head_order(self) -> list[tuple[int, int]]:
+        """(layer, head) of each column, in order."""
+        return [(layer, h) for layer, n in zip(self.layers, self.heads) for h in range(n)]
+
+    @property
+    def classes(self) -> list[str]:
+        return [n.removeprefix("class:") for n in self.names if n.startswith("class:")]
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Each statistic's mean over texts, ``[G]`` (NaN where no text had rows for it)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = np.where(self.texts > 0, self.sums / self.texts, np.nan)
+        return {name: values[k] for k, name in enumerate(self.names)}
+
+    def distances(self) -> np.ndarray:
+        """The mean Jensen-Shannon divergence per real query row between every two heads, ``[G, G]``."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.where(self.js_rows > 0, self.js / self.js_rows, np.nan)
+        np.fill_diagonal(out, 0.0)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The file
+
+
+def corpus_metadata(sums: CorpusSums) -> dict[str, Any]:
+    from attnviz.capturing.fileformat import FORMAT
+
+    meta = dict(sums.meta)
+    corpus = dict(meta.get("corpus") or {})
+    corpus.update({"sites": list(sums.sites), "layers": list(sums.layers), "heads": list(sums.heads),
+                   "statistics": list(sums.names)})
+    meta["corpus"] = corpus
+    meta["format"] = FORMAT
+    return meta
+
+
+def write_corpus(path: str | os.PathLike[str], sums: CorpusSums) -> Path:
+    """Write ``sums`` as a corpus file (safetensors), whole next to ``path`` and renamed into place."""
+    from attnviz.capturing.fileformat import Source, _umask, write_safetensors
+    from attnviz.errors import OutputError
+    from attnviz.staging import forget, hidden_file
+
+    target = Path(path)
+    arrays = {"corpus.sums": sums.sums, "corpus.texts": sums.texts, "corpus.rows": sums.rows, "corpus.js": sums.js,
+              "corpus.js_rows": sums.js_rows,
+              "corpus.heads": np.asarray(sums.head_order, dtype=np.int64).reshape(-1, 2)}
+    listed: list[tuple[str, np.dtype, tuple[int, ...], Source]] = []
+    for name, arr in arrays.items():
+        a = np.ascontiguousarray(arr, dtype=np.int64 if name == "corpus.heads" else np.float64)
+        listed.append((name, a.dtype, tuple(a.shape), _constant(a)))
+    folder = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, name = hidden_file(folder, f".{target.name[:60]}.", ".part.safetensors")
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write into {folder} ({exc.strerror or exc}).") from None
+    os.close(fd)
+    try:
+        write_safetensors(Path(name), listed, corpus_metadata(sums))
+        os.chmod(name, 0o666 & ~_umask())
+        os.replace(name, target)
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write ({exc.strerror or exc}).") from None
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)
+        forget(name)
+    return target
+
+
+def _constant(arr: np.ndarray) -> Any:
+    return lambda: arr
+
+
+def is_corpus(meta: dict[str, Any] | None) -> bool:
+    return isinstance(meta, dict) and isinstance(meta.get("corpus"), dict)
+
+
+def corpus_meta_of(path: str) -> dict[str, Any] | None:
+    """The metadata of ``path`` when it is a corpus file; None for any other file (or one that cannot be
+    read: the ordinary reading reports that)."""
+    if ":" in Path(path).name or not str(path).lower().endswith(".safetensors"):
+        return None
+    from attnviz.capturing.fileformat import read_metadata
+    from attnviz.formats import open_file
+    from attnviz.storage.urls import place
+
+    try:
+        raw = open_file(place(path), str(path))
+        meta = read_metadata(raw)
+    except Exception:  # noqa: BLE001 - not ours to report
+        return None
+    return meta if is_corpus(meta) else None
+
+
+def read_corpus(path: str) -> CorpusSums:
+    """A corpus file's sums and counts; an error naming the file when it is not one or does not add up."""
+    from attnviz.capturing.fileformat import read_metadata
+    from attnviz.formats import open_file
+    from attnviz.storage.urls import place
+
+    if not str(path).lower().endswith(".safetensors"):
+        raise InputError(f"{path}: not a corpus file (attnviz capture --corpus writes .safetensors).")
+    raw = open_file(place(path), str(path))
+    meta = read_metadata(raw)
+    if not is_corpus(meta):
+        raise InputError(f"{path}: not a corpus file (attnviz capture --corpus writes them).")
+    assert meta is not None
+    corpus = meta["corpus"]
+    missing = [a for a in ARRAYS if a not in raw.keys]
+    if missing:
+        raise InputError(f"{path}: a corpus file without {missing[0]}.")
+    try:
+        sites = [str(s) for s in corpus["sites"]]
+        layers = [int(v) for v in corpus["layers"]]
+        heads = [int(v) for v in corpus["heads"]]
+        names = [str(s) for s in corpus["statistics"]]
+    except (KeyError, TypeError, ValueError):
+        raise InputError(f"{path}: its corpus metadata lacks the sites, heads or statistics.") from None
+    arrays = {a: np.asarray(raw.read(a)) for a in ARRAYS}
+    g, s = sum(heads), len(names)
+    want = {"corpus.sums": (s, g), "corpus.texts": (s, g), "corpus.rows": (g,), "corpus.js": (g, g),
+            "corpus.js_rows": (g, g), "corpus.heads": (g, 2)}
+    for name, shape in want.items():
+        if arrays[name].shape != shape:
+            raise InputError(f"{path}: {name} has shape {list(arrays[name].shape)}; its metadata says {list(shape)}.")
+    if len(sites) != len(heads) or len(layers) != len(heads) or names[:len(CORPUS_STATS)] != list(CORPUS_STATS):
+        raise InputError(f"{path}: its corpus metadata does not describe its arrays.")
+    for name in ARRAYS[:-1]:
+        if not np.all(np.isfinite(arrays[name])):
+            raise InputError(f"{path}: {name} holds NaN or infinity.")
+    values = [arrays[a].astype(np.float64) for a in ARRAYS[:-1]]
+    return CorpusSums(sites, layers, heads, names, values[0], values[1], values[2], values[3], values[4], meta)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shards
+
+
+def merge_corpora(parts: list[tuple[str, CorpusSums]]) -> CorpusSums:
+    """The sums of several corpus files (shards of one corpus, or corpora of one model): every sum and count
+    added. Refused, in one line naming the difference: files of different models, tokenizers, settings or
+    heads, and a shard of one text file that two files both hold."""
+    if not parts:
+        raise UsageError("merge: give the corpus files to add up.")
+    base_name, base = parts[0]
+    for name, part in parts[1:]:
+        _same(base_name, base, name, part)
+    _disjoint(parts)
+    first: Counter[str] = Counter()
+    last: Counter[str] = Counter()
+    sources: dict[str, dict[str, Any]] = {}
+    totals: Counter[str] = Counter()
+    for _, part in parts:
+        corpus = part.corpus
+        first.update(corpus.get("first_tokens") or {})
+        last.update(corpus.get("last_tokens") or {})
+        for key in ("texts", "empty_lines", "truncated_texts", "dropped_tokens"):
+            totals[key] += int(corpus.get(key) or 0)
+        for source in corpus.get("sources") or []:
+            kept = sources.setdefault(str(source.get("sha256")), {**source, "shards": []})
+            kept["shards"] = sorted(kept["shards"] + [list(s) for s in source.get("shards") or []])
+    meta = json.loads(json.dumps(base.meta))
+    corpus = meta.setdefault("corpus", {})
+    corpus.update(dict(totals))
+    corpus["first_tokens"] = dict(first.most_common())
+    corpus["last_tokens"] = dict(last.most_common())
+    corpus["sources"] = list(sources.values())
+    corpus["merged"] = len(parts)
+    added = {a: np.sum([getattr(p, a) for _, p in parts], axis=0) for a in ("sums", "texts", "rows", "js", "js_rows")}
+    return CorpusSums(list(base.sites), list(base.layers), list(base.heads), list(base.names), added["sums"],
+                      added["texts"], added["rows"], added["js"], added["js_rows"], meta)
+
+
+def _same(a_name: str, a: CorpusSums, b_name: str, b: CorpusSums) -> None:
+    ca, cb = a.corpus, b.corpus
+    for key in IDENTITY:
+        va, vb = ca.get(key) or {}, cb.get(key) or {}
+        if va != vb:
+            field_name = next((k for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)), key)
+            raise InputError(f"merge: {b_name} and {a_name} differ in their {key} ({field_name}: "
+                             f"{_short(vb.get(field_name))} against {_short(va.get(field_name))}); only files of "
+                             "one model, tokenizer and settings add up.")
+    for what in ("sites", "heads", "names"):
+        if getattr(a, what) != getattr(b, what):
+            raise InputError(f"merge: {b_name} and {a_name} hold different {what}; only files of one model and "
+                             "settings add up.")
+
+
+def _disjoint(parts: list[tuple[str, CorpusSums]]) -> None:
+    """No text of a source file in two parts: the same shard twice, or shards of different counts."""
+    seen: dict[str, tuple[str, list[int]]] = {}
+    for name, part in parts:
+        for source in part.corpus.get("sources") or []:
+            sha = str(source.get("sha256"))
+            for shard in source.get("shards") or []:
+                index, count = (int(v) for v in shard)
+                key = f"{sha}:{index}/{count}"
+                for other_key, (other, other_shard) in seen.items():
+                    if not other_key.startswith(sha + ":"):
+                        continue
+                    o_index, o_count = other_shard
+                    if o_count != count or o_index == index:
+                        what = (f"shard {index}/{count}" if (o_index, o_count) == (index, count) else
+                                f"shards {o_index}/{o_count} and {index}/{count}")
+                        raise InputError(f"merge: {other} and {name} both hold texts of {source.get('file')} "
+                                         f"({what}); each text may be counted once.")
+                seen[key] = (name, [index, count])
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 24 else text[:12] + "..." + text[-8:]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading it
+
+
+def head_records(sums: CorpusSums) -> list[dict[str, Any]]:
+    """One entry per (layer, head): ``layer``, ``head``, ``texts``, ``rows``, every statistic (the sink's
+    mean as ``sink_rate``) and ``classes`` ({NAME: mass})."""
+    means = sums.means()
+    texts = sums.texts[sums.names.index("last")]
+    out = []
+    for g, (layer, head) in enumerate(sums.head_order):
+        entry: dict[str, Any] = {"layer": layer, "head": head, "texts": int(texts[g]), "rows": int(sums.rows[g])}
+        for name in CORPUS_STATS:
+            entry[SHOWN[name]] = _number(means[name][g])
+        entry["classes"] = {c: _number(means[f"class:{c}"][g]) for c in sums.classes}
+        out.append(entry)
+    return out
+
+
+def _number(value: float) -> float | None:
+    return None if not np.isfinite(value) else float(value)
+
+
+def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
+    """Points ``[n, dims]`` whose Euclidean distances best match ``distance`` [n, n] (Torgerson's classical
+    multidimensional scaling: the top eigenvectors of the doubly centred squared distances, scaled by the
+    square roots of their eigenvalues; negative eigenvalues count as 0)."""
+    d = np.asarray(distance, dtype=np.float64)
+    n = d.shape[0]
+    if n == 0:
+        return np.zeros((0, dims))
+    centre = np.eye(n) - 1.0 / n
+    b = -0.5 * centre @ (d ** 2) @ centre
+    values, vectors = np.linalg.eigh((b + b.T) / 2)
+    order = np.argsort(values)[::-1][:dims]
+    points = vectors[:, order] * np.sqrt(np.maximum(values[order], 0.0))
+    if points.shape[1] < dims:
+        points = np.pad(points, ((0, 0), (0, dims - points.shape[1])))
+    for k in range(dims):  # a sign fixed by the data: the largest coordinate is positive
+        if points[np.argmax(np.abs(points[:, k])), k] < 0:
+            points[:, k] = -points[:, k]
+    return points
+
+
+def closest_pairs(sums: CorpusSums, count: int = 5) -> list[tuple[tuple[int, int], tuple[int, int], float]]:
+    """The ``count`` pairs of heads with the least mean Jensen-Shannon divergence."""
+    d = sums.distances()
+    order = sums.head_order
+    upper = np.triu_indices(d.shape[0], 1)
+    values = d[upper]
+    keep = np.isfinite(values)
+    pairs = sorted(zip(values[keep], upper[0][keep], upper[1][keep]), key=lambda t: (t[0], t[1], t[2]))[:count]
+    return [(order[i], order[j], float(v)) for v, i, j in pairs]
+
+
+def corpus_document(sums: CorpusSums, source: str, files: dict[str, str] | None = None) -> dict[str, Any]:
+    """The JSON document of ``inspect --json`` on a corpus file."""
+    from attnviz import __version__
+
+    corpus = sums.corpus
+    d = sums.distances()
+    return {"attnviz": __version__, "command": "inspect", "kind": "corpus", "file": source,
+            "model_type": sums.meta.get("model_type"),
+            "texts": corpus.get("texts"), "empty_lines": corpus.get("empty_lines"),
+            "truncated_texts": corpus.get("truncated_texts"), "dropped_tokens": corpus.get("dropped_tokens"),
+            "settings": corpus.get("settings"), "first_tokens": corpus.get("first_tokens"),
+            "last_tokens": corpus.get("last_tokens"), "sources": corpus.get("sources"),
+            "head_stats": head_records(sums),
+            "head_order": [list(p) for p in sums.head_order],
+            "head_distances": [[_number(v) for v in row] for row in d],
+            "closest_pairs": [{"heads": [list(a), list(b)], "js": v} for a, b, v in closest_pairs(sums)],
+            "files": dict(files or {})}
+
+
+def corpus_sites_text(sums: CorpusSums) -> str:
+    """One line: what the file holds."""
+    corpus = sums.corpus
+    first = ", ".join(list(corpus.get("first_tokens") or {})[:3])
+    last = ", ".join(list(corpus.get("last_tokens") or {})[:3])
+    return (f"{corpus.get('texts')} texts, {int(sums.rows.max(initial=0))} query rows, {len(sums.sites)} layers x "
+            f"{max(sums.heads, default=0)} heads of {sums.meta.get('model_type')}; first tokens: {first or '-'}; "
+            f"last tokens: {last or '-'}")

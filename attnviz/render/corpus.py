@@ -1,0 +1,217 @@
+"""A corpus file drawn and tabled (``attnviz inspect heads.safetensors``): the per-head table, the closest pairs of
+heads, the strips of attention to the first and last tokens, punctuation and the token classes by layer (one
+dot per head, as Clark et al. 2019's Figure 2), entropy by layer against uniform attention (their Figure 4),
+and the heads placed by the Jensen-Shannon distances of their rows (their Figure 6: classical
+multidimensional scaling), coloured by layer. Objects only: the caller prints and saves them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnviz.errors import UsageError
+from attnviz.inspection.corpus import CORPUS_STATS, SHOWN, CorpusSums, classical_mds, closest_pairs
+
+#: the table's columns: statistic -> header
+COLUMNS = {"first": "first", "last": "last", "punctuation": "punct", "diagonal": "self", "previous": "prev",
+           "next": "next", "entropy": "entropy", "entropy_uniform": "uniform", "first_row_entropy": "H(first row)",
+           "max": "max", "top_previous": "top prev", "top_next": "top next", "sink": "sink rate"}
+
+
+def _order(sums: CorpusSums, sort: str, reverse: bool) -> list[int]:
+    heads = sums.head_order
+    index = list(range(len(heads)))
+    if sort == "layer":
+        order = sorted(index, key=lambda g: heads[g])
+    elif sort == "head":
+        order = sorted(index, key=lambda g: (heads[g][1], heads[g][0]))
+    else:
+        stat = next((k for k, v in SHOWN.items() if v == sort), sort)
+        if stat not in CORPUS_STATS:
+            choices = ", ".join(["layer", "head", *SHOWN.values()])
+            raise UsageError(f"--sort {sort}: not a statistic of a corpus file; choose one of {choices}.")
+        values = sums.means()[stat]
+        order = sorted(index, key=lambda g: (-values[g] if np.isfinite(values[g]) else np.inf, heads[g]))
+    return order[::-1] if reverse else order
+
+
+#: columns left out, in this order, when the table is wider than the terminal (the JSON has them all)
+FIT_DROPS = ("top next", "top prev", "H(first row)", "uniform", "next", "self", "prev")
+
+
+def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", reverse: bool = False,
+                 top: int | None = None) -> Any:
+    """Every head's statistics, one row each (``sort``: layer, head or a statistic, largest first); laid out
+    for the width it is printed at (``render.table.Fitted``: the least telling columns left out, and said)."""
+    from attnviz.render.table import Fitted
+
+    order = _order(sums, sort, reverse)
+    shown = order[:top] if top else order
+    means = sums.means()
+    heads = sums.head_order
+    corpus = sums.corpus
+    first = ", ".join(list(corpus.get("first_tokens") or {})[:2]) or "-"
+    last = ", ".join(list(corpus.get("last_tokens") or {})[:2]) or "-"
+    caption = (f"{corpus.get('texts')} texts; means over each text's real query rows, then over texts; first = "
+               f"the first real token ({first}), last = the last ({last}); punct = '.' and ','; self = the token "
+               f"itself; entropy in nats, uniform = that of uniform attention over the same rows; top prev/next = "
+               f"share of rows whose largest weight is on the previous/next token; sink rate = share of texts "
+               f"whose mean weight on the first token passes {(corpus.get('settings') or {}).get('sink_threshold')}")
+    if len(shown) < len(order):
+        caption += f"; showing {len(shown)} of {len(order)} heads (--top)"
+    cells: dict[str, list[str]] = {"layer": [str(heads[g][0]) for g in shown],
+                                   "head": [str(heads[g][1]) for g in shown]}
+    for stat, header in COLUMNS.items():
+        cells[header] = [_num(means[stat][g], precision) for g in shown]
+    for name in sums.classes:
+        cells[name] = [_num(means[f"class:{name}"][g], precision) for g in shown]
+    widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
+
+    def build(width: int | None) -> Any:
+        from rich import box
+        from rich.table import Table
+
+        names = list(cells)
+        dropped: list[str] = []
+        for name in FIT_DROPS:
+            if width is None or sum(widths[n] for n in names) + len(names) + 1 <= width:
+                break
+            names.remove(name)
+            dropped.append(name)
+        note = f"; left out to fit the terminal: {', '.join(dropped)} (--json has them)" if dropped else ""
+        table = Table(title=f"corpus head statistics (by {sort}{', reversed' if reverse else ''})",
+                      caption=caption + note, caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for name in names:
+            table.add_column(name, justify="right", no_wrap=True, overflow="ellipsis", width=widths[name])
+        for r in range(len(shown)):
+            table.add_row(*[cells[n][r] for n in names])
+        return table
+
+    return Fitted(build)
+
+
+def closest_pairs_table(pairs: list[tuple[tuple[int, int], tuple[int, int], float]], precision: int = 4) -> Any:
+    """The pairs of heads whose rows are closest (least mean Jensen-Shannon divergence per row)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="closest heads (mean Jensen-Shannon divergence per query row)", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), pad_edge=False)
+    for name in ("head", "head ", "divergence"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for a, b, value in pairs:
+        table.add_row(f"{a[0]}-{a[1]}", f"{b[0]}-{b[1]}", _num(value, precision))
+    return table
+
+
+def _num(value: float, precision: int) -> str:
+    return "-" if not np.isfinite(value) else f"{value:.{precision}f}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pictures
+
+
+def _title(sums: CorpusSums, fig: Any, what: str) -> str:
+    given = getattr(fig, "title", None)
+    if given:
+        return str(given)
+    return f"{sums.meta.get('model_type') or 'model'}: {what} over {sums.corpus.get('texts')} texts"
+
+
+def layer_strips_figure(sums: CorpusSums, fig: Any = None) -> Any:
+    """One panel per statistic (attention to the first token, the last, punctuation, each token class; then
+    entropy against uniform): the layers along x, one dot per head, the layer's mean as a line."""
+    from matplotlib.figure import Figure
+
+    means = sums.means()
+    corpus = sums.corpus
+    first = "/".join(list(corpus.get("first_tokens") or {})[:2]) or "first"
+    last = "/".join(list(corpus.get("last_tokens") or {})[:2]) or "last"
+    panels = [("first", f"to the first token ({first})"), ("last", f"to the last token ({last})"),
+              ("punctuation", "to punctuation (. ,)"), *((f"class:{c}", f"to {c}") for c in sums.classes)]
+    n = len(panels) + 1
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    figure = Figure(figsize=(3.6 * cols, 3.2 * rows), dpi=100, layout="constrained")
+    axes = figure.subplots(rows, cols, squeeze=False).ravel()
+    heads = np.array(sums.head_order)
+    layers = sorted({int(v) for v in heads[:, 0]}) if len(heads) else []
+    position = {layer: k for k, layer in enumerate(layers)}
+    x = np.array([position[int(v)] for v in heads[:, 0]]) if len(heads) else np.zeros(0)
+    spread = (heads[:, 1] / max(1, heads[:, 1].max() + 1) - 0.5) * 0.4 if len(heads) else np.zeros(0)
+    colours = _layer_colours(heads[:, 0] if len(heads) else np.zeros(0), layers)
+    for ax, (stat, label) in zip(axes, panels):
+        values = means[stat]
+        ax.scatter(x + spread, values, s=12, c=colours, edgecolors="none", alpha=0.85)
+        ax.plot(range(len(layers)), [np.nanmean(values[x == k]) for k in range(len(layers))], color="0.3", lw=1)
+        ax.set_title(f"avg. attention {label}", fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        _layer_axis(ax, layers)
+    ax = axes[len(panels)]
+    ax.scatter(x + spread, means["entropy"], s=12, c=colours, edgecolors="none", alpha=0.85, label="heads")
+    ax.scatter(x + spread, means["first_row_entropy"], s=10, marker="x", color="0.45", linewidths=0.8,
+               label="the first token's row")
+    uniform = [np.nanmean(means["entropy_uniform"][x == k]) for k in range(len(layers))]
+    ax.plot(range(len(layers)), uniform, ls="--", color="black", lw=1, label="uniform attention")
+    ax.set_title("entropy (nats) by layer", fontsize=9)
+    ax.legend(fontsize=7, loc="best", framealpha=0.8)
+    _layer_axis(ax, layers)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    figure.suptitle(_title(sums, fig, "attention by layer, one dot per head"), fontsize=10)
+    return figure
+
+
+def heads_map_figure(sums: CorpusSums, fig: Any = None, pairs: int = 5) -> Any:
+    """The heads placed in the plane so that their distances follow the Jensen-Shannon distances of their
+    rows (the square root of the mean divergence per query row; classical multidimensional scaling),
+    coloured by layer, the closest pairs joined and listed."""
+    from matplotlib.figure import Figure
+
+    d = sums.distances()
+    d = np.sqrt(np.maximum(np.nan_to_num(d, nan=0.0), 0.0))
+    points = classical_mds(d)
+    heads = np.array(sums.head_order)
+    layers = sorted({int(v) for v in heads[:, 0]})
+    colours = _layer_colours(heads[:, 0], layers)
+    figure = Figure(figsize=(8.0, 6.0), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    closest = closest_pairs(sums, pairs)
+    index = {tuple(h): g for g, h in enumerate(sums.head_order)}
+    for a, b, _ in closest:
+        i, j = index[a], index[b]
+        ax.plot(points[[i, j], 0], points[[i, j], 1], color="0.6", lw=0.8, zorder=1)
+    ax.scatter(points[:, 0], points[:, 1], c=colours, s=40, edgecolors="white", linewidths=0.5, zorder=2)
+    for g, (layer, head) in enumerate(sums.head_order):
+        ax.annotate(f"{layer}-{head}", points[g], fontsize=6, xytext=(3, 2), textcoords="offset points",
+                    color="0.25")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], marker="o", ls="", color=colours[list(heads[:, 0]).index(layer)], label=f"layer {layer}")
+               for layer in layers]
+    ax.legend(handles=handles, fontsize=7, loc="best", frameon=False)
+    listed = "; ".join(f"{a[0]}-{a[1]} & {b[0]}-{b[1]}: {v:.3g}" for a, b, v in closest)
+    ax.set_xlabel(f"closest pairs (mean JS divergence per row): {listed}", fontsize=7)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_aspect("equal", adjustable="datalim")
+    figure.suptitle(_title(sums, fig, "heads placed by the Jensen-Shannon distances of their rows"), fontsize=10)
+    return figure
+
+
+def _layer_colours(layer_of: np.ndarray, layers: list[int]) -> np.ndarray:
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    k = {layer: i for i, layer in enumerate(layers)}
+    span = max(1, len(layers) - 1)
+    return np.array([cmap(0.9 * k[int(v)] / span) for v in layer_of]).reshape(-1, 4)
+
+
+def _layer_axis(ax: Any, layers: list[int]) -> None:
+    ax.set_xticks(range(len(layers)), [str(v) for v in layers], fontsize=7)
+    ax.set_xlabel("layer", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(axis="y", color="0.92", lw=0.6)

