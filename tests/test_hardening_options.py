@@ -297,7 +297,8 @@ BASE = {"scaled": QKV, "dot": QKV, "general": QKV, "additive": QKV, "multihead":
         "bidirectional": ["q.npy", "k.npy"], "inspect": ["weights.npy"], "compare": ["weights.npy", "w2.npy"],
         "batch": ["jobs.jsonl"], "variants": [], "serve": ["--status"], "rollout": ["weights.npy"],
         "capture": ["weights.npy", "--text", "a", "-o", "c.safetensors"],
-        "repeat-test": ["5", "--vocab-size", "10"], "view": ["weights.npy"]}
+        "repeat-test": ["5", "--vocab-size", "10"], "view": ["weights.npy"],
+        "merge": ["weights.npy", "w2.npy", "-o", "m.safetensors"]}
 NUMERIC = _options(int) + _options(float)
 
 

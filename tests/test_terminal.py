@@ -403,7 +403,7 @@ def test_completion_of_commands_choices_and_options():
     assert bash_request("attnviz scaled --mask-convention ") == ["keep", "block"]
     assert bash_request("attnviz scaled --device ") == ["auto", "cpu", "gpu"]
     assert bash_request("attnviz scaled --rope-style ") == ["half", "interleaved"]
-    assert bash_request("attnviz inspect w.npy --sort e") == ["entropy", "entropy_norm"]
+    assert bash_request("attnviz inspect w.npy --sort e") == ["entropy", "entropy_norm", "entropy_uniform"]
     assert "--mask-convention" in bash_request("attnviz scaled --mask-c")
     assert set(bash_request("attnviz r")) == {"rollout", "repeat-test"}
     assert bash_request("attnviz inspect w.npy --norm ") == ["auto", "linear", "log", "power:0.5", "power:2"]
