@@ -29,7 +29,7 @@ from attnviz.inspection.corpus import (  # noqa: E402
     read_corpus,
 )
 
-pytestmark = pytest.mark.xdist_group("capture")
+pytestmark = pytest.mark.xdist_group("corpus")  # its own worker: beside capture's, not after it
 
 SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 MODELS = {

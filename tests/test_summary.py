@@ -22,7 +22,7 @@ import attnviz  # noqa: E402
 from attnviz.errors import UsageError  # noqa: E402
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("capture")
+pytestmark = pytest.mark.xdist_group("summary")  # its own worker: beside capture's, not after it
 
 SMALL = dict(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 FAMILIES = {

@@ -308,6 +308,7 @@ class HFCapture:
 
     def _inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.forwards += 1
+        self.parts_of.clear()  # the masks of the last forward are let go (a corpus runs thousands)
         cache = kwargs.get("past_key_values", kwargs.get("cache"))  # the name transformers 5 uses, or 4's
         continuing = False
         if cache is not None:
@@ -406,7 +407,7 @@ class HFCapture:
         keep = None if mask is None else _keep(mask)
         if keep is not None and keep.shape[-1] != lk:
             keep = keep[..., :lk]
-        parts, real = self._parts(module, site, keep, lq, lk, kwargs)
+        parts, real = self._parts(module, site, keep, lq, lk, kwargs, mask)
         if self.summary is not None:
             self._summarise(site, module, query, key, keep, parts, kwargs, step, arrays)
         if weights is not None and self.weights:
@@ -450,22 +451,24 @@ class HFCapture:
         if statics:
             self.rec.record_static(site, statics)
 
-    def _parts(self, module: Any, site: Site, keep: Any, lq: int, lk: int,
-               kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    def _parts(self, module: Any, site: Site, keep: Any, lq: int, lk: int, kwargs: dict[str, Any],
+               given: Any = None) -> tuple[Any, Any]:
         """The site's mask as parts (``attnviz.summarystats.MaskParts``) and its real keys, or (None, real keys)
-        when it is not made of them; worked out once per mask tensor of a forward."""
+        when it is not made of them; worked out once per mask tensor the model hands its layers (``given``, kept
+        while the forward runs so that its id stays its own)."""
         from attnviz.capturing.summary import mask_parts
 
         found = _number(kwargs.get("sliding_window"))
         window = None if found is None else int(found)
         self_attention = site.kind != "cross"
         causal = bool(getattr(module, "is_causal", False)) and self_attention
-        key = (id(keep), window, self_attention, causal, lq, lk)
+        source = keep if given is None else given
+        key = (id(source), window, self_attention, causal, lq, lk)
         if keep is not None and key in self.parts_of:
             return self.parts_of[key][1:]
         parts, real = mask_parts(keep, causal=causal, window=window, lq=lq, lk=lk, self_attention=self_attention)
         if keep is not None:
-            self.parts_of[key] = (keep, parts, real)
+            self.parts_of[key] = (source, parts, real)
         return parts, real
 
     def _summarise(self, site: Site, module: Any, query: Any, key: Any, keep: Any, parts: Any,
