@@ -281,22 +281,29 @@ class SummaryResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def open_summary(spec: str) -> tuple[Any, Any, str] | None:
-    """``(raw, capture, kind)`` when ``spec`` (a path or URL, ``:KIND`` allowed) is a summary capture; None
-    for any other input (read as weights)."""
+def _opened_capture(spec: str) -> tuple[Any, Any]:
+    """``(opened, capture)`` of a capture file (``attnviz.io.open_spec``'s, ``fileformat.Capture``), or
+    ``(None, None)`` for any other input: stdin and arrays in memory are never opened here (stdin is read
+    once, by the reader of weights), nor files a capture cannot be (.safetensors and .npz only)."""
     from attnviz.capturing.fileformat import as_capture
     from attnviz.formats import Container
     from attnviz.io import MEMORY, STDIN, open_spec, split_spec
 
     if spec == STDIN or spec.startswith(MEMORY) or not split_spec(spec)[0].lower().endswith((".safetensors", ".npz")):
-        return None  # stdin is read once, by the reader of weights; a capture is .safetensors or .npz
+        return None, None
     try:
         opened = open_spec(spec)
     except Exception:  # noqa: BLE001 - the weights reader says what is wrong with it
-        return None
+        return None, None
     if not isinstance(opened.raw, Container):
-        return None
-    capture = as_capture(opened.raw)
+        return None, None
+    return opened, as_capture(opened.raw)
+
+
+def open_summary(spec: str) -> tuple[Any, Any, str] | None:
+    """``(raw, capture, kind)`` when ``spec`` (a path or URL, ``:KIND`` allowed) is a summary capture; None
+    for any other input (read as weights)."""
+    opened, capture = _opened_capture(spec)
     if capture is None or not is_summary(capture):
         return None
     if opened.key is not None and opened.raw.has(opened.key):
@@ -414,19 +421,7 @@ def _summarised(q: np.ndarray, k: np.ndarray, **options: Any) -> dict[str, np.nd
 def open_qk_capture(spec: str) -> tuple[Any, Any, str] | None:
     """``(arrays, capture, kind)`` of the summary computed from a capture's q and k when it holds no weights
     (``--no-weights``); None for any other input."""
-    from attnviz.capturing.fileformat import as_capture
-    from attnviz.formats import Container
-    from attnviz.io import MEMORY, STDIN, open_spec, split_spec
-
-    if spec == STDIN or spec.startswith(MEMORY) or not split_spec(spec)[0].lower().endswith((".safetensors", ".npz")):
-        return None  # stdin is read once, by the reader of weights; a capture is .safetensors or .npz
-    try:
-        opened = open_spec(spec)
-    except Exception:  # noqa: BLE001 - the weights reader says what is wrong with it
-        return None
-    if not isinstance(opened.raw, Container):
-        return None
-    capture = as_capture(opened.raw)
+    opened, capture = _opened_capture(spec)
     if capture is None or is_summary(capture) or (opened.key is not None and opened.raw.has(opened.key)):
         return None
     kind = capture.choose_kind(opened.key)
