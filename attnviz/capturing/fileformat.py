@@ -322,7 +322,6 @@ def convert(source: Path, target: Path) -> None:
     through a staged file renamed into place; bfloat16 and float16 arrays become float32 (``.npy`` has no
     bfloat16)."""
     from attnviz.formats import open_file
-    from attnviz.staging import forget, hidden_file
 
     raw = open_file(source, str(source))
     meta = read_metadata(raw)
@@ -334,6 +333,16 @@ def convert(source: Path, target: Path) -> None:
             continue
         arr = raw.read(key)  # memory-mapped where the format allows: read again when written
         arrays.append((key, arr.dtype, tuple(arr.shape), _reader(raw, key, arr.dtype)))
+    write_whole(target, arrays, meta)
+
+
+def write_whole(target: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...], Source]],
+                metadata: dict[str, Any], npz: bool | None = None) -> None:
+    """A file of ``arrays`` in ``target``'s format (``npz``, or None: ``.npz`` by its suffix, else
+    ``.safetensors``), written whole to a staged file next to it and renamed into place (the user's umask),
+    or nothing written."""
+    from attnviz.staging import forget, hidden_file
+
     folder = target.parent if str(target.parent) else Path(".")
     try:
         fd, name = hidden_file(folder, f".{target.name[:60]}.", f".part{target.suffix}")
@@ -341,7 +350,8 @@ def convert(source: Path, target: Path) -> None:
         raise OutputError(f"{target}: cannot write into {folder} ({exc.strerror or exc}).") from None
     os.close(fd)
     try:
-        (write_npz if target.suffix.lower() == ".npz" else write_safetensors)(Path(name), arrays, meta)
+        as_npz = target.suffix.lower() == ".npz" if npz is None else npz
+        (write_npz if as_npz else write_safetensors)(Path(name), arrays, metadata)
         os.chmod(name, 0o666 & ~_umask())
         os.replace(name, target)
     except OSError as exc:

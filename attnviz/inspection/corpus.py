@@ -121,9 +121,7 @@ def corpus_metadata(sums: CorpusSums) -> dict[str, Any]:
 
 def write_corpus(path: str | os.PathLike[str], sums: CorpusSums) -> Path:
     """Write ``sums`` as a corpus file (safetensors), whole next to ``path`` and renamed into place."""
-    from attnviz.capturing.fileformat import Source, _umask, write_safetensors
-    from attnviz.errors import OutputError
-    from attnviz.staging import forget, hidden_file
+    from attnviz.capturing.fileformat import Source, write_whole
 
     target = Path(path)
     arrays = {"corpus.sums": sums.sums, "corpus.texts": sums.texts, "corpus.rows": sums.rows, "corpus.js": sums.js,
@@ -133,22 +131,7 @@ def write_corpus(path: str | os.PathLike[str], sums: CorpusSums) -> Path:
     for name, arr in arrays.items():
         a = np.ascontiguousarray(arr, dtype=np.int64 if name == "corpus.heads" else np.float64)
         listed.append((name, a.dtype, tuple(a.shape), _constant(a)))
-    folder = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, name = hidden_file(folder, f".{target.name[:60]}.", ".part.safetensors")
-    except OSError as exc:
-        raise OutputError(f"{target}: cannot write into {folder} ({exc.strerror or exc}).") from None
-    os.close(fd)
-    try:
-        write_safetensors(Path(name), listed, corpus_metadata(sums))
-        os.chmod(name, 0o666 & ~_umask())
-        os.replace(name, target)
-    except OSError as exc:
-        raise OutputError(f"{target}: cannot write ({exc.strerror or exc}).") from None
-    finally:
-        if os.path.exists(name):
-            os.unlink(name)
-        forget(name)
+    write_whole(target, listed, corpus_metadata(sums), npz=False)
     return target
 
 
