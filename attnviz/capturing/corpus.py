@@ -8,8 +8,10 @@ The definitions (which rows count, which keys, the averaging over texts) are tho
 text, each statistic is a mean over the text's real query rows (padding left out); the sums over texts
 and the number of texts that had such rows are kept, so that batches and shards add up exactly (to float
 rounding). The Jensen-Shannon divergences between heads (Clark et al. 2019, ``head_distances``) are summed
-over every real query row, each head broadcast against all later heads of the batch (one buffer of the
-batch's smoothed rows, no copy per pair).
+over every real query row. Of the divergence only ``sum t log t`` (``t`` the sum of two heads' smoothed rows)
+needs the pairs, and summed over rows it is a sum over the batch's real (row, key) elements: those are
+gathered once per batch into a flat ``[heads, elements]`` buffer (padding and masked keys take no room, so a
+causal model's pairs cost half an encoder's), and each head is taken against a chunk of later heads a pass.
 
 torch and transformers are imported inside the functions, when a corpus is captured.
 """
@@ -36,8 +38,10 @@ from attnviz.inspection.corpus import (
     CorpusSums,
 )
 
-#: elements of each temporary ``[B, H, K, L, L]`` of the head distances (H heads against K later heads at once)
-PAIR_BUDGET = 1 << 23
+#: elements of each temporary of the head distances (one head against K later heads over E elements: K x E);
+#: on a CPU a pass this size stays in the cache, on a GPU it is large enough to fill the device
+PAIR_BUDGET = 1 << 18
+GPU_PAIR_BUDGET = 1 << 26
 #: what a zero becomes before its logarithm (t log t of it is 0 to float32)
 _TINY = 1e-30
 
@@ -50,8 +54,10 @@ class _Batch:
     classes: Any  # [C, B, L] float (punctuation, then the user's classes)
     first: Any  # [B] the first real position
     last: Any  # [B] the last real position
-    #: (site index, P [B,H,L,L], sum_j p log p [B,H,L], the keys each row may see [B,1|H,L,L])
+    #: (site index, smoothed P [B,H,L,L], sum of p log p [H], sum of p [H])
     smoothed: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
+    where: Any = None  # [B, L, L]: the real (row, key) elements some site sees (the union)
+    uneven: bool = False  # whether some head sees fewer of them (its weights are 0 on the others)
 
 
 class CorpusAccumulator:
@@ -142,62 +148,73 @@ class CorpusAccumulator:
             keep = keep[..., :n, :n]
         keep = keep & b.real[:, None, None, :]  # real keys only: [B, 1|H, L, L]
         x = torch.where(keep, weights.to(torch.float32), 0.0)
-        rows = b.real[:, None, :] & keep.any(-1)  # real rows that see some key: [B, 1|H, L]
+        nb = x.shape[0]
+        shape = (nb, nh, n)
+        rows = (b.real[:, None, :] & keep.any(-1)).expand(shape)  # real rows that see some key: [B, H, L]
         pos = torch.arange(n, device=device)
-        first_key = b.first.view(-1, 1, 1, 1).expand(x.shape[0], nh, n, 1)
-        last_key = b.last.view(-1, 1, 1, 1).expand(x.shape[0], nh, n, 1)
         later = rows & (pos > b.first.view(-1, 1, 1))  # rows after the first real one
         earlier = rows & (pos < b.last.view(-1, 1, 1))  # rows before the last real one
+        first_rows = rows & (pos == b.first.view(-1, 1, 1))
 
-        entropy = -torch.special.xlogy(x, x).sum(-1)  # [B, H, L], exact: 0 log 0 = 0
+        entropy = _plogp(x).sum(-1).neg_()  # [B, H, L], exact: 0 log 0 = 0
         top, arg = x.max(-1)
-        first_w = x.gather(-1, first_key)[..., 0]
-        last_w = x.gather(-1, last_key)[..., 0]
+        first_w = x.gather(-1, b.first.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
+        last_w = x.gather(-1, b.last.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
         diagonal = x.diagonal(0, -2, -1)
         previous = torch.nn.functional.pad(x.diagonal(-1, -2, -1), (1, 0))
         following = torch.nn.functional.pad(x.diagonal(1, -2, -1), (0, 1))
         seen = keep.sum(-1)  # the keys each row may see: [B, 1|H, L]
-        uniform = torch.log(seen.clamp_min(1).to(torch.float32))
+        uniform = torch.log(seen.clamp_min(1).to(torch.float32)).expand(shape)
         top_previous = (arg == pos - 1).to(torch.float32)
         top_next = (arg == pos + 1).to(torch.float32)
-        first_row = b.first.view(-1, 1, 1).expand(x.shape[0], nh, 1)
-        first_row_entropy = entropy.gather(-1, first_row)  # [B, H, 1]
-        first_rows = torch.zeros_like(rows).scatter_(-1, b.first.view(-1, 1, 1).expand(rows.shape[0],
-                                                                                     rows.shape[1], 1), True) & rows
-        sees_first = rows & keep.gather(-1, b.first.view(-1, 1, 1, 1).expand(*keep.shape[:-1], 1))[..., 0]
         masses = torch.einsum("bhij,cbj->cbhi", x, b.classes)  # [C, B, H, L]
 
+        # each statistic but the sink: a mean over its rows of a text (CORPUS_STATS' order, then the classes)
         per_row = {"first": (first_w, later), "last": (last_w, rows), "punctuation": (masses[0], rows),
                    "diagonal": (diagonal, rows), "previous": (previous, later), "next": (following, earlier),
-                   "entropy": (entropy, rows), "entropy_uniform": (uniform, rows), "max": (top, rows),
+                   "entropy": (entropy, rows), "entropy_uniform": (uniform, rows),
+                   "first_row_entropy": (entropy, first_rows), "max": (top, rows),
                    "top_previous": (top_previous, later), "top_next": (top_next, earlier)}
-        means: list[Any] = []
-        counts: list[Any] = []
-        for name in CORPUS_STATS:
-            if name == "first_row_entropy":
-                value, where = first_row_entropy.expand(-1, -1, n), first_rows
-            elif name == "sink":  # Gu et al.: the mean weight on the first token over the rows that see it
-                count = sees_first.sum(-1)
-                alpha = (first_w * sees_first).sum(-1) / count.clamp_min(1)
-                sink = (alpha > self.sink_threshold).to(torch.float32)
-                means.append(torch.where(count > 0, sink, 0.0).expand(-1, nh))
-                counts.append((count > 0).expand(-1, nh))
-                continue
-            else:
-                value, where = per_row[name]
-            m, c = _text_mean(value, where, nh)
-            means.append(m)
-            counts.append(c)
-        for k in range(len(self.class_names)):
-            m, c = _text_mean(masses[k + 1], rows, nh)
-            means.append(m)
-            counts.append(c)
-        self.sums[s] += torch.stack(means).to(dtype).sum(1)
-        self.texts[s] += torch.stack(counts).to(dtype).sum(1)
-        self.rows[s] += rows.expand(-1, nh, -1).sum((0, 2)).to(dtype)
+        pairs = [per_row[name] for name in CORPUS_STATS if name != "sink"]
+        pairs += [(masses[k + 1], rows) for k in range(len(self.class_names))]
+        where = torch.stack([w for _, w in pairs])  # [S', B, H, L]
+        count = where.sum(-1)  # [S', B, H]
+        means = (torch.stack([v for v, _ in pairs]) * where).sum(-1) / count.clamp_min(1)
+        have = count > 0
+        # Gu et al.'s sink: the mean weight on the first token over the rows that see it, past the threshold
+        sees_first = rows & keep.gather(-1, b.first.view(-1, 1, 1, 1).expand(*keep.shape[:-1], 1))[..., 0]
+        seeing = sees_first.sum(-1)
+        alpha = (first_w * sees_first).sum(-1) / seeing.clamp_min(1)
+        sink = ((alpha > self.sink_threshold) & (seeing > 0)).to(torch.float32)
+        at = CORPUS_STATS.index("sink")
+        means = torch.cat([means[:at], sink[None], means[at:]])
+        have = torch.cat([have[:at], (seeing > 0)[None], have[at:]])
+        self.sums[s] += means.sum(1, dtype=dtype)
+        self.texts[s] += have.sum(1, dtype=dtype)
+        self.rows[s] += rows.sum((0, 2)).to(dtype)
         if self.distances:
-            p = torch.where(keep, SMOOTHING / seen.clamp_min(1)[..., None] + (1 - SMOOTHING) * x, 0.0)
-            b.smoothed.append((s, p, torch.special.xlogy(p, p).sum(-1), keep))
+            self._smooth(s, x, keep, seen, rows, b)
+
+    def _smooth(self, s: int, x: Any, keep: Any, seen: Any, rows: Any, b: _Batch) -> None:
+        """Keep what the head distances need of one site: each head's smoothed weights on the batch's real
+        (row, key) elements that the site's rows may see, gathered flat ``[H, E]`` (padding and masked keys
+        take no room), and per head the sums over those elements of p log p and of p."""
+        import torch
+
+        p = torch.where(keep, SMOOTHING / seen.clamp_min(1)[..., None] + (1 - SMOOTHING) * x, 0.0)
+        real_rows = b.real[:, None, :, None]  # [B, 1, L, 1]
+        wide = _sum_dtype(p.device)  # these are large sums, and the divergences small differences of them
+        a = _plogp(p).mul_(real_rows).sum((0, 2, 3), dtype=wide)  # [H]
+        c = (p * real_rows).sum((0, 2, 3), dtype=wide)  # [H]
+        where = (keep & real_rows).any(1)  # [B, L, L]: the elements some head of the site sees
+        if b.where is None:
+            b.where = where
+        elif not (b.where.shape == where.shape and bool(torch.equal(b.where, where))):
+            b.where = b.where | where  # supports differ between sites (windows on some layers)
+            b.uneven = True
+        if keep.shape[1] > 1:  # one support per head: some heads see less than the site's union
+            b.uneven = True
+        b.smoothed.append((s, p, a, c))
 
     def end(self) -> None:
         """The forward pass is over: the Jensen-Shannon divergences between every pair of heads of the
@@ -213,55 +230,29 @@ class CorpusAccumulator:
                 missing = sorted(set(self.sites) - {self.sites[t[0]] for t in order})
                 raise AttnvizError(f"corpus: the attention site {missing[0] if missing else '?'} did not run in "
                                    "every batch.")
-            p_all = torch.cat([t[1].expand(-1, self.heads[t[0]], -1, -1) for t in order], dim=1)  # [B, G, L, L]
-            e_all = torch.cat([t[2] for t in order], dim=1)  # [B, G, L]: sum_j p log p
-            keeps = [t[3] for t in order]
-            b.smoothed.clear()
-            g = p_all.shape[1]
+            wide = _sum_dtype(b.real.device)
+            g = sum(self.heads)
             if self.js is None:
-                self.js = torch.zeros((g, g), dtype=_sum_dtype(p_all.device), device=p_all.device)
-                self.js_rows = torch.zeros((), dtype=self.js.dtype, device=p_all.device)
-            real = b.real.to(torch.float32)  # [B, L]
+                self.js = torch.zeros((g, g), dtype=wide, device=b.real.device)
+                self.js_rows = torch.zeros((), dtype=wide, device=b.real.device)
+            where = b.where
+            count = int(where.sum())
+            flat = torch.empty((g, count), dtype=torch.float32, device=where.device)  # [G, E]
+            g0 = 0
+            for _, p, _, _ in order:
+                flat[g0:g0 + p.shape[1]] = p.transpose(0, 1)[:, where]
+                g0 += p.shape[1]
+            a = torch.cat([t[2] for t in order]).to(wide)  # [G]: sum of p log p over the real rows
+            c = torch.cat([t[3] for t in order]).to(wide)  # [G]: sum of p
+            b.smoothed.clear()
             # Per row, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with A = sum_j p log p,
-            # C = sum_j p and M = sum_j t log t, t = p + q = 2m: only M needs the pairs. Taken per row (small), then
-            # summed over the real rows.
-            wide = _sum_dtype(p_all.device)
-            c_all = p_all.sum(-1)  # [B, G, L]
-            half_log2 = 0.5 * math.log(2.0)
-            rows = b.real[:, None, :, None]
-            same = all(k.shape == keeps[0].shape and bool(torch.equal(k, keeps[0])) for k in keeps[1:])
-            if same:  # one support for every head: 1/2 where it is not (t = 1 there, and 1 log 1 = 0 exactly)
-                p_all.masked_fill_(~(keeps[0] & rows), 0.5)
-            else:  # supports differ (windows on some layers): 0 off each (t log t = 0 by the clamp below)
-                p_all.mul_(rows)
-            nb, _, n, _ = p_all.shape
-            per_pair = nb * n * n
-            kc = max(1, min(g, PAIR_BUDGET // per_pair))  # later heads per pass
-            hc = max(1, PAIR_BUDGET // (per_pair * kc))  # heads broadcast against them per pass
-            size = min(hc, g - 1) * min(kc, g - 1) * per_pair
-            buf = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
-            logs = torch.empty(size, dtype=p_all.dtype, device=p_all.device)
-            pairs = torch.zeros((g, g), dtype=wide, device=p_all.device)
-            # a few heads against every later head, broadcast (no copy per pair): few, large passes, as each
-            # pass costs the threads a start; pairs below the diagonal are computed and left out
-            for h0 in range(0, g - 1, hc):
-                h1 = min(g - 1, h0 + hc)
-                for k0 in range(h0 + 1, g, kc):
-                    k1 = min(g, k0 + kc)
-                    count = nb * (h1 - h0) * (k1 - k0) * n * n
-                    t = buf[:count].view(nb, h1 - h0, k1 - k0, n, n)
-                    log_t = logs[:count].view(nb, h1 - h0, k1 - k0, n, n)
-                    torch.add(p_all[:, h0:h1, None], p_all[:, None, k0:k1], out=t)
-                    if not same:
-                        t.clamp_min_(_TINY)
-                    torch.log(t, out=log_t)
-                    m = log_t.mul_(t).sum(-1)  # [B, H, K, L]
-                    row = 0.5 * (e_all[:, h0:h1, None] + e_all[:, None, k0:k1]) + \
-                        half_log2 * (c_all[:, h0:h1, None] + c_all[:, None, k0:k1]) - 0.5 * m
-                    pairs[h0:h1, k0:k1] = torch.einsum("bhkl,bl->hk", row, real).to(wide)
-            js = pairs
-            self.js += torch.triu(js, diagonal=1)
-            self.js_rows += real.sum().to(self.js.dtype)
+            # C = sum_j p and M = sum_j t log t, t = p + q = 2m. Summed over the real rows, only M needs the pairs,
+            # and it is a sum over elements: over the flat [G, E] above, a head against a chunk of later heads
+            # a pass (a few hundred thousand elements: the pass stays in the cache).
+            m = _pair_sums(flat, clamp=b.uneven)
+            pairs = 0.5 * (a[:, None] + a[None, :]) + (0.5 * math.log(2.0)) * (c[:, None] + c[None, :]) - 0.5 * m
+            self.js += torch.triu(pairs, diagonal=1)
+            self.js_rows += b.real.sum().to(wide)
 
     # -- the result
 
@@ -280,18 +271,45 @@ class CorpusAccumulator:
             js=js, js_rows=js_rows if self.distances else np.zeros((g, g)), meta=metadata)
 
 
+def _pair_sums(flat: Any, clamp: bool) -> Any:
+    """``M[h, k] = sum_e t log t`` with ``t = flat[h, e] + flat[k, e]`` for every h < k (0 on and below the
+    diagonal), in the wide type; ``clamp``: some elements are 0 in both (t log t taken as 0 there)."""
+    import torch
+
+    g, n = flat.shape
+    wide = _sum_dtype(flat.device)
+    out = torch.zeros((g, g), dtype=wide, device=flat.device)
+    if n == 0 or g < 2:
+        return out
+    budget = GPU_PAIR_BUDGET if flat.device.type != "cpu" else PAIR_BUDGET
+    kc = max(1, min(g - 1, budget // n))
+    t_buf = torch.empty(kc * n, dtype=flat.dtype, device=flat.device)
+    log_buf = torch.empty(kc * n, dtype=flat.dtype, device=flat.device)
+    for h in range(g - 1):
+        for k0 in range(h + 1, g, kc):
+            k1 = min(g, k0 + kc)
+            t = t_buf[:(k1 - k0) * n].view(k1 - k0, n)
+            log_t = log_buf[:(k1 - k0) * n].view(k1 - k0, n)
+            torch.add(flat[h], flat[k0:k1], out=t)
+            if clamp:
+                t.clamp_min_(_TINY)
+            torch.log(t, out=log_t)
+            out[h, k0:k1] = log_t.mul_(t).sum(-1, dtype=wide)
+    return out
+
+
 def _sum_dtype(device: Any) -> Any:
     import torch
 
     return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64  # MPS has no float64
 
 
-def _text_mean(value: Any, where: Any, heads: int) -> tuple[Any, Any]:
-    """Per (text, head): the mean of ``value`` [B, H, L] over the rows ``where`` [B, 1|H, L] marks (0 where
-    none), and whether there were any."""
-    count = where.sum(-1).expand(-1, heads)
-    total = (value * where).sum(-1)
-    return total / count.clamp_min(1), count > 0
+def _plogp(x: Any) -> Any:
+    """``x log x`` of probabilities, 0 where x is 0 (the logarithm of a clamped copy: several times faster
+    than ``xlogy`` on a CPU)."""
+    import torch
+
+    return torch.log(x.clamp_min(_TINY)).mul_(x)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -363,8 +363,8 @@ class HFCapture:
         if self.target is not None and want:
             out = eager_out  # the weights take part in the output: the gradient reaches them
             self.graph[site.name] = weights  # type: ignore[union-attr]
-        elif self.original == "eager" and eager_out is not None:
-            out = eager_out
+        elif eager_out is not None and (self.original == "eager" or self.corpus is not None):
+            out = eager_out  # a corpus keeps no logits: the weights' own output, not a second attention call
         else:
             out = self._original(module, query, key, value, attention_mask, kwargs, eager_out)
         if self.corpus is not None:
