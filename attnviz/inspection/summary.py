@@ -84,7 +84,13 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
         raise InputError(f"{capture.source}: the site {missing[0]} holds no summary.")
 
     def stack(name: str, dtype: Any = np.float32) -> np.ndarray:
-        return np.stack([np.asarray(raw.get(f"{s}.{name}"), dtype=dtype) for s in sites])
+        arrays = [np.asarray(raw.get(f"{s}.{name}"), dtype=dtype) for s in sites]
+        shapes = sorted({a.shape for a in arrays})
+        if len(shapes) > 1:
+            listed = ", ".join(map(str, shapes))
+            raise InputError(f"{capture.source}: the sites' {name} arrays differ in shape ({listed}); a summary's "
+                             "sites of one kind share their shapes.")
+        return np.stack(arrays)
 
     rows = {n: stack(n) for n in PER_ROW}
     rows["argmax"] = stack("argmax", np.int64)
@@ -105,7 +111,7 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
     ids = raw.get("input_ids") if "input_ids" in raw.keys and kind != "cross" else None
     if kind == "decoder" and "decoder_input_ids" in raw.keys:
         ids = raw.get("decoder_input_ids")
-    return SummaryRead(capture.source, kind, sites, settings, rows, stack("keys_seen", np.int64),
+    read = SummaryRead(capture.source, kind, sites, settings, rows, stack("keys_seen", np.int64),
                        stack("received", np.float64), stack("seen_by", np.int64), stack("pooled_mean"),
                        stack("pooled_max"), edges[0] or pool_edges(lq, pool), edges[1] or pool_edges(lk, pool), real,
                        chosen, (np.asarray(raw.get(f"{sites[0]}.row_positions")).tolist()
@@ -113,6 +119,89 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
                                 parse_rows(settings.get("rows"), lq)) if chosen is not None else [], steps,
                        capture.tokens(kind), capture.key_tokens(kind), None if ids is None else np.asarray(ids),
                        bool(parts.get("self_attention", kind != "cross")), capture.metadata)
+    _check_shapes(read)
+    return read
+
+
+def _check_shapes(s: SummaryRead) -> None:
+    """The arrays of a summary agree with each other (a damaged or hand-made file fails here, in one line naming
+    it, not later in a computation)."""
+    layers, b, h, lq, lk = s.shape
+    want = {"per-row statistics": (layers, b, h, lq), "received": (layers, b, h, lk), "seen_by": (layers, b, lk),
+            "keys_seen": (layers, b, lq)}
+    got = {"per-row statistics": next((a.shape for a in s.rows.values() if a.shape != want["per-row statistics"]),
+                                      want["per-row statistics"]),
+           "received": s.received.shape, "seen_by": s.seen_by.shape, "keys_seen": s.keys_seen.shape}
+    for name, (qe, n) in (("pool_q_edges", (s.q_edges, lq)), ("pool_k_edges", (s.k_edges, lk))):
+        edges = np.asarray(qe)
+        if edges.ndim != 1 or len(edges) < 2 or edges[0] != 0 or edges[-1] != n or (np.diff(edges) <= 0).any():
+            raise InputError(f"{s.source}: {name} {edges.tolist()[:8]} do not cut the {n} positions into blocks "
+                             f"(0 < ... < {n}).")
+    pooled = (layers, b, h, len(s.q_edges) - 1, len(s.k_edges) - 1)
+    want.update(pooled_mean=pooled, pooled_max=pooled)
+    got.update(pooled_mean=s.pooled_mean.shape, pooled_max=s.pooled_max.shape)
+    for name, shape in want.items():
+        if tuple(got[name]) != shape:
+            raise InputError(f"{s.source}: its {name} have shape {list(got[name])} where the summary's other arrays "
+                             f"make {list(shape)} ([sites, batch, heads, ...]); the file is damaged or not a summary.")
+
+
+def one_entry(s: SummaryRead, entry: int) -> SummaryRead:
+    """The summary of batch entry ``entry`` alone (``head_table`` of it is that entry's)."""
+    from dataclasses import replace
+
+    at = slice(entry, entry + 1)
+    return replace(s, rows={n: a[:, at] for n, a in s.rows.items()}, keys_seen=s.keys_seen[:, at],
+                   received=s.received[:, at], seen_by=s.seen_by[:, at], pooled_mean=s.pooled_mean[:, at],
+                   pooled_max=s.pooled_max[:, at], real_keys=s.real_keys[at],
+                   chosen=None if s.chosen is None else s.chosen[:, at],
+                   step_rows=None if s.step_rows is None else s.step_rows[:, at])
+
+
+@dataclass
+class PooledMap:
+    """One head's pooled map (``pooled_mean`` or ``pooled_max`` ``[Pq, Pk]``; NaN: a cell with no real row, or
+    none of whose keys its rows may see) with what each cell's mean is taken over: ``rows [Pq]`` the real rows of
+    each query block that attend somewhere, ``widths [Pk]`` the keys of each key block."""
+
+    cells: np.ndarray
+    rows: np.ndarray
+    widths: np.ndarray
+    reduce: str = "mean"
+
+    def coarser(self, fq: int, fk: int) -> PooledMap:
+        """The map in blocks of ``fq x fk`` cells, as a summary pooled in blocks that large would hold them:
+        ``mean`` the cells' means weighed by their sizes (rows x keys), a cell whose keys its rows cannot see
+        counting 0 (as a masked weight does in the definition); ``max`` the largest. NaN where no cell of the
+        block has a value. Exact: a coarser map of a coarser map is the coarser map."""
+        pq, pk = self.cells.shape
+        if fq == 1 and fk == 1:
+            return self
+        nq, nk = -(-pq // fq), -(-pk // fk)
+        padded = np.full((nq * fq, nk * fk), np.nan)
+        padded[:pq, :pk] = self.cells
+        rows, widths = np.zeros(nq * fq), np.zeros(nk * fk)
+        rows[:pq], widths[:pk] = self.rows, self.widths
+        finite = np.isfinite(padded)
+        some = finite.reshape(nq, fq, nk, fk).any(axis=(1, 3))
+        if self.reduce == "max":
+            out = np.where(finite, padded, -np.inf).reshape(nq, fq, nk, fk).max(axis=(1, 3))
+        else:
+            weight = rows[:, None] * widths[None, :]
+            total = (np.where(finite, padded, 0.0) * weight).reshape(nq, fq, nk, fk).sum(axis=(1, 3))
+            count = weight.reshape(nq, fq, nk, fk).sum(axis=(1, 3))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out = total / count
+        return PooledMap(np.where(some, out, np.nan), rows.reshape(nq, fq).sum(1), widths.reshape(nk, fk).sum(1),
+                         self.reduce)
+
+
+def pooled_map(s: SummaryRead, layer: int, entry: int, head: int, reduce: str = "mean") -> PooledMap:
+    """The pooled map of one head of one batch entry: block means (``reduce`` mean) or maxima (max)."""
+    cells = (s.pooled_max if reduce == "max" else s.pooled_mean)[layer, entry, head]
+    live = s.real_rows[entry] & (s.keys_seen[layer, entry] > 0)
+    rows = np.add.reduceat(live.astype(np.float64), np.asarray(s.q_edges[:-1]))
+    return PooledMap(np.asarray(cells, np.float64), rows, np.diff(np.asarray(s.k_edges)).astype(np.float64), reduce)
 
 
 def head_table(s: SummaryRead) -> dict[str, np.ndarray]:

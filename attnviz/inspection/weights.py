@@ -195,7 +195,7 @@ def _captured(opened: Any, layout: str | None) -> Weights | None:
     missing = [s for s in sites if not capture.has(s, "weights")]
     if missing and isinstance(capture.metadata.get("summary"), dict):
         raise UsageError(f"{opened.source}: a summary capture (attnviz capture --summary) holds each site's summary, "
-                         "not its weights: attnviz inspect reads it; this needs every weight (capture without "
+                         "not its weights: attnviz inspect and view read it; this needs every weight (capture without "
                          "--summary: fewer tokens, or --layers).")
     if missing:
         raise InputError(f"{opened.source}: the capture holds no attention weights for {missing[0]} (captured with "

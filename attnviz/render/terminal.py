@@ -69,6 +69,9 @@ class TermPanel:
     get: MapGetter
     shape: tuple[int, int]
     caption: str = ""
+    #: the map in blocks of ``f x f`` of its cells (mean or max, as the picture's ``reduce``), where the panel
+    #: knows better than ``reduce_blocks`` (a summary's pooled cells: their means weighed by their sizes)
+    reducer: Callable[[int, str], np.ndarray] | None = None
 
 
 @dataclass
@@ -95,7 +98,9 @@ class TermPicture:
     colorbar_label: str = "weight"
     plain: bool = False  # RAMP characters instead of colours
     height: int | None = None  # text rows the picture may take (None: DEFAULT_HEIGHT)
-    blocks: int = 1  # the maps handed over are already in blocks of this many positions a side (the viewer's)
+    #: the maps handed over are already in blocks of this many positions a side (the viewer's), or of (queries,
+    #: keys) positions (a summary's pooled cells)
+    blocks: int | tuple[int, int] = 1
     marked: int | None = None  # a panel whose row and column labels are shown reversed (the viewer's choice)
     fit: bool = False  # a grid fits ``height`` too (the viewer's), its panels smaller: else it may scroll
     cursor: tuple[int, int] | None = None  # a single map's cell (of its cells as drawn) drawn in CURSOR
@@ -105,6 +110,11 @@ class TermPicture:
     @property
     def single(self) -> bool:
         return self.rows * self.cols == 1
+
+    @property
+    def block_sides(self) -> tuple[int, int]:
+        """The positions a cell handed over holds: (queries, keys)."""
+        return (self.blocks, self.blocks) if isinstance(self.blocks, int) else self.blocks
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for line in self.lines(options.max_width):
@@ -209,7 +219,7 @@ class _Drawing:
             widest = max([cell_len(inert.label(t, LABEL_CELLS)) for t in p.row_labels] + [cell_len(p.row_name)])
             return min(LABEL_CELLS, widest) + 1
         lq = next(x for x in p.panels if x is not None).shape[0]
-        widest = len(str(max(lq * p.blocks - 1, 0)))  # positions, not the cells handed over
+        widest = len(str(max(lq * p.block_sides[0] - 1, 0)))  # positions, not the cells handed over
         if p.q_labels is not None:
             widest = max(widest, min(LABEL_CELLS, max((cell_len(inert.label(t, LABEL_CELLS)) for t in p.q_labels),
                                                       default=0)))
@@ -249,12 +259,15 @@ class _Drawing:
                 placed.append(None)
                 continue
             f, s = fit(panel.shape, pw, ph)
-            data, keep = panel.get()
-            cells = reduce_blocks(data, keep, f, f, p.reduce)
+            if panel.reducer is not None:
+                cells = panel.reducer(f, p.reduce)
+            else:
+                data, keep = panel.get()
+                cells = reduce_blocks(data, keep, f, f, p.reduce)
             placed.append(Placed(panel, cells, f, s))
         live = [x for x in placed if x is not None]
         positions, scaling, tops = colour_positions([x.cells for x in live], p.scale, p.diverging,
-                                                    [x.f * p.blocks for x in live])
+                                                    [x.f * p.block_sides[1] for x in live])
         for x, pos, top in zip(live, positions, tops):
             x.positions, x.top = pos, top
         out: list[list[Segment]] = []
@@ -290,9 +303,10 @@ class _Drawing:
     def title_lines(self, live: list[Placed], shown_cols: int) -> list[list[Segment]]:
         p = self.p
         notes = []
-        factors = sorted({x.f * p.blocks for x in live})
-        if factors and factors != [1]:
-            notes.append(f"blocks of {'/'.join(f'{f}x{f}' for f in factors)}, {p.reduce}")
+        bq, bk = p.block_sides
+        factors = sorted({(x.f * bq, x.f * bk) for x in live})
+        if factors and factors != [(1, 1)]:
+            notes.append(f"blocks of {'/'.join(f'{fq}x{fk}' for fq, fk in factors)}, {p.reduce}")
         if shown_cols < p.cols:
             notes.append(f"the first {shown_cols} of {p.cols} columns: the terminal is too narrow for more")
         if p.scale.per_panel:
@@ -372,7 +386,7 @@ class _Drawing:
                 if t < nrows:
                     out[t] = _fit_cells(inert.label(text, LABEL_CELLS), margin - 1, right=True) + " "
             return out
-        g = x.f * self.p.blocks  # positions a cell holds: the axis counts positions, not cells
+        g = x.f * self.p.block_sides[0]  # positions a cell holds: the axis counts positions, not cells
         for position in ticks(x.cells.shape[0] * g, g, x.s, 2, 3):
             t = math.ceil((position // g) * x.s / 2)
             if t < nrows:
@@ -457,7 +471,7 @@ class _Drawing:
                 out.append([Segment(" " * margin + "".join(line).rstrip())])
             return out
         line = [" "] * (cols * x.s)
-        g = x.f * self.p.blocks  # positions a cell holds: the axis counts positions, not cells
+        g = x.f * self.p.block_sides[1]  # positions a cell holds: the axis counts positions, not cells
         for position in ticks(cols * g, g, x.s, 1, len(str(cols * g)) + 2):
             at = (position // g) * x.s
             text = str(position)

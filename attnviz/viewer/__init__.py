@@ -4,5 +4,6 @@
 reads them, the head statistics and tags, the selected layer and head, the order heads are walked in,
 the cursor, token search and the rollout; maps are reduced before they are drawn (thumbnails once, the
 selected map to at most ``attnviz.blocks.MAX_SIDE`` a side), so a long map never blocks a key press.
-``app`` is the Textual application over it; Textual is imported only when ``attnviz view`` runs.
+``summary`` is the same model over a summary capture (each head's pooled map and the summary's head table).
+``app`` is the Textual application over either; Textual is imported only when ``attnviz view`` runs.
 """

@@ -4,9 +4,10 @@ line saying what is under the cursor.
 
 Keys (``KEYS``; ``?`` shows them): arrows or ``h``/``j``/``k``/``l`` move between heads (left, right) and
 layers (up, down); ``b``/``B`` to the next or previous batch entry; shift+arrows or ``H``/``J``/``K``/``L``
-move the cursor (the mouse too); ``/`` finds a token; ``s`` sorts the heads by the next statistic; ``r``
-shows the rollout (again: the head); ``q`` quits. It fits 80 x 24: the thumbnails show as many layers as fit,
-around the selected one.
+move the cursor (the mouse too); ``/`` finds a token; ``s`` sorts the heads by the next statistic; ``m`` draws
+blocks as their maxima (again: means); ``r`` shows the rollout (again: the head); ``q`` quits. It fits 80 x 24:
+the thumbnails show as many layers as fit, around the selected one. The model is a ``ViewerModel`` over
+weights, or a ``attnviz.viewer.summary.SummaryViewerModel`` over a summary capture (its pooled maps).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class MapView(Widget):
         top, left = picture.origin
         row, col = (event.y - top) * 2 // placed.s, (event.x - left) // placed.s
         if 0 <= row < placed.cells.shape[0] and 0 <= col < placed.cells.shape[1]:
-            g = self.model.drawn_blocks(picture)
-            self.model.cursor = (min(row * g, self.model.shape[0] - 1), min(col * g, self.model.shape[1] - 1))
+            gq, gk = self.model.drawn_blocks(picture)
+            self.model.cursor = (min(row * gq, self.model.shape[0] - 1), min(col * gk, self.model.shape[1] - 1))
             self.app.refresh_all()  # type: ignore[attr-defined]
 
 
@@ -79,8 +80,8 @@ class Thumbnails(Widget):
 KEYS = (("left, right, h, l", "the previous or next head"), ("up, down, k, j", "the previous or next layer"),
         ("b, B", "the next or previous batch entry"), ("shift+arrows, H J K L", "move the cursor (the mouse too)"),
         ("/", "find a token (Enter: next; Escape: close)"), ("s", "walk the heads by the next statistic"),
-        ("r", "the rollout of the entry; again: the head"), ("?", "these keys (again or Escape: close)"),
-        ("q", "quit"))
+        ("m", "blocks drawn as their mean or their max"), ("r", "the rollout of the entry; again: the head"),
+        ("?", "these keys (again or Escape: close)"), ("q", "quit"))
 
 
 class ViewerApp(App[None]):
@@ -112,7 +113,7 @@ class ViewerApp(App[None]):
         Binding("shift+up,K", "cursor(-1,0)", "cursor", show=False),
         Binding("shift+down,J", "cursor(1,0)", "cursor", show=False),
         Binding("slash", "search", "find"), Binding("s", "sort", "sort"),
-        Binding("r", "rollout", "rollout"),
+        Binding("m", "reduce", "mean/max", show=False), Binding("r", "rollout", "rollout"),
     ]
 
     def __init__(self, model: ViewerModel, title: str) -> None:
@@ -155,8 +156,8 @@ class ViewerApp(App[None]):
 
     def action_cursor(self, dq: int, dk: int) -> None:
         view = self.query_one("#map", MapView)
-        g = self.model.drawn_blocks(view.picture) if view.picture is not None else 1
-        self.model.move_cursor(dq, dk, (g, g))
+        g = self.model.drawn_blocks(view.picture) if view.picture is not None else (1, 1)
+        self.model.move_cursor(dq, dk, g)
         self.refresh_all()
 
     def action_batch(self, step: int) -> None:
@@ -171,6 +172,10 @@ class ViewerApp(App[None]):
     def action_sort(self) -> None:
         key = self.model.next_sort()
         self.refresh_all(f"heads walked by {key}" + (" (largest first)" if key != "head" else ""))
+
+    def action_reduce(self) -> None:
+        refused = self.model.next_reduce()
+        self.refresh_all(refused or f"blocks drawn as their {'maxima' if self.model.reduce == 'max' else 'means'}")
 
     def action_rollout(self) -> None:
         refused = None if self.model.rollout else self.model.rollout_refused()

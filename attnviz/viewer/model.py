@@ -10,8 +10,9 @@ press redraws small arrays only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,6 +31,11 @@ SORTS = ("head", *HEAD_STATS)  # what 's' cycles through: natural order, then ea
 class ViewerModel:
     """The state of the viewer over ``result`` (an ``InspectResult`` of ``inspecting.analyse``)."""
 
+    #: what 's' cycles through (natural order, then each statistic, largest first)
+    sorts: ClassVar[tuple[str, ...]] = SORTS
+    #: the statistics the side panel lists, two a line
+    panel_stats: ClassVar[tuple[str, ...]] = HEAD_STATS
+
     result: Any
     fig: Any  # FigureOptions
     layer: int = 0
@@ -41,8 +47,9 @@ class ViewerModel:
     _thumbs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     _rollout: np.ndarray | None = None
     _fitting: dict[tuple[int, int, bool], int] = field(default_factory=dict)  # layers that fit, by size
-    #: the map last drawn: its block size as drawn and its cells (``cursor_cell``), by (layer, head, entry)
-    _drawn: dict[tuple[int, int, int], tuple[int, np.ndarray]] = field(default_factory=dict)
+    #: the map last drawn: the positions (queries, keys) a cell holds as drawn and its cells (``cursor_cell``),
+    #: by (layer, head, entry)
+    _drawn: dict[tuple[int, int, int], tuple[tuple[int, int], np.ndarray]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         opened = self.result.opened
@@ -80,13 +87,28 @@ class ViewerModel:
         """The batch entry shown, for titles: "entry 1 of 2" (empty for a single entry)."""
         return f"entry {self.batch} of {self.batches}" if self.batches > 1 else ""
 
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The head statistics, each ``[layers, heads]`` (and ``tag``)."""
+        return dict(self.result.stats)
+
+    @property
+    def averaged(self) -> bool:
+        """Whether the head statistics are means over every batch entry (no ``--batch``)."""
+        return self.result.opened.options.selection.batch is None and self.batches > 1
+
+    @property
+    def reduce(self) -> str:
+        """How cells of several positions are drawn: ``mean`` or ``max`` of the block (``--reduce``; ``m``)."""
+        return str(self.fig.reduce)
+
     # -- walking ---------------------------------------------------------------------------------
     def order(self) -> list[int]:
-        """The heads of the layer in the order ``sort`` says (a statistic: largest first)."""
+        """The heads of the layer in the order ``sort`` says (a statistic: largest first, undefined last)."""
         if self.sort == "head":
             return list(self.heads)
-        values = np.asarray(self.result.stats[self.sort])[self.layer]
-        return sorted(self.heads, key=lambda h: (-float(values[h]), h))
+        values = np.asarray(self.stats[self.sort], dtype=np.float64)[self.layer]
+        return sorted(self.heads, key=lambda h: (bool(np.isnan(values[h])), -float(values[h]), h))
 
     def move_head(self, step: int) -> None:
         order = self.order()
@@ -96,8 +118,20 @@ class ViewerModel:
         self.layer = self.layers[(self.layers.index(self.layer) + step) % len(self.layers)]
 
     def next_sort(self) -> str:
-        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self.sort = self.sorts[(self.sorts.index(self.sort) + 1) % len(self.sorts)]
         return self.sort
+
+    def next_reduce(self) -> str | None:
+        """Draw blocks by the other of mean and max (the maps and thumbnails reduced again); a line saying why
+        not (the rollout of a long map is drawn as block means only), else None."""
+        before = self.fig
+        self.fig = replace(self.fig, reduce="max" if self.reduce == "mean" else "mean")
+        refused = self.rollout_refused() if self.rollout else None
+        if refused:
+            self.fig = before
+            return refused
+        self._maps, self._thumbs, self._drawn = {}, {}, {}
+        return None
 
     def move_cursor(self, dq: int, dk: int, step: tuple[int, int] = (1, 1)) -> None:
         lq, lk = self.shape
@@ -128,15 +162,20 @@ class ViewerModel:
         key = (-1, -1) if self.rollout else (self.layer, self.head)
         if key not in self._maps:
             f = max(block_factors(*self.shape, MAX_SIDE))
-            if self.rollout and f > 1 and self.fig.reduce == "mean":  # in blocks, never the [L, L] result
+            if self.rollout and f > 1 and self.reduce == "mean":  # in blocks, never the [L, L] result
                 self._maps[key] = (self.pooled_rollout(f), f)
                 return self._maps[key]
             if self.rollout:
                 data, keep = self.rollout_map(), None
             else:
                 data, keep = self.get(self.layer, self.head)
-            self._maps[key] = (reduce_blocks(data, keep, f, f, self.fig.reduce), f)
+            self._maps[key] = (reduce_blocks(data, keep, f, f, self.reduce), f)
         return self._maps[key]
+
+    def cell_positions(self) -> tuple[int, int]:
+        """The positions (queries, keys) a cell of ``map()`` holds."""
+        f = self.map()[1]
+        return f, f
 
     def rollout_refused(self) -> str | None:
         """Why the rollout cannot be shown, in one line; None when it can. A long map's rollout is computed
@@ -145,7 +184,7 @@ class ViewerModel:
         if lq != lk:
             return "rollout needs square maps (self-attention)"
         heads = int(self.result.opened.weights.shape[2])
-        if self.fig.reduce == "max" and max(block_factors(lq, lk, MAX_SIDE)) > 1 and \
+        if self.reduce == "max" and max(block_factors(lq, lk, MAX_SIDE)) > 1 and \
                 (heads + 4) * lq * lk * 8 > WHOLE_ROLLOUT:
             return (f"rollout of [{lq}, {lk}] maps is computed in blocks and drawn as block means; --reduce max "
                     "would need the whole map in memory: view with --reduce mean")
@@ -178,10 +217,10 @@ class ViewerModel:
     def value(self) -> float:
         """The weight under the cursor (the block's, when the map is drawn in blocks: the cell drawn, once the
         picture was laid out), NaN when masked."""
-        cells, f = self.map()
-        g, drawn = self._drawn.get(self._map_key(), (f, cells))
+        cells, _ = self.map()
+        (gq, gk), drawn = self._drawn.get(self._map_key(), (self.cell_positions(), cells))
         q, k = self.cursor
-        return float(drawn[q // g, k // g])
+        return float(drawn[q // gq, k // gk])
 
     def _map_key(self) -> tuple[int, int, int]:
         return (-1, -1, self.batch) if self.rollout else (self.layer, self.head, self.batch)
@@ -190,50 +229,64 @@ class ViewerModel:
         """The selected map (or the rollout) with its labels and the cursor, for ``width x height``."""
         from attnviz.render.terminal import single_picture
 
-        cells, f = self.map()
-        q_labels, k_labels = self.q_labels, self.k_labels
-        if f > 1:  # already in blocks: the labels of each block's first position
-            q_labels = None if q_labels is None else list(q_labels[::f])
-            k_labels = None if k_labels is None else list(k_labels[::f])
-        title = "rollout (heads mean, residual 0.5)" if self.rollout else f"layer {self.layer}, head {self.head}"
-        title += f", {self.entry}" if self.entry else ""
-        unit = "rollout" if self.rollout else self.result.opened.weights.unit
-        picture = single_picture(cells, None, title=title, q_labels=q_labels, k_labels=k_labels,
-                                 cmap=self.fig.cmap, reduce=self.fig.reduce, scale=self.fig.scale(), plain=plain,
-                                 height=height, colorbar_label=unit)
-        picture.blocks = f
+        cells, _ = self.map()
+        fq, fk = self.cell_positions()
+        # already in blocks: the labels of each block's first position
+        q_labels = self.q_labels if self.q_labels is None or fq == 1 else list(self.q_labels[::fq])
+        k_labels = self.k_labels if self.k_labels is None or fk == 1 else list(self.k_labels[::fk])
+        picture = single_picture(cells, None, title=self.title(), q_labels=q_labels, k_labels=k_labels,
+                                 cmap=self.fig.cmap, reduce=self.reduce, scale=self.colour_scale(), plain=plain,
+                                 height=height, colorbar_label=self.unit())
+        picture.panels[0].reducer = self.reducer()  # type: ignore[union-attr]
+        picture.blocks = (fq, fk)
         picture.cursor = self.cursor_cell(picture, width)
         return picture
+
+    def title(self) -> str:
+        """The title of the map shown."""
+        title = "rollout (heads mean, residual 0.5)" if self.rollout else f"layer {self.layer}, head {self.head}"
+        return title + (f", {self.entry}" if self.entry else "")
+
+    def unit(self) -> str:
+        """What the values of the map shown are (the colour bar's label)."""
+        return "rollout" if self.rollout else str(self.result.opened.weights.unit)
+
+    def reducer(self) -> Callable[[int, str], np.ndarray] | None:
+        """How the picture brings the map shown to fewer cells (None: ``reduce_blocks`` of its cells)."""
+        return None
+
+    def colour_scale(self) -> Any:
+        """The colour scale of the pictures (``--vmin``, ``--vmax``, ``--norm``: a ``ColourScale``)."""
+        return self.fig.scale()
 
     def cursor_cell(self, picture: TermPicture, width: int) -> tuple[int, int]:
         """The cursor in the cells ``picture`` draws at ``width`` (laid out once to know its blocks)."""
         picture.lines(width)
         placed = picture.placed[0]
-        cells, f = self.map()
-        g = (placed.f if placed is not None else 1) * f
+        cells, _ = self.map()
+        f = placed.f if placed is not None else 1
+        fq, fk = self.cell_positions()
+        g = (f * fq, f * fk)
         # the cells as drawn: the status line's block and value are theirs (one block size, as the title's)
         self._drawn = {self._map_key(): (g, placed.cells if placed is not None else cells)}
-        return self.cursor[0] // g, self.cursor[1] // g
+        return self.cursor[0] // g[0], self.cursor[1] // g[1]
 
-    def drawn_blocks(self, picture: TermPicture) -> int:
+    def drawn_blocks(self, picture: TermPicture) -> tuple[int, int]:
+        """The positions (queries, keys) a cell of ``picture`` holds as drawn."""
         placed = picture.placed[0] if picture.placed else None
-        return (placed.f if placed is not None else 1) * self.map()[1]
+        f = placed.f if placed is not None else 1
+        fq, fk = self.cell_positions()
+        return f * fq, f * fk
 
     def thumbnails(self, width: int, height: int, plain: bool = False) -> TermPicture:
         """The layer x head grid, each head's map reduced once to ``THUMB`` cells a side; the selected head
         marked (none while the rollout is shown). As many layers as fit ``height``, around the selected one
         (the title says which)."""
-        f = max(block_factors(self.shape[0], self.shape[1], THUMB))
-        for li in self.layers:
-            for hi in self.heads:
-                if (li, hi) not in self._thumbs:
-                    data, keep = self.get(li, hi)
-                    self._thumbs[(li, hi)] = reduce_blocks(data, keep, f, f, self.fig.reduce)
         n, at = len(self.layers), self.layers.index(self.layer)
 
         def window(count: int) -> TermPicture:
             start = min(max(0, at - count // 2), n - count)
-            return self._thumbnail_grid(self.layers[start:start + count], plain, height, f)
+            return self._thumbnail_grid(self.layers[start:start + count], plain, height)
 
         def fits(count: int) -> bool:
             return len(window(count).lines(width)) <= height
@@ -248,21 +301,34 @@ class ViewerModel:
             count = self._fitting[key] = low
         return window(count)
 
-    def _thumbnail_grid(self, layers: list[int], plain: bool, height: int, f: int) -> TermPicture:
+    def thumb_positions(self) -> tuple[int, int]:
+        """The positions (queries, keys) a cell of a thumbnail holds."""
+        f = max(block_factors(self.shape[0], self.shape[1], THUMB))
+        return f, f
+
+    def thumb(self, layer: int, head: int) -> TermPanel:
+        """A head's thumbnail: its map reduced once to ``THUMB`` cells a side at most."""
+        if (layer, head) not in self._thumbs:
+            f = self.thumb_positions()[0]
+            data, keep = self.get(layer, head)
+            self._thumbs[(layer, head)] = reduce_blocks(data, keep, f, f, self.reduce)
+        cells = self._thumbs[(layer, head)]
+        return TermPanel(lambda: (cells, None), (int(cells.shape[0]), int(cells.shape[1])))
+
+    def _thumbnail_grid(self, layers: list[int], plain: bool, height: int) -> TermPicture:
         from attnviz.render.terminal import grid_picture
 
         def panel(r: int, c: int) -> TermPanel:
-            cells = self._thumbs[(layers[r], self.heads[c])]
-            return TermPanel(lambda: (cells, None), (int(cells.shape[0]), int(cells.shape[1])))
+            return self.thumb(layers[r], self.heads[c])
 
         n = len(self.layers)
         which = "layers" if len(layers) == n else f"layers {layers[0]}-{layers[-1]} of {n}"
         picture = grid_picture(panel, len(layers), len(self.heads), title=f"{which} x heads",
                                row_labels=[str(x) for x in layers], col_labels=[str(h) for h in self.heads],
-                               row_name="L", col_name="H", cmap=self.fig.cmap, reduce=self.fig.reduce,
-                               scale=self.fig.scale(), plain=plain, height=height)
+                               row_name="L", col_name="H", cmap=self.fig.cmap, reduce=self.reduce,
+                               scale=self.colour_scale(), plain=plain, height=height)
         picture.fit = True
-        picture.blocks = f
+        picture.blocks = self.thumb_positions()
         if not self.rollout and self.layer in layers:
             picture.marked = layers.index(self.layer) * len(self.heads) + self.heads.index(self.head)
         return picture
@@ -274,37 +340,41 @@ class ViewerModel:
             return [f"rollout{', ' + self.entry if self.entry else ''}", "heads mean, residual 0.5",
                     f"layers {self.layers[0]}-{self.layers[-1]}" if len(self.layers) > 1 else f"layer {self.layers[0]}",
                     "each row: its share of each input token", "(r: back to the head)"]
-        from attnviz.render.summaries import COLUMNS
-
-        stats = self.result.stats
+        stats = self.stats
         li, hi = self.layer, self.head
         tag = str(stats["tag"][li, hi]) if "tag" in stats else ""
-        averaged = self.result.opened.options.selection.batch is None and self.batches > 1
-        lines = [f"layer {li}  head {hi}" + ("  (all entries)" if averaged else ""), *([f"[{tag}]"] if tag else [])]
-        pairs = [f"{COLUMNS.get(name, name):<6}{_stat(stats[name][li, hi]):>6}" for name in HEAD_STATS]
+        lines = [f"layer {li}  head {hi}" + ("  (all entries)" if self.averaged else ""),
+                 *([f"[{tag}]"] if tag else [])]
+        pairs = [f"{self.column(name):<6}{_stat(stats[name][li, hi]):>6}" for name in self.panel_stats]
         lines += ["  ".join(pairs[i:i + 2]) for i in range(0, len(pairs), 2)]
         key = self.sort
-        lines.append(f"order: {key}" + (" (largest first)" if key != "head" else ""))
+        # (the column's short name: the line fits the side panel at 80 columns)
+        lines.append("order: head" if key == "head" else f"order: {self.column(key)}, largest first")
         order = self.order()
         shown = []
         for h in order:
             mark = ">" if h == hi else " "
-            value = "" if key == "head" else f" {float(stats[key][li, h]):.3f}"
+            value = "" if key == "head" else f" {_stat(stats[key][li, h])}"
             shown.append(f"{mark}H{h}{value}")
         lines.append(" ".join(shown))
         return lines
 
+    def column(self, name: str) -> str:
+        """A statistic's short name in the side panel (the head table's column)."""
+        from attnviz.render.summaries import COLUMNS
+
+        return COLUMNS.get(name, name)
+
     def cursor_line(self) -> str:
         """The query token, key token and weight under the cursor."""
         q, k = self.cursor
-        _, f = self.map()
         qname = f"{q}" + (f" {self.q_labels[q]!r}" if self.q_labels is not None else "")
         kname = f"{k}" + (f" {self.k_labels[k]!r}" if self.k_labels is not None else "")
         value = self.value()
-        f = self._drawn.get(self._map_key(), (f, None))[0]
+        fq, fk = self._drawn.get(self._map_key(), (self.cell_positions(), None))[0]
         weight = "masked" if np.isnan(value) else f"{value:.4f}"
-        what = "rollout" if self.rollout else self.result.opened.weights.unit
-        block = f" ({self.fig.reduce} of a {f}x{f} block)" if f > 1 else ""
+        what = self.unit()
+        block = f" ({self.reduce} of a {fq}x{fk} block)" if fq * fk > 1 else ""
         entry = f"[{self.entry}]  " if self.entry else ""
         return f"{entry}query {qname}  key {kname}  {what} {weight}{block}"
 

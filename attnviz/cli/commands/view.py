@@ -1,7 +1,9 @@
 """``attnviz view``: an interactive viewer of saved attention weights in the terminal. The same inputs
 and options as ``inspect`` (``InspectOptions``: layouts, globs, labels, masks, the layers and heads;
 ``FigureOptions``: the colours); the run is ``inspect``'s (``attnviz.inspection.inspecting``), the
-application is ``attnviz.viewer`` (Textual, imported only here, when the command runs).
+application is ``attnviz.viewer`` (Textual, imported only here, when the command runs). A summary capture
+(``capture --summary``; a ``--no-weights`` capture is summarised from its q and k, as inspect does) is viewed
+through its pooled maps and head table (``attnviz.viewer.summary``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ ORDER = ("layout", "generation", "weigh_by", "labels", "q_labels", "k_labels", "
 
 def view_command(**values: Any) -> None:
     """Walk every layer and head of attention weights in the terminal (arrows or h/j/k/l; b/B the batch entry;
-    shift+arrows or H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; r shows the rollout;
-    ? lists the keys; q quits)."""
+    shift+arrows or H/J/K/L move the cursor; / finds a token; s sorts heads by a statistic; m: block means or
+    maxima; r shows the rollout; ? lists the keys; q quits). A summary capture (capture --summary) shows each
+    head's pooled map and the summary's head table."""
     from attnviz.cli.commands.capture import captured_input
 
     with user_errors():
@@ -50,7 +53,7 @@ view_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
         str | None, typer.Argument(
             metavar="WEIGHTS", show_default=False,
             help=f"attention weights, as inspect reads them ({INPUT_FORMATS}; FILE:KEY, a glob over layers, a capture "
-                 "file)")]),
+                 "file, a summary capture)")]),
     *parameters(InspectOptions, FigureOptions, order=ORDER, exclude=LEFT_OUT),
     *model_parameters()])
 
@@ -68,10 +71,22 @@ def view(options: InspectOptions, fig: FigureOptions, *, run: bool = True) -> An
     tests drive it)."""
 
     from attnviz.inspection import inspecting
+    from attnviz.inspection.summary import open_qk_capture, open_summary
 
     fig.check()
     if run:
         need_terminal()
+    found = open_summary(options.weights) or open_qk_capture(options.weights)
+    if found is not None:  # pooled maps and the head table instead of weights
+        from attnviz.viewer.summary import SummaryViewerModel, summary_source
+
+        source = summary_source(found, options)
+        from attnviz.viewer.app import ViewerApp
+
+        app = ViewerApp(SummaryViewerModel(source, fig), source.heading())
+        if run:
+            app.run()
+        return app
     options = replace(options, received=False, row_stats=False)
     opened = inspecting.prepare(options)
     result = inspecting.analyse(opened)
