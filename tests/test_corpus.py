@@ -237,6 +237,169 @@ def test_head_distances_where_layers_see_different_keys(budget: int | None, monk
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-4)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Long texts: alone, a block of query rows at a time, from q and k (attnviz.capturing.corpuslong)
+
+BLOCKED_FAMILIES = {
+    **{k: MODELS[k] for k in ("bert (encoder)", "llama (decoder, grouped-query)")},
+    "mistral (sliding window)": ("MistralConfig", "MistralForCausalLM", True,
+                                 dict(num_key_value_heads=2, sliding_window=3)),
+    "gpt-oss (sinks, windows)": ("GptOssConfig", "GptOssForCausalLM", True,
+                                 dict(num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+                                      sliding_window=3)),
+    "gemma2 (softcap, windows)": ("Gemma2Config", "Gemma2ForCausalLM", True,
+                                  dict(num_key_value_heads=2, head_dim=8, sliding_window=3,
+                                       attn_logit_softcapping=5.0, query_pre_attn_scalar=8)),
+}
+
+
+def _accumulate_blocked(model: object, batches: list, distance_budget: int | None = None) -> CorpusSums:
+    """Every text of ``batches`` alone (its real tokens only), through the blocked path."""
+    acc = CorpusAccumulator(THRESHOLD, ["odd"])
+    with torch.no_grad(), Capture(model, corpus=acc):
+        for ids, mask, classes in batches:
+            for b in range(ids.shape[0]):
+                real = mask[b].bool()
+                one = ids[b:b + 1, real]
+                acc.begin_blocked(torch.ones_like(one, dtype=torch.bool), classes[:, b:b + 1, real], distance_budget)
+                model(input_ids=one)
+                acc.end_blocked()
+    return acc.result({})
+
+
+@pytest.mark.parametrize("blocks", ["whole", "small blocks"])
+@pytest.mark.parametrize("name", list(BLOCKED_FAMILIES))
+def test_blocked_path_equals_the_exact_path(name: str, blocks: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each text alone through the blocked path (statistics from q and k a block of query rows at a time, the
+    head distances from every layer's q and k after the forward) adds the sums the exact path adds from the
+    model's weights over the same texts (right-padded batches): every statistic, the rows, the divergences
+    and their rows; in blocks of a few rows, a few pairs of heads a pass, too."""
+    if blocks == "small blocks":
+        monkeypatch.setattr("attnviz.capturing.corpuslong.ROW_VALUES", 24)
+        monkeypatch.setattr("attnviz.capturing.corpuslong.DISTANCE_VALUES", 60)
+        monkeypatch.setattr("attnviz.capturing.corpuslong.PAIR_BUDGET", 40)
+    config, cls, _, extra = BLOCKED_FAMILIES[name]
+    model, _ = _models(config, cls, extra)
+    batches = _batches(False)
+    exact = _accumulate(model, batches)
+    blocked = _accumulate_blocked(model, batches)
+    assert blocked.names == exact.names
+    for stat in range(len(exact.names)):
+        np.testing.assert_allclose(blocked.sums[stat], exact.sums[stat], atol=1e-5, rtol=1e-5,
+                                   err_msg=exact.names[stat])
+    for field in ("texts", "rows", "js_rows"):
+        np.testing.assert_array_equal(getattr(blocked, field), getattr(exact, field), err_msg=field)
+    np.testing.assert_allclose(blocked.js, exact.js, atol=1e-5, rtol=1e-5)
+    assert np.ptp(exact.distances()) > 0.01  # the distances are not trivial
+
+
+def test_blocked_statistics_with_a_dense_mask_equal_its_parts() -> None:
+    """A mask the model hands whole (not made of padding, causal and a window) is sliced a block of rows at a
+    time: the same statistics and divergences as the same mask given as its parts (grouped heads, a window, a
+    softcap and sinks)."""
+    from attnviz.capturing.corpuslong import Call, head_distances, site_sums
+    from attnviz.summarystats import MaskParts
+
+    g = torch.Generator().manual_seed(4)
+    n, h, hkv, d = 9, 4, 2, 8
+    q, k = torch.randn(1, h, n, d, generator=g), torch.randn(1, hkv, n, d, generator=g)
+    parts = MaskParts(causal=True, window=4)
+    dense = torch.tensor(parts.keep_rows(1, 0, n, n))
+    real = torch.ones(1, n, dtype=torch.bool)
+    classes = (torch.rand(2, 1, n, generator=g) > 0.5).float()
+    extra = dict(scale=0.7, softcap=4.0, sinks=torch.randn(h, generator=g), real=real, classes=classes,
+                 sink_threshold=0.2, row_budget=h * n * 2)
+    by_parts = site_sums(q, k, parts=parts, **extra)
+    by_mask = site_sums(q, k, parts=MaskParts(), dense=dense, **extra)
+    for a, b in zip(by_parts, by_mask):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6)
+    scores = dict(scale=0.7, softcap=4.0, sinks=extra["sinks"])
+    one = head_distances([Call(0, q, k, parts, None, **scores), Call(1, q.flip(1), k, MaskParts(), None, **scores)],
+                         real)
+    two = head_distances([Call(0, q, k, MaskParts(), dense, **scores), Call(1, q.flip(1), k, MaskParts(), None,
+                                                                               **scores)], real)
+    np.testing.assert_allclose(torch.triu(one, 1).numpy(), torch.triu(two, 1).numpy(), atol=1e-6)
+
+
+def test_long_texts_run_alone_and_distances_keep_their_rows(bert_folder: Path, tmp_path: Path) -> None:
+    """attnviz.corpus: the texts whose exact weights pass blocked_from run alone, a block of rows at a time, and
+    the sums equal a run where every text is exact. With no room for their q and k, the long texts are left out
+    of the head distances only: counted, warned of, their rows not in js_rows (the distances those of the other
+    texts alone), and inspect says so."""
+    import attnviz
+    from attnviz.capturing.corpuslong import exact_bytes
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
+    model = transformers.AutoModel.from_pretrained(str(bert_folder)).eval()
+    lines = [t for t in TEXT.splitlines() if t.strip()]
+    lengths = [min(16, len(tok(t)["input_ids"])) for t in lines]
+    cut = 10
+    long_ones = [t for t, n in zip(lines, lengths) if n > cut]
+    assert 0 < len(long_ones) < len(lines)
+    with pytest.warns(UserWarning, match="2 tokens dropped"):
+        exact = attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"])
+    with pytest.warns(UserWarning, match="2 tokens dropped"):
+        mixed = attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"],
+                               blocked_from=exact_bytes(4, cut))
+    for name in ("sums", "texts", "rows", "js", "js_rows"):
+        np.testing.assert_allclose(getattr(mixed, name), getattr(exact, name), rtol=1e-5, atol=1e-5, err_msg=name)
+    assert mixed.corpus["blocked_texts"] == len(long_ones) and exact.corpus["blocked_texts"] == 0
+    assert mixed.corpus["distance_texts"] == len(lines) == mixed.corpus["texts"]
+    out = tmp_path / "left.safetensors"
+    with pytest.warns(UserWarning) as caught:
+        left = attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"],
+                              blocked_from=exact_bytes(4, cut), distance_budget=0, path=out)
+    said = " ".join(str(w.message) for w in caught)
+    assert f"{len(long_ones)} long text(s)" in said and "left out of the head distances" in said, said
+    assert left.corpus["distance_texts"] == len(lines) - len(long_ones)
+    np.testing.assert_allclose(left.sums, exact.sums, rtol=1e-5, atol=1e-5)  # the other statistics: every text
+    short = attnviz.corpus(model, tok, [t for t in lines if t not in long_ones], batch_size=3,
+                           token_class=["the=the"])
+    np.testing.assert_allclose(left.js_rows, short.js_rows)
+    np.testing.assert_allclose(left.distances(), short.distances(), rtol=1e-5, atol=1e-6)
+    shown = _invoke("inspect", str(out))
+    assert shown.exit_code == 0, shown.stderr
+    note = f"head distances over {len(lines) - len(long_ones)} of {len(lines)} texts"
+    assert note in shown.stderr and " ".join(shown.stdout.split()).count("long text(s) left out") == 1
+    doc = json.loads(_invoke("inspect", str(out), "--json").stdout)
+    assert doc["distance_texts"] == len(lines) - len(long_ones) and doc["blocked_texts"] == len(long_ones)
+    other = tmp_path / "exact.safetensors"
+    with pytest.warns(UserWarning):
+        attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"], path=other)
+    # two shards' counts add: a file without the count (written before long texts ran blocked) holds every text
+    from attnviz.inspection.corpus import write_corpus
+
+    older = read_corpus(str(other))
+    del older.meta["corpus"]["distance_texts"]
+    older.meta["corpus"]["sources"][0]["sha256"] = "another"  # another text file
+    write_corpus(tmp_path / "older2.safetensors", older)
+    merged = merge_corpora([("a", read_corpus(str(out))), ("b", read_corpus(str(tmp_path / "older2.safetensors")))])
+    assert merged.corpus["distance_texts"] == 2 * len(lines) - len(long_ones)
+    assert merged.corpus["blocked_texts"] == len(long_ones)
+
+
+def test_cli_corpus_says_what_ran_blocked_and_what_the_distances_hold(bert_folder: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture --corpus with limits low enough that some texts run blocked and none fits the distances: the summary
+    line counts the long texts, a warning says the distances leave them out, the JSON has both counts."""
+    from attnviz.capturing.corpuslong import exact_bytes
+
+    monkeypatch.setattr("attnviz.capturing.corpuslong.BLOCKED_FROM", exact_bytes(4, 10))
+    monkeypatch.setattr("attnviz.capturing.corpuslong.DISTANCE_BUDGET", 0)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "c.safetensors"
+    done = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "-o", str(out))
+    assert done.exit_code == 0, done.stderr
+    blocked = read_corpus(str(out)).corpus["blocked_texts"]
+    assert blocked > 0 and f"({blocked} long, a block of rows at a time)" in done.stdout
+    assert f"head distances: every layer's q and k would take more than 0 B; the distances are over {7 - blocked} " \
+           "of 7 texts" in " ".join(done.stderr.split()), done.stderr
+    doc = json.loads(_invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "-o", str(out),
+                             "--json").stdout)
+    assert doc["blocked_texts"] == blocked and doc["distance_texts"] == 7 - blocked
+
+
 def test_batches_add_up_as_one() -> None:
     """The same texts in other batches (two halves, added) give the same sums as one run: what merging shards
     relies on."""
@@ -400,6 +563,8 @@ def test_cli_corpus_pictures(bert_folder: Path, tmp_path: Path) -> None:
     (["--text-file", "{text}", "--token-class", "noequals"], 2, "NAME=REGEX"),
     (["--text-file", "{text}", "--shard", "2/2"], 2, "INDEX runs from 0"),
     (["--text-file", "{text}", "--long", "refuse"], 1, "more than the model's 16 positions"),
+    (["--text-file", "{text}", "--truncate", "--long", "refuse"], 2, "--truncate is --long truncate"),
+    (["--text-file", "{text}", "--long", "cut"], 2, "--long"),
     (["--text", "a cat"], 2, "--text-file"),
     (["--text-file", "{text}", "--generate", "2"], 2, "--corpus"),
 ])

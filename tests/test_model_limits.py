@@ -1,7 +1,8 @@
 """A model folder's limits named on the command line: a text longer than the positions a model has
-(learned position embeddings: BERT's 512) stops in one line naming the limit and --truncate, which keeps the
-first tokens and says how many it dropped; past a rotary model's max_position_embeddings a warning; --target
-on a model without a language-model head says so."""
+(learned position embeddings: BERT's 512) stops in one line naming the limit and --long truncate, which keeps
+the first tokens and says how many it dropped (--truncate, its older name, the same); past a rotary model's
+max_position_embeddings a warning, or a refusal with --long refuse; --target on a model without a
+language-model head says so."""
 
 from __future__ import annotations
 
@@ -46,24 +47,42 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 LONG = "the cat sat on the mat " * 3  # 18 words: 20 tokens with [CLS] and [SEP]
 
 
-def test_past_learned_positions_names_the_limit_and_truncate(folders: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut", [["--long", "truncate"], ["--truncate"]], ids=["--long truncate", "--truncate"])
+def test_past_learned_positions_names_the_limit_and_truncate(cut: list[str], folders: dict[str, Path],
+                                                             tmp_path: Path) -> None:
     out = tmp_path / "run.safetensors"
-    r = runner.invoke(app, ["capture", str(folders["bert"]), "--text", LONG, "--text", "a dog ran", "-o", str(out)])
-    assert r.exit_code == 1, r.stderr
-    assert "12 positions" in r.stderr and "20 tokens" in r.stderr and "--truncate" in r.stderr
-    assert "size of tensor" not in r.stderr and len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    for refuse in ([], ["--long", "refuse"]):  # refuse is the default
+        r = runner.invoke(app, ["capture", str(folders["bert"]), "--text", LONG, "--text", "a dog ran", "-o", str(out),
+                                *refuse])
+        assert r.exit_code == 1, r.stderr
+        assert "12 positions" in r.stderr and "20 tokens" in r.stderr and "--long truncate" in r.stderr
+        assert "size of tensor" not in r.stderr and len(r.stderr.strip().splitlines()) == 1 and not out.exists()
     r = runner.invoke(app, ["capture", str(folders["bert"]), "--text", LONG, "--text", "a dog ran", "-o", str(out),
-                            "--truncate", "--json"])
+                            *cut, "--json"])
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["shape"][-1] == 12
-    assert "--truncate dropped 8 token(s) of entry 0" in r.stderr
+    assert "--long truncate dropped 8 token(s) of entry 0" in r.stderr
     assert any("dropped 8" in w for w in doc["warnings"])
-    r = runner.invoke(app, ["inspect", "--model", str(folders["bert"]), "--text", LONG, "--truncate", "--json"])
+    r = runner.invoke(app, ["inspect", "--model", str(folders["bert"]), "--text", LONG, *cut, "--json"])
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["weights_shape"][-1] == 12
     r = runner.invoke(app, ["inspect", "--model", str(folders["bert"]), "--text", LONG])
-    assert r.exit_code == 1 and "--truncate" in r.stderr
+    assert r.exit_code == 1 and "--long truncate" in r.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--truncate", "--long", "refuse"], "--truncate is --long truncate"),
+    (["--long", "cut"], "--long"),
+])
+def test_long_and_truncate_in_conflict_or_misspelt(args: list[str], words: str, folders: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    for command in (["capture", str(folders["bert"]), "-o", str(tmp_path / "r.safetensors")],
+                    ["inspect", "--model", str(folders["bert"])]):
+        r = runner.invoke(app, [*command, "--text", "the cat", *args])
+        assert r.exit_code == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = runner.invoke(app, ["inspect", "x.npy", "--long", "truncate"])
+    assert r.exit_code == 2 and "go with --model" in r.stderr, r.stderr
 
 
 def test_past_max_position_embeddings_warns(folders: dict[str, Path], tmp_path: Path) -> None:
@@ -75,6 +94,13 @@ def test_past_max_position_embeddings_warns(folders: dict[str, Path], tmp_path: 
     assert any("max_position_embeddings 8" in w for w in json.loads(r.stdout)["warnings"])
     r = runner.invoke(app, ["capture", str(folders["llama"]), "--text", "the cat", "-o", str(out), "--json"])
     assert r.exit_code == 0 and "max_position_embeddings" not in r.stderr
+    # --long refuse, said, refuses a rotary model's untrained positions too; --long truncate keeps it within them
+    r = runner.invoke(app, ["capture", str(folders["llama"]), "--text", "the cat sat on the mat dog ran fast", "-o",
+                            str(out), "--long", "refuse"])
+    assert r.exit_code == 1 and "max_position_embeddings 8" in r.stderr and "--long truncate" in r.stderr, r.stderr
+    r = runner.invoke(app, ["capture", str(folders["llama"]), "--text", "the cat sat on the mat dog ran fast", "-o",
+                            str(out), "--long", "truncate", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["shape"][-1] == 8, r.stderr
 
 
 def test_target_without_a_language_model_head(folders: dict[str, Path], tmp_path: Path) -> None:
@@ -92,7 +118,7 @@ def test_real_minilm_names_its_512_positions(tmp_path: Path) -> None:
     r = runner.invoke(app, ["capture", str(folder), "--text", text, "-o", str(tmp_path / "m.safetensors")])
     assert r.exit_code == 1 and "512 positions" in r.stderr and "602 tokens" in r.stderr, r.stderr
     r = runner.invoke(app, ["capture", str(folder), "--text", text, "-o", str(tmp_path / "m.safetensors"),
-                            "--truncate", "--no-weights", "--json"])
+                            "--long", "truncate", "--no-weights", "--json"])
     assert r.exit_code == 0, r.stderr
     assert "dropped 90 token(s)" in r.stderr and np.prod(json.loads(r.stdout)["shape"]) > 0
 

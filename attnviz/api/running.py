@@ -216,7 +216,8 @@ def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: An
 
 
 def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None, batch_size: int = 8,
-           token_class: Sequence[str] = (), sink_threshold: float = 0.3, long: str = "truncate") -> Any:
+           token_class: Sequence[str] = (), sink_threshold: float = 0.3, long: str = "truncate",
+           blocked_from: int | None = None, distance_budget: int | None = None) -> Any:
     """Per-head statistics of a transformers model over many texts, as ``attnviz capture --corpus`` keeps
     them (see the corpus page of the documentation)::
 
@@ -225,7 +226,10 @@ def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None
 
     ``texts``: one string per text. Options as the command line's: ``batch_size``, ``token_class``
     (``"NAME=REGEX"`` strings), ``sink_threshold``, ``long`` ("truncate" or "refuse"); ``path`` writes the
-    corpus file (``attnviz inspect`` reads it, ``attnviz merge`` adds such files). Returns an
+    corpus file (``attnviz inspect`` reads it, ``attnviz merge`` adds such files). Long texts: one whose exact
+    weights at a site (heads x L x L float32) would take more than ``blocked_from`` bytes (64 MiB) runs alone,
+    a block of query rows at a time (the same sums); its head distances need every layer's q and k within
+    ``distance_budget`` bytes (1 GiB), else it is left out of the distances only, with a warning. Returns an
     ``attnviz.inspection.corpus.CorpusSums``."""
     import hashlib
 
@@ -241,13 +245,17 @@ def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None
         raise UsageError(f"attnviz.corpus: batch_size={batch_size}; it is at least 1.")
     if long not in ("truncate", "refuse"):
         raise UsageError(f"attnviz.corpus: long={long!r}; choose 'truncate' or 'refuse'.")
+    for name, value in (("blocked_from", blocked_from), ("distance_budget", distance_budget)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise UsageError(f"attnviz.corpus: {name}={value!r}; a number of bytes, 0 or more.")
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     source = {"file": "(texts)", "sha256": digest, "lines": len(texts), "shards": [[0, 1]]}
     lines = [n + 1 for n, t in enumerate(texts) if t.strip()]
     device = next((p.device for p in model.parameters()), "cpu") if hasattr(model, "parameters") else "cpu"
     sums, warned = run_corpus(model, tokenizer, CorpusText(kept, lines, len(texts) - len(kept), source),
                               device=device, batch_size=batch_size, classes=compile_classes(token_class),
-                              sink_threshold=sink_threshold, long=long)
+                              sink_threshold=sink_threshold, long=long, blocked_from=blocked_from,
+                              distance_budget=distance_budget)
     _warn(warned)
     if path is not None:
         write_corpus(path, sums)

@@ -13,6 +13,11 @@ needs the pairs, and summed over rows it is a sum over the batch's real (row, ke
 gathered once per batch into a flat ``[heads, elements]`` buffer (padding and masked keys take no room, so a
 causal model's pairs cost half an encoder's), and each head is taken against a chunk of later heads a pass.
 
+A text whose exact weights at one site would take more than ``corpuslong.BLOCKED_FROM`` bytes leaves its
+mini-batch and runs alone: its sites hand q and k to ``add_blocked`` (``begin_blocked`` / ``end_blocked`` around
+its forward), whose statistics ``attnviz.capturing.corpuslong`` computes a block of query rows at a time, the
+same sums ``add`` keeps.
+
 torch and transformers are imported inside the functions, when a corpus is captured.
 """
 
@@ -82,6 +87,10 @@ class CorpusAccumulator:
         self.js_rows: Any = None
         self.batch: _Batch | None = None
         self.skipped: set[str] = set()
+        #: the long text running now (``begin_blocked``): its sites hand q and k, not weights
+        self.long_text: Any = None
+        self.blocked_texts = 0  # texts run a block of rows at a time
+        self.distance_left_out = 0  # texts left out of the head distances (their q and k did not fit)
 
     @property
     def names(self) -> list[str]:
@@ -253,6 +262,80 @@ class CorpusAccumulator:
             pairs = 0.5 * (a[:, None] + a[None, :]) + (0.5 * math.log(2.0)) * (c[:, None] + c[None, :]) - 0.5 * m
             self.js += torch.triu(pairs, diagonal=1)
             self.js_rows += b.real.sum().to(wide)
+
+    # -- a long text, alone, a block of query rows at a time (``attnviz.capturing.corpuslong``)
+
+    def begin_blocked(self, real: Any, classes: Any, distance_budget: int | None = None) -> None:
+        """A forward pass over one long text (``real`` [1, L], ``classes`` [C, 1, L]) whose sites hand their q
+        and k (``add_blocked``) instead of weights; its q and k are kept for the head distances while they fit
+        ``distance_budget`` bytes (``corpuslong.DISTANCE_BUDGET``)."""
+        from attnviz.capturing.corpuslong import DISTANCE_BUDGET, LongText
+
+        if int(real.shape[0]) != 1:
+            raise AttnvizError("corpus: a long text runs alone (a batch of one).")
+        self.begin(real, classes)
+        self.long_text = LongText(DISTANCE_BUDGET if distance_budget is None else int(distance_budget))
+
+    def add_blocked(self, site: Any, query: Any, key: Any, *, parts: Any, dense: Any = None, scale: float,
+                    softcap: float | None = None, sinks: Any = None, bias: Any = None) -> None:
+        """One attention call of the long text: ``query [1, H, L, d]``, ``key [1, Hkv, L, d]``, the mask as its
+        ``parts`` (``attnviz.summarystats.MaskParts``) or ``dense`` (a boolean keep mask), and the family's
+        ``scale``, ``softcap``, ``sinks`` and position ``bias``: the text's statistics, as ``add`` keeps them."""
+        import torch
+
+        from attnviz.capturing.corpuslong import Call, site_sums
+
+        b, long = self.batch, self.long_text
+        if b is None or long is None or site.kind == "cross":
+            return
+        nb, nh, lq = (int(n) for n in query.shape[:3])
+        n = int(b.real.shape[-1])
+        if lq != n or int(key.shape[-2]) != n or nb != 1:
+            self.skipped.add(site.name)  # not self-attention over the text
+            return
+        with torch.no_grad():
+            s = self._site_index(site, nh, query.device)
+            means, had, rows = site_sums(query, key, scale=scale, parts=parts, dense=dense, softcap=softcap,
+                                         sinks=sinks, bias=bias, real=b.real, classes=b.classes,
+                                         sink_threshold=self.sink_threshold)
+            dtype = self.sums[s].dtype
+            self.sums[s] += means.to(dtype)
+            self.texts[s] += had.to(dtype)
+            self.rows[s] += rows.to(dtype)
+            if self.distances:
+                long.keep(Call(s, query, key, parts, dense, scale, softcap, sinks, bias))
+
+    def end_blocked(self) -> None:
+        """The long text's forward is over: its head distances from the q and k kept, block of rows by block of
+        rows; a text whose q and k did not fit is counted in ``distance_left_out`` and adds no row to them."""
+        import torch
+
+        from attnviz.capturing.corpuslong import head_distances
+
+        b, long = self.batch, self.long_text
+        self.batch, self.long_text = None, None
+        if b is None or long is None:
+            return
+        self.blocked_texts += 1
+        if not self.distances:
+            return
+        if long.over:
+            self.distance_left_out += 1
+            return
+        calls = sorted(long.calls, key=lambda c: c.site)
+        if [c.site for c in calls] != list(range(len(self.sites))):
+            missing = sorted(set(self.sites) - {self.sites[c.site] for c in calls})
+            raise AttnvizError(f"corpus: the attention site {missing[0] if missing else '?'} did not run in "
+                               "every batch.")
+        with torch.no_grad():
+            pairs = head_distances(calls, b.real)
+            if self.js is None:
+                g = pairs.shape[0]
+                self.js = torch.zeros((g, g), dtype=_sum_dtype(pairs.device), device=pairs.device)
+                self.js_rows = torch.zeros((), dtype=self.js.dtype, device=pairs.device)
+            self.js += torch.triu(pairs, diagonal=1).to(self.js.dtype)
+            self.js_rows += b.real.sum().to(self.js.dtype)
+        long.calls.clear()
 
     # -- the result
 
@@ -484,11 +567,13 @@ class CorpusRun:
 def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "auto", dtype: str = "auto",
                    batch_size: int = 8, classes: Sequence[tuple[str, re.Pattern[str]]] = (),
                    sink_threshold: float = 0.3, long: str = "truncate",
-                   progress: Callable[[int, int], None] | None = None) -> CorpusRun:
+                   progress: Callable[[int, int], None] | None = None, blocked_from: int | None = None,
+                   distance_budget: int | None = None) -> CorpusRun:
     """Run a local model folder over ``corpus`` in mini-batches of ``batch_size`` texts and write the
     per-head sums to ``out`` (a corpus file: ``attnviz.inspection.corpus``). ``progress(done, total)`` is
     called after each batch. ``long``: ``truncate`` (texts past the model's positions keep their first
-    tokens, and the dropped tokens are counted) or ``refuse``."""
+    tokens, and the dropped tokens are counted) or ``refuse``. ``blocked_from`` and ``distance_budget``: see
+    ``run_corpus``."""
     from attnviz.capturing.folder import check_folder, choose_device, import_torch, load_model
     from attnviz.inspection.corpus import write_corpus
 
@@ -498,7 +583,8 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
     started = time.perf_counter()
     model, tokenizer = load_model(path, torch, transformers, device, dtype)
     sums, warnings = run_corpus(model, tokenizer, corpus, device=device, batch_size=batch_size, classes=classes,
-                                sink_threshold=sink_threshold, long=long, progress=progress, where=folder)
+                                sink_threshold=sink_threshold, long=long, progress=progress, where=folder,
+                                blocked_from=blocked_from, distance_budget=distance_budget)
     write_corpus(out, sums)
     return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, len(corpus.texts),
                      time.perf_counter() - started, warnings)
@@ -507,10 +593,19 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
 def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = "cpu", batch_size: int = 8,
                classes: Sequence[tuple[str, re.Pattern[str]]] = (), sink_threshold: float = 0.3,
                long: str = "truncate", progress: Callable[[int, int], None] | None = None,
-               where: str = "the model") -> tuple[CorpusSums, list[str]]:
-    """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings."""
+               where: str = "the model", blocked_from: int | None = None,
+               distance_budget: int | None = None) -> tuple[CorpusSums, list[str]]:
+    """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings.
+
+    A text whose exact weights at one site (heads x L x L float32) would take more than ``blocked_from`` bytes
+    (``corpuslong.BLOCKED_FROM``, 64 MiB) leaves its mini-batch and runs alone, its statistics computed from q
+    and k a block of query rows at a time (``capturing.corpuslong``: the same sums); its head distances need
+    every site's q and k kept until the forward ends, within ``distance_budget`` bytes
+    (``corpuslong.DISTANCE_BUDGET``, 1 GiB), else the text is left out of the distances only (counted, and
+    said in a warning)."""
     import torch
 
+    from attnviz.capturing.corpuslong import BLOCKED_FROM, DISTANCE_BUDGET, exact_bytes, site_heads
     from attnviz.capturing.session import Capture
 
     if tokenizer.pad_token is None:
@@ -523,55 +618,78 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
         if runner is None:
             raise InputError(f"{where}: an encoder-decoder without an encoder attnviz can run alone.")
     limit = position_limit(model, tokenizer)
+    blocked_from = BLOCKED_FROM if blocked_from is None else int(blocked_from)
+    distance_budget = DISTANCE_BUDGET if distance_budget is None else int(distance_budget)
+    heads = site_heads(model)
     token_classes = TokenClasses(tokenizer, classes)
     acc = CorpusAccumulator(sink_threshold, [n for n, _ in classes])
     first_tokens: Counter[str] = Counter()
     last_tokens: Counter[str] = Counter()
     truncated = dropped = 0
+    longest_blocked = 0
     total = len(corpus.texts)
     names = _forward_names(runner)
     if long == "refuse" and limit is not None:  # every text measured before the model runs
         for start in range(0, total, 256):
-            _, lost = _fit(tokenizer, corpus.texts[start:start + 256], limit)
+            _, lost, _ = _fit(tokenizer, corpus.texts[start:start + 256], limit)
             if lost.any():
                 at = int(np.flatnonzero(lost)[0])
                 raise InputError(f"--text-file {corpus.source['file']}: line {corpus.lines[start + at]} has "
                                  f"{limit + int(lost[at])} tokens, more than the model's {limit} positions "
                                  "(--long truncate keeps the first ones).")
+
+    def forward(texts: list[str], lines: list[int], cut: bool, blocked: bool) -> None:
+        """One forward pass over ``texts`` (a padded batch; or one long text, a block of rows at a time)."""
+        try:
+            batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=cut,
+                              max_length=limit if cut else None)
+        except Exception as exc:  # noqa: BLE001
+            raise InputError(f"{where}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
+        inputs = {k: v.to(device) for k, v in batch.items() if k in names or k == "input_ids"}
+        ids = inputs["input_ids"]
+        real = batch["attention_mask"].to(device).bool() if "attention_mask" in batch else \
+            torch.ones_like(ids, dtype=torch.bool)
+        _ends(tokenizer, ids, real, first_tokens, last_tokens)
+        if blocked:
+            acc.begin_blocked(real, token_classes.masks(ids), distance_budget)
+        else:
+            acc.begin(real, token_classes.masks(ids))
+        try:
+            runner(**inputs)
+        except AttnvizError:
+            raise
+        except torch.cuda.OutOfMemoryError:
+            raise DeviceError(f"{where}: the GPU ran out of memory; a smaller --batch-size, --dtype bfloat16, "
+                              "or --device cpu.") from None
+        except Exception as exc:  # noqa: BLE001
+            span = f"line {lines[0]}" if len(lines) == 1 else f"the texts of lines {lines[0]}..{lines[-1]}"
+            raise InputError(f"{where}: the model failed on {span} ({_reason(exc)}).") from None
+        if blocked:
+            acc.end_blocked()
+        else:
+            acc.end()
+
     with torch.no_grad(), Capture(model, tokenizer, corpus=acc) as cap:
         for start in range(0, total, batch_size):
             chunk = corpus.texts[start:start + batch_size]
-            # Long texts: cut to the model's positions here. A summary path for long contexts would take
-            # them whole instead (statistics computed a block of rows at a time); this is where it goes.
-            cut, lost = _fit(tokenizer, chunk, limit)
+            lines = corpus.lines[start:start + batch_size]
+            # texts past the model's positions are cut here; a text whose exact weights would be too large runs
+            # alone, a block of query rows at a time (the same sums), the others as one padded batch
+            cut, lost, lengths = _fit(tokenizer, chunk, limit)
             if lost.any():
                 truncated += int((lost > 0).sum())
                 dropped += int(lost.sum())
-            try:
-                batch = tokenizer(chunk, return_tensors="pt", padding=True, truncation=cut,
-                                  max_length=limit if cut else None)
-            except Exception as exc:  # noqa: BLE001
-                raise InputError(f"{where}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
-            inputs = {k: v.to(device) for k, v in batch.items() if k in names or k == "input_ids"}
-            ids = inputs["input_ids"]
-            real = batch["attention_mask"].to(device).bool() if "attention_mask" in batch else \
-                torch.ones_like(ids, dtype=torch.bool)
-            _ends(tokenizer, ids, real, first_tokens, last_tokens)
-            acc.begin(real, token_classes.masks(ids))
-            try:
-                runner(**inputs)
-            except AttnvizError:
-                raise
-            except torch.cuda.OutOfMemoryError:
-                raise DeviceError(f"{where}: the GPU ran out of memory; a smaller --batch-size, --dtype bfloat16, "
-                                  "or --device cpu.") from None
-            except Exception as exc:  # noqa: BLE001
-                raise InputError(f"{where}: the model failed on the texts of lines {corpus.lines[start]}.."
-                                 f"{corpus.lines[start + len(chunk) - 1]} ({_reason(exc)}).") from None
-            acc.end()
+            alone = [k for k, n in enumerate(lengths) if exact_bytes(heads, int(n)) > blocked_from]
+            rest = [k for k in range(len(chunk)) if k not in alone]
+            if rest:
+                forward([chunk[k] for k in rest], [lines[k] for k in rest], cut, False)
+            for k in alone:
+                longest_blocked = max(longest_blocked, int(lengths[k]))
+                forward([chunk[k]], [lines[k]], cut, True)
             if progress is not None:
                 progress(min(start + batch_size, total), total)
     describe = dict(cap.metadata)
+    distance_texts = total - acc.distance_left_out
     meta = {
         "model_type": describe.get("model_type"), "transformers": describe.get("transformers"),
         "torch": describe.get("torch"), "dtype": describe.get("dtype"),
@@ -579,6 +697,7 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
             "model": model_identity(model), "tokenizer": tokenizer_identity(tokenizer),
             "settings": settings(sink_threshold, classes, limit, long),
             "texts": total, "empty_lines": corpus.empty, "truncated_texts": truncated, "dropped_tokens": dropped,
+            "blocked_texts": acc.blocked_texts, "distance_texts": distance_texts,
             "sources": [corpus.source],
             "first_tokens": dict(first_tokens.most_common()), "last_tokens": dict(last_tokens.most_common()),
         },
@@ -587,6 +706,13 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
     if truncated:
         warnings.append(f"{truncated} text(s) were longer than the model's {limit} positions: their first {limit} "
                         f"tokens were used ({dropped} tokens dropped)")
+    if acc.distance_left_out:
+        from attnviz.formats._base import size_str
+
+        warnings.append(f"{acc.distance_left_out} long text(s) (up to {longest_blocked} tokens) were left out of the "
+                        f"head distances: every layer's q and k would take more than "
+                        f"{size_str(distance_budget)}; the distances are over {distance_texts} of {total} texts "
+                        "(the other statistics over all of them)")
     return acc.result(meta), warnings
 
 
@@ -597,13 +723,14 @@ def settings(sink_threshold: float, classes: Sequence[tuple[str, re.Pattern[str]
             "classes": {n: p.pattern for n, p in classes}, "max_length": limit, "long": long, "padding": "right"}
 
 
-def _fit(tokenizer: Any, texts: list[str], limit: int | None) -> tuple[bool, np.ndarray]:
-    """Whether the batch must be cut to ``limit`` tokens, and how many tokens each text loses."""
+def _fit(tokenizer: Any, texts: list[str], limit: int | None) -> tuple[bool, np.ndarray, np.ndarray]:
+    """Whether the batch must be cut to ``limit`` tokens, how many tokens each text loses, and each text's
+    tokens as it will run (cut to the limit)."""
+    lengths = np.array([len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]], dtype=np.int64)
     if limit is None:
-        return False, np.zeros(len(texts), dtype=np.int64)
-    lengths = np.array([len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]])
+        return False, np.zeros(len(texts), dtype=np.int64), lengths
     lost = np.maximum(lengths - limit, 0)
-    return bool(lost.any()), lost
+    return bool(lost.any()), lost, np.minimum(lengths, limit)
 
 
 def _ends(tokenizer: Any, ids: Any, real: Any, first: Counter[str], last: Counter[str]) -> None:

@@ -235,12 +235,15 @@ def position_limits(model: Any, tokenizer: Any) -> tuple[int | None, int | None]
     return learned, trained if learned is None and isinstance(trained, int) and trained > 0 else None
 
 
-def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str, *, generate: int, truncate: bool,
-                  ) -> tuple[dict[str, Any], list[str]]:
-    """The tokenizer's keywords for ``texts`` (``truncation`` and ``max_length`` with ``truncate``) and the
-    warnings to give: a text longer than the model's learned positions stops here, naming the limit and
-    --truncate (exit 1); past a model's ``max_position_embeddings`` a warning (``position_limits``);
-    ``--truncate`` keeps the first tokens of each text and says how many it dropped."""
+def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str, *, generate: int,
+                  long: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The tokenizer's keywords for ``texts`` (``truncation`` and ``max_length`` with ``long="truncate"``) and
+    the warnings to give (``position_limits``). ``long``: ``truncate`` keeps the first tokens of each text and
+    says how many it dropped; ``refuse`` stops here (exit 1), naming the limit and --long truncate, for a text
+    past the model's positions; None (the default): stops for a text past its learned positions (it would fail
+    inside the model), warns past a rotary model's ``max_position_embeddings`` (it runs, on positions it was
+    not trained on)."""
+    truncate = long == "truncate"
     learned, trained = position_limits(model, tokenizer)
     limit = learned or trained
     if limit is None:
@@ -258,22 +261,24 @@ def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str,
         if room < 1:
             raise UsageError(f"--generate {generate}: {what}; generate fewer tokens.")
         dropped = "; ".join(f"{n - room} token(s) of entry {i} ({n} to {room})" for i, n in over)
-        return {"truncation": True, "max_length": room}, [f"--truncate dropped {dropped}."]
-    if learned:
-        raise InputError(f"--text: entry {i} is {n} tokens{plus}; {what}: shorten the text, or add --truncate "
-                         f"to keep the first {room} tokens of each entry.")
-    return {}, [f"entry {i} is {n} tokens{plus}, {what}; --truncate keeps the first {room} tokens of each entry."]
+        return {"truncation": True, "max_length": room}, [f"--long truncate dropped {dropped}."]
+    if learned or long == "refuse":
+        raise InputError(f"--text: entry {i} is {n} tokens{plus}; {what}: shorten the text, or add --long "
+                         f"truncate to keep the first {room} tokens of each entry.")
+    return {}, [f"entry {i} is {n} tokens{plus}, {what}; --long truncate keeps the first {room} tokens of each "
+                "entry, --long refuse stops instead."]
 
 
 def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
                    check: bool = False, summary: Any = None, max_file: int | None = None,
-                   auto_summary: bool = False, truncate: bool = False) -> Captured:
+                   auto_summary: bool = False, long: str | None = None) -> Captured:
     """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
     (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
     chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings);
-    ``truncate``: keep the first tokens of texts longer than the model's positions (``fit_positions``).
+    ``long``: texts longer than the model's positions, ``truncate`` (keep their first tokens) or ``refuse``
+    (stop); None: stop where the model cannot run them, warn where it runs them untrained (``fit_positions``).
     A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
     from attnviz.capturing.preset import capture_preset, is_preset
 
@@ -299,7 +304,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
                          "(...ForCausalLM, ...ForMaskedLM, ...ForConditionalGeneration).")
     try:
         fitted, limits = fit_positions(texts, tokenizer, model, str(model.config.model_type),
-                                       generate=generate if causal else 0, truncate=truncate)  # (a decoder's own)
+                                       generate=generate if causal else 0, long=long)  # (a decoder's own)
         batch = tokenizer(texts, return_tensors="pt", padding=True, **fitted).to(device)
     except AttnvizError:
         raise

@@ -219,8 +219,15 @@ class HFCapture:
 
     @property
     def light(self) -> bool:
-        """No exact weights are computed (a summary, or q, k and v only): masks stay boolean or are not built."""
-        return self.summary is not None or (not self.weights and self.target is None)
+        """No exact weights are computed (a summary, q, k and v only, or a corpus's long text): masks stay boolean
+        or are not built."""
+        return self.summary is not None or (not self.weights and self.target is None) or self.blocked
+
+    @property
+    def blocked(self) -> bool:
+        """A corpus's long text runs: each site hands the corpus its q and k (statistics a block of query rows at a
+        time, ``capturing.corpuslong``), and no weights are computed."""
+        return self.corpus is not None and getattr(self.corpus, "long_text", None) is not None
 
     # -- opening and closing
 
@@ -356,7 +363,8 @@ class HFCapture:
                 "window": _number(kwargs.get("sliding_window")), "softcap": _number(kwargs.get("softcap")),
                 "sinks": kwargs.get("s_aux") is not None, "heads": int(query.shape[1]), "kv_heads": int(key.shape[1])}
         site = self.rec.site(id(module), self.kind(name), name, info)
-        want = site is not None and (self.weights or self.target is not None) and self.summary is None
+        blocked = self.blocked
+        want = site is not None and (self.weights or self.target is not None) and self.summary is None and not blocked
         eager_out = weights = None
         if want:
             eager_out, weights = _eager_of(module)(module, query, key, value, attention_mask, **kwargs)
@@ -368,7 +376,10 @@ class HFCapture:
         else:
             out = self._original(module, query, key, value, attention_mask, kwargs, eager_out)
         if self.corpus is not None:
-            if site is not None and weights is not None:
+            if site is not None and blocked:
+                with torch.no_grad():
+                    self._corpus_blocked(site, module, query, key, attention_mask, kwargs)
+            elif site is not None and weights is not None:
                 self.corpus.add(site, weights, attention_mask)
         elif site is not None:
             with torch.no_grad():
@@ -480,15 +491,7 @@ class HFCapture:
         from attnviz.capturing.summary import step_row, summarise
         from attnviz.summarystats import MaskParts
 
-        lq, lk = int(query.shape[-2]), int(key.shape[-2])
-        scale = kwargs.get("scaling", getattr(module, "scaling", None))
-        scale = float(query.shape[-1] ** -0.5 if scale is None else scale)
-        softcap = _number(kwargs.get("softcap"))
-        sinks = kwargs.get("s_aux") if _is_tensor(kwargs.get("s_aux")) else None
-        given: Any = kwargs.get("position_bias")
-        bias = None
-        if _is_tensor(given):
-            bias = given[..., -lq:, :lk] if given.shape[-2] != lq else given[..., :lk]
+        scale, softcap, sinks, bias = _scoring(module, query, key, kwargs)
         self._check_family(module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias)
         host = self.pool.host
         if step:
@@ -503,8 +506,30 @@ class HFCapture:
             if name != "real_keys":
                 arrays[name] = host(value, value.dtype)
 
+    def _corpus_blocked(self, site: Site, module: Any, query: Any, key: Any, mask: Any, kwargs: dict[str, Any]) -> None:
+        """A corpus's long text: the site's q, k, mask (as its parts where it is made of them) and the family's
+        scale, softcap, sinks and position bias to the corpus (``CorpusAccumulator.add_blocked``), the family
+        checked first as a summary's is."""
+        from attnviz.summarystats import MaskParts
+
+        lq, lk = int(query.shape[-2]), int(key.shape[-2])
+        keep = None if mask is None else _keep(mask)
+        if keep is not None and keep.shape[-1] != lk:
+            keep = keep[..., :lk]
+        parts, _ = self._parts(module, site, keep, lq, lk, kwargs, mask)
+        scale, softcap, sinks, bias = _scoring(module, query, key, kwargs)
+        self._check_family(module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias,
+                           instead="run the corpus with shorter texts (a text whose exact weights would be too "
+                                   "large runs a block of rows at a time)")
+        dense = None
+        if parts is None:  # a mask of other parts: kept whole, sliced a block of rows at a time
+            parts, dense = MaskParts(causal=False, self_attention=site.kind != "cross"), keep
+        self.corpus.add_blocked(site, query, key, parts=parts, dense=dense, scale=scale, softcap=softcap, sinks=sinks,
+                                bias=bias)
+
     def _check_family(self, module: Any, query: Any, key: Any, keep: Any, parts: Any, kwargs: dict[str, Any],
-                      scale: float, softcap: Any, sinks: Any, bias: Any) -> None:
+                      scale: float, softcap: Any, sinks: Any, bias: Any,
+                      instead: str = "capture its exact weights instead (without --summary)") -> None:
         """Once per attention class: the summary's weights of a few rows against the family's own eager
         attention on the same rows; a family whose settings the summary does not reproduce is refused."""
         import torch
@@ -541,8 +566,7 @@ class HFCapture:
             theirs, ours = torch.where(live, theirs.float(), 0.0), torch.where(live, ours, 0.0)
         if theirs is None or theirs.shape != ours.shape or not bool(torch.allclose(theirs.float(), ours, atol=tol)):
             raise InputError(f"{family}: attnviz cannot reproduce this family's attention a block of rows at a time "
-                             "(its weights differ from what its scale, mask, softcap and sinks give); capture its "
-                             "exact weights instead (without --summary).")
+                             f"(its weights differ from what its scale, mask, softcap and sinks give); {instead}.")
         self.checked_families.add(family)
 
     def _projection(self, module: Any, site: Site, heads: int, dv: int) -> tuple[Any, Any] | None:
@@ -604,6 +628,21 @@ class HFCapture:
         self.graph.clear()
         self.rec.metadata_extra["target_ids"] = [int(i) for i in ids.reshape(-1).tolist()]
         self.rec.metadata_extra["target_positions"] = [int(p) for p in position]
+
+
+def _scoring(module: Any, query: Any, key: Any, kwargs: dict[str, Any]) -> tuple[float, Any, Any, Any]:
+    """What the family does to a call's scores: its scale, softcap, gpt-oss's sinks (``s_aux``) and a position bias
+    (T5's), cut to the call's rows and keys."""
+    lq, lk = int(query.shape[-2]), int(key.shape[-2])
+    scale = kwargs.get("scaling", getattr(module, "scaling", None))
+    scale = float(query.shape[-1] ** -0.5 if scale is None else scale)
+    softcap = _number(kwargs.get("softcap"))
+    sinks = kwargs.get("s_aux") if _is_tensor(kwargs.get("s_aux")) else None
+    given: Any = kwargs.get("position_bias")
+    bias = None
+    if _is_tensor(given):
+        bias = given[..., -lq:, :lk] if given.shape[-2] != lq else given[..., :lk]
+    return scale, softcap, sinks, bias
 
 
 def _additive(mask: Any, query: Any, key: Any, module: Any) -> Any:

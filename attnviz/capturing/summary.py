@@ -29,16 +29,92 @@ MASKED = -1e30  # masked scores: exp underflows to exactly 0, and 0 * MASKED is 
 def summarise(query: Any, key: Any, **options: Any) -> dict[str, Any]:
     """``_summarise`` (below); on the CPU its many small operations each on one thread of torch's, the blocks
     of rows as many at once as torch had threads (``_run_blocks``)."""
+    return threaded(_summarise, query, key, **options)
+
+
+def threaded(run: Any, query: Any, *args: Any, **options: Any) -> Any:
+    """``run(query, *args, threads=N, **options)``: on the CPU with N torch threads, torch set to one thread while
+    it runs (each block of rows on one thread: ``_run_blocks``); elsewhere N = 1."""
     import torch
 
     threads = torch.get_num_threads()
     if query.device.type != "cpu" or threads < 2:
-        return _summarise(query, key, threads=1, **options)
+        return run(query, *args, threads=1, **options)
     torch.set_num_threads(1)
     try:
-        return _summarise(query, key, threads=threads, **options)
+        return run(query, *args, threads=threads, **options)
     finally:
         torch.set_num_threads(threads)
+
+
+class BlockScores:
+    """The scores of a site's query rows a block at a time, as the family makes them: ``query [B, H, Lq, d]``
+    times ``scale``, against ``key [B, Hkv, Lk, d]`` (grouped-query heads: ``H / Hkv`` query heads a key head),
+    the ``softcap``, a position ``bias``, then the mask: ``dense`` (a boolean keep mask ``[B or 1, 1 or H, Lq,
+    Lk]``, sliced a block at a time) or ``parts`` (padding, causal, window: only what they mask is touched).
+    Masked scores are ``MASKED``. ``key_block``: the keys are padded (masked) to a multiple of it (the summary's
+    pooled blocks). Shared by the summary (below) and the corpus's long texts (``capturing.corpuslong``)."""
+
+    def __init__(self, query: Any, key: Any, *, scale: float, parts: MaskParts, dense: Any = None,
+                 softcap: float | None = None, bias: Any = None, key_block: int = 1) -> None:
+        import torch
+
+        dev = query.device
+        f32 = torch.float32
+        query, key = query.detach(), key.detach()  # the blocks may run in threads where autograd is on
+        bias = None if bias is None else bias.detach()
+        b, h, lq, _ = query.shape
+        hkv, lk = key.shape[1], key.shape[-2]
+        self.b, self.h, self.hkv, self.lq, self.lk = b, h, hkv, lq, lk
+        self.groups = h // hkv
+        self.lkp = -(-lk // key_block) * key_block  # the keys padded to whole blocks (the padding is masked)
+        if self.lkp == lk and key.dtype == f32:
+            self.kt = key.transpose(-1, -2)  # a view: no copy of the keys
+        else:
+            self.kt = torch.zeros((b, hkv, key.shape[-1], self.lkp), dtype=f32, device=dev)
+            self.kt[..., :lk] = key.to(f32).transpose(-1, -2)
+        self.query, self.scale = query, scale
+        self.parts, self.dense, self.softcap, self.bias = parts, dense, softcap, bias
+        self.q_pos0 = parts.q_offset
+        self.real_keys = _real_keys(parts, dense, b, lq, lk, dev)  # [B, Lk] bool
+        self.realp = torch.zeros((b, self.lkp), dtype=torch.bool, device=dev)
+        self.realp[:, :lk] = self.real_keys
+        #: per batch entry, the real keys before each position (a row's keys seen, from its window of them)
+        self.counts = None if dense is not None else torch.nn.functional.pad(self.realp.to(torch.int64).cumsum(-1),
+                                                                             (1, 0))
+
+    def key_range(self, r0: int, r1: int) -> tuple[int, int]:
+        """The keys rows ``r0:r1`` may attend lie in ``[lo, hi)`` (``_key_range``)."""
+        return _key_range(self.parts, self.dense, r0, r1, self.q_pos0, self.lk)
+
+    def scores(self, r0: int, r1: int, lo: int, hi: int) -> tuple[Any, Any, Any, Any]:
+        """Rows ``r0:r1`` against keys ``lo:hi`` (``hi`` up to the padded keys): the scores ``[B, H, r, hi - lo]``
+        (float32, masked ones ``MASKED``), the keep mask ``[B, 1, r, hi - lo]`` (None for a mask of parts), how
+        many keys each row may see ``[B, r]`` and whether it may see any ``[B, r]``."""
+        import torch
+
+        b, h, r, width = self.b, self.h, r1 - r0, hi - lo
+        lk = self.lk
+        dev = self.query.device
+        qs = self.query[:, :, r0:r1].to(torch.float32) * self.scale
+        s = torch.matmul(qs.reshape(b, self.hkv, self.groups * r, -1), self.kt[..., lo:hi]).view(b, h, r, width)
+        if self.softcap is not None:
+            s.div_(self.softcap).tanh_().mul_(self.softcap)
+        if self.bias is not None:
+            s[..., :max(0, min(hi, lk) - lo)].add_(self.bias[..., r0:r1, lo:min(hi, lk)].to(torch.float32))
+        if self.dense is not None:
+            keep = torch.zeros((b, 1, r, width), dtype=torch.bool, device=dev)
+            got = self.dense[:, :, r0:r1, lo:min(hi, lk)]
+            keep[..., :got.shape[-1]] = got if got.shape[1] == 1 else got.any(1, keepdim=True)
+            s.masked_fill_(~keep, MASKED)
+            return s, keep, keep.sum(-1)[:, 0], keep.any(-1)[:, 0]
+        pos = torch.arange(r0, r1, device=dev) + self.q_pos0
+        seen = _mask_parts_block(s, self.parts, self.realp, self.counts, pos, lo, hi, lk)
+        return s, None, seen, seen > 0
+
+    def keep(self, r0: int, r1: int, lo: int, hi: int) -> Any:
+        """[B, 1, r, hi - lo] bool: the keep mask of rows r0:r1 over keys lo:hi (``hi`` <= Lk)."""
+        return _keep_block(self.parts, self.dense, self.real_keys, r0, r1, lo, hi, self.q_pos0, self.query.device)
 
 
 def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, parts: MaskParts,
@@ -59,19 +135,15 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
 
     dev = query.device
     b, h, lq, _ = query.shape
-    hkv, lk = key.shape[1], key.shape[-2]
-    groups = h // hkv
+    lk = key.shape[-2]
     f32 = torch.float32
     qe, ke = pool_edges(lq, settings.pool), pool_edges(lk, settings.pool)
     bq, bk = qe[1] - qe[0], ke[1] - ke[0]
     pq, pk = len(qe) - 1, len(ke) - 1
-    lkp = pk * bk  # the keys padded to whole pooled blocks (the padding is masked)
-    kt = torch.zeros((b, hkv, key.shape[-1], lkp), dtype=f32, device=dev)
-    kt[..., :lk] = key.to(f32).transpose(-1, -2)
+    scorer = BlockScores(query, key, scale=scale, parts=parts, dense=dense, softcap=softcap, bias=bias, key_block=bk)
+    lkp = scorer.lkp  # the keys padded to whole pooled blocks (the padding is masked): pk * bk
     q_pos0 = parts.q_offset
-    real_keys = _real_keys(parts, dense, b, lq, lk, dev)  # [B, Lk] bool
-    realp = torch.zeros((b, lkp), dtype=torch.bool, device=dev)
-    realp[:, :lk] = real_keys
+    real_keys, realp, counts = scorer.real_keys, scorer.realp, scorer.counts  # [B, Lk], [B, Lkp] bool
     real_rows = real_keys[:, lk - lq:] if parts.self_attention and lq <= lk else _rows_seeing(parts, dense, b, lq, lk,
                                                                                               dev)
     first_key = torch.where(real_keys.any(-1), real_keys.float().argmax(-1), 0)  # [B]
@@ -82,7 +154,6 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
     features[..., 1] = _first_real(realp, settings.sinks)[:, None]
     features[..., 2] = (key_pos[None] == first_key[:, None]).to(f32)[:, None]
     features[..., 3] = (key_pos[None] == last_key[:, None]).to(f32)[:, None]
-    counts = None if dense is not None else torch.nn.functional.pad(realp.to(torch.int64).cumsum(-1), (1, 0))
     out = {name: torch.full((b, h, lq), math.nan, dtype=f32, device=dev) for name in PER_ROW}
     out["argmax"] = torch.full((b, h, lq), -1, dtype=torch.int64, device=dev)
     keys_seen = torch.zeros((b, lq), dtype=torch.int64, device=dev)
@@ -96,7 +167,6 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
     rows_out = torch.zeros((b, h, len(positions), lk), dtype=f32, device=dev) if positions else None
     wanted = {p: n for n, p in enumerate(positions)}
     sink_logit = None if sinks is None else sinks.to(f32).reshape(1, h, 1).to(dev)
-    qs = query.to(f32) * scale
     step = max(1, min(lq, row_budget // max(1, b * h * lkp)))
     lock = threading.Lock()
 
@@ -104,25 +174,10 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
         r1 = min(lq, r0 + step)
         r = r1 - r0
         pos = torch.arange(r0, r1, device=dev) + q_pos0  # the rows' positions among the keys
-        lo, hi = _key_range(parts, dense, r0, r1, q_pos0, lk)
+        lo, hi = scorer.key_range(r0, r1)
         lo, hi = lo // bk * bk, min(lkp, -(-hi // bk) * bk)  # whole key blocks of the pooled map
         width, nj, j0 = hi - lo, (hi - lo) // bk, lo // bk
-        s = torch.matmul(qs[:, :, r0:r1].reshape(b, hkv, groups * r, -1), kt[..., lo:hi]).view(b, h, r, width)
-        if softcap is not None:
-            s.div_(softcap).tanh_().mul_(softcap)
-        if bias is not None:
-            s[..., :max(0, min(hi, lk) - lo)].add_(bias[..., r0:r1, lo:min(hi, lk)].to(f32))
-        keep = None
-        if dense is not None:
-            keep = torch.zeros((b, 1, r, width), dtype=torch.bool, device=dev)
-            got = dense[:, :, r0:r1, lo:min(hi, lk)]
-            keep[..., :got.shape[-1]] = got if got.shape[1] == 1 else got.any(1, keepdim=True)
-            s.masked_fill_(~keep, MASKED)
-            live = keep.any(-1)[:, 0]  # [B, r]
-            seen = keep.sum(-1)[:, 0]
-        else:
-            seen = _mask_parts_block(s, parts, realp, counts, pos, lo, hi, lk)
-            live = seen > 0
+        s, keep, seen, live = scorer.scores(r0, r1, lo, hi)  # live: [B, r], the rows that may see a key
         row_real = real_rows[:, r0:r1] & live  # [B, r]: the rows that count in sums over rows
         blocks = s.view(b, h, r, nj, bk)
         block_max = blocks.amax(-1)  # [B, H, r, nj]

@@ -120,13 +120,16 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
         doc = {"attnviz": __version__, "command": "capture", "corpus": True, "model": model,
                "model_type": done.model_type, "device": done.device, "file": str(done.path), "texts": done.texts,
                "empty_lines": corpus.empty, "truncated_texts": meta.get("truncated_texts"),
-               "dropped_tokens": meta.get("dropped_tokens"), "shard": list(shard),
+               "dropped_tokens": meta.get("dropped_tokens"), "blocked_texts": meta.get("blocked_texts"),
+               "distance_texts": meta.get("distance_texts"), "shard": list(shard),
                "sites": list(done.sums.sites), "heads": sum(done.sums.heads), "seconds": round(done.seconds, 3),
                "warnings": done.warnings}
         stdout().write(json.dumps(doc) + "\n")
     else:
+        blocked = int(meta.get("blocked_texts") or 0)
+        blocked_text = f" ({blocked} long, a block of rows at a time)" if blocked else ""
         stdout().write(f"corpus statistics of {len(done.sums.sites)} layers x {max(done.sums.heads)} heads of "
-                       f"{done.model_type} over {done.texts} texts{shard_text} on {done.device} in "
+                       f"{done.model_type} over {done.texts} texts{shard_text}{blocked_text} on {done.device} in "
                        f"{done.seconds:.1f} s\n")
     err.print(f"saved corpus statistics to {done.path}", markup=False, style="dim")
 
@@ -188,8 +191,9 @@ def inspect_corpus(path: str, meta: dict[str, Any], out: Any, fig: Any, heads_ma
         return
     if not out.tables:
         return
+    from attnviz.inspection.corpus import distances_note
     from attnviz.render.corpus import closest_pairs_table, corpus_table
 
     console = out_console()
     console.print(corpus_table(sums, out.precision, sort=out.sort, reverse=out.reverse, top=out.top), crop=False)
-    console.print(closest_pairs_table(closest_pairs(sums)), crop=False)
+    console.print(closest_pairs_table(closest_pairs(sums), note=distances_note(sums)), crop=False)

@@ -30,9 +30,11 @@ query rows i (padding left out), n_i the keys row i may see, f and l the first a
   a sink); its mean over texts is the sink rate.
 
 Each is a mean over the text's rows; the means are summed over texts (each text weighs the same) with the
-number of texts. The head distances: per real query row, p = 0.001 / n_i + 0.999 A_h[i] and q likewise
+number of texts (``blocked_texts`` of them long texts run a block of rows at a time, the same sums). The
+head distances: per real query row, p = 0.001 / n_i + 0.999 A_h[i] and q likewise
 for head g (over the keys the row may see), m = (p + q) / 2, JS = (1/2) sum_j [p log(p / m) + q log(q / m)],
-summed over rows; ``head_distances`` is the mean per row.
+summed over rows; ``head_distances`` is the mean per row, over the rows of ``distance_texts`` texts (a long
+text whose every layer's q and k did not fit the budget is left out of them only).
 """
 
 from __future__ import annotations
@@ -222,8 +224,9 @@ def merge_corpora(parts: list[tuple[str, CorpusSums]]) -> CorpusSums:
         corpus = part.corpus
         first.update(corpus.get("first_tokens") or {})
         last.update(corpus.get("last_tokens") or {})
-        for key in ("texts", "empty_lines", "truncated_texts", "dropped_tokens"):
+        for key in ("texts", "empty_lines", "truncated_texts", "dropped_tokens", "blocked_texts"):
             totals[key] += int(corpus.get(key) or 0)
+        totals["distance_texts"] += distance_texts(corpus)
         for source in corpus.get("sources") or []:
             kept = sources.setdefault(str(source.get("sha256")), {**source, "shards": []})
             kept["shards"] = sorted(kept["shards"] + [list(s) for s in source.get("shards") or []])
@@ -237,6 +240,12 @@ def merge_corpora(parts: list[tuple[str, CorpusSums]]) -> CorpusSums:
     added = {a: np.sum([getattr(p, a) for _, p in parts], axis=0) for a in ("sums", "texts", "rows", "js", "js_rows")}
     return CorpusSums(list(base.sites), list(base.layers), list(base.heads), list(base.names), added["sums"],
                       added["texts"], added["rows"], added["js"], added["js_rows"], meta)
+
+
+def distance_texts(corpus: dict[str, Any]) -> int:
+    """The texts whose rows the head distances hold (a file written before long texts ran blocked: all)."""
+    found = corpus.get("distance_texts")
+    return int(corpus.get("texts") or 0) if found is None else int(found)
 
 
 def _same(a_name: str, a: CorpusSums, b_name: str, b: CorpusSums) -> None:
@@ -345,6 +354,7 @@ def corpus_document(sums: CorpusSums, source: str, files: dict[str, str] | None 
             "model_type": sums.meta.get("model_type"),
             "texts": corpus.get("texts"), "empty_lines": corpus.get("empty_lines"),
             "truncated_texts": corpus.get("truncated_texts"), "dropped_tokens": corpus.get("dropped_tokens"),
+            "blocked_texts": int(corpus.get("blocked_texts") or 0), "distance_texts": distance_texts(corpus),
             "settings": corpus.get("settings"), "first_tokens": corpus.get("first_tokens"),
             "last_tokens": corpus.get("last_tokens"), "sources": corpus.get("sources"),
             "head_stats": head_records(sums),
@@ -359,6 +369,18 @@ def corpus_sites_text(sums: CorpusSums) -> str:
     corpus = sums.corpus
     first = ", ".join(list(corpus.get("first_tokens") or {})[:3])
     last = ", ".join(list(corpus.get("last_tokens") or {})[:3])
-    return (f"{corpus.get('texts')} texts, {int(sums.rows.max(initial=0))} query rows, {len(sums.sites)} layers x "
+    text = (f"{corpus.get('texts')} texts, {int(sums.rows.max(initial=0))} query rows, {len(sums.sites)} layers x "
             f"{max(sums.heads, default=0)} heads of {sums.meta.get('model_type')}; first tokens: {first or '-'}; "
             f"last tokens: {last or '-'}")
+    note = distances_note(sums)
+    return text + (f"; {note}" if note else "")
+
+
+def distances_note(sums: CorpusSums) -> str | None:
+    """What the head distances leave out, when they do: the long texts whose q and k did not fit."""
+    corpus = sums.corpus
+    total, held = int(corpus.get("texts") or 0), distance_texts(corpus)
+    if held >= total:
+        return None
+    return (f"head distances over {held} of {total} texts ({total - held} long text(s) left out: their q and k did "
+            "not fit the distance budget)")

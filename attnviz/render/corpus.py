@@ -91,13 +91,15 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
     return Fitted(build)
 
 
-def closest_pairs_table(pairs: list[tuple[tuple[int, int], tuple[int, int], float]], precision: int = 4) -> Any:
-    """The pairs of heads whose rows are closest (least mean Jensen-Shannon divergence per row)."""
+def closest_pairs_table(pairs: list[tuple[tuple[int, int], tuple[int, int], float]], precision: int = 4,
+                        note: str | None = None) -> Any:
+    """The pairs of heads whose rows are closest (least mean Jensen-Shannon divergence per row); ``note``, what
+    the distances leave out, as its caption."""
     from rich import box
     from rich.table import Table
 
     table = Table(title="closest heads (mean Jensen-Shannon divergence per query row)", box=box.SIMPLE_HEAD,
-                  padding=(0, 1), pad_edge=False)
+                  padding=(0, 1), pad_edge=False, caption=note)
     for name in ("head", "head ", "divergence"):
         table.add_column(name, justify="right", no_wrap=True)
     for a, b, value in pairs:

@@ -23,6 +23,11 @@ WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 MODEL = "Model (capture)"
 SUMMARY = "Summary (long inputs)"
 CORPUS = "Corpus (--corpus)"
+LONGS = ("truncate", "refuse")
+LONG_HELP = ("texts past the model's positions: refuse (stop before the model runs, naming the text; the default "
+             "of a plain capture, where a rotary model past its max_position_embeddings only warns unless --long "
+             "refuse is given) or truncate (keep their first tokens and say how many were dropped; the default of "
+             "--corpus)")
 
 
 def capture_command(
@@ -82,9 +87,9 @@ def capture_command(
         "refuse, before the model runs, an exact capture whose weights would take more than SIZE (default 4G; "
         "0: no limit)"))] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
-    truncate: Annotated[bool, typer.Option("--truncate", help="keep the first tokens of a text longer than the "
-                                                              "model's positions (and say how many were dropped)")]
-    = False,
+    truncate: Annotated[bool, typer.Option("--truncate", hidden=True, help="the same as --long truncate")] = False,
+    long: Annotated[str | None, checked_option(Literal[LONGS] | None, "--long",  # type: ignore[valid-type]
+                                               metavar="truncate|refuse", help=LONG_HELP)] = None,
     corpus: Annotated[bool, typer.Option("--corpus", rich_help_panel=CORPUS, help="per-head statistics over every "
                                          "line of --text-file instead of the weights (a corpus file: attnviz inspect "
                                          "reads it, attnviz merge adds shards)")] = False,
@@ -101,9 +106,6 @@ def capture_command(
                                                            rich_help_panel=CORPUS,
                                                            help="a head is a sink in a text when its mean weight on "
                                                                 "the first token passes this (0.3)")] = None,
-    long: Annotated[str | None, typer.Option("--long", metavar="truncate|refuse", rich_help_panel=CORPUS,
-                                             help="texts past the model's positions: keep their first tokens and "
-                                                  "count the rest (truncate), or stop (refuse)")] = None,
 ) -> None:
     """Capture every attention site of a local model on some texts into one file.
 
@@ -114,14 +116,15 @@ def capture_command(
     """
     with user_errors():
         given = {"--batch-size": batch_size, "--shard": shard, "--token-class": token_class,
-                 "--sink-threshold": sink_threshold, "--long": long}
+                 "--sink-threshold": sink_threshold}
+        long = long_choice(long, truncate)
         if corpus:
             from attnviz.cli.corpus import CorpusOptions, capture_corpus_command, refuse_with_corpus
 
             refuse_with_corpus({"--layers": layers, "--generate": generate, "--no-weights": no_weights,
                                 "--weights-dtype": weights_dtype != "float32", "--target": target,
                                 "--decoder-text": decoder_text, "--check": check, "--summary": summary,
-                                "--truncate": truncate, "--max-file": max_file, "--sinks": sinks is not None,
+                                "--max-file": max_file, "--sinks": sinks is not None,
                                 "--local": local is not None, "--pool": pool is not None, "--rows": rows is not None})
             options = CorpusOptions(batch_size=batch_size or 8, shard=shard, token_class=tuple(token_class or ()),
                                     sink_threshold=0.3 if sink_threshold is None else sink_threshold,
@@ -132,8 +135,19 @@ def capture_command(
         refuse_without_corpus(given)
         settings = summary_settings(summary, sinks, local, pool, rows, no_weights, target, check)
         _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
-                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file),
-                 truncate)
+                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file), long)
+
+
+def long_choice(long: str | None, truncate: bool) -> str | None:
+    """``--long`` with ``--truncate`` (its older name: ``--long truncate``); None when neither was given (each
+    command's default: refuse for a capture, truncate for a corpus). Both, disagreeing: exit 2."""
+    from attnviz.errors import UsageError
+
+    if not truncate:
+        return long
+    if long == "refuse":
+        raise UsageError("--truncate is --long truncate; give one of --truncate and --long refuse.")
+    return "truncate"
 
 
 def summary_settings(summary: bool, sinks: int | None, local: int | None, pool: int | None, rows: str | None,
@@ -177,7 +191,7 @@ def parse_max_file(text: str | None) -> int | None:
 def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
              layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
              decoder_text: str | None, check: bool, atol: float | None, json_out: bool, summary: Any = None,
-             max_file: int | None = None, truncate: bool = False) -> None:
+             max_file: int | None = None, long: str | None = None) -> None:
     import json
 
     from attnviz.capturing.folder import capture_folder, read_texts
@@ -199,7 +213,7 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
                               weights=not no_weights, weights_dtype=weights_dtype, target=target,
                               decoder_text=decoder_text, check=check, summary=summary, max_file=max_file,
-                              truncate=truncate)
+                              long=long)
 
     if isinstance(targets["-o"], Path):
         done = run(output)
@@ -290,9 +304,13 @@ def model_parameters() -> list[inspect.Parameter]:
         p("model_device", kw, default="auto", annotation=Annotated[str, checked_option(
             Literal[DEVICES], "--model-device", rich_help_panel=MODEL,  # type: ignore[valid-type]
             help="with --model: where it runs")]),
+        p("model_long", kw, default=None, annotation=Annotated[str | None, checked_option(
+            Literal[LONGS] | None, "--long", metavar="truncate|refuse", rich_help_panel=MODEL,  # type: ignore[valid-type]
+            help="with --model: texts past the model's positions: refuse (the default: stop before the model runs; "
+                 "a rotary model past its max_position_embeddings only warns unless --long refuse is given) or "
+                 "truncate (keep their first tokens and say how many were dropped)")]),
         p("truncate", kw, default=False, annotation=Annotated[bool, typer.Option(
-            "--truncate", rich_help_panel=MODEL, help="with --model: keep the first tokens of a text longer than "
-                                                      "the model's positions")]),
+            "--truncate", hidden=True, rich_help_panel=MODEL, help="with --model: the same as --long truncate")]),
     ]
 
 
@@ -303,10 +321,10 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     from attnviz.errors import UsageError
 
     model, texts, text_file = values.pop("model"), values.pop("text") or [], values.pop("text_file")
-    device, truncate = values.pop("model_device"), values.pop("truncate")
+    device, long = values.pop("model_device"), long_choice(values.pop("model_long"), values.pop("truncate"))
     if model is None:
-        if texts or text_file or truncate:
-            raise UsageError("--text, --text-file and --truncate go with --model MODEL_DIR.")
+        if texts or text_file or long is not None:
+            raise UsageError("--text, --text-file and --long go with --model MODEL_DIR.")
         if not files:
             raise UsageError("missing argument WEIGHTS (or a model folder: --model DIR --text TEXT).")
         yield files
@@ -322,7 +340,7 @@ def captured_input(files: list[str], values: dict[str, Any]) -> Iterator[list[st
     folder = tempfile.mkdtemp(prefix="attnviz-model-")
     try:
         path = Path(folder) / f"{Path(model).name or 'model'}.safetensors"
-        done = capture_folder(model, all_texts, path, device=device, auto_summary=True, truncate=truncate)
+        done = capture_folder(model, all_texts, path, device=device, auto_summary=True, long=long)
         for text in done.warnings:
             err_console().print(f"warning: {text}", markup=False, style="yellow")
         from attnviz.io import named

@@ -1,0 +1,320 @@
+"""A corpus's long texts (``attnviz capture --corpus``): each site's statistics computed from its q and k a block
+of query rows at a time, never holding the site's ``[H, L, L]`` weights, and equal to what the exact path
+(``capturing.corpus.CorpusAccumulator.add``, from the weights) would add for the same text.
+
+A text whose exact weights at one site, ``H x L x L`` float32 values, would take more than ``BLOCKED_FROM``
+bytes runs alone (a batch of one: no padding) and its sites hand their q and k here
+(``CorpusAccumulator.add_blocked``). The scores are the family's own, as the summary computes them
+(``capturing.summary.BlockScores``: scale, softcap, position bias, grouped-query heads, the mask as its parts or
+the boolean mask the model built) and gpt-oss's sinks in the denominator. Per block of rows: the row maximum
+and its key, ``e = exp(s - max)``, the row sum, one matrix product for the weights on the first and last real
+tokens and on each key class (punctuation, the user's classes), one row dot for the entropy, and the weights on
+the diagonal and its two neighbours; every per-row quantity is divided by the row's sum at the end. The sums
+over rows are kept per head (float64), then each text's means as ``add`` keeps them.
+
+**Head distances** need every layer's rows at once: each site's q and k (the keys at their key-value heads)
+are kept while the text runs, when all of them fit ``DISTANCE_BUDGET`` bytes; after the forward, a block of
+query rows at a time, every head's smoothed rows are recomputed and the Jensen-Shannon sums taken pair by pair
+as ``end`` takes them. A text whose q and k do not fit is left out of the distances only (the accumulator
+counts it; its rows are not in ``js_rows``, so the distances stay a mean per row of the texts they hold).
+
+torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnviz.capturing.summary import MASKED, BlockScores, _at, _run_blocks, threaded
+from attnviz.inspection.corpus import CORPUS_STATS, SMOOTHING
+
+#: a text runs alone, a block of rows at a time, when one site's exact weights for it (H x L x L float32) would
+#: take more than this many bytes (64 MiB: 2,048 tokens at 4 heads, 1,182 at 12, 724 at 32)
+BLOCKED_FROM = 64 << 20
+#: the most bytes of q and k (every site, as the model holds them) kept for one long text's head distances
+DISTANCE_BUDGET = 1 << 30
+#: scores held per block of rows of one site (float32 values, all heads), as the summary's blocks
+ROW_VALUES = 1 << 20
+#: smoothed weights held per block of rows of the head distances (float32 values, every head of every site)
+DISTANCE_VALUES = 1 << 22
+#: elements of each temporary ``[H, K, r, width]`` of the head distances (H heads against K later heads at once), as
+#: the exact path's ``corpus.PAIR_BUDGET``
+PAIR_BUDGET = 1 << 23
+_TINY = 1e-30  # what a zero becomes before its logarithm (t log t of it is 0 to float32)
+
+
+def exact_bytes(heads: int, tokens: int) -> int:
+    """The bytes of one site's exact weights of one text: ``heads x tokens x tokens`` float32."""
+    return 4 * int(heads) * int(tokens) * int(tokens)
+
+
+def site_heads(model: Any) -> int:
+    """The query heads of a model's attention sites, from its (text) config; 1 when it names none."""
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    for name in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1
+
+
+@dataclass
+class Call:
+    """One site's call of a long text, kept for its head distances: what its scores are made of."""
+
+    site: int  # the accumulator's index of the site
+    query: Any  # [1, H, L, d]
+    key: Any  # [1, Hkv, L, d]
+    parts: Any  # attnviz.summarystats.MaskParts
+    dense: Any = None  # the boolean keep mask when the mask is not made of parts
+    scale: float = 1.0
+    softcap: float | None = None
+    sinks: Any = None
+    bias: Any = None
+
+    def __post_init__(self) -> None:
+        self.sinks = None if self.sinks is None else self.sinks.detach()
+
+    def scorer(self) -> BlockScores:
+        return BlockScores(self.query, self.key, scale=self.scale, parts=self.parts, dense=self.dense,
+                           softcap=self.softcap, bias=self.bias)
+
+
+@dataclass
+class LongText:
+    """The long text running now: its sites' calls kept for the head distances while they fit ``budget`` bytes
+    (a tensor several sites share, such as a mask, counted once)."""
+
+    budget: int = DISTANCE_BUDGET
+    calls: list[Call] = field(default_factory=list)
+    held: int = 0
+    counted: set[int] = field(default_factory=set)
+    over: bool = False  # the q and k did not fit: the text is left out of the head distances
+
+    def keep(self, call: Call) -> None:
+        if self.over:
+            return
+        more = 0
+        for t in (call.query, call.key, call.dense, call.bias, call.sinks):
+            if t is not None and id(t) not in self.counted:
+                more += int(t.numel()) * int(t.element_size())
+        if self.held + more > self.budget:
+            self.over = True
+            self.calls.clear()
+            self.counted.clear()
+            return
+        self.held += more
+        self.counted.update(id(t) for t in (call.query, call.key, call.dense, call.bias, call.sinks) if t is not None)
+        self.calls.append(call)
+
+
+def site_sums(query: Any, key: Any, **options: Any) -> tuple[Any, Any, Any]:
+    """``_site_sums`` (below), its blocks of rows a few threads at a time on the CPU (``summary.threaded``)."""
+    return threaded(_site_sums, query, key, **options)
+
+
+def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, classes: Any, sink_threshold: float,
+               dense: Any = None, softcap: float | None = None, sinks: Any = None, bias: Any = None,
+               row_budget: int | None = None, threads: int = 1) -> tuple[Any, Any, Any]:
+    """One text's statistics at one site, as ``CorpusAccumulator.add`` keeps them: ``query [1, H, L, d]``,
+    ``key [1, Hkv, L, d]``, ``real [1, L]`` its real tokens, ``classes [C, 1, L]`` (punctuation, then the
+    user's classes). Returns the text's means ``[S, H]`` (``CORPUS_STATS`` then the user's classes; float64),
+    whether the text had rows for each ``[S, H]`` and the real query rows per head ``[H]``."""
+    import torch
+
+    dev = query.device
+    f32, wide = torch.float32, _wide(dev)
+    b, h, lq, _ = query.shape
+    lk = key.shape[-2]
+    scorer = BlockScores(query, key, scale=scale, parts=parts, dense=dense, softcap=softcap, bias=bias)
+    real = real.to(dev).to(torch.bool)
+    first = int(real[0].to(torch.int8).argmax()) if bool(real.any()) else 0
+    last = lq - 1 - int(real[0].flip(-1).to(torch.int8).argmax()) if bool(real.any()) else lq - 1
+    ncls = int(classes.shape[0])
+    feats = torch.zeros((b, 1, lk, 2 + ncls), dtype=f32, device=dev)  # per key: first, last, each class
+    feats[:, 0, first, 0] = 1.0
+    feats[:, 0, last, 1] = 1.0
+    feats[:, 0, :, 2:] = classes.to(dev, f32).permute(1, 2, 0)[:, :lk]
+    sink_logit = None if sinks is None else sinks.detach().to(dev, f32).reshape(1, h, 1)
+    budget = ROW_VALUES if row_budget is None else row_budget
+    step = max(1, min(lq, budget // max(1, b * h * lk)))
+    found: dict[int, tuple[Any, ...]] = {}
+
+    def one_block(r0: int) -> None:
+        r1 = min(lq, r0 + step)
+        pos = torch.arange(r0, r1, device=dev)
+        lo, hi = scorer.key_range(r0, r1)
+        width = hi - lo
+        s, _, seen, live = scorer.scores(r0, r1, lo, hi)
+        top, arg = s.max(-1)  # ties: the lower index, as the exact path's
+        arg = arg + lo
+        key_top = top
+        if sink_logit is not None:
+            top = torch.maximum(top, sink_logit)
+        s.sub_(top[..., None])
+        e = torch.exp(s)
+        if not bool(live.all()):
+            e.mul_(live[:, None, :, None])
+        total_e = e.sum(-1)
+        denom = total_e if sink_logit is None else total_e + torch.exp(sink_logit - top)
+        alive = live[:, None].expand_as(total_e)
+        inv = torch.where(alive, 1.0 / denom, torch.zeros((), device=dev))
+        entropy = total_e * inv * torch.log(denom) - torch.linalg.vecdot(e, s) * inv
+        top_w = inv if sink_logit is None else torch.exp(key_top - top) * inv
+        got = torch.matmul(e, feats[:, :, lo:hi]) * inv[..., None]  # [1, H, r, 2 + C]
+        rows = real[:, r0:r1] & live  # [1, r]
+        later, earlier = rows & (pos > first), rows & (pos < last)
+        sees_first = rows & scorer.keep(r0, r1, first, first + 1)[:, 0, :, 0]
+        per_row = {"first": (got[..., 0], later), "last": (got[..., 1], rows), "punctuation": (got[..., 2], rows),
+                   "diagonal": (_at(e, pos - lo, width) * inv, rows),
+                   "previous": (_at(e, pos - 1 - lo, width) * inv, later),
+                   "next": (_at(e, pos + 1 - lo, width) * inv, earlier),
+                   "entropy": (entropy, rows), "entropy_uniform": (torch.log(seen.clamp_min(1).to(f32))[:, None], rows),
+                   "max": (top_w, rows), "top_previous": ((arg == pos - 1).to(f32), later),
+                   "top_next": ((arg == pos + 1).to(f32), earlier)}
+        for k in range(1, ncls):
+            per_row[f"class{k}"] = (got[..., 2 + k], rows)
+        sums = torch.stack([torch.where(w[:, None], v.expand(b, h, -1), 0.0).to(wide).sum((0, 2))
+                            for v, w in per_row.values()])
+        counts = torch.stack([w.sum() for _, w in per_row.values()]).to(wide)
+        sink = (torch.where(sees_first[:, None], got[..., 0], 0.0).to(wide).sum((0, 2)), sees_first.sum().to(wide))
+        own = None
+        if r0 <= first < r1 and bool(rows[0, first - r0]):
+            own = entropy[0, :, first - r0].to(wide)
+        found[r0] = (sums, counts, sink, own, rows.sum().to(wide))
+
+    _run_blocks(_without_grad(one_block), list(range(0, lq, step)), threads)
+    blocks = [found[r0] for r0 in sorted(found)]
+    sums = torch.stack([t[0] for t in blocks]).sum(0)  # [S', H]
+    counts = torch.stack([t[1] for t in blocks]).sum(0)  # [S']
+    sink_sum = torch.stack([t[2][0] for t in blocks]).sum(0)
+    sink_rows = torch.stack([t[2][1] for t in blocks]).sum(0)
+    own = next((t[3] for t in blocks if t[3] is not None), None)
+    rows = torch.stack([t[4] for t in blocks]).sum(0)
+    names = ["first", "last", "punctuation", "diagonal", "previous", "next", "entropy", "entropy_uniform", "max",
+             "top_previous", "top_next", *(f"class{k}" for k in range(1, ncls))]
+    means = sums / counts.clamp_min(1)[:, None]
+    had = (counts > 0)[:, None].expand(-1, h)
+    by_name = {n: (means[i], had[i]) for i, n in enumerate(names)}
+    zero = torch.zeros(h, dtype=wide, device=dev)
+    by_name["first_row_entropy"] = (own, torch.ones(h, dtype=torch.bool, device=dev)) if own is not None else \
+        (zero, torch.zeros(h, dtype=torch.bool, device=dev))
+    alpha = sink_sum / sink_rows.clamp_min(1)  # Gu et al.: the mean weight on the first token of the rows that see it
+    by_name["sink"] = (torch.where(sink_rows > 0, (alpha > sink_threshold).to(wide), 0.0),
+                       (sink_rows > 0).expand(h))
+    order = [*CORPUS_STATS, *(f"class{k}" for k in range(1, ncls))]
+    out_means = torch.stack([by_name[n][0] for n in order])
+    out_had = torch.stack([by_name[n][1] for n in order]).to(wide)
+    return out_means, out_had, rows.expand(h).clone()
+
+
+def head_distances(calls: list[Call], real: Any) -> Any:
+    """The Jensen-Shannon divergences between every two heads of ``calls`` (every site of one text, in the order
+    of the accumulator's heads) summed over the text's real query rows (``real [1, L]``): ``[G, G]`` (float64,
+    the pairs above the diagonal; below it, whatever the passes computed). Per row, as ``CorpusAccumulator.end``:
+    p = 0.001 / n + 0.999 A over the keys the row may see, JS(h, g) = (1/2)(A_h + A_g) + (1/2) log 2 (C_h + C_g)
+    - (1/2) M(h, g) with A = sum p log p, C = sum p and M = sum t log t, t = p + q: only M needs the pairs, a few
+    heads against every later head at a time. The blocks of rows run a few threads at a time on the CPU, each
+    operation on one thread of torch's (``summary.threaded``)."""
+    return threaded(_head_distances, calls[0].query, calls, real)
+
+
+def _head_distances(_query: Any, calls: list[Call], real: Any, threads: int = 1) -> Any:
+    import threading
+
+    import torch
+
+    dev = calls[0].query.device
+    wide = _wide(dev)
+    scorers = [c.scorer() for c in calls]
+    g = sum(int(c.query.shape[1]) for c in calls)
+    lq = int(calls[0].query.shape[-2])
+    lk = int(calls[0].key.shape[-2])
+    weight = real.to(dev)[0].to(wide)  # the real rows count
+    pairs = torch.zeros((g, g), dtype=wide, device=dev)
+    half_log2 = 0.5 * math.log(2.0)
+    step = max(1, min(lq, DISTANCE_VALUES // max(1, g * lk)))
+    budget = PAIR_BUDGET
+    lock = threading.Lock()
+
+    def one_block(r0: int) -> None:
+        r1 = min(lq, r0 + step)
+        ranges = [sc.key_range(r0, r1) for sc in scorers]
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        p = torch.cat([_smoothed(sc, c, r0, r1, lo, hi) for sc, c in zip(scorers, calls)])  # [G, r, width]
+        e = torch.special.xlogy(p, p).sum(-1)  # [G, r]
+        c_sum = p.sum(-1)
+        w = weight[r0:r1]
+        r, width = r1 - r0, hi - lo
+        per_pair = r * width
+        kc = max(1, min(g, budget // per_pair))  # later heads per pass
+        hc = max(1, budget // (per_pair * kc))  # heads broadcast against them per pass
+        size = min(hc, g - 1) * min(kc, g - 1) * per_pair
+        buf = torch.empty(size, dtype=p.dtype, device=dev)
+        logs = torch.empty(size, dtype=p.dtype, device=dev)
+        got = torch.zeros((g, g), dtype=wide, device=dev)
+        for h0 in range(0, g - 1, hc):
+            h1 = min(g - 1, h0 + hc)
+            for k0 in range(h0 + 1, g, kc):
+                k1 = min(g, k0 + kc)
+                shape = (h1 - h0, k1 - k0, r, width)
+                count = math.prod(shape)
+                t, log_t = buf[:count].view(shape), logs[:count].view(shape)
+                torch.add(p[h0:h1, None], p[None, k0:k1], out=t)
+                t.clamp_min_(_TINY)  # 0 off each row's keys: t log t = 0 to float32
+                torch.log(t, out=log_t)
+                m = log_t.mul_(t).sum(-1)  # [H, K, r]
+                row = 0.5 * (e[h0:h1, None] + e[None, k0:k1]) + half_log2 * (c_sum[h0:h1, None] + c_sum[None, k0:k1]) \
+                    - 0.5 * m
+                got[h0:h1, k0:k1] = (row.to(wide) * w).sum(-1)
+        with lock:  # blocks run a few threads at a time; their sums meet here
+            pairs.add_(got)
+
+    _run_blocks(_without_grad(one_block), list(range(0, lq, step)), threads)
+    return pairs
+
+
+def _smoothed(scorer: BlockScores, call: Call, r0: int, r1: int, lo: int, hi: int) -> Any:
+    """Rows ``r0:r1`` of a site over keys ``lo:hi``: the smoothed weights ``[H, r, width]`` (0 off the keys each
+    row may see)."""
+    import torch
+
+    s, keep, seen, live = scorer.scores(r0, r1, lo, hi)
+    masked = ~keep if keep is not None else s < MASKED / 2  # [1, 1|H, r, width]
+    top = s.amax(-1)
+    if call.sinks is not None:
+        top = torch.maximum(top, call.sinks.to(s.device, torch.float32).reshape(1, -1, 1))
+    s.sub_(top[..., None])
+    e = s.exp_()  # 0 where masked (a row that sees no key has no weights: inv below)
+    denom = e.sum(-1)
+    if call.sinks is not None:
+        denom = denom + torch.exp(call.sinks.to(s.device, torch.float32).reshape(1, -1, 1) - top)
+    inv = torch.where(live[:, None], 1.0 / denom, torch.zeros((), device=s.device))
+    p = e.mul_(inv[..., None] * (1 - SMOOTHING)).add_(SMOOTHING / seen.clamp_min(1)[:, None, :, None])
+    return p.masked_fill_(masked, 0.0)[0]
+
+
+def _without_grad(run: Any) -> Any:
+    """``run`` under ``torch.no_grad()`` in whichever thread runs it (the mode is per thread; a parameter such as
+    gpt-oss's sinks would otherwise take the blocks into autograd)."""
+    import torch
+
+    def quiet(r0: int) -> None:
+        with torch.no_grad():
+            run(r0)
+
+    return quiet
+
+
+def _wide(device: Any) -> Any:
+    import torch
+
+    return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64  # MPS has no float64
+
+
+__all__ = ["BLOCKED_FROM", "DISTANCE_BUDGET", "Call", "LongText", "exact_bytes", "head_distances", "site_heads",
+           "site_sums"]
