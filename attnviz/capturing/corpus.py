@@ -59,7 +59,7 @@ class _Batch:
     classes: Any  # [C, B, L] float (punctuation, then the user's classes)
     first: Any  # [B] the first real position
     last: Any  # [B] the last real position
-    #: (site index, smoothed P [B,H,L,L], sum of p log p [H], sum of p [H])
+    #: (site index, weights [B,H,L,L] (0 off the keys each row sees), keep [B,1|H,L,L], seen [B,1|H,L])
     smoothed: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
     where: Any = None  # [B, L, L]: the real (row, key) elements some site sees (the union)
     uneven: bool = False  # whether some head sees fewer of them (its weights are 0 on the others)
@@ -205,17 +205,11 @@ class CorpusAccumulator:
             self._smooth(s, x, keep, seen, rows, b)
 
     def _smooth(self, s: int, x: Any, keep: Any, seen: Any, rows: Any, b: _Batch) -> None:
-        """Keep what the head distances need of one site: each head's smoothed weights on the batch's real
-        (row, key) elements that the site's rows may see, gathered flat ``[H, E]`` (padding and masked keys
-        take no room), and per head the sums over those elements of p log p and of p."""
+        """Keep what the head distances need of one site: its weights ``x`` (0 off the keys each row may see),
+        ``keep`` and ``seen`` (the keys each row may see), and the batch's real (row, key) elements it sees."""
         import torch
 
-        p = torch.where(keep, SMOOTHING / seen.clamp_min(1)[..., None] + (1 - SMOOTHING) * x, 0.0)
-        real_rows = b.real[:, None, :, None]  # [B, 1, L, 1]
-        wide = _sum_dtype(p.device)  # these are large sums, and the divergences small differences of them
-        a = _plogp(p).mul_(real_rows).sum((0, 2, 3), dtype=wide)  # [H]
-        c = (p * real_rows).sum((0, 2, 3), dtype=wide)  # [H]
-        where = (keep & real_rows).any(1)  # [B, L, L]: the elements some head of the site sees
+        where = (keep & b.real[:, None, :, None]).any(1)  # [B, L, L]: the elements some head of the site sees
         if b.where is None:
             b.where = where
         elif not (b.where.shape == where.shape and bool(torch.equal(b.where, where))):
@@ -223,7 +217,7 @@ class CorpusAccumulator:
             b.uneven = True
         if keep.shape[1] > 1:  # one support per head: some heads see less than the site's union
             b.uneven = True
-        b.smoothed.append((s, p, a, c))
+        b.smoothed.append((s, x, keep, seen))
 
     def end(self) -> None:
         """The forward pass is over: the Jensen-Shannon divergences between every pair of heads of the
@@ -245,23 +239,19 @@ class CorpusAccumulator:
                 self.js = torch.zeros((g, g), dtype=wide, device=b.real.device)
                 self.js_rows = torch.zeros((), dtype=wide, device=b.real.device)
             where = b.where
-            count = int(where.sum())
-            flat = torch.empty((g, count), dtype=torch.float32, device=where.device)  # [G, E]
-            g0 = 0
-            for _, p, _, _ in order:
-                flat[g0:g0 + p.shape[1]] = p.transpose(0, 1)[:, where]
-                g0 += p.shape[1]
-            a = torch.cat([t[2] for t in order]).to(wide)  # [G]: sum of p log p over the real rows
-            c = torch.cat([t[3] for t in order]).to(wide)  # [G]: sum of p
+            flat = _smoothed_flat(order, where, g)  # [G, E]
             b.smoothed.clear()
+            rows = b.real.sum()
             # Per row, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with A = sum_j p log p,
             # C = sum_j p and M = sum_j t log t, t = p + q = 2m. Summed over the real rows, only M needs the pairs,
-            # and it is a sum over elements: over the flat [G, E] above, a head against a chunk of later heads
-            # a pass (a few hundred thousand elements: the pass stays in the cache).
-            m = _pair_sums(flat, clamp=b.uneven)
+            # and it is a sum over elements: over the flat [G, E], a head against a chunk of later heads a pass
+            # (a few hundred thousand elements: the pass stays in the cache).
+            a = _plogp(flat).sum(-1, dtype=wide)
+            c = flat.sum(-1, dtype=wide)
+            m = _pair_sums(flat, clamp=b.uneven, per_row=flat.shape[1] / max(1, int(rows)))
             pairs = 0.5 * (a[:, None] + a[None, :]) + (0.5 * math.log(2.0)) * (c[:, None] + c[None, :]) - 0.5 * m
             self.js += torch.triu(pairs, diagonal=1)
-            self.js_rows += b.real.sum().to(wide)
+            self.js_rows += rows.to(wide)
 
     # -- a long text, alone, a block of query rows at a time (``attnviz.capturing.corpuslong``)
 
@@ -354,9 +344,39 @@ class CorpusAccumulator:
             js=js, js_rows=js_rows if self.distances else np.zeros((g, g)), meta=metadata)
 
 
-def _pair_sums(flat: Any, clamp: bool) -> Any:
+def _smoothed_flat(order: Sequence[tuple[int, Any, Any, Any]], where: Any, g: int) -> Any:
+    """Every head's smoothed rows (Clark et al.: ``0.001 / n_i + 0.999 A_ij`` over the ``n_i`` keys row i may
+    see, 0 off them) on the elements ``where`` marks ``[B, L, L]``, gathered flat: ``[G, E]`` float32, the
+    sites' heads in ``order`` (site, weights ``[B, H, L, L]``, keep ``[B, 1|H, L, L]``, seen ``[B, 1|H, L]``)."""
+    import torch
+
+    idx = where.reshape(-1).nonzero().squeeze(1)  # [E]: b L L + i L + j
+    row = idx // where.shape[-1]  # b L + i
+    flat = torch.empty((g, idx.numel()), dtype=torch.float32, device=where.device)
+    g0 = 0
+    for _, x, keep, seen in order:
+        nh = x.shape[1]
+        if keep.shape[1] == 1:
+            sees = keep.reshape(-1).index_select(0, idx)  # [E]
+            n = seen.reshape(-1).index_select(0, row)
+        else:  # a mask per head
+            sees = keep.transpose(0, 1).reshape(nh, -1).index_select(1, idx)  # [H, E]
+            n = seen.transpose(0, 1).reshape(nh, -1).index_select(1, row)
+        floor = torch.where(sees, SMOOTHING / n.clamp_min(1).to(torch.float32), 0.0)
+        gathered = x.transpose(0, 1).reshape(nh, -1).index_select(1, idx)  # [H, E]
+        torch.add(floor, gathered, alpha=1 - SMOOTHING, out=flat[g0:g0 + nh])
+        g0 += nh
+    return flat
+
+
+def _pair_sums(flat: Any, clamp: bool, per_row: float = 2.0) -> Any:
     """``M[h, k] = sum_e t log t`` with ``t = flat[h, e] + flat[k, e]`` for every h < k (0 on and below the
-    diagonal), in the wide type; ``clamp``: some elements are 0 in both (t log t taken as 0 there)."""
+    diagonal), in the wide type; ``clamp``: some elements are 0 in both (t log t taken as 0 there).
+
+    Of ``M`` only the divergences are wanted, small differences of large sums: the sums are taken of
+    ``t' log t'`` with ``t' = gamma t`` (gamma = ``per_row`` / 2, the elements per row: t' near 1 where a row
+    is near uniform, so the terms are small), float32 over 64 elements, then float64. Then
+    ``M = sum t' log t' / gamma - log(gamma) sum t``."""
     import torch
 
     g, n = flat.shape
@@ -364,6 +384,13 @@ def _pair_sums(flat: Any, clamp: bool) -> Any:
     out = torch.zeros((g, g), dtype=wide, device=flat.device)
     if n == 0 or g < 2:
         return out
+    gamma = max(1.0, per_row / 2)
+    width = 64
+    pad = -n % width
+    scaled = torch.empty((g, n + pad), dtype=flat.dtype, device=flat.device)
+    torch.mul(flat, gamma, out=scaled[:, :n])
+    scaled[:, n:] = 0.5  # t' = 1 there: t' log t' = 0
+    n += pad
     budget = GPU_PAIR_BUDGET if flat.device.type != "cpu" else PAIR_BUDGET
     kc = max(1, min(g - 1, budget // n))
     t_buf = torch.empty(kc * n, dtype=flat.dtype, device=flat.device)
@@ -373,12 +400,13 @@ def _pair_sums(flat: Any, clamp: bool) -> Any:
             k1 = min(g, k0 + kc)
             t = t_buf[:(k1 - k0) * n].view(k1 - k0, n)
             log_t = log_buf[:(k1 - k0) * n].view(k1 - k0, n)
-            torch.add(flat[h], flat[k0:k1], out=t)
+            torch.add(scaled[h], scaled[k0:k1], out=t)
             if clamp:
                 t.clamp_min_(_TINY)
             torch.log(t, out=log_t)
-            out[h, k0:k1] = log_t.mul_(t).sum(-1, dtype=wide)
-    return out
+            out[h, k0:k1] = log_t.mul_(t).view(k1 - k0, -1, width).sum(-1).sum(-1, dtype=wide)
+    total = flat.sum(-1, dtype=wide)
+    return out / gamma - math.log(gamma) * torch.triu(total[:, None] + total[None, :], diagonal=1)
 
 
 def _sum_dtype(device: Any) -> Any:
