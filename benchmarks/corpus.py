@@ -16,9 +16,12 @@ machine can differ between two long runs, the two alternate batch by batch (``in
 Prints the seconds, the ratio
 (target: at most 2x the baseline) and, from fresh processes, the peak memory the corpus run adds over the loaded
 model for 100 and for 1,000 texts (target: the same for both: flat in the number of texts), with the longest
-text of each (what the batch's temporaries scale with). The children run with ``MALLOC_MMAP_THRESHOLD_`` at
-1 MiB, so that a freed large block goes back to the system and the peak is what was live (glibc's dynamic
-threshold otherwise keeps the blocks of batches of other lengths, and the peak grows with their variety).
+text of each (what the batch's temporaries scale with), and the memory in use after the first 100 texts and after
+the last batch (flat: no growth from one to the other). Each child first runs ``WARM`` texts, as the first
+batches grow the allocator's heaps in any run; the plain forwards are measured the same way beside it, as
+the floor of that measure's noise. The children run with ``MALLOC_MMAP_THRESHOLD_`` at 64 KiB, so that a freed
+block of a batch's temporaries goes back to the system and the peak is what was live (glibc's dynamic threshold
+otherwise keeps the blocks of batches of other lengths, and the peak moves by a few MiB with their order).
 
     python benchmarks/corpus.py                          # CPU: 1,000 texts, batches of 8
     python benchmarks/corpus.py --device cuda --repeat 3
@@ -36,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCES = ROOT / "sample_inputs" / "river_town.txt"
+WARM = 256  # texts run before the memory is measured
 
 
 def rss_peak() -> int:
@@ -86,7 +90,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def plain(model, tokenizer, items: list[str], batch: int, device: str, attentions: bool = False) -> float:  # noqa: ANN001
+def plain(model, tokenizer, items: list[str], batch: int, device: str, attentions: bool = False,  # noqa: ANN001
+          each=None) -> float:  # noqa: ANN001
     import torch
 
     from attnviz.capturing.corpus import position_limit
@@ -102,17 +107,19 @@ def plain(model, tokenizer, items: list[str], batch: int, device: str, attention
                 model(**enc, output_attentions=True)
             else:
                 model(**enc)
+            if each is not None:
+                each(min(start + batch, len(items)), len(items))
     sync(device)
     return time.perf_counter() - started
 
 
-def corpus(model, tokenizer, items: list[str], batch: int, device: str) -> float:  # noqa: ANN001
+def corpus(model, tokenizer, items: list[str], batch: int, device: str, each=None) -> float:  # noqa: ANN001
     from attnviz.capturing.corpus import CorpusText, run_corpus
 
     text = CorpusText(items, list(range(1, len(items) + 1)), 0, {"file": "bench", "sha256": "-", "shards": [[0, 1]]})
     sync(device)
     started = time.perf_counter()
-    run_corpus(model, tokenizer, text, device=device, batch_size=batch)
+    run_corpus(model, tokenizer, text, device=device, batch_size=batch, progress=each)
     sync(device)
     return time.perf_counter() - started
 
@@ -162,18 +169,27 @@ def memory_child(count: int, batch: int, device: str, mode: str = "corpus") -> N
 
     model, tokenizer = load(device)
     run = corpus if mode == "corpus" else plain
-    run(model, tokenizer, texts(16), batch, device)  # warm: the first batches allocate the allocator's pools
+    # warm: the first batches grow the allocator's heaps (batches of every length seen once), in a plain run
+    # and in a corpus run alike; what is measured after is what more texts cost
+    run(model, tokenizer, texts(WARM), batch, device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     items = texts(count)
     longest = max(len(ids) for ids in tokenizer(items)["input_ids"])
+    after: dict[int, int] = {}  # texts done: the memory in use then
+
+    def each(done: int, total: int) -> None:
+        after[done] = rss_now()
+
     reset_peak()
     before = rss_now()
-    run(model, tokenizer, items, batch, device)
+    run(model, tokenizer, items, batch, device, each=each)
     out = {"texts": count, "host_added": rss_peak() - before, "longest": longest}
-    if device == "cuda":
-        out["gpu_added"] = torch.cuda.max_memory_allocated() - base
+    done = sorted(after)
+    early = next(d for d in done if d >= min(100, count))
+    out["in_use_from"] = [early, after[early] - before]  # after the first 100 texts: what is in use
+    out["in_use_end"] = [done[-1], after[done[-1]] - before]  # after the last batch
     print(json.dumps(out))
 
 
@@ -222,11 +238,13 @@ def main() -> None:
             done = subprocess.run([sys.executable, __file__, "--memory-child", str(count), "--memory-mode", mode,
                                    "--batch-size", str(args.batch_size), "--device", args.device, "--threads",
                                    str(args.threads)], capture_output=True, text=True, check=True,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": str(1 << 20)})
+                                  env={**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": str(1 << 16)})
             got = json.loads(done.stdout.strip().splitlines()[-1])
             what = "the corpus run" if mode == "corpus" else "the plain forwards"
             line = (f"peak memory added by {what} over {count} texts (the longest {got['longest']} tokens): host "
-                    f"{got['host_added'] / 2**20:.1f} MiB")
+                    f"{got['host_added'] / 2**20:.1f} MiB; in use after {got['in_use_from'][0]} texts "
+                    f"{got['in_use_from'][1] / 2**20:+.1f} MiB, after {got['in_use_end'][0]} "
+                    f"{got['in_use_end'][1] / 2**20:+.1f} MiB")
             if "gpu_added" in got:
                 line += f", GPU {got['gpu_added'] / 2**20:.1f} MiB"
             print(line, flush=True)
