@@ -186,6 +186,8 @@ def memory_child(count: int, batch: int, device: str, mode: str = "corpus") -> N
     before = rss_now()
     run(model, tokenizer, items, batch, device, each=each)
     out = {"texts": count, "host_added": rss_peak() - before, "longest": longest}
+    if device == "cuda":
+        out["gpu_added"] = torch.cuda.max_memory_allocated() - base
     done = sorted(after)
     early = next(d for d in done if d >= min(100, count))
     out["in_use_from"] = [early, after[early] - before]  # after the first 100 texts: what is in use

@@ -340,7 +340,7 @@ def test_long_texts_run_alone_and_distances_keep_their_rows(bert_folder: Path, t
         exact = attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"])
     with pytest.warns(UserWarning, match="2 tokens dropped"):
         mixed = attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"],
-                               blocked_from=exact_bytes(4, cut))
+                               blocked_from=exact_bytes(2 * 4, cut))
     for name in ("sums", "texts", "rows", "js", "js_rows"):
         np.testing.assert_allclose(getattr(mixed, name), getattr(exact, name), rtol=1e-5, atol=1e-5, err_msg=name)
     assert mixed.corpus["blocked_texts"] == len(long_ones) and exact.corpus["blocked_texts"] == 0
@@ -348,7 +348,7 @@ def test_long_texts_run_alone_and_distances_keep_their_rows(bert_folder: Path, t
     out = tmp_path / "left.safetensors"
     with pytest.warns(UserWarning) as caught:
         left = attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"],
-                              blocked_from=exact_bytes(4, cut), distance_budget=0, path=out)
+                              blocked_from=exact_bytes(2 * 4, cut), distance_budget=0, path=out)
     said = " ".join(str(w.message) for w in caught)
     assert f"{len(long_ones)} long text(s)" in said and "left out of the head distances" in said, said
     assert left.corpus["distance_texts"] == len(lines) - len(long_ones)
@@ -378,13 +378,38 @@ def test_long_texts_run_alone_and_distances_keep_their_rows(bert_folder: Path, t
     assert merged.corpus["blocked_texts"] == len(long_ones)
 
 
+def test_exact_texts_are_cut_into_batches_within_the_budget(bert_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The texts that run exact are cut into consecutive batches whose padded weights over every site fit
+    corpuslong.BATCH_BYTES (one text at least); the sums are those of the mini-batches uncut."""
+    import attnviz
+    from attnviz.capturing.corpuslong import exact_batches, exact_bytes
+
+    assert exact_batches([5, 9, 3, 9, 20, 2], 1, budget=exact_bytes(1, 9) * 2) == [[0, 1], [2, 3], [4], [5]]
+    assert exact_batches([30], 1, budget=1) == [[0]]
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
+    model = transformers.AutoModel.from_pretrained(str(bert_folder)).eval()
+    lines = [t for t in TEXT.splitlines() if t.strip()]
+    seen: list[int] = []
+    with pytest.warns(UserWarning, match="2 tokens dropped"):
+        whole = attnviz.corpus(model, tok, lines, batch_size=4)
+    monkeypatch.setattr("attnviz.capturing.corpuslong.BATCH_BYTES", exact_bytes(2 * 4, 12) * 2)
+    model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(int(kwargs["input_ids"].shape[0])),
+                                    with_kwargs=True)
+    with pytest.warns(UserWarning, match="2 tokens dropped"):
+        cut = attnviz.corpus(model, tok, lines, batch_size=4)
+    assert len(seen) > 2 and max(seen) <= 2, seen  # batches of 4 cut to at most 2 texts of these lengths
+    for name in ("sums", "texts", "rows", "js_rows"):
+        np.testing.assert_allclose(getattr(cut, name), getattr(whole, name), rtol=1e-6, atol=1e-9, err_msg=name)
+    np.testing.assert_allclose(cut.distances(), whole.distances(), rtol=1e-5, atol=1e-7)
+
+
 def test_cli_corpus_says_what_ran_blocked_and_what_the_distances_hold(bert_folder: Path, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """capture --corpus with limits low enough that some texts run blocked and none fits the distances: the summary
     line counts the long texts, a warning says the distances leave them out, the JSON has both counts."""
     from attnviz.capturing.corpuslong import exact_bytes
 
-    monkeypatch.setattr("attnviz.capturing.corpuslong.BLOCKED_FROM", exact_bytes(4, 10))
+    monkeypatch.setattr("attnviz.capturing.corpuslong.BLOCKED_FROM", exact_bytes(2 * 4, 10))
     monkeypatch.setattr("attnviz.capturing.corpuslong.DISTANCE_BUDGET", 0)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)

@@ -227,8 +227,8 @@ def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None
     ``texts``: one string per text. Options as the command line's: ``batch_size``, ``token_class``
     (``"NAME=REGEX"`` strings), ``sink_threshold``, ``long`` ("truncate" or "refuse"); ``path`` writes the
     corpus file (``attnviz inspect`` reads it, ``attnviz merge`` adds such files). Long texts: one whose exact
-    weights at a site (heads x L x L float32) would take more than ``blocked_from`` bytes (64 MiB) runs alone,
-    a block of query rows at a time (the same sums); its head distances need every layer's q and k within
+    weights over every site (sites x heads x L x L float32) would take more than ``blocked_from`` bytes (256 MiB)
+    runs alone, a block of query rows at a time (the same sums); its head distances need every layer's q and k within
     ``distance_budget`` bytes (1 GiB), else it is left out of the distances only, with a warning. Returns an
     ``attnviz.inspection.corpus.CorpusSums``."""
     import hashlib

@@ -13,10 +13,11 @@ needs the pairs, and summed over rows it is a sum over the batch's real (row, ke
 gathered once per batch into a flat ``[heads, elements]`` buffer (padding and masked keys take no room, so a
 causal model's pairs cost half an encoder's), and each head is taken against a chunk of later heads a pass.
 
-A text whose exact weights at one site would take more than ``corpuslong.BLOCKED_FROM`` bytes leaves its
+A text whose exact weights over every site would take more than ``corpuslong.BLOCKED_FROM`` bytes leaves its
 mini-batch and runs alone: its sites hand q and k to ``add_blocked`` (``begin_blocked`` / ``end_blocked`` around
 its forward), whose statistics ``attnviz.capturing.corpuslong`` computes a block of query rows at a time, the
-same sums ``add`` keeps.
+same sums ``add`` keeps. The other texts of a mini-batch run exact, cut into batches whose weights over every
+site stay within ``corpuslong.BATCH_BYTES`` (the distances hold them all until the forward ends).
 
 torch and transformers are imported inside the functions, when a corpus is captured.
 """
@@ -625,15 +626,22 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
                distance_budget: int | None = None) -> tuple[CorpusSums, list[str]]:
     """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings.
 
-    A text whose exact weights at one site (heads x L x L float32) would take more than ``blocked_from`` bytes
-    (``corpuslong.BLOCKED_FROM``, 64 MiB) leaves its mini-batch and runs alone, its statistics computed from q
-    and k a block of query rows at a time (``capturing.corpuslong``: the same sums); its head distances need
-    every site's q and k kept until the forward ends, within ``distance_budget`` bytes
+    A text whose exact weights over every site (sites x heads x L x L float32) would take more than
+    ``blocked_from`` bytes (``corpuslong.BLOCKED_FROM``, 256 MiB) leaves its mini-batch and runs alone, its
+    statistics computed from q and k a block of query rows at a time (``capturing.corpuslong``: the same sums);
+    its head distances need every site's q and k kept until the forward ends, within ``distance_budget`` bytes
     (``corpuslong.DISTANCE_BUDGET``, 1 GiB), else the text is left out of the distances only (counted, and
     said in a warning)."""
     import torch
 
-    from attnviz.capturing.corpuslong import BLOCKED_FROM, DISTANCE_BUDGET, exact_bytes, site_heads
+    from attnviz.capturing.corpuslong import (
+        BLOCKED_FROM,
+        DISTANCE_BUDGET,
+        exact_batches,
+        exact_bytes,
+        site_count,
+        site_heads,
+    )
     from attnviz.capturing.session import Capture
 
     if tokenizer.pad_token is None:
@@ -648,7 +656,7 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
     limit = position_limit(model, tokenizer)
     blocked_from = BLOCKED_FROM if blocked_from is None else int(blocked_from)
     distance_budget = DISTANCE_BUDGET if distance_budget is None else int(distance_budget)
-    heads = site_heads(model)
+    heads = site_heads(model) * site_count(model)  # every site's heads: what a text's exact weights hold
     token_classes = TokenClasses(tokenizer, classes)
     acc = CorpusAccumulator(sink_threshold, [n for n, _ in classes])
     first_tokens: Counter[str] = Counter()
@@ -709,8 +717,9 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
                 dropped += int(lost.sum())
             alone = [k for k, n in enumerate(lengths) if exact_bytes(heads, int(n)) > blocked_from]
             rest = [k for k in range(len(chunk)) if k not in alone]
-            if rest:
-                forward([chunk[k] for k in rest], [lines[k] for k in rest], cut, False)
+            for part in exact_batches([int(lengths[k]) for k in rest], heads):
+                chosen = [rest[k] for k in part]
+                forward([chunk[k] for k in chosen], [lines[k] for k in chosen], cut, False)
             for k in alone:
                 longest_blocked = max(longest_blocked, int(lengths[k]))
                 forward([chunk[k]], [lines[k]], cut, True)

@@ -2,8 +2,8 @@
 of query rows at a time, never holding the site's ``[H, L, L]`` weights, and equal to what the exact path
 (``capturing.corpus.CorpusAccumulator.add``, from the weights) would add for the same text.
 
-A text whose exact weights at one site, ``H x L x L`` float32 values, would take more than ``BLOCKED_FROM``
-bytes runs alone (a batch of one: no padding) and its sites hand their q and k here
+A text whose exact weights over every site, ``sites x H x L x L`` float32 values, would take more than
+``BLOCKED_FROM`` bytes runs alone (a batch of one: no padding) and its sites hand their q and k here
 (``CorpusAccumulator.add_blocked``). The scores are the family's own, as the summary computes them
 (``capturing.summary.BlockScores``: scale, softcap, position bias, grouped-query heads, the mask as its parts or
 the boolean mask the model built) and gpt-oss's sinks in the denominator. Per block of rows: the row maximum
@@ -30,9 +30,13 @@ from typing import Any
 from attnviz.capturing.summary import MASKED, BlockScores, _at, _run_blocks, threaded
 from attnviz.inspection.corpus import CORPUS_STATS, SMOOTHING
 
-#: a text runs alone, a block of rows at a time, when one site's exact weights for it (H x L x L float32) would
-#: take more than this many bytes (64 MiB: 2,048 tokens at 4 heads, 1,182 at 12, 724 at 32)
-BLOCKED_FROM = 64 << 20
+#: a text runs alone, a block of rows at a time, when its exact weights over every site (sites x H x L x L
+#: float32) would take more than this many bytes (256 MiB: past 964 tokens of a 6 x 12 encoder, 682 of a 12 x 12
+#: one, 362 of a 16 x 32 decoder)
+BLOCKED_FROM = 256 << 20
+#: the texts of a mini-batch that run exact are split into batches whose weights over every site (texts x sites
+#: x H x L x L float32, L the batch's longest) stay within this many bytes (at least one text a batch)
+BATCH_BYTES = 256 << 20
 #: the most bytes of q and k (every site, as the model holds them) kept for one long text's head distances
 DISTANCE_BUDGET = 1 << 30
 #: scores held per block of rows of one site (float32 values, all heads), as the summary's blocks
@@ -46,8 +50,40 @@ _TINY = 1e-30  # what a zero becomes before its logarithm (t log t of it is 0 to
 
 
 def exact_bytes(heads: int, tokens: int) -> int:
-    """The bytes of one site's exact weights of one text: ``heads x tokens x tokens`` float32."""
+    """The bytes of a text's exact weights over ``heads`` heads (every site's: sites x H): ``heads x tokens x
+    tokens`` float32."""
     return 4 * int(heads) * int(tokens) * int(tokens)
+
+
+def exact_batches(lengths: list[int], heads: int, budget: int | None = None) -> list[list[int]]:
+    """The texts (indices into ``lengths``, in order) cut into consecutive batches whose exact weights over
+    ``heads`` heads, padded to the batch's longest text, stay within ``budget`` bytes (``BATCH_BYTES``; one
+    text at least)."""
+    budget = BATCH_BYTES if budget is None else budget
+    out: list[list[int]] = []
+    longest = 0
+    for k, n in enumerate(lengths):
+        wide = max(longest, int(n))
+        if out and exact_bytes(heads, wide) * (len(out[-1]) + 1) <= budget:
+            out[-1].append(k)
+            longest = wide
+        else:
+            out.append([k])
+            longest = int(n)
+    return out
+
+
+def site_count(model: Any) -> int:
+    """The self-attention sites a text passes through: the (text or encoder) config's layers; 1 when it names
+    none."""
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    for name in ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1
 
 
 def site_heads(model: Any) -> int:
@@ -316,5 +352,6 @@ def _wide(device: Any) -> Any:
     return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64  # MPS has no float64
 
 
-__all__ = ["BLOCKED_FROM", "DISTANCE_BUDGET", "Call", "LongText", "exact_bytes", "head_distances", "site_heads",
+__all__ = ["BATCH_BYTES", "BLOCKED_FROM", "DISTANCE_BUDGET", "Call", "LongText", "exact_batches", "exact_bytes",
+           "head_distances", "site_count", "site_heads",
            "site_sums"]
