@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import attnviz
+from attnviz.capturing.check import check_capture
+from tests.conftest import LazyModule
 
-from safetensors import safe_open  # noqa: E402
-
-import attnviz  # noqa: E402
-from attnviz.capturing.check import check_capture  # noqa: E402
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 pytestmark = pytest.mark.xdist_group("capture")
 #: where the models run: ATTNVIZ_TEST_DEVICE=cuda runs these tests on a GPU (capture needs no TensorFlow)
@@ -137,7 +137,7 @@ def test_file_holds_qkv_mask_projection_and_metadata(tmp_path: Path) -> None:
     o_proj = model.model.layers[0].self_attn.o_proj.weight.detach().cpu().numpy()  # [d_model, H * d]
     np.testing.assert_array_equal(wo, o_proj.T.reshape(4, 8, 32))
     assert meta["model_type"] == "llama" and meta["implementation"] == "sdpa"
-    assert meta["transformers"] == transformers.__version__
+    assert meta["transformers"] == pytest.importorskip("transformers").__version__
     assert meta["sites"]["layers.1"]["module"] == "model.layers.1.self_attn"
     assert meta["sites"]["layers.1"]["scale"] == pytest.approx(8 ** -0.5)
     assert meta["sites"]["layers.1"]["mask"] == {"causal": True, "window": None, "self_attention": True}
