@@ -122,9 +122,9 @@ ONE_WORKER = {
     "test_hostile_corpus": "its module fixture runs every case of the corpus that was collected, in one pool",
     "test_serve": "one warm worker serves the module's tests, and counts the requests",
     "test_browser": "one Chromium for the module",
-    "test_readme_examples": "the examples run one after another in one folder",
     "test_object_stores": "one S3 server (moto) for the module, its buckets made once",
     "test_kerashub": "KerasHub's import (~6 s) paid once, and its backbones built once for the module",
+    "test_docs": "the site built once for the module (mkdocs build, ~5 s)",
 }
 
 
@@ -132,14 +132,22 @@ ONE_WORKER = {
 # and importing transformers' model classes costs a worker ~4-8 s of CPU; one worker pays it instead of every one.
 SHARED_UNITS = {name: "transformers models" for name in
                 ("test_families", "test_generation_words", "test_model_attention", "test_recipes")}
+# The README's inputs (tests/test_readme_examples.py's ``folder``: models built and captured, ~6 s of CPU besides
+# TensorFlow's, torch's and KerasHub's imports) are made once in a worker: the tests that read them run on one.
+# A key is a module, or a module's test function (``module::function``: all its parametrisations).
+SHARED_UNITS.update({name: "the README's inputs" for name in (
+    "test_readme_examples",  # the examples run one after another in one folder
+    "test_long_paths", "test_api::test_every_attention_type_gives_the_command_s_document",
+    "test_api::test_every_file_option_of_every_function_takes_arrays")})
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` (pyproject.toml's default): the modules of ONE_WORKER each as one unit of work,
-    every other test as a unit of its own. xdist's own loadgroup groups by ``xdist_group`` marks through
-    a suffix of the test ids, which pytest 9.2 no longer lets it set (every test would be a unit: the
-    corpus would run on every worker); any such group is still kept together here."""
+    """``--dist loadgroup`` (pyproject.toml's default): the modules of ONE_WORKER each as one unit of work, the
+    modules and tests of each SHARED_UNITS name as one, every other test as a unit of its own. xdist's own
+    loadgroup groups by ``xdist_group`` marks through a suffix of the test ids, which pytest 9.2 no longer lets
+    it set (every test would be a unit: the corpus would run on every worker); any such group is still kept
+    together here."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -151,9 +159,11 @@ def pytest_xdist_make_scheduler(config, log):
             _, marked, group = nodeid.rpartition("@")
             if marked and not any(c in group for c in "[]:/"):  # test_x[id]@group
                 return group
-            path = nodeid.split("::", 1)[0]
+            path, _, name = nodeid.partition("::")
             stem = Path(path).stem
-            return path if stem in ONE_WORKER else SHARED_UNITS.get(stem, nodeid)
+            if stem in ONE_WORKER:
+                return path
+            return SHARED_UNITS.get(f"{stem}::{name.split('[', 1)[0]}") or SHARED_UNITS.get(stem, nodeid)
 
     return Scheduling(config, log)
 

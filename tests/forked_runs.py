@@ -1,7 +1,7 @@
 """Run many ``attnviz`` command lines, each a process of its own, forked from this one after it has imported
 what every run of ``python -m attnviz`` imports before it reads its arguments (the command line's app, Typer,
-rich; and NumPy). What a run needs beyond that (TensorFlow, matplotlib, h5py, torch) it imports itself, as a
-fresh process would.
+rich, the command modules and the variants; and NumPy). What a run needs beyond that (TensorFlow, matplotlib,
+h5py, torch) it imports itself, as a fresh process would.
 
     python tests/forked_runs.py PLAN.json
 
@@ -16,7 +16,8 @@ gives, with the limits the hostile corpus sets before exec: standard input, outp
 own; it runs in its folder with the folder first on ``sys.path`` (``-m`` puts it there); its address space and
 file sizes are limited; ``attnviz/__main__.py`` runs as ``__main__`` with ``sys.argv`` as Python decodes it;
 and it ends as a process ends (``SystemExit`` through the interpreter's own shutdown: exit handlers, flushing
-the streams). It saves each case the ~0.4 s of CPU of starting Python and importing the command line.
+the streams). It saves each case the ~0.4 s of CPU of starting Python and importing the command line; the
+objects of this process are frozen out of the jobs' garbage collection (see ``main``).
 
 With ``"preload": ["tensorflow"]`` (the plan of the cases that compute), this process also imports TensorFlow,
 as a run does (``attnviz.device.tensorflow``: its start-up messages silenced, Keras left out) before it forks:
@@ -27,6 +28,8 @@ first operation, in the child); the test of this harness runs a computing case b
 
 from __future__ import annotations
 
+import gc
+import importlib
 import json
 import os
 import resource
@@ -38,8 +41,14 @@ import time
 # what every run imports before its command runs (attnviz.cli.console builds the command from the app)
 import numpy  # noqa: F401
 
-import attnviz.cli.app  # noqa: F401
 import attnviz.cli.console  # noqa: F401
+import attnviz.variants  # noqa: F401
+from attnviz.cli.app import COMMANDS
+
+# and every command's module and the variants, as ``attnviz --help`` imports them (no TensorFlow or matplotlib:
+# tests/test_startup.py); a run imports its own command's before it reads its arguments
+for _module in {"variants", "compute", *(module for module, _ in COMMANDS.values())}:
+    importlib.import_module(f"attnviz.cli.commands.{_module}")
 
 
 def child(job: dict, address_space: int, stdin: int, stdout: int, stderr: int) -> None:
@@ -93,6 +102,12 @@ def main(plan_path: str) -> None:
             import torch  # noqa: F401
         else:
             raise SystemExit(f"forked_runs.py: cannot preload {name!r}")
+    # what this process has made stays out of the garbage collector's passes in the jobs (gc.freeze: the
+    # permanent generation), as Python's documentation advises before forking: a pass over TensorFlow's or the
+    # command line's objects in a job wrote to every page holding one (reference counts, the collector's own
+    # fields), copying it from this process: ~60% of the CPU of a job forked after TensorFlow, ~35% of one that
+    # fails early. The jobs' own objects are collected as in a fresh process.
+    gc.freeze()
     results: list[dict | None] = [None] * len(jobs)
     running: dict[int, tuple[int, float, list[threading.Thread]]] = {}  # pid -> (job, start, pumps)
     waiting = list(range(len(jobs)))

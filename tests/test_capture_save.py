@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import attnviz
+from tests.conftest import LazyModule
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 
 def _recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -14,20 +14,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from safetensors import safe_open  # noqa: E402
-
-from attnviz.capturing.corpus import CorpusAccumulator  # noqa: E402
-from attnviz.capturing.session import Capture  # noqa: E402
-from attnviz.inspection.corpus import (  # noqa: E402
+from attnviz.capturing.corpus import CorpusAccumulator
+from attnviz.capturing.session import Capture
+from attnviz.inspection.corpus import (
     CorpusSums,
     classical_mds,
     merge_corpora,
     read_corpus,
 )
+from tests.conftest import LazyModule
+
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 pytestmark = pytest.mark.xdist_group("corpus")  # its own worker: beside capture's, not after it
 

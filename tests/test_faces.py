@@ -14,9 +14,11 @@ from typer.testing import CliRunner
 
 import attnviz
 from attnviz.cli import app
+from tests.conftest import LazyModule
+
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
 
 runner = CliRunner()
-torch = pytest.importorskip("torch")
 
 
 def invoke(*args):

@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 import attnviz
 from attnviz.cli import app
 from attnviz.errors import AttnvizError
+from tests.conftest import LazyModule
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 
 @pytest.fixture(scope="module")

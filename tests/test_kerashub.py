@@ -12,15 +12,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-keras_hub = pytest.importorskip("keras_hub")
-keras = pytest.importorskip("keras")
+import attnviz
+from attnviz.capturing.check import check_capture
+from attnviz.capturing.keras import attention_layers
+from attnviz.errors import AttnvizError, InputError
+from tests.conftest import LazyModule
 
-import attnviz  # noqa: E402
-from attnviz.capturing.check import check_capture  # noqa: E402
-from attnviz.capturing.keras import attention_layers  # noqa: E402
-from attnviz.errors import AttnvizError, InputError  # noqa: E402
+# imported when the module's first test runs, in the worker that runs the module (KerasHub imports TensorFlow
+# with Keras, ~5 s): not while every worker collects
+keras_hub = LazyModule("keras_hub")
+keras = LazyModule("keras")
 
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the TensorFlow backend's tests")
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow_backend():
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the TensorFlow backend's tests")
 
 V = 16
 B, L = 2, 6

@@ -14,9 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
+from tests.conftest import LazyModule
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
+
 runner = CliRunner()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat sat on mat dog ran fast".split()]
 

@@ -171,10 +171,26 @@ def invoke(argv: list[str]):
     return r
 
 
+#: the README's inputs as made once in this process (``folder`` hands each module a copy of them)
+_MADE: dict[str, Path] = {}
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """Every file the README's examples read, deterministic, small, with shapes that fit each command."""
+    """Every file the README's examples read, deterministic, small, with shapes that fit each command: a copy of
+    its own for each module that asks (the examples write their outputs into it). They are made once in a
+    process (``make_inputs``: models built and captured, ~6 s of CPU besides the imports), and the modules that
+    read them (this one, tests/test_api.py's examples, tests/test_long_paths.py) run on one xdist worker
+    (tests/conftest.py, SHARED_UNITS)."""
+    if "inputs" not in _MADE:
+        _MADE["inputs"] = make_inputs(tmp_path_factory.mktemp("readme-inputs"))
     d = tmp_path_factory.mktemp("readme")
+    shutil.copytree(_MADE["inputs"], d, dirs_exist_ok=True)
+    return d
+
+
+def make_inputs(d: Path) -> Path:
+    """Write the README's inputs into the folder ``d``."""
     rng = np.random.default_rng(2024)
 
     def save(name: str, arr) -> None:

@@ -534,6 +534,21 @@ def _screen_text(app, size):
                                                                                   include_new_lines=False)]
 
 
+async def _first_paint(pilot, app, size, seconds: float = 60.0) -> list[str]:
+    """The screen's lines once the footer holds its keys. Textual's Footer composes its keys only after the screen
+    first announces its bindings (a recompose after the next refresh), and ``pilot.pause()`` waits for "idle" by
+    comparing this process's CPU time with the wall clock, which a loaded machine (other processes on the cores)
+    satisfies before that recompose: the footer's line was then still blank. Wait for it to be drawn (its content
+    is what the caller checks)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        await pilot.pause()
+        screen = _screen_text(app, size)
+        if screen[-1].strip() or time.monotonic() > deadline:
+            return screen
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.parametrize("layers", [2, 12])
 def test_the_viewer_fits_80_by_24_with_the_batch_entry_and_its_keys(tmp_path, layers):
     """Issue 33, item 8: at 80 x 24 the last layer's thumbnails were clipped, the footer lost "q quit", the colour
@@ -561,8 +576,7 @@ def test_the_viewer_fits_80_by_24_with_the_batch_entry_and_its_keys(tmp_path, la
 
     async def drive():
         async with viewer.run_test(size=size) as pilot:
-            await pilot.pause()
-            screen = _screen_text(viewer, size)
+            screen = await _first_paint(pilot, viewer, size)
             footer = screen[-1]
             assert "q quit" in footer and "? keys" in footer and "palette" not in footer, footer
             thumbs, stats, the_map = (viewer.query_one(f"#{n}") for n in ("thumbs", "stats", "map"))

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import attnviz
+from attnviz.errors import UsageError
+from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
+from tests.conftest import LazyModule
 
-from safetensors import safe_open  # noqa: E402
-
-import attnviz  # noqa: E402
-from attnviz.errors import UsageError  # noqa: E402
-from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges  # noqa: E402
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 pytestmark = pytest.mark.xdist_group("summary")  # its own worker: beside capture's, not after it
 

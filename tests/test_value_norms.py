@@ -14,6 +14,10 @@ from typer.testing import CliRunner
 
 from attnviz.cli import app
 from attnviz.inspection.norms import value_norms
+from tests.conftest import LazyModule
+
+torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
+transformers = LazyModule("transformers")
 
 runner = CliRunner()
 
@@ -31,10 +35,6 @@ def test_value_norms_equal_the_reference_tensor(kv_heads: int) -> None:
     reference = np.linalg.norm(alpha[..., None] * f[:, :, None, :, :], axis=-1)
     ours = alpha * value_norms(v, wo)[:, :, None, :]
     np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
-
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
