@@ -139,6 +139,11 @@ SHARED_UNITS.update({name: "the README's inputs" for name in (
     "test_readme_examples",  # the examples run one after another in one folder
     "test_long_paths", "test_api::test_every_attention_type_gives_the_command_s_document",
     "test_api::test_every_file_option_of_every_function_takes_arrays")})
+# tests/test_scale_out.py's examples each compare their shards with one unsharded run of the same batch (its module
+# fixture ``unsharded_example``, a process of its own): made once
+SHARED_UNITS.update({f"test_scale_out::{name}": "the scale-out examples" for name in (
+    "test_slurm_array_example", "test_slurm_array_example_on_a_shared_folder", "test_kubernetes_indexed_job_example",
+    "test_one_machine_examples")})
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
