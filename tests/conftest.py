@@ -125,6 +125,7 @@ ONE_WORKER = {
     "test_object_stores": "one S3 server (moto) for the module, its buckets made once",
     "test_kerashub": "KerasHub's import (~6 s) paid once, and its backbones built once for the module",
     "test_docs": "the site built once for the module (mkdocs build, ~5 s)",
+    "test_architecture": "the package's sources parsed once for the module (~2 s)",
 }
 
 
