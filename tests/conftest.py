@@ -122,9 +122,9 @@ ONE_WORKER = {
     "test_hostile_corpus": "its module fixture runs every case of the corpus that was collected, in one pool",
     "test_serve": "one warm worker serves the module's tests, and counts the requests",
     "test_browser": "one Chromium for the module",
-    "test_object_stores": "one S3 server (moto) for the module, its buckets made once",
     "test_kerashub": "KerasHub's import (~6 s) paid once, and its backbones built once for the module",
     "test_docs": "the site built once for the module (mkdocs build, ~5 s)",
+    "test_architecture": "the package's sources parsed once for the module (~2 s)",
 }
 
 
@@ -139,6 +139,16 @@ SHARED_UNITS.update({name: "the README's inputs" for name in (
     "test_readme_examples",  # the examples run one after another in one folder
     "test_long_paths", "test_api::test_every_attention_type_gives_the_command_s_document",
     "test_api::test_every_file_option_of_every_function_takes_arrays")})
+# The S3 server on the loopback (tests/s3server.py: moto's, one a process; moto, s3fs and botocore cost a worker
+# ~3-4 s of CPU to import) serves test_object_stores (its buckets made once for the module), the scale-out
+# examples that read from a bucket and the capture to a bucket: they run on one worker. The scale-out examples
+# each compare their shards with one unsharded run of the same batch (test_scale_out's module fixture
+# ``unsharded_example``, a process of its own), made once there.
+SHARED_UNITS.update({name: "the S3 server's tests" for name in (
+    "test_object_stores", "test_capture::test_cli_capture_to_a_bucket",
+    *(f"test_scale_out::{name}" for name in (
+        "test_slurm_array_example", "test_slurm_array_example_on_a_shared_folder",
+        "test_kubernetes_indexed_job_example", "test_one_machine_examples")))})
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -194,3 +204,15 @@ def pytest_xdist_auto_num_workers(config):
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     return cores + 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config) -> None:
+    """An xdist worker, its session over and its results sent, then exits: its objects (TensorFlow's, torch's,
+    transformers', every test module's) are frozen out of the garbage collector's last passes (gc.freeze), which
+    took ~3 s of a worker's exit, while the run waits for its workers to end. Exit handlers and the rest of the
+    interpreter's shutdown run as before; the memory goes back to the system with the process."""
+    if hasattr(config, "workerinput"):
+        import gc
+
+        gc.freeze()
