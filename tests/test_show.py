@@ -303,6 +303,23 @@ def test_no_escape_code_in_a_pipe(files):
     assert invoke("inspect", files / "dump.npy", "--show", "--graphics", "none", "--no-table").stdout == ""
 
 
+@pytest.mark.parametrize("scale, end", [(["--vmax", "1e-30"], "@"), (["--vmin", "1e29"], " ")])
+def test_plain_characters_past_the_scale_take_its_ends(files, scale, end):
+    """A weight beyond --vmax (--vmin) is drawn as the ramp's last (first) character, as a colour takes the colour
+    map's end; a scale's end beyond what float32 draws is a usage error (``--vmax 1e-78`` once reached the ramp with
+    an index past any integer: found by test_fuzz_option_values)."""
+    from attnviz.render.terminal import RAMP
+
+    out = invoke("inspect", files / "dump.npy", "--show", "--no-table", *scale).stdout
+    rows = [line for line in out.splitlines() if not any(ch.isalpha() for ch in line)]  # the maps' lines
+    drawn = {ch for row in rows for ch in row if not ch.isdigit()} - {" "}
+    assert RAMP[-1 if end == "@" else 0] == end and drawn == ({"@"} if end == "@" else set()), out
+    assert len(rows) >= 3 * 12 // 2, out  # three layers of maps 12 pixels high, two pixels a line
+    far = {"--vmax": "1e-78", "--vmin": "1e300"}[scale[0]]
+    r = invoke("inspect", files / "dump.npy", "--show", scale[0], far, code=2)
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and f"{scale[0]} {float(far):g}" in r.stderr
+
+
 @pytest.mark.parametrize("command", ["inspect", "compare", "rollout", "scaled"])
 def test_show_with_json_in_a_pipe_prints_the_document(files, command):
     """Issue 34: ``attnviz inspect w.npy --show --json | jq .``: stdout is not a terminal, so --show is quietly

@@ -49,10 +49,20 @@ class FigureOptions:
         return figure_scale(self.vmin, self.vmax, self.norm, self.scale_per_panel, self.scale_skip_keys)
 
 
+#: the magnitudes a colour scale's end may take (besides 0)
+SCALE_ENDS = (1e-30, 1e30)
+
+
 def check_scale(vmin: float | None, vmax: float | None, norm: str | None, per_panel: bool = False,
                 diverging: bool = False) -> None:
     """Figure options that contradict each other, whatever the data (exit 2, one line)."""
     kind = (norm or "linear").partition(":")[0]
+    for name, value in (("--vmin", vmin), ("--vmax", vmax)):
+        # maps are drawn in float32: an end beyond these would round to 0 or infinity there (and 1e-30 or 1e30 is
+        # far beyond any weight, score or gradient's scale that a picture can show)
+        if value is not None and not (value == 0 or SCALE_ENDS[0] <= abs(value) <= SCALE_ENDS[1]):
+            raise UsageError(f"{name} {value:g}: a colour scale's ends are 0 or between {SCALE_ENDS[0]:g} and "
+                             f"{SCALE_ENDS[1]:g} in magnitude.")
     if diverging and vmin is not None:
         raise UsageError(f"--vmin {vmin:g}: A - B is drawn on a scale symmetric around 0, from -V to V; "
                          "give its V with --vmax.")

@@ -421,7 +421,8 @@ class _Drawing:
             both = [v for v in (upper, lower) if v is not None and not math.isnan(v)]
             if not both:
                 return Segment(MASKED_CHAR)
-            level = min(len(RAMP) - 1, int(sum(both) / len(both) * len(RAMP)))
+            # a position outside [0, 1] (a value beyond --vmin or --vmax) takes the ramp's end, as a colour does
+            level = min(len(RAMP) - 1, int(min(max(sum(both) / len(both), 0.0), 1.0) * len(RAMP)))
             return Segment(RAMP[level])
         fg = self.colour(upper)
         if lower is None:
