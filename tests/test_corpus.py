@@ -616,8 +616,9 @@ def test_merge_refuses_what_does_not_add_up(bert_folder: Path, tmp_path: Path) -
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)
     runs = {}
-    for name, extra in (("a", ["--shard", "0/2"]), ("b", ["--shard", "1/2"]), ("t", ["--shard", "1/2",
-                                                                                    "--sink-threshold", "0.5"])):
+    for name, extra in (("a", ["--shard", "0/2"]), ("b", ["--shard", "1/2"]),
+                        ("t", ["--shard", "1/2", "--sink-threshold", "0.5"]),
+                        ("h", ["--shard", "1/2", "--dtype", "bfloat16"])):
         runs[name] = tmp_path / f"{name}.safetensors"
         done = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", *extra, "-o",
                        str(runs[name]))
@@ -625,6 +626,8 @@ def test_merge_refuses_what_does_not_add_up(bert_folder: Path, tmp_path: Path) -
     out = tmp_path / "m.safetensors"
     for files, words in (((runs["a"], runs["t"]), "settings (sink_threshold: 0.5 against 0.3)"),
                          ((runs["a"], runs["a"]), "shard 0/2"),
+                         # the dtype is named, not the weights' sample that the cast changed
+                         ((runs["a"], runs["h"]), "different dtypes (bfloat16 against float32)"),
                          ((runs["a"], tmp_path / "none.safetensors"), "no such file")):
         done = _invoke("merge", *map(str, files), "-o", str(out))
         assert done.exit_code in (1, 2) and words in done.stderr, done.stderr

@@ -250,6 +250,10 @@ def distance_texts(corpus: dict[str, Any]) -> int:
 
 def _same(a_name: str, a: CorpusSums, b_name: str, b: CorpusSums) -> None:
     ca, cb = a.corpus, b.corpus
+    da, db = a.meta.get("dtype"), b.meta.get("dtype")
+    if da != db:  # the weights' sample differs too, but the dtype is what a user changed: name it
+        raise InputError(f"merge: {b_name} and {a_name} were computed in different dtypes ({db} against {da}); "
+                         "only files of one model, tokenizer and settings add up.")
     for key in IDENTITY:
         va, vb = ca.get(key) or {}, cb.get(key) or {}
         if va != vb:
