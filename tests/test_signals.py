@@ -96,6 +96,48 @@ def test_a_batch_signalled_between_jobs_keeps_whole_lines_and_resumes(tmp_path, 
     assert len(list(tmp_path.glob("o*.png"))) == n and staged(tmp_path) == []
 
 
+class WritingRunner:
+    """A batch's runner whose every job writes its one output after a moment (in the job's thread)."""
+
+    def execute(self, argv: list[str], /) -> int:
+        time.sleep(0.05)
+        Path(argv[1]).write_text("done")
+        return 0
+
+    def commands(self) -> set[str]:
+        return {"write"}
+
+    def takes_quiet(self, command: str, /) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_signal_while_a_result_is_recorded_keeps_it(tmp_path, workers):
+    """A signal that reaches the main thread while it hands a finished job's result over and records it (not
+    while it waits for the jobs) is raised once the record is written: every job whose output is written
+    has its line in the results manifest (a signal raised there once left finished jobs unrecorded)."""
+    from attnviz import interrupts
+    from attnviz.batch.jobs import Job
+    from attnviz.batch.running import BatchPlan, run_batch
+
+    jobs = [Job(i + 1, "write", ["write", str(tmp_path / f"o{i}.txt")], index=i,
+                outputs=[("--out", str(tmp_path / f"o{i}.txt"))]) for i in range(12)]
+    results = tmp_path / "results.jsonl"
+    plan = BatchPlan(jobs, jobs, list(jobs), [], (0, 1), str(results))
+    calls = []
+
+    def progress() -> None:  # in the main thread, as each finished job's result is handed over
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)  # its handler runs now, in the middle of the hand-over
+
+    with pytest.raises(KeyboardInterrupt), interrupts.handled():
+        run_batch(plan, runner=WritingRunner(), workers=workers, progress=progress)
+    recorded = sorted(r["index"] for r in records(results))
+    written = sorted(int(p.stem[1:]) for p in tmp_path.glob("o*.txt"))
+    assert len(recorded) >= 2 and recorded == written and len(written) < len(jobs), (recorded, written)
+
+
 def test_a_signal_that_lands_in_an_import_waits_for_it_to_end(tmp_path):
     """Ctrl-C in the middle of an import (matplotlib's, on a first --png) is raised once the import is over:
     a module cut short is left half made (Python 3.11 reported one as "Error calling __set_name__", and an

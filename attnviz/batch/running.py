@@ -78,37 +78,43 @@ def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
         for job in jobs:
             result = run_job(runner, job)
             interrupts.raise_received()  # the job was cut short: its command worded it, the batch ends
-            if progress is not None:
-                progress()
-            yield result
+            with interrupts.deferred():  # a signal while the caller records the result: raised once it has
+                if progress is not None:
+                    progress()
+                yield result
             if fail_fast and not result.ok:
                 return
         return
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
     pending: set[Future[JobResult]] = set()
+    done: set[Future[JobResult]] = set()
     queue = list(jobs)
     stop = False
     interrupted: KeyboardInterrupt | None = None
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        while queue or pending:
-            while queue and not stop and len(pending) < workers:
-                pending.add(pool.submit(run_job, runner, queue.pop(0)))
-            if not pending:
-                break
+        while True:
             try:
+                # the signal lands in wait() (the main thread waits there nearly all the time) or, put off by
+                # deferred(), once the finished jobs' results are handed over and recorded: a job whose outputs
+                # are written is never left out of the results
+                with interrupts.deferred():
+                    for future in done:
+                        result = future.result()
+                        if progress is not None:
+                            progress()
+                        stop = stop or (fail_fast and not result.ok)
+                        yield result
+                    done = set()
+                    if stop:
+                        queue.clear()
+                    while queue and not stop and len(pending) < workers:
+                        pending.add(pool.submit(run_job, runner, queue.pop(0)))
+                    if not pending:
+                        break
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
             except KeyboardInterrupt as exc:  # in the main thread: the jobs running in threads finish
-                interrupted, stop = exc, True
-                queue.clear()
-                continue
-            for future in done:
-                result = future.result()
-                if progress is not None:
-                    progress()
-                stop = stop or (fail_fast and not result.ok)
-                yield result
-            if stop:
+                interrupted, stop = interrupted or exc, True
                 queue.clear()
     if interrupted is not None:
         raise interrupted
