@@ -532,7 +532,7 @@ def test_capture_holds_two_layers_above_the_models_own_attention(tmp_path: Path)
     scores, one layer at a time), and far less than all layers. Measured here: eager forward 2.6 layers, capture
     4.6."""
     out = tmp_path / "m.safetensors"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC", "OMP", "MKL", "KMP", "TF_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC")}  # the suite's one thread kept
     done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(out)], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr
