@@ -515,3 +515,10 @@ def test_summary_head_table_with_no_table_and_an_order(llama_folder: Path, tmp_p
     assert out.exit_code == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "by entropy" in text and "showing 2 of" in text, text
+    # a column the file cannot give: the retrieval scores need --needle (and --generate); another statistic is
+    # named among those the table has
+    out = invoke("inspect", path, "--sort", "retrieval")
+    assert out.exit_code == 2 and "--needle" in out.stderr and "--generate" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stdout.strip().count("\n") == 0
+    out = invoke("inspect", path, "--sort", "induction")
+    assert out.exit_code == 2 and "sink_mass" in out.stderr and "retrieval" not in out.stderr, out.stderr

@@ -97,8 +97,14 @@ def inspect_command(**values: Any) -> None:
     from attnviz.cli.errors import user_errors
 
     asked = {name: values.pop(name) for name in ("span", "span_text", "needle")}
-    with user_errors(), captured_input(values.pop("weights") or [], values) as files:
-        _inspect_files(files, values, asked)
+    with user_errors():
+        if values.get("sort") == "retrieval" and not asked["needle"]:  # before any file is read or model run
+            from attnviz.errors import UsageError
+
+            raise UsageError("--sort retrieval: retrieval scores need --needle NAME|TEXT (the needle's span) and a "
+                             "capture made with --summary --generate N.")
+        with captured_input(values.pop("weights") or [], values) as files:
+            _inspect_files(files, values, asked)
 
 
 def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, Any] | None = None) -> None:
