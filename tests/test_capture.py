@@ -355,6 +355,21 @@ def test_cli_capture_then_inspect(bert_folder: Path, tmp_path: Path) -> None:
     assert json.loads(one.stdout)["weights_shape"][-1] == 5
 
 
+def test_cli_capture_quiet(bert_folder: Path, tmp_path: Path) -> None:
+    """--quiet: the file, and nothing printed; a failed --check still says so (exit 3)."""
+    out = tmp_path / "q.safetensors"
+    loud = _cli("capture", str(bert_folder), "--text", "the cat sat", "-o", str(tmp_path / "l.safetensors"))
+    assert loud.exit_code == 0 and "captured 2 attention sites" in loud.stdout and "saved capture" in loud.stderr
+    done = _cli("capture", str(bert_folder), "--text", "the cat sat", "-o", str(out), "--check", "-q")
+    assert (done.exit_code, done.stdout, done.stderr) == (0, "", "") and out.stat().st_size > 0
+    assert attnviz.inspect(str(out)).weights.shape == attnviz.inspect(str(tmp_path / "l.safetensors")).weights.shape
+    failed = _cli("capture", str(bert_folder), "--text", "the cat sat", "-o", str(out), "--check", "--atol", "0",
+                  "--quiet")
+    # the float64 recomputation differs from the float32 model's weights by their rounding: above 0
+    assert failed.exit_code == 3 and failed.stderr == "", failed.stderr
+    assert failed.stdout.startswith("check: FAILED: largest difference") and failed.stdout.count("\n") == 1
+
+
 def test_cli_capture_to_a_bucket(bert_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """-o s3://...: the capture uploaded whole once finished (a real S3 API on the loopback, tests/s3server.py),
     the same file a local -o writes; a bucket that is not there fails before the model runs."""

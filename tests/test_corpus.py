@@ -499,8 +499,13 @@ def test_cli_corpus_run_shards_merge_and_inspect(bert_folder: Path, tmp_path: Pa
     for i in range(2):
         path = tmp_path / f"s{i}.safetensors"
         got = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--batch-size", "2",
-                      "--token-class", "the=the", "--shard", f"{i}/2", "-o", str(path))
+                      "--token-class", "the=the", "--shard", f"{i}/2", "-o", str(path), *(["--quiet"] * i))
         assert got.exit_code == 0, got.stderr
+        if i:  # --quiet: no progress bar and no informational line; a warning still is one
+            assert got.stdout == "" and "saved corpus" not in got.stderr and "texts/s" not in got.stderr
+            assert all(line.startswith(("warning:", " ")) for line in got.stderr.splitlines()), got.stderr
+        else:
+            assert "saved corpus statistics" in got.stderr and "corpus statistics of" in got.stdout
         shards.append(str(path))
     merged = tmp_path / "merged.safetensors"
     got = _invoke("merge", *shards, "-o", str(merged))

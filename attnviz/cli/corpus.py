@@ -43,7 +43,7 @@ def refuse_with_corpus(given: dict[str, Any]) -> None:
 
 
 def capture_corpus_command(model: str, texts: list[str], text_file: str | None, output: str | None, device: str,
-                           dtype: str, options: CorpusOptions, json_out: bool) -> None:
+                           dtype: str, options: CorpusOptions, json_out: bool, quiet: bool = False) -> None:
     """``attnviz capture MODEL_DIR --text-file FILE --corpus -o FILE.safetensors``."""
     from attnviz.batch.shards import parse_shard
     from attnviz.capturing.corpus import capture_corpus, compile_classes, read_corpus_text
@@ -93,7 +93,7 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
         try:
             return capture_corpus(model, corpus, path, device=device, dtype=dtype, batch_size=options.batch_size,
                                   classes=classes, sink_threshold=options.sink_threshold, long=options.long,
-                                  progress=progress)
+                                  progress=None if quiet else progress)
         finally:
             if task is not None:
                 bar.stop()
@@ -107,7 +107,7 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
             done = run(staged["-o"])
             staged.commit()
         done.path = targets["-o"]
-    if corpus.empty:
+    if corpus.empty and not quiet:
         err.print(f"skipped {corpus.empty} empty line{'s' if corpus.empty != 1 else ''} of {text_file}", markup=False,
                   style="dim")
     for text in done.warnings:
@@ -125,13 +125,14 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
                "sites": list(done.sums.sites), "heads": sum(done.sums.heads), "seconds": round(done.seconds, 3),
                "warnings": done.warnings}
         stdout().write(json.dumps(doc) + "\n")
-    else:
+    elif not quiet:
         blocked = int(meta.get("blocked_texts") or 0)
         blocked_text = f" ({blocked} long, a block of rows at a time)" if blocked else ""
         stdout().write(f"corpus statistics of {len(done.sums.sites)} layers x {max(done.sums.heads)} heads of "
                        f"{done.model_type} over {done.texts} texts{shard_text}{blocked_text} on {done.device} in "
                        f"{done.seconds:.1f} s\n")
-    err.print(f"saved corpus statistics to {done.path}", markup=False, style="dim")
+    if not quiet:
+        err.print(f"saved corpus statistics to {done.path}", markup=False, style="dim")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -87,6 +87,8 @@ def capture_command(
         "refuse, before the model runs, an exact capture whose weights would take more than SIZE (default 4G; "
         "0: no limit)"))] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print a JSON object instead of the table")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print no progress bar and no informational lines; "
+                                                              "warnings and errors still go to stderr")] = False,
     truncate: Annotated[bool, typer.Option("--truncate", hidden=True, help="the same as --long truncate")] = False,
     long: Annotated[str | None, checked_option(Literal[LONGS] | None, "--long",  # type: ignore[valid-type]
                                                metavar="truncate|refuse", help=LONG_HELP)] = None,
@@ -129,13 +131,14 @@ def capture_command(
             options = CorpusOptions(batch_size=batch_size or 8, shard=shard, token_class=tuple(token_class or ()),
                                     sink_threshold=0.3 if sink_threshold is None else sink_threshold,
                                     long=long or "truncate")
-            return capture_corpus_command(model, text or [], text_file, output, device, dtype, options, json_out)
+            return capture_corpus_command(model, text or [], text_file, output, device, dtype, options, json_out,
+                                          quiet)
         from attnviz.cli.corpus import refuse_without_corpus
 
         refuse_without_corpus(given)
         settings = summary_settings(summary, sinks, local, pool, rows, no_weights, target, check)
         _capture(model, text or [], text_file, output, device, dtype, layers, generate, no_weights, weights_dtype,
-                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file), long)
+                 target, decoder_text, check, atol, json_out, settings, parse_max_file(max_file), long, quiet)
 
 
 def long_choice(long: str | None, truncate: bool) -> str | None:
@@ -191,7 +194,7 @@ def parse_max_file(text: str | None) -> int | None:
 def _capture(model: str, texts: list[str], text_file: str | None, output: str | None, device: str, dtype: str,
              layers: str | None, generate: int, no_weights: bool, weights_dtype: str, target: str | None,
              decoder_text: str | None, check: bool, atol: float | None, json_out: bool, summary: Any = None,
-             max_file: int | None = None, long: str | None = None) -> None:
+             max_file: int | None = None, long: str | None = None, quiet: bool = False) -> None:
     import json
 
     from attnviz.capturing.folder import capture_folder, read_texts
@@ -240,6 +243,9 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         if done.checked is not None:
             doc["check"] = {"atol": atol, "passed": not failed, "max_abs_diff": done.checked}
         stdout().write(json.dumps(doc) + "\n")
+    elif quiet:  # a failed check is not information: it is said (and the exit status is 3)
+        if failed:
+            stdout().write(_check_line(done.checked or {}, atol, failed))
     else:
         out = stdout()
         kinds = list(dict.fromkeys(s.rpartition(".layers.")[0] or "layers" for s in done.sites))
@@ -254,15 +260,20 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
             out.write(f"masks: not made of padding, causal and a window: kept whole ("
                       f"{size_str(done.dense_mask_bytes)})\n")
         if done.checked is not None:
-            worst = max(done.checked, key=lambda s: done.checked[s]) if done.checked else None  # type: ignore[index]
-            if worst is None:
-                out.write("check: no site holds weights to check\n")
-            else:
-                out.write(f"check: {'passed' if not failed else 'FAILED'}: largest difference "
-                          f"{done.checked[worst]:.3g} at {worst} (atol {atol:g}) over {len(done.checked)} sites\n")
-    err.print(f"saved capture to {done.path}", markup=False, style="dim")
+            out.write(_check_line(done.checked, atol, failed))
+    if not quiet:
+        err.print(f"saved capture to {done.path}", markup=False, style="dim")
     if failed:
         raise typer.Exit(3)
+
+
+def _check_line(checked: dict[str, float], atol: float, failed: bool) -> str:
+    """What --check found: the largest difference, its site and the tolerance."""
+    if not checked:
+        return "check: no site holds weights to check\n"
+    worst = max(checked, key=lambda s: checked[s])
+    return (f"check: {'passed' if not failed else 'FAILED'}: largest difference {checked[worst]:.3g} at {worst} "
+            f"(atol {atol:g}) over {len(checked)} sites\n")
 
 
 def parse_layers(text: str | None) -> list[int] | None:
