@@ -73,9 +73,10 @@ def deliver(signum: int) -> None:
 
 
 def reset() -> None:
-    """Forget a signal of an earlier run in this process (the warm worker runs one command after another)."""
-    global _received, _pending
-    _received, _pending = None, False
+    """Forget a signal of an earlier run in this process (the warm worker runs one command after another), and
+    any ``deferred()`` block it left open (a batch's results generator closed late holds one until then)."""
+    global _received, _pending, _deferring
+    _received, _pending, _deferring = None, False, 0
 
 
 def _on_signal(signum: int, frame: Any) -> None:

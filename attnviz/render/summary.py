@@ -40,10 +40,7 @@ def head_rows(result: SummaryResult, sort: str = "layer", reverse: bool = False,
         if sort not in rows[0]:
             from attnviz.errors import UsageError
 
-            if sort == "retrieval":  # a column only where the scores were asked for
-                raise UsageError("--sort retrieval: retrieval scores need --needle NAME|TEXT (the needle's span) and "
-                                 "a capture made with --summary --generate N.")
-            have = [name for name in COLUMNS if name in rows[0]]
+            have = [name for name in COLUMNS if name in rows[0]]  # retrieval where its scores were asked for
             raise UsageError(f"--sort {sort}: a summary's head table has {', '.join(have)}.")
         rows.sort(key=lambda r: (r[sort] is None, -(r[sort] or 0.0)))
     elif sort == "head":
