@@ -76,22 +76,20 @@ def exact_batches(lengths: list[int], heads: int, budget: int | None = None) -> 
 def site_count(model: Any) -> int:
     """The self-attention sites a text passes through: the (text or encoder) config's layers; 1 when it names
     none."""
-    config = model.config
-    get = getattr(config, "get_text_config", None)
-    text = get() if callable(get) else config
-    for name in ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers"):
-        value = getattr(text, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 1
+    return _config_count(model, ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers"))
 
 
 def site_heads(model: Any) -> int:
     """The query heads of a model's attention sites, from its (text) config; 1 when it names none."""
+    return _config_count(model, ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"))
+
+
+def _config_count(model: Any, names: tuple[str, ...]) -> int:
+    """The first of ``names`` that the model's (text) config sets to a positive integer; 1 when none is."""
     config = model.config
     get = getattr(config, "get_text_config", None)
     text = get() if callable(get) else config
-    for name in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"):
+    for name in names:
         value = getattr(text, name, None)
         if isinstance(value, int) and value > 0:
             return value
