@@ -326,39 +326,40 @@ def test_summary_pictures_spans_and_sorting(llama_folder: Path, tmp_path: Path) 
             assert im.size[0] > 300 and len(set(im.convert("L").getdata())) > 10, name
 
 
-def test_retrieval_scores_from_generated_steps(llama_folder: Path, tmp_path: Path) -> None:
-    """--generate with --summary keeps each decode step's row; --needle scores each head as Wu et al.:
-    a hit when the step's top key lies in the needle and holds the token generated. Checked against the
-    eager model's own weights of the same generation."""
+def test_generate_under_a_summary_keeps_every_decode_row_and_token(llama_folder: Path, tmp_path: Path) -> None:
+    """--generate with --summary keeps every row that decodes a token (the prompt's last row, even with --rows
+    none, and each step's) and every generated token, the last one too (generated_ids: no forward runs over it):
+    the rows equal the eager model's own weights of the same generation, the tokens its own. (The scores of a
+    random model are zeros; tests/test_real_models.py scores SmolLM2's retrieval heads.)"""
     import transformers
 
-    needle = "the secret code is magic blue"
-    text = _text(200, needle)
+    from attnviz.capturing.fileformat import open_capture
+    from attnviz.inspection.summary import decode_rows, read_summary
+
+    text = _text(200, "the secret code is magic blue")
     path = tmp_path / "g.safetensors"
-    done = invoke("capture", llama_folder, "--text", text, "-o", path, "--summary", "--generate", "4")
+    done = invoke("capture", llama_folder, "--text", text, "-o", path, "--summary", "--generate", "4", "--rows", "none")
     assert done.exit_code == 0, done.stderr
-    out = invoke("inspect", path, "--needle", needle, "--json")
-    assert out.exit_code == 0, out.stderr
-    doc = json.loads(out.stdout)
-    scores = np.array(doc["retrieval"]["scores"])
-    assert scores.shape == (2, 4) and doc["retrieval"]["decode_rows"] == 4
-    # the same generation with the model's eager weights, scored by hand
+    with open_capture(path) as (raw, capture):
+        read = read_summary(raw, capture, "layers")
+        assert capture.metadata["generated"] and len(capture.metadata["generated"][0]) == 4
+    rows, tokens = decode_rows(read)
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_folder, attn_implementation="eager").eval()
     tok = transformers.AutoTokenizer.from_pretrained(llama_folder)
     ids = tok(text, return_tensors="pt")["input_ids"]
+    p = ids.shape[1]
     with torch.no_grad():
         gen = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
         attn = model(gen, output_attentions=True).attentions
-    start, end = doc["needle_span"] if "needle_span" in doc else (doc["retrieval"]["needle"]["start"],
-                                                                   doc["retrieval"]["needle"]["end"])
-    p = ids.shape[1]
-    want = np.zeros((2, 4))
+    np.testing.assert_array_equal(read.generated_ids, gen[:, p:].numpy())
+    np.testing.assert_array_equal(tokens, gen[:, p:].numpy())
+    assert rows.shape == (2, 1, 4, 4, p + 3)
     for li in range(2):
-        for t in range(4):  # the row that produced generated token t is position p - 1 + t
-            row = attn[li][0, :, p - 1 + t, : p + t].numpy()
-            top = row.argmax(-1)
-            want[li] += ((top >= start) & (top < end) & (gen[0, top].numpy() == int(gen[0, p + t])))
-    np.testing.assert_allclose(scores, want / (end - start))
+        for t in range(4):  # the row that generates token t is position p - 1 + t
+            np.testing.assert_allclose(rows[li, 0, :, t, :p + t], attn[li][0, :, p - 1 + t, :p + t].numpy(), atol=2e-6)
+            assert not rows[li, 0, :, t, p + t:].any()
+    doc = json.loads(invoke("inspect", path, "--needle", "the secret code is magic blue", "--json").stdout)
+    assert doc["retrieval"]["decode_rows"] == 4 and np.array(doc["retrieval"]["scores"]).shape == (2, 4)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -415,27 +416,60 @@ def test_inspect_of_a_no_weights_capture_summarises_its_q_and_k(llama_folder: Pa
                                rtol=1e-5, atol=1e-7, equal_nan=True)
 
 
-def test_retrieval_score_counts_hits_as_wu_et_al() -> None:
-    """Decode rows whose top key lies in the needle and holds the generated token score; others do not."""
-    from attnviz.inspection.summary import Span, SummaryRead, retrieval_scores
+def _retrieval_read(ids: np.ndarray, last: np.ndarray, step: np.ndarray, generated: np.ndarray | None):
+    from attnviz.inspection.summary import SummaryRead
 
-    lq, lk, n = 6, 9, 3  # a 6-token prompt, 3 generated tokens (rows: the prompt's last and 2 steps)
-    ids = np.array([[5, 7, 8, 9, 4, 2, 8, 9, 3]])  # the generated tokens are 8, 9, 3
-    step = np.zeros((1, 1, 2, 2, lk))  # [layers, B, H, steps, Lk]
-    last = np.zeros((1, 1, 2, 1, lq))  # the prompt's last row ("--rows last")
-    last[0, 0, 0, 0, 2] = 1  # head 0 decodes token 8 from key 2 (token 8, in the needle 1:4): a hit
-    last[0, 0, 1, 0, 0] = 1  # head 1 looks at key 0 (outside the needle)
-    step[0, 0, 0, 0, 3] = 1  # head 0 decodes 9 from key 3 (token 9, in the needle): a hit
-    step[0, 0, 1, 0, 1] = 1  # head 1 looks at key 1 (token 7, in the needle, but not the token decoded): no hit
-    step[0, 0, 0, 1, 1] = 1  # head 0 decodes 3 from key 1 (token 7): no hit
-    rows = {name: np.zeros((1, 1, 2, lq)) for name in PER_ROW}
+    layers, b, h, _, lq = last.shape
+    rows = {name: np.zeros((layers, b, h, lq)) for name in PER_ROW}
     rows["entropy"][:] = 1.0
-    read = SummaryRead("x", "layers", ["layers.0"], {}, rows, np.ones((1, 1, lq), np.int64), np.zeros((1, 1, 2, lq)),
-                       np.ones((1, 1, lq), np.int64), np.zeros((1, 1, 2, 1, 1)), np.zeros((1, 1, 2, 1, 1)), [0, lq],
-                       [0, lq], np.ones((1, lq), bool), last, [lq - 1], step, None, None, ids)
-    scores, decoded = retrieval_scores(read, Span("needle", 1, 4))
-    assert decoded == n
-    np.testing.assert_allclose(scores, [[2 / 3, 0.0]])
+    return SummaryRead("x", "layers", ["layers.0"], {}, rows, np.ones((layers, b, lq), np.int64),
+                       np.zeros((layers, b, h, lq)), np.ones((layers, b, lq), np.int64), np.zeros((layers, b, h, 1, 1)),
+                       np.zeros((layers, b, h, 1, 1)), [0, lq], [0, lq], np.ones((b, lq), bool), last, [lq - 1], step,
+                       None, None, ids, generated_ids=generated)
+
+
+def test_retrieval_score_counts_distinct_needle_positions_per_entry() -> None:
+    """Wu et al.'s score: a step copies when its top key lies in the needle and holds the token generated; an
+    entry's score is the distinct needle positions copied over the needle's length (a position copied twice
+    counts once: at most 1); each batch entry is scored with its own needle span, then the entries averaged.
+    Every step counts, the prompt's last row and the last generated token (held in generated_ids only) too."""
+    from attnviz.inspection.summary import Span, retrieval_scores
+
+    lq, n = 6, 3  # a 6-token prompt, 3 generated tokens: rows = the prompt's last row and 2 steps
+    # entry 0: the needle [8, 9] at 2:4; entry 1 (left-padded by one): the needle at 3:5
+    ids = np.array([[5, 7, 8, 9, 4, 2, 8, 9], [0, 5, 7, 8, 9, 4, 8, 8]])
+    generated = np.array([[8, 9, 8], [8, 8, 9]])  # the last token (index 2) is in no forward's inputs
+    lk = lq + n - 1
+    last = np.zeros((1, 2, 2, 1, lq))
+    step = np.zeros((1, 2, 2, n - 1, lk))
+    # entry 0, head 0: key 2 (8) generating 8, key 3 (9) generating 9, key 2 (8) again generating 8: 2 distinct
+    last[0, 0, 0, 0, 2] = 1
+    step[0, 0, 0, 0, 3] = 1
+    step[0, 0, 0, 1, 2] = 1
+    # entry 0, head 1: key 2 three times; only rows generating 8 copy: one distinct position
+    last[0, 0, 1, 0, 2] = 1
+    step[0, 0, 1, 0, 2] = 1
+    step[0, 0, 1, 1, 2] = 1
+    # entry 1 (its needle at 3:5), head 0: key 3 (8) generating 8 twice, key 4 (9) at the last step generating 9
+    last[0, 1, 0, 0, 3] = 1
+    step[0, 1, 0, 0, 3] = 1
+    step[0, 1, 0, 1, 4] = 1
+    # entry 1, head 1: key 2 (7, outside the needle), then key 1 (5): nothing
+    last[0, 1, 1, 0, 2] = 1
+    step[0, 1, 1, 0, 1] = 1
+    step[0, 1, 1, 1, 1] = 1
+    got = retrieval_scores(_retrieval_read(ids, last, step, generated), [Span("needle", 2, 4), Span("needle", 3, 5)])
+    assert got.rows == n
+    np.testing.assert_allclose(got.per_entry[:, 0], [[2 / 2, 1 / 2], [2 / 2, 0.0]])
+    np.testing.assert_allclose(got.scores, [[1.0, 0.25]])
+    np.testing.assert_allclose(got.recall, [1.0, 1.0])
+    assert got.ranked() == [(0, 0, 1.0), (0, 1, 0.25)]
+    # scored with entry 0's span for both (the old way), entry 1's head 0 would copy nothing at 3:5's place
+    wrong = retrieval_scores(_retrieval_read(ids, last, step, generated), [Span("needle", 2, 4)] * 2)
+    assert wrong.per_entry[1, 0, 0] != got.per_entry[1, 0, 0]
+    # without generated_ids (a file written before them) the last step's token is unknown: that step cannot copy
+    older = retrieval_scores(_retrieval_read(ids, last, step, None), [Span("needle", 2, 4), Span("needle", 3, 5)])
+    np.testing.assert_allclose(older.per_entry[1, 0, 0], 1 / 2)
 
 
 def test_compare_two_summaries_and_refusals(llama_folder: Path, tmp_path: Path) -> None:

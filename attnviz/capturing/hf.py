@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -216,6 +217,8 @@ class HFCapture:
         self.parts_of: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
         self.checked_families: set[str] = set()
         self.dense_bytes = 0  # the dense masks kept (masks not made of padding, causal and a window)
+        #: inside the model's generate(): a summary keeps the prompt's last row (it decodes the first new token)
+        self.generating = False
 
     @property
     def light(self) -> bool:
@@ -261,12 +264,14 @@ class HFCapture:
         encoder = self._encoder()
         if encoder is not None:
             self.hooks.append(encoder.register_forward_pre_hook(self._encoder_inputs, with_kwargs=True))
+        restore = self._watch_generate()
         try:
             with implementation(self.model, IMPLEMENTATION) as originals:
                 self.originals = originals
                 self.original = originals.get(id(self.model.config)) or "eager"
                 yield
         finally:
+            restore()
             for hook in self.hooks:
                 hook.remove()
             self.hooks.clear()
@@ -286,6 +291,47 @@ class HFCapture:
             raise InputError(f"{type(self.model).__name__}: the attention module {unseen[0]} "
                              f"({type(self.modules[unseen[0]]).__name__}) computes its attention outside transformers' "
                              "attention interface; attnviz records all of a model or nothing.")
+
+    def _watch_generate(self) -> Any:
+        """The model's ``generate`` wrapped on the instance for the block (restored by the function returned):
+        while it runs, a summary keeps the prompt's last row (the row that decodes the first new token), and the
+        tokens it returns are recorded as ``generated_ids`` [B, N], the last one too, which no forward sees (the
+        retrieval score checks every step's token). A decoder's own tokens only (an encoder-decoder's decoder
+        starts from its own start token)."""
+        generate = getattr(self.model, "generate", None)
+        if not callable(generate) or self.encoder_decoder:
+            return lambda: None
+        had = "generate" in vars(self.model)
+        before = vars(self.model).get("generate")
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            self.generating = True
+            try:
+                out = generate(*args, **kwargs)
+            finally:
+                self.generating = False
+            self._generated(out)
+            return out
+
+        vars(self.model)["generate"] = watched
+
+        def restore() -> None:
+            if had:
+                vars(self.model)["generate"] = before
+            else:
+                vars(self.model).pop("generate", None)
+
+        return restore
+
+    def _generated(self, out: Any) -> None:
+        """The tokens ``generate()`` returned past the prompt (the first forward's ``input_ids``)."""
+        seqs = out if _is_tensor(out) else getattr(out, "sequences", None)
+        prompt = self.rec.inputs.get("input_ids")
+        if not _is_tensor(seqs) or not prompt or seqs.dim() != 2:
+            return
+        start = int(prompt[0].shape[-1])
+        if seqs.shape[-1] > start and seqs.shape[0] == prompt[0].reshape(-1, start).shape[0]:
+            self.rec.inputs["generated_ids"] = [_numpy(seqs[:, start:].detach().cpu())]
 
     def _output(self, module: Any, args: Any, output: Any) -> None:
         logits = getattr(output, "logits", None)
@@ -331,6 +377,8 @@ class HFCapture:
         if self.encoder_decoder and given.get("encoder_outputs") is None:
             self._encoder_inputs(module, (), {k: given.get(k) for k in ("input_ids", "attention_mask")})
         arrays = {n: _numpy(given[n].detach().cpu()) for n in names if _is_tensor(given.get(n))}
+        if not continuing:
+            self.rec.inputs.pop("generated_ids", None)  # a new run's generate() records its own
         self.rec.record_inputs(arrays, continuing, names)
         self.rec.stepping = continuing
 
@@ -500,7 +548,11 @@ class HFCapture:
             return
         if parts is None:
             parts = MaskParts(causal=False, self_attention=site.kind != "cross")
-        got = summarise(query, key, scale=scale, settings=self.summary, parts=parts, dense=keep, softcap=softcap,
+        settings = self.summary
+        if self.generating:  # the prompt's last row decodes the first new token: every step is kept
+            chosen = (settings.rows or "").strip()
+            settings = replace(settings, rows="last" if chosen in ("", "none") else f"{chosen},last")
+        got = summarise(query, key, scale=scale, settings=settings, parts=parts, dense=keep, softcap=softcap,
                         sinks=sinks, bias=bias)
         for name, value in got.items():
             if name != "real_keys":

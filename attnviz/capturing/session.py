@@ -229,7 +229,8 @@ class Capture:
         if dense:
             meta["dense_mask_bytes"] = dense
         meta["steps"] = rec.steps
-        for name, key in (("input_ids", "tokens"), ("decoder_input_ids", "decoder_tokens")):
+        for name, key in (("input_ids", "tokens"), ("decoder_input_ids", "decoder_tokens"),
+                          ("generated_ids", "generated")):
             if name in rec.inputs and self.tokenizer is not None:
                 import numpy as np
 

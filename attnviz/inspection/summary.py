@@ -59,6 +59,7 @@ class SummaryRead:
     input_ids: np.ndarray | None
     self_attention: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
+    generated_ids: np.ndarray | None = None  # [B, N]: generate()'s tokens past the prompt, the last one too
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -118,7 +119,9 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
                                 if capture.has(sites[0], "row_positions") else
                                 parse_rows(settings.get("rows"), lq)) if chosen is not None else [], steps,
                        capture.tokens(kind), capture.key_tokens(kind), None if ids is None else np.asarray(ids),
-                       bool(parts.get("self_attention", kind != "cross")), capture.metadata)
+                       bool(parts.get("self_attention", kind != "cross")), capture.metadata,
+                       np.asarray(raw.get("generated_ids")) if "generated_ids" in raw.keys and kind == "layers"
+                       else None)
     _check_shapes(read)
     return read
 
@@ -324,34 +327,99 @@ def span_masses(s: SummaryRead, spans: list[Span], batch: int = 0) -> dict[str, 
     return out
 
 
-def retrieval_scores(s: SummaryRead, needle: Span) -> tuple[np.ndarray, int]:
-    """Wu et al. 2024's retrieval score of each (layer, head) over ``generate()``'s decode rows: a row
-    counts when its largest weight's key lies in the needle and the token there is the token generated at
-    that step; the score is hits / needle length, averaged over batch entries. The prompt's last row (when
-    ``--rows`` kept it) decodes the first token. Returns [layers, H] and the number of rows read."""
+#: Wu et al. 2024's threshold: a head whose retrieval score passes it is a retrieval head
+RETRIEVAL_THRESHOLD = 0.1
+
+
+@dataclass
+class Retrieval:
+    """Retrieval scores (Wu et al. 2024) of one needle in each batch entry: ``scores`` [layers, H] their mean over
+    the entries, ``per_entry`` [B, layers, H], ``needles`` each entry's span, ``rows`` the decode rows read (the
+    prompt's last row and every step), ``recall`` [B] how much of the needle each answer repeats (the share of
+    the needle's tokens found among the generated tokens, counted with multiplicity: a ROUGE-1 recall over token
+    ids)."""
+
+    scores: np.ndarray
+    per_entry: np.ndarray
+    needles: list[Span]
+    rows: int
+    recall: np.ndarray
+    threshold: float = RETRIEVAL_THRESHOLD
+
+    def ranked(self) -> list[tuple[int, int, float]]:
+        """(layer, head, score) of every head whose score passes the threshold, best first (ties: lower layer,
+        then head)."""
+        layers, h = self.scores.shape
+        found = [(li, hi, float(self.scores[li, hi])) for li in range(layers) for hi in range(h)
+                 if self.scores[li, hi] > self.threshold]
+        return sorted(found, key=lambda t: (-t[2], t[0], t[1]))
+
+
+def decode_rows(s: SummaryRead) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``generate()``'s steps, ``[layers, B, H, N, Lk]`` (keys at positions, 0 where a row does not
+    reach), and the token each row generated ``[B, N]`` (-1 where the file does not hold it). Row 0 is the
+    prompt's last row when the capture kept it (a capture under ``generate()`` always does): it decodes the
+    first new token. The file's ``generated_ids`` hold every generated token, the last one too; an older file
+    without them gives the tokens the steps ran over, which lack the last one."""
     if s.step_rows is None or s.input_ids is None:
         raise UsageError(f"{s.source}: retrieval scores need a capture made with --generate N and --summary.")
     layers, b, h, lq, lk = s.shape
-    ids = s.input_ids.reshape(b, -1)
-    prompt = lq
     rows = [s.step_rows]
-    if s.chosen is not None and (lq - 1) in s.chosen_positions:
+    with_last = s.chosen is not None and (lq - 1) in s.chosen_positions
+    if with_last:
+        assert s.chosen is not None
         last = s.chosen[:, :, :, s.chosen_positions.index(lq - 1)][:, :, :, None]
-        pad = np.zeros((*last.shape[:-1], s.step_rows.shape[-1] - last.shape[-1]))
+        pad = np.zeros((*last.shape[:-1], s.step_rows.shape[-1] - last.shape[-1]), last.dtype)
         rows = [np.concatenate([last, pad], -1), s.step_rows]
-        first_step = 0
-    else:
-        first_step = 1
-    decode = np.concatenate(rows, axis=3)  # [layers, B, H, N, Lk_total]
+    decode = np.concatenate(rows, axis=3)
     n = decode.shape[3]
-    top = decode.argmax(-1)  # [layers, B, H, N]
-    generated = np.stack([ids[:, prompt + first_step + t] if prompt + first_step + t < ids.shape[1] else
-                          np.full(b, -1) for t in range(n)], -1)  # [B, N]
-    at_top = np.take_along_axis(np.broadcast_to(ids[None, :, None, :], (layers, b, h, ids.shape[1])),
-                                np.minimum(top, ids.shape[1] - 1), -1)
-    inside = (top >= needle.start) & (top < needle.end)
-    hits = (inside & (at_top == generated[None, :, None, :])).sum(-1)  # [layers, B, H]
-    return hits.mean(1) / (needle.end - needle.start), n
+    first = 0 if with_last else 1  # the index among the generated tokens of row 0's token
+    if s.generated_ids is not None:
+        gen = np.asarray(s.generated_ids).reshape(b, -1)
+    else:
+        gen = np.asarray(s.input_ids).reshape(b, -1)[:, lq:]
+    tokens = np.full((b, n), -1, np.int64)
+    have = gen[:, first:first + n]
+    tokens[:, :have.shape[1]] = have
+    return decode, tokens
+
+
+def retrieval_scores(s: SummaryRead, needles: list[Span]) -> Retrieval:
+    """Wu et al. 2024's retrieval score of each (layer, head), each batch entry with its own needle span
+    (``needles[b]``): a head *copies* at a decode step when its most-attended key lies inside the needle and the
+    token there is the token that step generates; an entry's score is the number of distinct needle positions
+    copied over the needle's length (at most 1), and ``scores`` their mean over the entries. Every step counts:
+    the prompt's last row (the first new token) and every later step, the last one included. (Wu et al.'s
+    released code adds 1/length at every copying step, so a position copied twice counts twice and a score may
+    pass 1; the paper's definition, a set of copied tokens, is the one kept here.)"""
+    decode, tokens = decode_rows(s)
+    layers, b, h, n, lk = decode.shape
+    if len(needles) != b:
+        raise UsageError(f"{s.source}: {b} batch entries but {len(needles)} needle spans.")
+    ids = np.asarray(s.input_ids).reshape(b, -1)
+    top = decode.argmax(-1)  # [layers, B, H, N]: the lowest key on ties
+    live = decode.max(-1) > 0  # a row with weights (a step the entry did not reach has none)
+    per_entry = np.zeros((b, layers, h))
+    recall = np.zeros(b)
+    for bi, span in enumerate(needles):
+        length = span.end - span.start
+        t_top = top[:, bi]  # [layers, H, N]
+        at_top = ids[bi][np.minimum(t_top, ids.shape[1] - 1)]
+        hit = ((t_top >= span.start) & (t_top < span.end) & live[:, bi] & (at_top == tokens[bi][None, None, :])
+               & (tokens[bi] >= 0)[None, None, :])
+        where = np.where(hit, t_top - span.start, -1)
+        srt = np.sort(where, axis=-1)
+        distinct = (srt[..., :1] >= 0).sum(-1) + ((srt[..., 1:] != srt[..., :-1]) & (srt[..., 1:] >= 0)).sum(-1)
+        per_entry[bi] = distinct / length
+        needle_ids = ids[bi, span.start:span.end].tolist()
+        pool = [int(t) for t in tokens[bi] if t >= 0]
+        found = 0
+        for t in needle_ids:
+            if t in pool:
+                pool.remove(t)
+                found += 1
+        recall[bi] = found / length
+    return Retrieval(per_entry.mean(0), per_entry, list(needles), n, recall)
 
 
 @dataclass
@@ -363,9 +431,7 @@ class SummaryResult:
     heads: dict[str, np.ndarray]
     received: dict[str, np.ndarray]
     spans: dict[str, dict[str, Any]]
-    retrieval: np.ndarray | None = None
-    needle: dict[str, Any] | None = None
-    decode_rows: int = 0
+    retrieval: Retrieval | None = None
     batch: int = 0
     warnings: list[str] = field(default_factory=list)
 
@@ -411,13 +477,24 @@ def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[
     found = parse_spans(spans or [], span_texts or [], read, bi)
     result = SummaryResult(read, head_table(read), received_profile(read), span_masses(read, found, bi), batch=bi)
     if needle is not None:
-        target = next((sp for sp in found if sp.name == needle), None)
-        if target is None:
-            target = parse_spans([], [f"needle={needle}"], read, bi)[0]
-        scores, rows = retrieval_scores(read, target)
-        result.retrieval, result.decode_rows = scores, rows
-        result.needle = {"start": target.start, "end": target.end, "name": target.name}
+        result.retrieval = retrieval_scores(read, [_needle_span(read, needle, spans or [], span_texts or [], entry)
+                                                   for entry in range(b)])
     return result
+
+
+def _needle_span(read: SummaryRead, needle: str, spans: list[str], span_texts: list[str], entry: int) -> Span:
+    """The needle's span in batch entry ``entry``: a ``--span NAME=START:END`` named ``needle`` (positions: the same
+    in every entry), the text of a ``--span-text NAME=TEXT`` named ``needle``, or ``needle`` itself as text; a text
+    is found in each entry's own tokens (left padding moves it)."""
+    for spec in spans:
+        if spec.partition("=")[0] == needle:
+            return parse_spans([spec], [], read, entry)[0]
+    text = next((t.partition("=")[2] for t in span_texts if t.partition("=")[0] == needle), needle)
+    found = find_text(read.key_tokens, text, entry)
+    if found is None:
+        raise UsageError(f"--needle {needle}: the tokens of batch entry {entry} do not spell {text!r}"
+                         + ("" if read.key_tokens else " (the capture holds no tokens)") + ".")
+    return Span(needle, *found)
 
 
 class _Computed:

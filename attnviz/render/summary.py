@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.inspection.summary import HEAD_FIELDS, SummaryResult
+from attnviz.inspection.summary import HEAD_FIELDS, Retrieval, SummaryResult
 
 COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "max": "max", "sink_mass": "sink", "local_mass": "local",
            "distance": "dist", "diagonal": "diag", "previous": "prev", "first": "first", "last": "last",
@@ -32,7 +32,7 @@ def head_rows(result: SummaryResult, sort: str = "layer", reverse: bool = False,
                 row[name] = _num(stats[name][li, hi])
             row["tag"] = str(tags[li, hi]) or None
             if result.retrieval is not None:
-                row["retrieval"] = _num(result.retrieval[li, hi])
+                row["retrieval"] = _num(result.retrieval.scores[li, hi])
             for name, got in result.spans.items():
                 row.setdefault("spans", {})[name] = _num(got["received"][li, hi])
             rows.append(row)
@@ -143,9 +143,22 @@ def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "
                                    "row_positions": got["row_positions"]} if "rows" in got else {})}
                         for name, got in result.spans.items()}
     if result.retrieval is not None:
-        doc["retrieval"] = {"needle": result.needle, "decode_rows": result.decode_rows,
-                            "scores": [[_num(v) for v in row] for row in result.retrieval]}
+        doc["retrieval"] = retrieval_document(result.retrieval)
     return doc
+
+
+def retrieval_document(r: Retrieval) -> dict[str, Any]:
+    """The retrieval scores in JSON: ``scores`` [layers, H] (the mean over batch entries), ``per_entry``, the
+    retrieval ``heads`` past the threshold best first, each entry's ``needle`` span and answer ``recall``."""
+    return {"definition": "Wu et al. 2024: distinct needle positions a head copied (its top key inside the needle "
+                          "holding the token generated at that step) over the needle's length, per batch entry, "
+                          "then the mean over entries; every decode step counts, the prompt's last row included",
+            "threshold": r.threshold, "decode_rows": r.rows,
+            "heads": [{"layer": li, "head": hi, "score": score} for li, hi, score in r.ranked()],
+            "scores": [[_num(v) for v in row] for row in r.scores],
+            "per_entry": [[[_num(v) for v in row] for row in entry] for entry in r.per_entry],
+            "needle": [{"start": sp.start, "end": sp.end, "name": sp.name} for sp in r.needles],
+            "recall": [float(v) for v in r.recall]}
 
 
 def received_document(result: SummaryResult) -> dict[str, Any]:
