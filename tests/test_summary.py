@@ -506,6 +506,30 @@ def test_a_family_the_blocks_cannot_reproduce_is_refused(monkeypatch: pytest.Mon
     assert not list(tmp_path.iterdir())
 
 
+def test_a_family_the_check_cannot_run_is_refused(llama_folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    """A family whose eager attention cannot take the check's few rows (here: it raises unless it is handed every
+    row) is refused in one line naming its attention class and what to do instead: a summary is never written
+    unchecked. Nothing is written."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.eager_attention_forward
+
+    def whole_rows_only(module, query, key, value, mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        if query.shape[-2] != key.shape[-2]:
+            raise RuntimeError("this family's eager attention takes every row\nor none")
+        return original(module, query, key, value, mask, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", whole_rows_only)
+    out = tmp_path / "s.safetensors"
+    done = invoke("capture", llama_folder, "--text", _text(40), "-o", out, "--summary")
+    assert done.exit_code == 1, (done.exit_code, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error: LlamaAttention: attnviz cannot check" in lines[0], done.stderr
+    assert "without --summary" in lines[0], lines[0]
+    assert not list(tmp_path.iterdir())
+
+
 def test_summary_head_table_with_no_table_and_an_order(llama_folder: Path, tmp_path: Path) -> None:
     """--no-table with --sort or --top keeps the head table that was asked for (a summary's one table)."""
     path = tmp_path / "s.safetensors"

@@ -531,7 +531,8 @@ class HFCapture:
                       scale: float, softcap: Any, sinks: Any, bias: Any,
                       instead: str = "capture its exact weights instead (without --summary)") -> None:
         """Once per attention class: the summary's weights of a few rows against the family's own eager
-        attention on the same rows; a family whose settings the summary does not reproduce is refused."""
+        attention on the same rows; a family whose settings the summary does not reproduce is refused, and so is
+        one whose eager attention cannot be run on those rows (what cannot be compared is not trusted)."""
         import torch
 
         from attnviz.capturing.summary import step_row
@@ -555,9 +556,12 @@ class HFCapture:
                                                          torch.finfo(query.dtype).min)
         try:
             _, theirs = _eager_of(module)(module, q, key, torch.zeros_like(key), additive, **extra)
-        except Exception:  # noqa: BLE001 - a family whose eager function cannot take a few rows: no check
-            self.checked_families.add(family)
-            return
+        except Exception as exc:  # noqa: BLE001 - a family whose eager function cannot take a few rows
+            # refused, not passed: a summary whose scores were never compared with the family's may be wrong
+            # in every statistic, and nothing in the file would say so
+            raise InputError(f"{family}: attnviz cannot check this family's attention on a few rows against its own "
+                             f"eager attention (it raised {type(exc).__name__}), and does not compute it a block "
+                             f"of rows at a time unchecked; {instead}.") from exc
         ours = step_row(q, key, scale=scale, dense=sub, softcap=softcap, sinks=sinks,
                         bias=None if bias is None else bias[..., rows, :])
         tol = 1e-4 if query.dtype == torch.float32 else 2e-2
