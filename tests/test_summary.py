@@ -530,6 +530,35 @@ def test_a_family_the_check_cannot_run_is_refused(llama_folder: Path, monkeypatc
     assert not list(tmp_path.iterdir())
 
 
+def test_each_kind_of_layer_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gemma 2's sliding-window and global layers are one class (``Gemma2Attention``): each kind is checked the
+    first time it is met. An eager function that the blocks do not reproduce on the global layers only (queries
+    doubled where there is no window) is refused at the first global layer, after the sliding one passed."""
+    from transformers.models.gemma2 import modeling_gemma2
+
+    from attnviz.errors import InputError
+
+    config_name, extra = FAMILIES["gemma2 (softcap, windows)"]
+    model, _ = _pair(config_name, extra)
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    original = modeling_gemma2.eager_attention_forward
+    seen = []
+
+    def odd_global_layers(module, query, key, value, mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append(kwargs.get("sliding_window"))
+        if kwargs.get("sliding_window") is None:
+            query = query * 2
+        return original(module, query, key, value, mask, **kwargs)
+
+    monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", odd_global_layers)
+    ids, mask = _ids()
+    with pytest.raises(InputError, match=r"Gemma2Attention: attnviz cannot reproduce .*layers\.1"):
+        with torch.no_grad(), attnviz.capture(model, path=tmp_path / "s.safetensors", summary=True):
+            model(ids, attention_mask=mask)
+    assert 5 in seen and None in seen  # both kinds ran through the family's eager function
+    assert not list(tmp_path.iterdir())
+
+
 def test_summary_head_table_with_no_table_and_an_order(llama_folder: Path, tmp_path: Path) -> None:
     """--no-table with --sort or --top keeps the head table that was asked for (a summary's one table)."""
     path = tmp_path / "s.safetensors"
