@@ -559,6 +559,57 @@ def test_each_kind_of_layer_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert not list(tmp_path.iterdir())
 
 
+def test_the_softcap_at_work(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gemma 2 with weights drawn large (scores of several units against a softcap of 5): ``tanh(s/c)*c`` differs
+    from ``s`` by far more than the tolerances, the summary's statistics still equal the model's own eager
+    weights, and scores without the softcap are refused by the check."""
+    from transformers.models.gemma2 import modeling_gemma2
+
+    from attnviz.capturing import hf
+    from attnviz.errors import InputError
+
+    config_name, extra = FAMILIES["gemma2 (softcap, windows)"]
+    model, eager = _pair(config_name, {**extra, "initializer_range": 0.5})
+    ids, mask = _ids()
+    original = modeling_gemma2.eager_attention_forward
+    scores = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        k = modeling_gemma2.repeat_kv(key, module.num_key_value_groups)
+        scores.append((query @ k.transpose(2, 3) * kwargs["scaling"], kwargs["softcap"]))
+        return original(module, query, key, value, attention_mask, **kwargs)
+
+    with torch.no_grad(), monkeypatch.context() as patch:
+        patch.setattr(modeling_gemma2, "eager_attention_forward", spy)
+        ref = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    real = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]
+    for s, cap in scores:
+        assert cap == 5.0
+        capped = torch.tanh(s / cap) * cap
+        assert float((capped - s).abs()[real.expand_as(s)].max()) > 1e-3  # the softcap changes the scores
+
+    path = tmp_path / "sum.safetensors"
+    with torch.no_grad(), attnviz.capture(model, path=path, summary=True, **SETTINGS):
+        model(ids, attention_mask=mask)
+    for i, (site, window) in enumerate([("layers.0", 5), ("layers.1", None)]):
+        keep = _keep_of(mask.numpy(), 13, 13, True, window)
+        want = oracle(ref[i].double().numpy(), keep, mask.numpy().astype(bool), sinks=2, local=3, pool=4,
+                      rows=[0, 5, 12])
+        _assert_summary(_summary(path, site), want, f"gemma2 softcap {site}")
+
+    scoring = hf._scoring
+
+    def without_softcap(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        scale, _, sinks, bias = scoring(*args, **kwargs)
+        return scale, None, sinks, bias
+
+    monkeypatch.setattr(hf, "_scoring", without_softcap)
+    with pytest.raises(InputError, match="Gemma2Attention: attnviz cannot reproduce"):
+        with torch.no_grad(), attnviz.capture(model, path=tmp_path / "x.safetensors", summary=True):
+            model(ids, attention_mask=mask)
+    assert not (tmp_path / "x.safetensors").exists()
+
+
 def test_summary_head_table_with_no_table_and_an_order(llama_folder: Path, tmp_path: Path) -> None:
     """--no-table with --sort or --top keeps the head table that was asked for (a summary's one table)."""
     path = tmp_path / "s.safetensors"
