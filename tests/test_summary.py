@@ -540,6 +540,110 @@ def test_a_family_the_blocks_cannot_reproduce_is_refused(monkeypatch: pytest.Mon
     assert not list(tmp_path.iterdir())
 
 
+def test_a_family_the_check_cannot_run_is_refused(llama_folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    """A family whose eager attention cannot take the check's few rows (here: it raises unless it is handed every
+    row) is refused in one line naming its attention class and what to do instead: a summary is never written
+    unchecked. Nothing is written."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.eager_attention_forward
+
+    def whole_rows_only(module, query, key, value, mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        if query.shape[-2] != key.shape[-2]:
+            raise RuntimeError("this family's eager attention takes every row\nor none")
+        return original(module, query, key, value, mask, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", whole_rows_only)
+    out = tmp_path / "s.safetensors"
+    done = invoke("capture", llama_folder, "--text", _text(40), "-o", out, "--summary")
+    assert done.exit_code == 1, (done.exit_code, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error: LlamaAttention: attnviz cannot check" in lines[0], done.stderr
+    assert "without --summary" in lines[0], lines[0]
+    assert not list(tmp_path.iterdir())
+
+
+def test_each_kind_of_layer_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gemma 2's sliding-window and global layers are one class (``Gemma2Attention``): each kind is checked the
+    first time it is met. An eager function that the blocks do not reproduce on the global layers only (queries
+    doubled where there is no window) is refused at the first global layer, after the sliding one passed."""
+    from transformers.models.gemma2 import modeling_gemma2
+
+    from attnviz.errors import InputError
+
+    config_name, extra = FAMILIES["gemma2 (softcap, windows)"]
+    model, _ = _pair(config_name, extra)
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    original = modeling_gemma2.eager_attention_forward
+    seen = []
+
+    def odd_global_layers(module, query, key, value, mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append(kwargs.get("sliding_window"))
+        if kwargs.get("sliding_window") is None:
+            query = query * 2
+        return original(module, query, key, value, mask, **kwargs)
+
+    monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", odd_global_layers)
+    ids, mask = _ids()
+    with pytest.raises(InputError, match=r"Gemma2Attention: attnviz cannot reproduce .*layers\.1"):
+        with torch.no_grad(), attnviz.capture(model, path=tmp_path / "s.safetensors", summary=True):
+            model(ids, attention_mask=mask)
+    assert 5 in seen and None in seen  # both kinds ran through the family's eager function
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_softcap_at_work(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gemma 2 with weights drawn large (scores of several units against a softcap of 5): ``tanh(s/c)*c`` differs
+    from ``s`` by far more than the tolerances, the summary's statistics still equal the model's own eager
+    weights, and scores without the softcap are refused by the check."""
+    from transformers.models.gemma2 import modeling_gemma2
+
+    from attnviz.capturing import hf
+    from attnviz.errors import InputError
+
+    config_name, extra = FAMILIES["gemma2 (softcap, windows)"]
+    model, eager = _pair(config_name, {**extra, "initializer_range": 0.5})
+    ids, mask = _ids()
+    original = modeling_gemma2.eager_attention_forward
+    scores = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        k = modeling_gemma2.repeat_kv(key, module.num_key_value_groups)
+        scores.append((query @ k.transpose(2, 3) * kwargs["scaling"], kwargs["softcap"]))
+        return original(module, query, key, value, attention_mask, **kwargs)
+
+    with torch.no_grad(), monkeypatch.context() as patch:
+        patch.setattr(modeling_gemma2, "eager_attention_forward", spy)
+        ref = eager(ids, attention_mask=mask, output_attentions=True).attentions
+    real = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]
+    for s, cap in scores:
+        assert cap == 5.0
+        capped = torch.tanh(s / cap) * cap
+        assert float((capped - s).abs()[real.expand_as(s)].max()) > 1e-3  # the softcap changes the scores
+
+    path = tmp_path / "sum.safetensors"
+    with torch.no_grad(), attnviz.capture(model, path=path, summary=True, **SETTINGS):
+        model(ids, attention_mask=mask)
+    for i, (site, window) in enumerate([("layers.0", 5), ("layers.1", None)]):
+        keep = _keep_of(mask.numpy(), 13, 13, True, window)
+        want = oracle(ref[i].double().numpy(), keep, mask.numpy().astype(bool), sinks=2, local=3, pool=4,
+                      rows=[0, 5, 12])
+        _assert_summary(_summary(path, site), want, f"gemma2 softcap {site}")
+
+    scoring = hf._scoring
+
+    def without_softcap(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        scale, _, sinks, bias = scoring(*args, **kwargs)
+        return scale, None, sinks, bias
+
+    monkeypatch.setattr(hf, "_scoring", without_softcap)
+    with pytest.raises(InputError, match="Gemma2Attention: attnviz cannot reproduce"):
+        with torch.no_grad(), attnviz.capture(model, path=tmp_path / "x.safetensors", summary=True):
+            model(ids, attention_mask=mask)
+    assert not (tmp_path / "x.safetensors").exists()
+
+
 def test_summary_head_table_with_no_table_and_an_order(llama_folder: Path, tmp_path: Path) -> None:
     """--no-table with --sort or --top keeps the head table that was asked for (a summary's one table)."""
     path = tmp_path / "s.safetensors"

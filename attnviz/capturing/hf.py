@@ -215,7 +215,8 @@ class HFCapture:
         self.summary = summary
         #: the parts of each mask tensor seen in this forward, by id (the tensor kept, so that its id stays its own)
         self.parts_of: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
-        self.checked_families: set[str] = set()
+        #: the kinds of attention layer checked against their family's eager attention (``_check_family``)
+        self.checked_kinds: set[tuple[Any, ...]] = set()
         self.dense_bytes = 0  # the dense masks kept (masks not made of padding, causal and a window)
         #: inside the model's generate(): a summary keeps the prompt's last row (it decodes the first new token)
         self.generating = False
@@ -540,7 +541,7 @@ class HFCapture:
         from attnviz.summarystats import MaskParts
 
         scale, softcap, sinks, bias = _scoring(module, query, key, kwargs)
-        self._check_family(module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias)
+        self._check_family(site, module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias)
         host = self.pool.host
         if step:
             arrays["step_rows"] = host(step_row(query, key, scale=scale, dense=keep, softcap=softcap, sinks=sinks,
@@ -570,7 +571,7 @@ class HFCapture:
             keep = keep[..., :lk]
         parts, _ = self._parts(module, site, keep, lq, lk, kwargs, mask)
         scale, softcap, sinks, bias = _scoring(module, query, key, kwargs)
-        self._check_family(module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias,
+        self._check_family(site, module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias,
                            instead="run the corpus with shorter texts (a text whose exact weights would be too "
                                    "large runs a block of rows at a time)")
         dense = None
@@ -579,17 +580,25 @@ class HFCapture:
         self.corpus.add_blocked(site, query, key, parts=parts, dense=dense, scale=scale, softcap=softcap, sinks=sinks,
                                 bias=bias)
 
-    def _check_family(self, module: Any, query: Any, key: Any, keep: Any, parts: Any, kwargs: dict[str, Any],
-                      scale: float, softcap: Any, sinks: Any, bias: Any,
+    def _check_family(self, site: Site, module: Any, query: Any, key: Any, keep: Any, parts: Any,
+                      kwargs: dict[str, Any], scale: float, softcap: Any, sinks: Any, bias: Any,
                       instead: str = "capture its exact weights instead (without --summary)") -> None:
-        """Once per attention class: the summary's weights of a few rows against the family's own eager
-        attention on the same rows; a family whose settings the summary does not reproduce is refused."""
+        """Once per kind of attention layer: the summary's weights of a few rows against the family's own eager
+        attention on the same rows; a family whose settings the summary does not reproduce is refused, and so is
+        one whose eager attention cannot be run on those rows (what cannot be compared is not trusted).
+
+        A kind is the class and what changes its scores and mask: the sliding window, the softcap, sinks, a
+        position bias, the scale, causal or not, cross attention or not. One class may hold several kinds
+        (Gemma 2's sliding-window and global layers are both ``Gemma2Attention``; BART's encoder, decoder and
+        cross attention are ``BartAttention``), and each is checked the first time it is met."""
         import torch
 
         from attnviz.capturing.summary import step_row
 
         family = type(module).__name__
-        if family in self.checked_families:
+        kind = (family, _number(kwargs.get("sliding_window")), softcap, sinks is not None, bias is not None,
+                float(scale), bool(getattr(module, "is_causal", False)), site.kind == "cross")
+        if kind in self.checked_kinds:
             return
         lq, lk = int(query.shape[-2]), int(key.shape[-2])
         rows = sorted({0, lq // 2, lq - 1})
@@ -607,9 +616,12 @@ class HFCapture:
                                                          torch.finfo(query.dtype).min)
         try:
             _, theirs = _eager_of(module)(module, q, key, torch.zeros_like(key), additive, **extra)
-        except Exception:  # noqa: BLE001 - a family whose eager function cannot take a few rows: no check
-            self.checked_families.add(family)
-            return
+        except Exception as exc:  # noqa: BLE001 - a family whose eager function cannot take a few rows
+            # refused, not passed: a summary whose scores were never compared with the family's may be wrong
+            # in every statistic, and nothing in the file would say so
+            raise InputError(f"{family}: attnviz cannot check this family's attention on a few rows against its own "
+                             f"eager attention (it raised {type(exc).__name__}), and does not compute it a block "
+                             f"of rows at a time unchecked; {instead}.") from exc
         ours = step_row(q, key, scale=scale, dense=sub, softcap=softcap, sinks=sinks,
                         bias=None if bias is None else bias[..., rows, :])
         tol = 1e-4 if query.dtype == torch.float32 else 2e-2
@@ -618,8 +630,9 @@ class HFCapture:
             theirs, ours = torch.where(live, theirs.float(), 0.0), torch.where(live, ours, 0.0)
         if theirs is None or theirs.shape != ours.shape or not bool(torch.allclose(theirs.float(), ours, atol=tol)):
             raise InputError(f"{family}: attnviz cannot reproduce this family's attention a block of rows at a time "
-                             f"(its weights differ from what its scale, mask, softcap and sinks give); {instead}.")
-        self.checked_families.add(family)
+                             f"(at {site.name}, its weights differ from what its scale, mask, softcap and sinks "
+                             f"give); {instead}.")
+        self.checked_kinds.add(kind)
 
     def _projection(self, module: Any, site: Site, heads: int, dv: int) -> tuple[Any, Any] | None:
         """The output projection's per-head slices ``[H, dv, d_model]`` and its bias, where found: on the
