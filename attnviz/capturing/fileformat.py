@@ -18,10 +18,11 @@ One ``.safetensors`` file (or ``.npz``) holds, per attention site (``layers.N``;
 
 and at the top level ``input_ids`` and ``attention_mask`` (``decoder_input_ids``,
 ``decoder_attention_mask``), and after ``generate()`` ``generated_ids`` [B, N]: every token it returned past
-the prompt, the last one too (no forward runs over it). The file's metadata (the safetensors header's ``__metadata__`` entry
-``attnviz.capture``; an ``.npz`` member of that name) is a JSON object: ``format``, ``tokens`` (one list
-per row; ``generated`` the generated tokens', one list per row), ``model_type``, ``transformers``, ``kinds``, and per site its ``module``, ``kind``, ``layer``,
-``scale``, ``window``, ``softcap``, ``sinks``, ``heads``, ``kv_heads``.
+the prompt, the last one too (no forward runs over it). The file's metadata (the safetensors header's
+``__metadata__`` entry ``attnviz.capture``; an ``.npz`` member of that name) is a JSON object: ``format``,
+``tokens`` (one list per row; ``generated``, the generated tokens, likewise), ``model_type``, ``transformers``,
+``kinds``, and per site its ``module``, ``kind``, ``layer``, ``scale``, ``window``, ``softcap``, ``sinks``,
+``heads``, ``kv_heads``.
 
 Writing is streamed: each site's arrays are appended to the data section of a staged file as the model
 runs them (a layer's weights are never held longer than it takes to write them), and the header is
