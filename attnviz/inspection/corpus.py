@@ -312,6 +312,20 @@ def head_records(sums: CorpusSums) -> list[dict[str, Any]]:
     return out
 
 
+def model_sink_rate(sums: CorpusSums) -> dict[str, Any]:
+    """Gu et al. 2024's model-level sink rate: the share of (text, layer, head) that are sinks (``sink``: alpha,
+    the mean weight on the first token over every real row that sees it, the first token's own row included,
+    above the threshold), over every head and text: the per-head ``sink_rate`` averaged, each head weighed by
+    its texts."""
+    at = sums.names.index("sink")
+    n = float(sums.texts[at].sum())
+    return {"definition": "Gu et al. 2024: the share of (text, layer, head) whose mean weight on the first token "
+                          "exceeds epsilon", "value": float(sums.sums[at].sum() / n) if n else None,
+            "epsilon": (sums.corpus.get("settings") or {}).get("sink_threshold"),
+            "rows": "every real row that sees the first token, the first token's own row included",
+            "heads": int(sums.sums.shape[1]), "texts": int(sums.corpus.get("texts") or 0)}
+
+
 def _number(value: float) -> float | None:
     return None if not np.isfinite(value) else float(value)
 
@@ -361,7 +375,7 @@ def corpus_document(sums: CorpusSums, source: str, files: dict[str, str] | None 
             "blocked_texts": int(corpus.get("blocked_texts") or 0), "distance_texts": distance_texts(corpus),
             "settings": corpus.get("settings"), "first_tokens": corpus.get("first_tokens"),
             "last_tokens": corpus.get("last_tokens"), "sources": corpus.get("sources"),
-            "head_stats": head_records(sums),
+            "head_stats": head_records(sums), "sink_rate": model_sink_rate(sums),
             "head_order": [list(p) for p in sums.head_order],
             "head_distances": [[_number(v) for v in row] for row in d],
             "closest_pairs": [{"heads": [list(a), list(b)], "js": v} for a, b, v in closest_pairs(sums)],

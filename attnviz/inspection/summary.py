@@ -422,6 +422,77 @@ def retrieval_scores(s: SummaryRead, needles: list[Span]) -> Retrieval:
     return Retrieval(per_entry.mean(0), per_entry, list(needles), n, recall)
 
 
+#: Gu et al. 2024's epsilon: a head whose mean weight on the first token passes it is a sink head
+SINK_EPSILON = 0.3
+#: the rows the sink rate's alpha takes, in words (the JSON and the docs say it)
+SINK_ROWS = "every real row that sees the first token, the first token's own row included"
+
+
+@dataclass
+class SinkRate:
+    """Gu et al. 2024's sink rate: ``alpha`` [layers, B, H] the mean weight each head puts on the first real token
+    over the rows that see it (``SINK_ROWS``); a (text, layer, head) is a sink when alpha > ``epsilon``; ``value``
+    the share of sinks over every layer, head and text (the model-level figure), ``per_head`` [layers, H] the share
+    of texts in which each head is one."""
+
+    alpha: np.ndarray
+    epsilon: float = SINK_EPSILON
+
+    @property
+    def sinks(self) -> np.ndarray:
+        return np.isfinite(self.alpha) & (np.nan_to_num(self.alpha, nan=-1.0) > self.epsilon)
+
+    @property
+    def counted(self) -> np.ndarray:
+        return np.isfinite(self.alpha)
+
+    @property
+    def value(self) -> float | None:
+        n = int(self.counted.sum())
+        return None if n == 0 else float(self.sinks.sum() / n)
+
+    @property
+    def per_head(self) -> np.ndarray:
+        n = self.counted.sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, self.sinks.sum(1) / np.maximum(n, 1), np.nan)
+
+
+def sink_rate(s: SummaryRead, epsilon: float = SINK_EPSILON) -> SinkRate:
+    """Each head's alpha (``SinkRate``) from the per-row weight on the first real key (``first``): the mean over
+    the real rows that attend somewhere and may see that key (a causal row at or after it, within a sliding
+    window of it), the first token's own row included; NaN where no row sees it."""
+    layers, b, h, lq, lk = s.shape
+    real = s.real_rows
+    live = np.isfinite(s.rows["entropy"]) & real[None, :, None, :]  # [layers, B, H, Lq]
+    first_key = np.where(s.real_keys.any(-1), s.real_keys.argmax(-1), 0)  # [B]
+    offset = lk - lq if s.self_attention and lq <= lk else 0
+    pos = np.arange(lq)[None, :] + offset  # [1, Lq]
+    sees = np.ones((b, lq), bool)
+    parts = _site_parts(s)
+    if parts.get("causal"):
+        sees &= pos >= first_key[:, None]
+    window = parts.get("window")
+    if isinstance(window, int) and window > 0:
+        sees &= pos - first_key[:, None] < window
+    where = live & sees[None, :, None, :]
+    n = where.sum(-1)
+    total = np.where(where, s.rows["first"].astype(np.float64), 0.0).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        alpha = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+    return SinkRate(alpha, epsilon)
+
+
+def _site_parts(s: SummaryRead) -> dict[str, Any]:
+    """The first site's mask as its parts (``causal``, ``window``) as the file's metadata names them; a file
+    without them: causal for a decoder's self-attention (a row sees the keys up to its own)."""
+    meta = (s.metadata.get("sites") or {}).get(s.sites[0]) if s.sites else None
+    parts = meta.get("mask") if isinstance(meta, dict) else None
+    if isinstance(parts, dict):
+        return parts
+    return {"causal": s.self_attention and s.kind in ("layers", "decoder")}
+
+
 @dataclass
 class SummaryResult:
     """What ``inspect`` finds in a summary capture (one batch entry's spans and pictures, every entry's head
@@ -432,6 +503,7 @@ class SummaryResult:
     received: dict[str, np.ndarray]
     spans: dict[str, dict[str, Any]]
     retrieval: Retrieval | None = None
+    sinks: SinkRate | None = None
     batch: int = 0
     warnings: list[str] = field(default_factory=list)
 
@@ -475,7 +547,8 @@ def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[
     if not 0 <= bi < b:
         raise UsageError(f"--batch {bi}: {read.source} holds {b} batch entr{'y' if b == 1 else 'ies'} (0..{b - 1}).")
     found = parse_spans(spans or [], span_texts or [], read, bi)
-    result = SummaryResult(read, head_table(read), received_profile(read), span_masses(read, found, bi), batch=bi)
+    result = SummaryResult(read, head_table(read), received_profile(read), span_masses(read, found, bi),
+                           sinks=sink_rate(read), batch=bi)
     if needle is not None:
         result.retrieval = retrieval_scores(read, [_needle_span(read, needle, spans or [], span_texts or [], entry)
                                                    for entry in range(b)])

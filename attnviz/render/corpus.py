@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import UsageError
-from attnviz.inspection.corpus import CORPUS_STATS, SHOWN, CorpusSums, classical_mds, closest_pairs
+from attnviz.inspection.corpus import (
+    CORPUS_STATS,
+    SHOWN,
+    CorpusSums,
+    classical_mds,
+    closest_pairs,
+    model_sink_rate,
+)
 
 #: the table's columns: statistic -> header
 COLUMNS = {"first": "first", "last": "last", "punctuation": "punct", "diagonal": "self", "previous": "prev",
@@ -60,6 +67,11 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
                f"whose mean weight on the first token passes {(corpus.get('settings') or {}).get('sink_threshold')}")
     if len(shown) < len(order):
         caption += f"; showing {len(shown)} of {len(order)} heads (--top)"
+    rate = model_sink_rate(sums)
+    if rate["value"] is not None:
+        caption = (f"sink rate (Gu et al. 2024): {rate['value']:.3f} of {rate['heads']} heads x {rate['texts']} texts "
+                   f"have a mean weight on the first token above {rate['epsilon']}, over {rate['rows']} (the first "
+                   "column leaves the first row out)\n" + caption)
     cells: dict[str, list[str]] = {"layer": [str(heads[g][0]) for g in shown],
                                    "head": [str(heads[g][1]) for g in shown]}
     for stat, header in COLUMNS.items():

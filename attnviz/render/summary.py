@@ -89,6 +89,13 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
                 else ""))
     if top and len(rows) < layers * h:
         caption += f"; showing {len(rows)} of {layers * h} heads (--top)"
+    footer = sink_rate_line(result.sinks, b)
+    if result.retrieval is not None:
+        found = result.retrieval.ranked()
+        best = ", ".join(f"{li}:{hi} {score:.2f}" for li, hi, score in found[:5])
+        footer += (f"\nretrieval heads (score > {result.retrieval.threshold:g}): {len(found)} of {layers * h}"
+                   + (f"; best {best}" if best else ""))
+    caption = footer + "\n" + caption
 
     def build(width: int | None) -> Table:
         shown = list(cells)
@@ -109,6 +116,30 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
         return table
 
     return Fitted(build, whole_in_pipe=True)  # a pipe gets every column
+
+
+def sink_rate_line(sinks: Any, texts: int) -> str:
+    """The model-level sink rate in one line (Gu et al. 2024), with its epsilon and rows."""
+    from attnviz.inspection.summary import SINK_ROWS
+
+    value = sinks.value if sinks is not None else None
+    if value is None:
+        return "sink rate: no row sees the first token"
+    layers, b, h = sinks.alpha.shape
+    return (f"sink rate (Gu et al. 2024): {value:.3f} of {layers * h} heads x {texts} text{'s' * (texts != 1)} have a "
+            f"mean weight on the first token above {sinks.epsilon:g}, over {SINK_ROWS} (the first column leaves the "
+            "first row out)")
+
+
+def sink_rate_document(sinks: Any) -> dict[str, Any]:
+    """The sink rate in JSON: ``value`` (the model-level share), ``epsilon``, ``rows``, ``per_head`` [layers, H] (the
+    share of texts in which each head is a sink) and ``alpha`` [layers, B, H]."""
+    from attnviz.inspection.summary import SINK_ROWS
+
+    return {"definition": "Gu et al. 2024: the share of (text, layer, head) whose mean weight on the first token "
+                          "exceeds epsilon", "value": sinks.value, "epsilon": sinks.epsilon, "rows": SINK_ROWS,
+            "per_head": [[_num(v) for v in row] for row in sinks.per_head],
+            "alpha": [[[_num(v) for v in heads] for heads in entries] for entries in sinks.alpha]}
 
 
 def _cell(value: float | None, precision: int) -> str:
@@ -142,6 +173,8 @@ def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "
                                **({"rows": [[[_num(v) for v in r] for r in head] for head in got["rows"]],
                                    "row_positions": got["row_positions"]} if "rows" in got else {})}
                         for name, got in result.spans.items()}
+    if result.sinks is not None:
+        doc["sink_rate"] = sink_rate_document(result.sinks)
     if result.retrieval is not None:
         doc["retrieval"] = retrieval_document(result.retrieval)
     return doc
