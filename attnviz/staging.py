@@ -4,8 +4,8 @@ no file behind and changes no file that was there before. Every command writes i
 
 A target may be a URL of an object store (``attnviz.storage``): its staged file is made in the local
 temporary folder, and the commit sends it as an upload that is not completed (``storage.remote.Upload``: a
-multipart upload on S3), then completes every upload and renames every local file together; a failure, Ctrl-C
-or SIGTERM before that aborts the uploads, so no object appears at a URL unless the whole run succeeded.
+multipart upload on S3), then completes every upload and renames every local file together; a failure, Ctrl-C,
+SIGTERM or SIGHUP before that aborts the uploads, so no object appears at a URL unless the whole run succeeded.
 
 A process that could be killed outright while it holds staged files (the warm worker) hands a ledger to
 ``set_ledger``: each staged file is recorded there before it is created and dropped once renamed or removed,
