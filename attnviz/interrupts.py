@@ -1,12 +1,14 @@
-"""Ctrl-C (SIGINT) and SIGTERM during a run: the run ends as an exception, so that what it staged is removed.
+"""Ctrl-C (SIGINT), SIGTERM and SIGHUP during a run: the run ends as an exception, so that what it staged is
+removed.
 
-Python turns SIGINT into ``KeyboardInterrupt``; SIGTERM (what schedulers, ``kill`` and ``timeout`` send)
-ends the process on the spot by default, leaving a run's staged files behind and a batch's current job
-half done. While ``handled()`` is in force (the console script's run: ``attnviz.cli.console.run``), both
-raise in the main thread: ``KeyboardInterrupt`` for SIGINT, ``Terminated`` (a ``KeyboardInterrupt``) for
-SIGTERM, and ``received()`` says which arrived, so that code that catches the exception (a batch job, whose
-command words it as "interrupted") can tell that the whole run is to end. The command line exits 130 or
-143 (128 + the signal), as a shell reports a process ended by it.
+Python turns SIGINT into ``KeyboardInterrupt``; SIGTERM (what schedulers, ``kill`` and ``timeout`` send) and
+SIGHUP (the terminal went away: an ssh connection that drops) end the process on the spot by default, leaving a
+run's staged files behind and a batch's current job half done. While ``handled()`` is in force (the console
+script's run: ``attnviz.cli.console.run``), each raises in the main thread: ``KeyboardInterrupt`` for SIGINT,
+``Terminated`` (a ``KeyboardInterrupt``, with its ``signum``) for SIGTERM and SIGHUP, and ``received()`` says
+which arrived, so that code that catches the exception (a batch job, whose command words it as "interrupted")
+can tell that the whole run is to end. The command line exits 130, 143 or 129 (128 + the signal), as a shell
+reports a process ended by it, and says so in one line (``said``), which a terminal that went away never shows.
 """
 
 from __future__ import annotations
@@ -18,23 +20,40 @@ TYPE_CHECKING = False  # typing is not imported at run time: the console script'
 if TYPE_CHECKING:
     from typing import Any
 
+#: the signals handled: SIGHUP where the system has it
+SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
 _received: int | None = None
 _deferring = 0  # deferred() blocks open in the main thread
 _pending = False  # a signal arrived in one: raised when the outermost ends
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread while ``handled()`` is in force."""
+    """SIGTERM or SIGHUP (``signum``), raised in the main thread while ``handled()`` is in force."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = int(signum)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.signum,)
 
 
 def received() -> int | None:
-    """The signal (SIGINT or SIGTERM) that arrived while ``handled()`` was in force, or None."""
+    """The signal (SIGINT, SIGTERM or SIGHUP) that arrived while ``handled()`` was in force, or None."""
     return _received
 
 
 def exit_code(exc: BaseException) -> int:
-    """What the command line exits with after ``exc`` (a KeyboardInterrupt): 143 for SIGTERM, else 130."""
-    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+    """What the command line exits with after ``exc`` (a KeyboardInterrupt): 128 + its signal (143 for SIGTERM,
+    129 for SIGHUP), else 130 (Ctrl-C)."""
+    return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def said(exc: BaseException) -> str:
+    """How the command line words the end of a run by ``exc`` (a KeyboardInterrupt): ``attnviz: {said}``."""
+    if not isinstance(exc, Terminated):
+        return "interrupted"
+    return "hung up" if exc.signum == getattr(signal, "SIGHUP", None) else "terminated"
 
 
 def interruption(exc: BaseException) -> KeyboardInterrupt | None:
@@ -54,22 +73,22 @@ def interruption(exc: BaseException) -> KeyboardInterrupt | None:
 
 def raise_received() -> None:
     """Raise the exception of the signal that arrived, if one did."""
-    if _received == signal.SIGTERM:
-        raise Terminated()
     if _received == signal.SIGINT:
         raise KeyboardInterrupt()
+    if _received is not None:
+        raise Terminated(_received)
 
 
 def deliver(signum: int) -> None:
-    """The signal ``signum`` (SIGINT or SIGTERM) arrived for the run in the main thread: raise its exception
-    now, or, inside ``deferred()``, when that block ends. The handler of ``handled()`` calls this; so does the
-    warm worker's own handler for the command it runs (its client went away, or the worker is stopped)."""
+    """The signal ``signum`` (SIGINT, SIGTERM or SIGHUP) arrived for the run in the main thread: raise its
+    exception now, or, inside ``deferred()``, when that block ends. The handler of ``handled()`` calls this; so
+    does the warm worker's own handler for the command it runs (its client went away, or the worker is stopped)."""
     global _received, _pending
     _received = signum
     if _deferring:
         _pending = True
         return
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
 def reset() -> None:
@@ -133,9 +152,9 @@ class deferred:  # noqa: N801 - used as a function: ``with deferred():``
 
 
 class handled:  # noqa: N801 - used as a function: ``with handled():``
-    """SIGINT and SIGTERM as exceptions in the main thread for the duration (elsewhere: nothing changes, as
-    only the main thread may set handlers). A signal a parent process ignores (SIGINT in a shell's
-    background job) stays ignored."""
+    """SIGINT, SIGTERM and SIGHUP as exceptions in the main thread for the duration (elsewhere: nothing
+    changes, as only the main thread may set handlers). A signal a parent process ignores (SIGINT in a shell's
+    background job, SIGHUP under ``nohup``) stays ignored."""
 
     def __enter__(self) -> None:
         global _received, _pending
@@ -145,7 +164,7 @@ class handled:  # noqa: N801 - used as a function: ``with handled():``
         self.hook = None
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in SIGNALS:
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self.previous[sig] = signal.signal(sig, _on_signal)
         _received, _pending = None, False
@@ -167,7 +186,8 @@ def _unraisable(previous: Any) -> Any:
     a moment later, in the run itself."""
     def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            _deliver_later(signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT)
+            exc = unraisable.exc_value
+            _deliver_later(exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
             return
         previous(unraisable)
 

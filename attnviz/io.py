@@ -46,7 +46,7 @@ from attnviz.formats._base import (
     regular_file,
 )
 from attnviz.formats.npz import NpzArchive as NpzArchive  # re-exported for callers that import it from here
-from attnviz.staging import forget, hidden_file
+from attnviz.staging import forget, hidden_file, umask
 from attnviz.storage import Place, Url, check_url, is_url
 
 ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
@@ -581,12 +581,6 @@ def load_labels(spec: str) -> tuple[list[str], Place | None, str]:
 # Output
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write a file through a temporary file in the same folder and a rename, so that a failure
     never leaves a half-written file at ``path``."""
@@ -598,7 +592,7 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
         forget(tmp)
     except BaseException as exc:

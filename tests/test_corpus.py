@@ -617,6 +617,33 @@ def test_cli_corpus_bad_input(args: list[str], code: int, words: str, bert_folde
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
 
 
+def test_cli_corpus_tells_attnviz_faults_from_the_models(bert_folder: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accumulator raising inside the forward is attnviz's bug, an internal error (exit 1, "This is a bug"),
+    not "the model failed"; the model's own failure still says which lines it failed on."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "o.safetensors"
+    args = ("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "-o", str(out))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("it broke")
+
+    bert = sys.modules[transformers.BertModel.__module__]
+    for where, name in ((CorpusAccumulator, "add"), (bert.BertEmbeddings, "forward")):
+        with monkeypatch.context() as patch:
+            patch.setattr(where, name, broken)
+            done = _invoke(*args)
+        assert done.exit_code == 1, done.stderr
+        if where is CorpusAccumulator:
+            assert done.stderr == ("attnviz: internal error: ValueError: it broke\nThis is a bug; rerun with "
+                                   "ATTNVIZ_DEBUG=1 for the traceback and please report it.\n")
+        else:
+            assert done.stderr.startswith(f"attnviz: error: {bert_folder}: the model failed on the texts of lines 1..")
+            assert done.stderr.endswith(" (it broke).\n") and done.stderr.count("\n") == 1, done.stderr
+        assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
+
+
 def test_merge_refuses_what_does_not_add_up(bert_folder: Path, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)

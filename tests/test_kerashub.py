@@ -538,6 +538,33 @@ def test_cli_capture_of_a_preset_folder(bert_preset, tmp_path):
     assert json.loads(shown.stdout)["labels"]["q"] == ["the", "cat", "sat", "on", "the", "mat"]
 
 
+def test_cli_preset_tells_attnviz_faults_from_the_models(bert_preset, tmp_path, monkeypatch):
+    """What attnviz's own code raises inside the backbone's call (the recorder here) is an internal error, its own
+    message as it was raised (not Keras' rewriting of it); the model's own failures, inside the attention layer's
+    computation that attnviz's wrapper calls or before any of attnviz's code, say the model failed."""
+    from attnviz.capturing.recorder import Recorder
+
+    out = tmp_path / "run.safetensors"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("it broke")
+
+    for where, name in ((Recorder, "record"), (keras.layers.MultiHeadAttention, "_compute_attention"),
+                        (keras.layers.Embedding, "call")):
+        with monkeypatch.context() as patch:
+            patch.setattr(where, name, broken)
+            done = _invoke("capture", str(bert_preset), "--text", "the cat", "-o", str(out))
+        assert done.exit_code == 1, (name, done.stderr)
+        if where is Recorder:
+            assert done.stderr == ("attnviz: internal error: RuntimeError: it broke\nThis is a bug; rerun with "
+                                   "ATTNVIZ_DEBUG=1 for the traceback and please report it.\n")
+        else:
+            assert done.stderr.startswith(f"attnviz: error: {bert_preset}: the model failed on the texts ("), \
+                (name, done.stderr)
+            assert done.stderr.count("\n") == 1, done.stderr
+        assert not out.exists()
+
+
 @pytest.mark.parametrize("missing, said", [("model.weights.h5", "no weights"), ("tokenizer.json", "no tokenizer")])
 def test_cli_preset_folder_without_weights_or_tokenizer(bert_preset, tmp_path, missing, said):
     import shutil

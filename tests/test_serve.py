@@ -618,10 +618,11 @@ def test_sixteen_clients_at_once(worker, tmp_path):
         assert (twin / "a.png").read_bytes() == (folder / "a.png").read_bytes()
 
 
-@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"),
+                                            (signal.SIGHUP, 129, "hung up")])
 def test_a_signal_to_a_client_ends_its_command_on_the_worker(slow_worker, tmp_path, sig, code, word):
-    """Ctrl-C or SIGTERM to a client whose command runs on the worker: by the time the client exits (130 or
-    143, one line, as a cold run), the worker has ended the command and removed what it staged; no output is
+    """Ctrl-C, SIGTERM or SIGHUP to a client whose command runs on the worker: by the time the client exits (130,
+    143 or 129, one line, as a cold run), the worker has ended the command and removed what it staged; no output is
     left, and the worker serves the next client."""
     folder = inputs_folder(tmp_path / "in")
     before = slow_worker.served()
@@ -736,16 +737,18 @@ def test_a_worker_killed_with_its_client_is_cleaned_up_by_the_next_worker(snapsh
         again.stop()
 
 
-def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_dir, tmp_path):
-    """SIGTERM to the worker while it runs a command: the command ends as a cold run would (its staged files
-    removed), the worker exits 0, and the client runs the command itself: complete output, exit 0."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_dir, tmp_path, sig):
+    """SIGTERM to the worker while it runs a command, or SIGHUP (the terminal of a worker in the foreground went
+    away): the command ends as a cold run would (its staged files removed), the worker exits 0, and the client
+    runs the command itself: complete output, exit 0."""
     w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
     folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
     args = ["inspect", "w.npy", *OUTPUTS]
     try:
         proc = staging_client(w, folder, args)
         try:
-            w.proc.send_signal(signal.SIGTERM)
+            w.proc.send_signal(sig)
             assert w.proc.wait(timeout=60) == 0
             out, err = proc.communicate(timeout=TIMEOUT)
         finally:
@@ -753,7 +756,7 @@ def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_di
         expected = attnviz(args, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, twin)
         assert (proc.returncode, out, err) == (0, expected.stdout, expected.stderr)
         assert hidden(folder) == [] and not os.path.exists(w.path) and not os.path.exists(ledger_path(w.path))
-        assert "stopping (SIGTERM)" in w.log.read_text()
+        assert f"stopping ({sig.name})" in w.log.read_text()
     finally:
         w.stop()
 

@@ -1,7 +1,7 @@
-"""Ctrl-C (SIGINT) and SIGTERM in the middle of a run (issue 24, "Signals"): real processes, signalled while
-they work. A cold run removes what it staged and exits 130 or 143 with one line; a batch ends after the job it
-cut short, its results manifest holds a whole line for every job that finished and none for that one, and
-``--resume`` then completes it."""
+"""Ctrl-C (SIGINT), SIGTERM and SIGHUP in the middle of a run (issue 24, "Signals"): real processes, signalled
+while they work. A cold run removes what it staged and exits 130, 143 or 129 with one line (none where its
+terminal hung up); a batch ends after the job it cut short, its results manifest holds a whole line for every
+job that finished and none for that one, and ``--resume`` then completes it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from tests.conftest import ROOT
 
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("ATTNVIZ_")}, "ATTNVIZ_NO_SERVER": "1",
        "PYTHONPATH": str(ROOT)}
-CODES = {signal.SIGINT: (130, "attnviz: interrupted"), signal.SIGTERM: (143, "attnviz: terminated")}
+CODES = {signal.SIGINT: (130, "attnviz: interrupted"), signal.SIGTERM: (143, "attnviz: terminated"),
+         signal.SIGHUP: (129, "attnviz: hung up")}
 
 
 def weights(path: Path, shape: tuple[int, ...]) -> None:
@@ -53,7 +54,7 @@ def staged(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".staged" in p.name)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_cold_run_signalled_while_it_draws_leaves_nothing(tmp_path, sig):
     weights(tmp_path / "w.npy", (12, 12, 64, 64))
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -65,13 +66,46 @@ def test_a_cold_run_signalled_while_it_draws_leaves_nothing(tmp_path, sig):
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, nothing staged left
 
 
+def test_a_run_whose_terminal_hangs_up_leaves_nothing(tmp_path):
+    """The terminal of a run goes away (an ssh connection that drops): the kernel sends SIGHUP to the run, which
+    leads the terminal's session, and every later write to the terminal fails (EIO). What it staged is removed
+    all the same, and it exits 129 (it used to end on the spot, its staged file left behind)."""
+    import fcntl
+    import pty
+    import termios
+
+    weights(tmp_path / "w.npy", (12, 12, 64, 64))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    main, terminal = pty.openpty()
+
+    def login() -> None:  # in the child: a session of its own, the terminal its controlling one (as sshd starts it)
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        _default_sigint()
+
+    proc = subprocess.Popen([sys.executable, "-m", "attnviz", "inspect", "w.npy", "--png", "grid.png", "--json-file",
+                             "d.json", "--quiet"], cwd=tmp_path, env=ENV, stdin=terminal, stdout=terminal,
+                            stderr=terminal, preexec_fn=login)
+    os.close(terminal)
+    try:
+        deadline = time.monotonic() + 60
+        while not staged(tmp_path):  # its outputs are reserved: it is drawing
+            assert proc.poll() is None, "ended before the terminal went away"
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    finally:
+        os.close(main)  # the terminal hangs up
+    assert proc.wait(timeout=60) == 129
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, nothing staged left
+
+
 def records(path: Path) -> list[dict]:
     text = path.read_text() if path.exists() else ""
     assert text == "" or text.endswith("\n")
     return [json.loads(line) for line in text.splitlines()]  # every line whole
 
 
-@pytest.mark.parametrize("sig, jobs", [(signal.SIGTERM, 1), (signal.SIGINT, 3)])
+@pytest.mark.parametrize("sig, jobs", [(signal.SIGTERM, 1), (signal.SIGINT, 3), (signal.SIGHUP, 2)])
 def test_a_batch_signalled_between_jobs_keeps_whole_lines_and_resumes(tmp_path, monkeypatch, sig, jobs):
     weights(tmp_path / "w.npy", (2, 4, 48, 48))
     n = 16

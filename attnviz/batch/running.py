@@ -71,7 +71,7 @@ def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
     """The results of ``jobs`` as they finish (``workers`` threads: in the order they finish);
     ``progress`` is called once per job finished. With ``fail_fast``, no job starts after one failed.
 
-    Ctrl-C or SIGTERM (``attnviz.interrupts``) ends the batch: no job starts after it; the job it cut short
+    Ctrl-C, SIGTERM or SIGHUP (``attnviz.interrupts``) ends the batch: no job starts after it; the job it cut short
     gives no result (its command removed what it had staged; ``--resume`` runs it again); jobs running in
     other threads finish and give theirs; then the interruption is raised again."""
     if workers <= 1:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.capturing.blame import raised_by_attnviz
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 from attnviz.inspection.corpus import (
     CORPUS_STATS,
@@ -698,6 +699,8 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
             raise DeviceError(f"{where}: the GPU ran out of memory; a smaller --batch-size, --dtype bfloat16, "
                               "or --device cpu.") from None
         except Exception as exc:  # noqa: BLE001
+            if raised_by_attnviz(exc):
+                raise  # attnviz's own code inside the forward (the accumulator): an internal error, not the model's
             span = f"line {lines[0]}" if len(lines) == 1 else f"the texts of lines {lines[0]}..{lines[-1]}"
             raise InputError(f"{where}: the model failed on {span} ({_reason(exc)}).") from None
         if blocked:

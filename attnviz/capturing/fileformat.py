@@ -343,7 +343,7 @@ def write_whole(target: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...],
     """A file of ``arrays`` in ``target``'s format (``npz``, or None: ``.npz`` by its suffix, else
     ``.safetensors``), written whole to a staged file next to it and renamed into place (the user's umask),
     or nothing written."""
-    from attnviz.staging import forget, hidden_file
+    from attnviz.staging import forget, hidden_file, umask
 
     folder = target.parent if str(target.parent) else Path(".")
     try:
@@ -354,7 +354,7 @@ def write_whole(target: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...],
     try:
         as_npz = target.suffix.lower() == ".npz" if npz is None else npz
         (write_npz if as_npz else write_safetensors)(Path(name), arrays, metadata)
-        os.chmod(name, 0o666 & ~_umask())
+        os.chmod(name, 0o666 & ~umask())
         os.replace(name, target)
     except OSError as exc:
         raise OutputError(f"{target}: cannot write ({exc.strerror or exc}).") from None
@@ -362,12 +362,6 @@ def write_whole(target: Path, arrays: list[tuple[str, np.dtype, tuple[int, ...],
         if os.path.exists(name):
             os.unlink(name)
         forget(name)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class open_capture:  # noqa: N801 - used as a context manager, like open()

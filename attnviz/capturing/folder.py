@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnviz.capturing.blame import raised_by_attnviz
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "tf_model.h5", "model*.safetensors.index.json")
@@ -361,6 +362,8 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
             raise DeviceError(f"{folder}: the GPU ran out of memory; fewer or shorter texts, --dtype bfloat16, or "
                               "--device cpu.") from None
         except Exception as exc:  # noqa: BLE001
+            if raised_by_attnviz(exc):
+                raise  # attnviz's own code inside the forward: an internal error, not the model's
             raise InputError(f"{folder}: the model failed on the texts ({_reason(exc)}).") from None
     assert rec.path is not None
     meta = rec.metadata

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.capturing.blame import model_call
 from attnviz.capturing.recorder import HostArray, Pending, Recorder, Site
 from attnviz.errors import AttnvizError, InputError, UsageError
 
@@ -61,14 +62,14 @@ def _mask(*args: Any, **kwargs: Any) -> Any:
 
     owner = _config_owners.get(id(kwargs.get("config")))
     if owner is not None and owner.light:
-        return sdpa_mask(*args, **kwargs)
-    return eager_mask(*args, **kwargs)
+        return model_call(sdpa_mask, *args, **kwargs)
+    return model_call(eager_mask, *args, **kwargs)
 
 
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:
     owner = _owners.get(id(module))
     if owner is None:  # a module of a model whose capture has ended but whose config was copied: plain eager
-        return _eager_of(module)(module, query, key, value, attention_mask, **kwargs)
+        return model_call(_eager_of(module), module, query, key, value, attention_mask, **kwargs)
     return owner.attend(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -416,7 +417,7 @@ class HFCapture:
         want = site is not None and (self.weights or self.target is not None) and self.summary is None and not blocked
         eager_out = weights = None
         if want:
-            eager_out, weights = _eager_of(module)(module, query, key, value, attention_mask, **kwargs)
+            eager_out, weights = model_call(_eager_of(module), module, query, key, value, attention_mask, **kwargs)
         if self.target is not None and want:
             out = eager_out  # the weights take part in the output: the gradient reaches them
             self.graph[site.name] = weights  # type: ignore[union-attr]
@@ -446,12 +447,12 @@ class HFCapture:
         if self.original == "sdpa" and plain:
             fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
             keep = None if mask is None else _keep(mask)
-            out, _ = fn(module, query, key, value, keep, **kwargs)
+            out, _ = model_call(fn, module, query, key, value, keep, **kwargs)
             return out
         if eager_out is None:
             if self.light:  # the mask is boolean (or not built): eager attention adds a float mask
                 mask = _additive(mask, query, key, module)
-            eager_out, _ = _eager_of(module)(module, query, key, value, mask, **kwargs)
+            eager_out, _ = model_call(_eager_of(module), module, query, key, value, mask, **kwargs)
         if self.original not in ("eager", "sdpa") and self.note is None:
             self.note = (f"the model runs {self.original}, which attnviz cannot call from inside the capture: its "
                          "attention output was computed eagerly (the same weights, rounding may differ)")

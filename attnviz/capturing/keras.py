@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.capturing.blame import model_call, raised_by_attnviz
 from attnviz.capturing.recorder import Recorder
 from attnviz.errors import AttnvizError, InputError
 
@@ -113,7 +114,7 @@ class KerasCapture:
         self.depth = 0  # models' calls in progress (nested: a task model's backbone)
         self.pending: dict[int, tuple[Any, ...]] = {}  # per KerasHub layer: the q, k, v (and mask) of its call
         self.softmaxed: dict[int, int] = {}  # per KerasHub layer: its softmax's calls
-        self.error: AttnvizError | None = None  # the first refusal raised inside a layer's call
+        self.error: Exception | None = None  # the first exception of attnviz's own code inside a layer's call
         self.kinds: dict[int, str] = {}  # per attention layer: its kind of site
         self.projected: dict[int, dict[int, Any]] = {}  # per KerasHub layer: its q, k, v projections' outputs
 
@@ -163,7 +164,7 @@ class KerasCapture:
                     patch(projector, "call", self._projection_wrapper(layer, i, projector.call))
                 patch(layer, "call", self._guard(self._layer_wrapper(layer, family, layer.call)))
             for model in self._models():
-                patch(model, "call", self._model_wrapper(model.call))
+                patch(model, "call", self._guard(self._model_wrapper(model.call)))
                 if callable(getattr(model, "generate", None)):
                     patch(model, "generate", self._guard(_no_generate(model)))
             with explicit_path([layer for layer, _ in hub]):
@@ -201,7 +202,7 @@ class KerasCapture:
                 self._inputs(args[0] if args else kwargs.get("inputs"))
             self.depth += 1
             try:
-                return original(*args, **kwargs)
+                return model_call(original, *args, **kwargs)
             finally:
                 self.depth -= 1
 
@@ -224,13 +225,15 @@ class KerasCapture:
             self.rec.record_inputs(arrays, continuing=False)
 
     def _guard(self, function: Any) -> Any:
-        """``function`` (a wrapper run inside a layer's call), its refusals kept to be raised as they are."""
+        """``function`` (a wrapper run inside a layer's call), what attnviz's own code raises in it (its refusals,
+        and its bugs: not what the model's own call raises) kept to be raised as it was: Keras rewrites what a
+        layer's call raises into a message of several lines that names the layer."""
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
                 return function(*args, **kwargs)
-            except AttnvizError as exc:
-                if self.error is None:
+            except Exception as exc:
+                if self.error is None and (isinstance(exc, AttnvizError) or raised_by_attnviz(exc)):
                     self.error = exc
                 raise
 
@@ -245,8 +248,8 @@ class KerasCapture:
     def _wrapper(self, layer: Any, original: Any) -> Any:
         def compute_attention(query: Any, key: Any, value: Any, attention_mask: Any = None, training: Any = None,
                               return_attention_scores: bool = False, use_causal_mask: bool = False) -> Any:
-            out = original(query, key, value, attention_mask=attention_mask, training=training,
-                           return_attention_scores=return_attention_scores, use_causal_mask=use_causal_mask)
+            out = model_call(original, query, key, value, attention_mask=attention_mask, training=training,
+                             return_attention_scores=return_attention_scores, use_causal_mask=use_causal_mask)
             self.forwards += 1
             self._record(layer, query, key, value, attention_mask, use_causal_mask)
             return out
@@ -302,7 +305,7 @@ class KerasCapture:
             before = self.softmaxed.get(id(layer), 0)
             self.pending.pop(id(layer), None)
             self.projected[id(layer)] = {}
-            out = original(*args, **kwargs)
+            out = model_call(original, *args, **kwargs)
             if family.from_call is not None:  # an inline softmax: recomputed from the projections and the output
                 _eager(layer)
                 found = self.projected.pop(id(layer), {})
@@ -321,7 +324,7 @@ class KerasCapture:
 
     def _projection_wrapper(self, layer: Any, index: int, original: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
+            out = model_call(original, *args, **kwargs)
             self.projected.setdefault(id(layer), {})[index] = out
             return out
 
@@ -336,7 +339,7 @@ class KerasCapture:
                 given.append(args[3] if len(args) > 3 else kwargs.get("attention_mask"))
             self.pending[id(layer)] = tuple(given)
             try:
-                out = original(*args, **kwargs)
+                out = model_call(original, *args, **kwargs)
             finally:
                 self.pending.pop(id(layer), None)
             if family.recompute is not None:  # an inline softmax: the weights as the layer forms them, in NumPy
@@ -352,7 +355,7 @@ class KerasCapture:
 
     def _softmax_wrapper(self, layer: Any, family: Any, original: Any) -> Any:
         def call(inputs: Any, mask: Any = None) -> Any:
-            out = original(inputs, mask=mask)
+            out = model_call(original, inputs, mask=mask)
             self.softmaxed[id(layer)] = self.softmaxed.get(id(layer), 0) + 1
             self.forwards += 1
             self._record_softmax(layer, family, out, mask, self.pending.get(id(layer)))

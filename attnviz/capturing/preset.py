@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnviz.capturing.blame import raised_by_attnviz
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 
 EXTRA = "pip install 'attnviz[keras-hub]'"
@@ -99,6 +100,8 @@ def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str
         except AttnvizError:
             raise
         except Exception as exc:  # noqa: BLE001
+            if raised_by_attnviz(exc):
+                raise  # attnviz's own code inside the forward: an internal error, not the model's
             raise InputError(f"{path}: the model failed on the texts ({_reason(exc)}).") from None
     assert rec.path is not None
     first = rec.sites[0]

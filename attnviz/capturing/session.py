@@ -191,9 +191,9 @@ class Capture:
                 rec.discard_stream()
             done = self.target_path
         if self.target_path is not None and done != self.target_path:
-            from attnviz.capturing.fileformat import _umask
+            from attnviz.staging import umask
 
-            os.chmod(done, 0o666 & ~_umask())  # as any file the user writes (the staged file was private)
+            os.chmod(done, 0o666 & ~umask())  # as any file the user writes (the staged file was private)
             try:
                 os.replace(done, self.target_path)
             except OSError as exc:
@@ -270,7 +270,7 @@ class Capture:
     def _moved(self, target: Path) -> bool:
         """The temporary file moved to ``target`` (a rename: the same file system), the recording reading it
         there from now on; False when it cannot be renamed there (another file system: it is copied)."""
-        from attnviz.capturing.fileformat import _umask
+        from attnviz.staging import umask
 
         assert self._temp is not None
         if target.exists() and not target.is_file():
@@ -280,7 +280,7 @@ class Capture:
         except OSError:
             return False
         try:
-            os.chmod(target, 0o666 & ~_umask())  # as any file the user writes (the temporary one was private)
+            os.chmod(target, 0o666 & ~umask())  # as any file the user writes (the temporary one was private)
         except OSError:
             pass  # a file system without modes
         if self._finalizer is not None:

@@ -104,8 +104,8 @@ RUNNER = Runner(click_command)
 
 
 def run(argv: list[str]) -> NoReturn:
-    """Run the command line in this process, as ``attnviz ARGV``, and exit with its status. Ctrl-C and
-    SIGTERM end it as exceptions (``attnviz.interrupts``): what it staged is removed, exit 130 or 143."""
+    """Run the command line in this process, as ``attnviz ARGV``, and exit with its status. Ctrl-C, SIGTERM and
+    SIGHUP end it as exceptions (``attnviz.interrupts``): what it staged is removed, exit 130, 143 or 129."""
     from attnviz import interrupts
 
     try:
@@ -122,9 +122,9 @@ def run(argv: list[str]) -> NoReturn:
 def _say_interrupted(exc: BaseException) -> None:
     import sys
 
-    from attnviz.interrupts import Terminated
+    from attnviz.interrupts import said
 
     try:
-        sys.stderr.write(f"attnviz: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}\n")
+        sys.stderr.write(f"attnviz: {said(exc)}\n")
     except (OSError, ValueError):
         pass

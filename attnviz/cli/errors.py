@@ -141,6 +141,17 @@ def usage_errors() -> Iterator[None]:
         raise typer.Exit(0) from None
 
 
+def _say_ended(exc: BaseException) -> None:
+    """``attnviz: interrupted`` (or terminated, hung up) on stderr, where it can still be written: after SIGHUP
+    the terminal is gone (a write fails with EIO), and the exit status says it all the same."""
+    from attnviz.interrupts import said
+
+    try:
+        err_console().print(f"attnviz: {said(exc)}", markup=False)
+    except (OSError, ValueError):
+        pass
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn errors meant for users into a message on stderr and the exit code; hide tracebacks of
@@ -150,10 +161,10 @@ def user_errors() -> Iterator[None]:
     except AttnvizError as exc:
         stderr().write(error_line(exc.message))
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (attnviz.interrupts.Terminated): staged files are gone
-        from attnviz.interrupts import Terminated, exit_code
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP (interrupts.Terminated): staged files are gone
+        from attnviz.interrupts import exit_code
 
-        err_console().print(f"attnviz: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", markup=False)
+        _say_ended(exc)
         raise typer.Exit(exit_code(exc)) from None
     except (typer.Exit, typer.Abort):
         raise
@@ -169,11 +180,12 @@ def user_errors() -> Iterator[None]:
         signum = received()
         signalled = interruption(exc)
         if signalled is not None or signum is not None:
-            from attnviz.interrupts import Terminated
+            from attnviz.interrupts import Terminated, exit_code
 
-            term = isinstance(signalled, Terminated) if signalled is not None else signum == signal.SIGTERM
-            err_console().print(f"attnviz: {'terminated' if term else 'interrupted'}", markup=False)
-            raise typer.Exit(128 + (signal.SIGTERM if term else signal.SIGINT)) from None
+            if signalled is None:
+                signalled = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum or signal.SIGTERM)
+            _say_ended(signalled)
+            raise typer.Exit(exit_code(signalled)) from None
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
         stderr().write(error_line(f"{type(exc).__name__}: {exc}", "internal error")

@@ -140,7 +140,7 @@ def through_worker(args: list[str], forwarded: bytearray,
 
     A worker that goes away after it was sent the request (killed) leaves staged files only a dead worker's
     ledger knows of: they are removed here (``protocol.sweep_dead``) before the caller runs the command.
-    Ctrl-C or SIGTERM here (``KeyboardInterrupt``, while ``attnviz.interrupts.handled()`` is in force) is
+    Ctrl-C, SIGTERM or SIGHUP here (``KeyboardInterrupt``, while ``attnviz.interrupts.handled()`` is in force) is
     passed on by closing this side of the connection; the worker interrupts the command as a cold run is
     interrupted, and this process waits (``CANCEL_WAIT`` at most) until it has, then raises again."""
     sock_path = sock_path or socket_path(runtime_dir())
@@ -288,7 +288,7 @@ def replayed_stdin(prefix: bytes) -> IO[str]:
 def run_on_worker(args: list[str]) -> int | None:
     """Run ``attnviz ARGS`` on a warm worker when one should and can (``bypass_reason``,
     ``through_worker``): its output is written to this process's stdout and stderr and its exit status
-    returned (130 or 143 when Ctrl-C or SIGTERM ends it here, as for a cold run: ``attnviz.interrupts``).
+    returned (130, 143 or 129 when Ctrl-C, SIGTERM or SIGHUP ends it here, as for a cold run: ``attnviz.interrupts``).
     None: run the command in this process, as before; standard input the worker had read is then replayed
     to it (``sys.stdin`` is set to ``replayed_stdin``)."""
     if bypass_reason(args) is not None:
@@ -308,7 +308,7 @@ def run_on_worker(args: list[str]) -> int | None:
                 return code
     except KeyboardInterrupt as exc:
         try:
-            sys.stderr.write(f"attnviz: {'terminated' if isinstance(exc, interrupts.Terminated) else 'interrupted'}\n")
+            sys.stderr.write(f"attnviz: {interrupts.said(exc)}\n")
             sys.stderr.flush()
         except (OSError, ValueError):
             pass

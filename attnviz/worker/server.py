@@ -26,10 +26,10 @@ so ``attnviz scaled -`` with JSON on a pipe, an interactive terminal, or an endl
 cold run.
 
 **Stopping.** After the idle timeout without a request (default 15 minutes; 0: never), on ``attnviz
-serve --stop``, on SIGTERM or Ctrl-C, and when its socket file is removed or replaced (its runtime folder
+serve --stop``, on SIGTERM, SIGHUP or Ctrl-C, and when its socket file is removed or replaced (its runtime folder
 deleted: no client could reach it any more). A request cut short (a signal mid-command) sends no output: its
 client runs the command itself (a command's files are all or nothing, so nothing is done twice); but a
-``batch`` cut short sends what it printed and its exit status (143 or 130), as a batch terminated in its own
+``batch`` cut short sends what it printed and its exit status (143, 129 or 130), as a batch terminated in its own
 process would, since its finished jobs are done (``--resume`` completes it). A client that goes away
 mid-request (Ctrl-C) has its command interrupted as Ctrl-C interrupts a cold run
 (``attnviz.interrupts.deliver``: never between creating a staged file and recording it, never in the middle
@@ -533,7 +533,7 @@ class Worker:
         main = threading.current_thread() is threading.main_thread()
         previous = {}
         if main:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in interrupts.SIGNALS:  # SIGHUP: the terminal of a worker run in the foreground went away
                 previous[sig] = signal.signal(sig, self.on_signal)
         try:
             while not self.stopping.is_set():
