@@ -193,7 +193,7 @@ def test_head_distances_where_layers_see_different_keys(budget: int | None, monk
     from types import SimpleNamespace
 
     if budget is not None:
-        monkeypatch.setattr("attnviz.capturing.corpus.PAIR_BUDGET", budget)
+        monkeypatch.setattr("attnviz.capturing.divergence.PAIR_BUDGET", budget)
 
     rng = np.random.default_rng(3)
     nb, nh, n = 2, 3, 6
@@ -277,7 +277,7 @@ def test_blocked_path_equals_the_exact_path(name: str, blocks: str, monkeypatch:
     if blocks == "small blocks":
         monkeypatch.setattr("attnviz.capturing.corpuslong.ROW_VALUES", 24)
         monkeypatch.setattr("attnviz.capturing.corpuslong.DISTANCE_VALUES", 60)
-        monkeypatch.setattr("attnviz.capturing.corpuslong.PAIR_BUDGET", 40)
+        monkeypatch.setattr("attnviz.capturing.divergence.PAIR_BUDGET", 40)
     config, cls, _, extra = BLOCKED_FAMILIES[name]
     model, _ = _models(config, cls, extra)
     batches = _batches(False)
@@ -401,6 +401,47 @@ def test_exact_texts_are_cut_into_batches_within_the_budget(bert_folder: Path, m
     for name in ("sums", "texts", "rows", "js_rows"):
         np.testing.assert_allclose(getattr(cut, name), getattr(whole, name), rtol=1e-6, atol=1e-9, err_msg=name)
     np.testing.assert_allclose(cut.distances(), whole.distances(), rtol=1e-5, atol=1e-7)
+
+
+def test_long_text_distances_of_near_uniform_heads_equal_their_definition(bert_folder: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text of 300 tokens past blocked_from runs blocked (in blocks of 64 rows), and its head distances equal
+    the definition in float64 from the model's own eager weights as closely as the exact path's: a fresh model's
+    near-uniform heads differ by ~2e-5 a row, against sums of t log t of order 10 a row, so whole rows summed
+    in float32 are off by a few parts in a thousand."""
+    import attnviz
+    from attnviz.capturing.corpuslong import exact_bytes
+
+    n, layers, heads = 300, 2, 4
+    monkeypatch.setattr("attnviz.capturing.corpuslong.DISTANCE_VALUES", layers * heads * n * 64)
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=layers,
+                                  num_attention_heads=heads, intermediate_size=64, max_position_embeddings=n)
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    eager = transformers.BertModel._from_config(cfg, attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    words = "the a cat sat on mat dog ran fast . ,".split()
+    text = " ".join(np.random.default_rng(0).choice(words, n - 2))
+    enc = tok(text, return_tensors="pt")
+    assert enc["input_ids"].shape[1] == n
+    with torch.no_grad():
+        att = eager(**enc, output_attentions=True).attentions
+    p = 0.001 / n + 0.999 * np.concatenate([a[0].double().numpy() for a in att])  # [G, L, L], every key seen
+    g = layers * heads
+    want = np.zeros((g, g))
+    for x in range(g):
+        for y in range(g):
+            m = (p[x] + p[y]) / 2
+            want[x, y] = 0.5 * (np.sum(p[x] * np.log(p[x] / m)) + np.sum(p[y] * np.log(p[y] / m))) / n
+    off = ~np.eye(g, dtype=bool)
+    assert 1e-6 < want[off].min() and want.max() < 1e-4  # near uniform: the divergences are small
+    exact = attnviz.corpus(model, tok, [text])
+    blocked = attnviz.corpus(model, tok, [text], blocked_from=exact_bytes(g, n - 1))
+    assert exact.corpus["blocked_texts"] == 0 and blocked.corpus["blocked_texts"] == 1
+    np.testing.assert_allclose(exact.distances()[off], want[off], rtol=2e-4)
+    np.testing.assert_allclose(blocked.distances()[off], want[off], rtol=2e-4)
+    np.testing.assert_allclose(blocked.distances()[off], exact.distances()[off], rtol=2e-4)
 
 
 def test_cli_corpus_says_what_ran_blocked_and_what_the_distances_hold(bert_folder: Path, tmp_path: Path,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import time
 from collections import Counter
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.capturing.divergence import divergence_sums, plogp, sum_dtype
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 from attnviz.inspection.corpus import (
     CORPUS_STATS,
@@ -43,13 +43,6 @@ from attnviz.inspection.corpus import (
     SMOOTHING,
     CorpusSums,
 )
-
-#: elements of each temporary of the head distances (one head against K later heads over E elements: K x E);
-#: on a CPU a pass this size stays in the cache, on a GPU it is large enough to fill the device
-PAIR_BUDGET = 1 << 18
-GPU_PAIR_BUDGET = 1 << 26
-#: what a zero becomes before its logarithm (t log t of it is 0 to float32)
-_TINY = 1e-30
 
 
 @dataclass
@@ -122,7 +115,7 @@ class CorpusAccumulator:
         self.sites.append(site.name)
         self.layers.append(int(site.layer))
         self.heads.append(heads)
-        dtype = _sum_dtype(device)
+        dtype = sum_dtype(device)
         s = len(self.names)
         self.sums.append(torch.zeros((s, heads), dtype=dtype, device=device))
         self.texts.append(torch.zeros((s, heads), dtype=dtype, device=device))
@@ -166,7 +159,7 @@ class CorpusAccumulator:
         earlier = rows & (pos < b.last.view(-1, 1, 1))  # rows before the last real one
         first_rows = rows & (pos == b.first.view(-1, 1, 1))
 
-        entropy = _plogp(x).sum(-1).neg_()  # [B, H, L], exact: 0 log 0 = 0
+        entropy = plogp(x).sum(-1).neg_()  # [B, H, L], exact: 0 log 0 = 0
         top, arg = x.max(-1)
         first_w = x.gather(-1, b.first.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
         last_w = x.gather(-1, b.last.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
@@ -234,7 +227,7 @@ class CorpusAccumulator:
                 missing = sorted(set(self.sites) - {self.sites[t[0]] for t in order})
                 raise AttnvizError(f"corpus: the attention site {missing[0] if missing else '?'} did not run in "
                                    "every batch.")
-            wide = _sum_dtype(b.real.device)
+            wide = sum_dtype(b.real.device)
             g = sum(self.heads)
             if self.js is None:
                 self.js = torch.zeros((g, g), dtype=wide, device=b.real.device)
@@ -243,14 +236,7 @@ class CorpusAccumulator:
             flat = _smoothed_flat(order, where, g)  # [G, E]
             b.smoothed.clear()
             rows = b.real.sum()
-            # Per row, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with A = sum_j p log p,
-            # C = sum_j p and M = sum_j t log t, t = p + q = 2m. Summed over the real rows, only M needs the pairs,
-            # and it is a sum over elements: over the flat [G, E], a head against a chunk of later heads a pass
-            # (a few hundred thousand elements: the pass stays in the cache).
-            a = _plogp(flat).sum(-1, dtype=wide)
-            c = flat.sum(-1, dtype=wide)
-            m = _pair_sums(flat, clamp=b.uneven, per_row=flat.shape[1] / max(1, int(rows)))
-            pairs = 0.5 * (a[:, None] + a[None, :]) + (0.5 * math.log(2.0)) * (c[:, None] + c[None, :]) - 0.5 * m
+            pairs = divergence_sums(flat, int(rows), clamp=b.uneven)  # summed over the batch's real rows
             self.js += torch.triu(pairs, diagonal=1)
             self.js_rows += rows.to(wide)
 
@@ -322,7 +308,7 @@ class CorpusAccumulator:
             pairs = head_distances(calls, b.real)
             if self.js is None:
                 g = pairs.shape[0]
-                self.js = torch.zeros((g, g), dtype=_sum_dtype(pairs.device), device=pairs.device)
+                self.js = torch.zeros((g, g), dtype=sum_dtype(pairs.device), device=pairs.device)
                 self.js_rows = torch.zeros((), dtype=self.js.dtype, device=pairs.device)
             self.js += torch.triu(pairs, diagonal=1).to(self.js.dtype)
             self.js_rows += b.real.sum().to(self.js.dtype)
@@ -368,60 +354,6 @@ def _smoothed_flat(order: Sequence[tuple[int, Any, Any, Any]], where: Any, g: in
         torch.add(floor, gathered, alpha=1 - SMOOTHING, out=flat[g0:g0 + nh])
         g0 += nh
     return flat
-
-
-def _pair_sums(flat: Any, clamp: bool, per_row: float = 2.0) -> Any:
-    """``M[h, k] = sum_e t log t`` with ``t = flat[h, e] + flat[k, e]`` for every h < k (0 on and below the
-    diagonal), in the wide type; ``clamp``: some elements are 0 in both (t log t taken as 0 there).
-
-    Of ``M`` only the divergences are wanted, small differences of large sums: the sums are taken of
-    ``t' log t'`` with ``t' = gamma t`` (gamma = ``per_row`` / 2, the elements per row: t' near 1 where a row
-    is near uniform, so the terms are small), float32 over 64 elements, then float64. Then
-    ``M = sum t' log t' / gamma - log(gamma) sum t``."""
-    import torch
-
-    g, n = flat.shape
-    wide = _sum_dtype(flat.device)
-    out = torch.zeros((g, g), dtype=wide, device=flat.device)
-    if n == 0 or g < 2:
-        return out
-    gamma = max(1.0, per_row / 2)
-    width = 64
-    pad = -n % width
-    scaled = torch.empty((g, n + pad), dtype=flat.dtype, device=flat.device)
-    torch.mul(flat, gamma, out=scaled[:, :n])
-    scaled[:, n:] = 0.5  # t' = 1 there: t' log t' = 0
-    n += pad
-    budget = GPU_PAIR_BUDGET if flat.device.type != "cpu" else PAIR_BUDGET
-    kc = max(1, min(g - 1, budget // n))
-    t_buf = torch.empty(kc * n, dtype=flat.dtype, device=flat.device)
-    log_buf = torch.empty(kc * n, dtype=flat.dtype, device=flat.device)
-    for h in range(g - 1):
-        for k0 in range(h + 1, g, kc):
-            k1 = min(g, k0 + kc)
-            t = t_buf[:(k1 - k0) * n].view(k1 - k0, n)
-            log_t = log_buf[:(k1 - k0) * n].view(k1 - k0, n)
-            torch.add(scaled[h], scaled[k0:k1], out=t)
-            if clamp:
-                t.clamp_min_(_TINY)
-            torch.log(t, out=log_t)
-            out[h, k0:k1] = log_t.mul_(t).view(k1 - k0, -1, width).sum(-1).sum(-1, dtype=wide)
-    total = flat.sum(-1, dtype=wide)
-    return out / gamma - math.log(gamma) * torch.triu(total[:, None] + total[None, :], diagonal=1)
-
-
-def _sum_dtype(device: Any) -> Any:
-    import torch
-
-    return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64  # MPS has no float64
-
-
-def _plogp(x: Any) -> Any:
-    """``x log x`` of probabilities, 0 where x is 0 (the logarithm of a clamped copy: several times faster
-    than ``xlogy`` on a CPU)."""
-    import torch
-
-    return torch.log(x.clamp_min(_TINY)).mul_(x)
 
 
 # ---------------------------------------------------------------------------------------------------
