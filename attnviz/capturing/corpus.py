@@ -29,9 +29,9 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -457,42 +457,138 @@ def _sha(text: str) -> str:
 
 @dataclass
 class CorpusText:
-    """The texts of one shard of a corpus file, and what was left out of it."""
+    """Texts in hand (``attnviz.corpus``), and what was left out of them; ``batches`` hands them over as a text
+    file's are."""
 
     texts: list[str]
-    lines: list[int]  # each text's line number in the file (1-based)
-    empty: int  # empty lines skipped (in this shard's share)
-    source: dict[str, Any]  # the file's name and SHA-256, the shard
+    lines: list[int]  # each text's line number (1-based)
+    empty: int  # empty lines skipped
+    source: dict[str, Any]  # where the texts come from, their SHA-256, the shard
+
+    @property
+    def count(self) -> int:
+        return len(self.texts)
+
+    def batches(self, size: int) -> Iterator[tuple[list[str], list[int]]]:
+        """The texts, ``size`` at a time, with their line numbers."""
+        for start in range(0, len(self.texts), size):
+            yield self.texts[start:start + size], self.lines[start:start + size]
 
 
-def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusText:
-    """The non-empty lines of ``path`` (UTF-8; a local file or a URL) that shard ``index/count`` takes:
-    every ``count``-th line from ``index`` on, counting every line (empty ones too), so that the shards of
-    one file are disjoint and together the whole file."""
+class CorpusFile:
+    """The texts of one shard of a corpus's text file (``read_corpus_text``), never held whole: ``count`` texts,
+    ``empty`` lines skipped, ``source``; ``batches`` reads the file again, line by line, and hands this shard's
+    texts over a batch at a time. A named pipe, which can be read once only, is copied to an unnamed temporary
+    file as it is first read (``spool``), and read again from there."""
+
+    def __init__(self, path: str, shard: tuple[int, int], count: int, empty: int, source: dict[str, Any],
+                 spool: IO[bytes] | None = None) -> None:
+        self.path = path
+        self.shard = shard
+        self.count = count
+        self.empty = empty
+        self.source = source
+        self.spool = spool
+        self.piped = spool is not None
+
+    def close(self) -> None:
+        """Remove the named pipe's copy, if there is one."""
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+    def batches(self, size: int) -> Iterator[tuple[list[str], list[int]]]:
+        """This shard's texts, ``size`` at a time with their line numbers (1-based), read line by line: no more
+        of the file is held than a batch of texts and a block of bytes. A file whose SHA-256 is no longer the
+        one it had when it was checked is an error."""
+        if self.piped and self.spool is None:  # the pipe itself is read out: opening it again would wait for ever
+            raise AttnvizError(f"--text-file {self.path}: the named pipe's copy is closed; it cannot be read again.")
+        index, count = self.shard
+        digest = hashlib.sha256()
+        texts: list[str] = []
+        numbers: list[int] = []
+        for n, line in enumerate(_text_lines(self.path, digest, spool=self.spool)):
+            if n % count == index and line.strip():
+                texts.append(line)
+                numbers.append(n + 1)
+                if len(texts) == size:
+                    yield texts, numbers
+                    texts, numbers = [], []
+        if digest.hexdigest() != self.source["sha256"]:
+            raise InputError(f"--text-file {self.path}: changed while the corpus ran (its SHA-256 is not the one "
+                             "it had when it was first read); run it again on a file that stays as it is.")
+        if texts:
+            yield texts, numbers
+
+
+def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusFile:
+    """The non-empty lines of ``path`` (UTF-8; a local file, a named pipe or a URL) that shard ``index/count``
+    takes: every ``count``-th line from ``index`` on, counting every line (empty ones too), so that the shards
+    of one file are disjoint and together the whole file. The file is read here once, line by line, to check it
+    (UTF-8, some text) and count its lines, this shard's texts and empty lines and take its SHA-256; the texts
+    are read when the corpus runs (``CorpusFile.batches``). Nothing limits its size but the disk."""
     from pathlib import Path
 
     from attnviz import storage
+    from attnviz.formats._base import is_pipe
 
     if not storage.is_url(path) and not Path(path).exists():
         raise UsageError(f"--text-file {path}: no such file.")
-    data = storage.read_text_bytes(path, path, what="text")
-    from attnviz.formats._base import decode_text
-
-    text = decode_text(data, path, "text")
-    lines = text.splitlines()
     index, count = shard
-    texts, numbers, empty = [], [], 0
-    for n in range(index, len(lines), count):
-        if lines[n].strip():
-            texts.append(lines[n])
-            numbers.append(n + 1)
-        else:
-            empty += 1
-    if not any(line.strip() for line in lines):
+    spool = None
+    if not storage.is_url(path) and is_pipe(path):
+        import tempfile
+
+        spool = tempfile.TemporaryFile(prefix="attnviz-corpus-")  # unnamed: gone when closed or the process ends
+    digest = hashlib.sha256()
+    lines = texts = empty = 0
+    anything = False
+    for n, line in enumerate(_text_lines(path, digest, copy=spool)):
+        lines = n + 1
+        text = bool(line.strip())
+        anything = anything or text
+        if n % count == index:
+            texts += text
+            empty += not text
+    if not anything:
         raise InputError(f"--text-file {path}: holds no text (no non-empty line).")
     source = {"file": Path(path).name if not storage.is_url(path) else path,
-              "sha256": hashlib.sha256(data).hexdigest(), "lines": len(lines), "shards": [[index, count]]}
-    return CorpusText(texts, numbers, empty, source)
+              "sha256": digest.hexdigest(), "lines": lines, "shards": [[index, count]]}
+    return CorpusFile(path, shard, texts, empty, source, spool)
+
+
+def _text_lines(path: str, digest: Any, spool: IO[bytes] | None = None,
+                copy: IO[bytes] | None = None) -> Iterator[str]:
+    """The lines of a corpus's text file, read a block at a time (``formats._base.text_lines``): from ``spool``
+    (a named pipe's copy) when given, else from the file (``storage.open_input``'s stream: a local file or a URL;
+    a named pipe opened as it is, its bytes written to ``copy``)."""
+    from attnviz import storage
+    from attnviz.formats._base import text_lines
+
+    try:
+        if spool is not None:
+            spool.seek(0)
+            yield from text_lines(spool, path, "text", digest)
+        elif copy is not None:
+            with open(path, "rb") as pipe:
+                yield from text_lines(cast(IO[bytes], _Copied(pipe, copy)), path, "text", digest)
+        else:
+            with storage.open_input(path, path).stream() as stream:
+                yield from text_lines(stream, path, "text", digest)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc}).") from None
+
+
+class _Copied:
+    """A stream whose bytes are written to ``copy`` as they are read."""
+
+    def __init__(self, stream: IO[bytes], copy: IO[bytes]) -> None:
+        self.stream, self.copy = stream, copy
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.copy.write(data)
+        return data
 
 
 def position_limit(model: Any, tokenizer: Any) -> int | None:
@@ -525,7 +621,7 @@ class CorpusRun:
     warnings: list[str] = field(default_factory=list)
 
 
-def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "auto", dtype: str = "auto",
+def capture_corpus(folder: str, corpus: CorpusText | CorpusFile, out: Any, *, device: str = "auto", dtype: str = "auto",
                    batch_size: int = 8, classes: Sequence[tuple[str, re.Pattern[str]]] = (),
                    sink_threshold: float = 0.3, long: str = "truncate",
                    progress: Callable[[int, int], None] | None = None, blocked_from: int | None = None,
@@ -547,11 +643,11 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
                                 sink_threshold=sink_threshold, long=long, progress=progress, where=folder,
                                 blocked_from=blocked_from, distance_budget=distance_budget)
     write_corpus(out, sums)
-    return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, len(corpus.texts),
+    return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, corpus.count,
                      time.perf_counter() - started, warnings)
 
 
-def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = "cpu", batch_size: int = 8,
+def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, device: Any = "cpu", batch_size: int = 8,
                classes: Sequence[tuple[str, re.Pattern[str]]] = (), sink_threshold: float = 0.3,
                long: str = "truncate", progress: Callable[[int, int], None] | None = None,
                where: str = "the model", blocked_from: int | None = None,
@@ -595,14 +691,14 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
     last_tokens: Counter[str] = Counter()
     truncated = dropped = 0
     longest_blocked = 0
-    total = len(corpus.texts)
+    total = corpus.count
     names = _forward_names(runner)
-    if long == "refuse" and limit is not None:  # every text measured before the model runs
-        for start in range(0, total, 256):
-            _, lost, _ = _fit(tokenizer, corpus.texts[start:start + 256], limit)
+    if long == "refuse" and limit is not None:  # every text measured before the model runs (a pass of its own)
+        for texts, numbers in corpus.batches(256):
+            _, lost, _ = _fit(tokenizer, texts, limit)
             if lost.any():
                 at = int(np.flatnonzero(lost)[0])
-                raise InputError(f"--text-file {corpus.source['file']}: line {corpus.lines[start + at]} has "
+                raise InputError(f"--text-file {corpus.source['file']}: line {numbers[at]} has "
                                  f"{limit + int(lost[at])} tokens, more than the model's {limit} positions "
                                  "(--long truncate keeps the first ones).")
 
@@ -637,10 +733,9 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
         else:
             acc.end()
 
+    done = 0
     with torch.no_grad(), Capture(model, tokenizer, corpus=acc) as cap:
-        for start in range(0, total, batch_size):
-            chunk = corpus.texts[start:start + batch_size]
-            lines = corpus.lines[start:start + batch_size]
+        for chunk, lines in corpus.batches(batch_size):  # a batch of texts held at a time, however long the file
             # texts past the model's positions are cut here; a text whose exact weights would be too large runs
             # alone, a block of query rows at a time (the same sums), the others as one padded batch
             cut, lost, lengths = _fit(tokenizer, chunk, limit)
@@ -655,8 +750,9 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
             for k in alone:
                 longest_blocked = max(longest_blocked, int(lengths[k]))
                 forward([chunk[k]], [lines[k]], cut, True)
+            done += len(chunk)
             if progress is not None:
-                progress(min(start + batch_size, total), total)
+                progress(done, total)
     describe = dict(cap.metadata)
     distance_texts = total - acc.distance_left_out
     meta = {
@@ -732,4 +828,5 @@ def _reason(exc: BaseException) -> str:
     return reason(exc)
 
 
-__all__ = ["CorpusAccumulator", "TokenClasses", "capture_corpus", "compile_classes", "read_corpus_text"]
+__all__ = ["CorpusAccumulator", "CorpusFile", "CorpusText", "TokenClasses", "capture_corpus", "compile_classes",
+           "read_corpus_text"]
