@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -193,7 +195,7 @@ def test_head_distances_where_layers_see_different_keys(budget: int | None, monk
     from types import SimpleNamespace
 
     if budget is not None:
-        monkeypatch.setattr("attnviz.capturing.corpus.PAIR_BUDGET", budget)
+        monkeypatch.setattr("attnviz.capturing.divergence.PAIR_BUDGET", budget)
 
     rng = np.random.default_rng(3)
     nb, nh, n = 2, 3, 6
@@ -277,7 +279,7 @@ def test_blocked_path_equals_the_exact_path(name: str, blocks: str, monkeypatch:
     if blocks == "small blocks":
         monkeypatch.setattr("attnviz.capturing.corpuslong.ROW_VALUES", 24)
         monkeypatch.setattr("attnviz.capturing.corpuslong.DISTANCE_VALUES", 60)
-        monkeypatch.setattr("attnviz.capturing.corpuslong.PAIR_BUDGET", 40)
+        monkeypatch.setattr("attnviz.capturing.divergence.PAIR_BUDGET", 40)
     config, cls, _, extra = BLOCKED_FAMILIES[name]
     model, _ = _models(config, cls, extra)
     batches = _batches(False)
@@ -403,6 +405,47 @@ def test_exact_texts_are_cut_into_batches_within_the_budget(bert_folder: Path, m
     np.testing.assert_allclose(cut.distances(), whole.distances(), rtol=1e-5, atol=1e-7)
 
 
+def test_long_text_distances_of_near_uniform_heads_equal_their_definition(bert_folder: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text of 300 tokens past blocked_from runs blocked (in blocks of 64 rows), and its head distances equal
+    the definition in float64 from the model's own eager weights as closely as the exact path's: a fresh model's
+    near-uniform heads differ by ~2e-5 a row, against sums of t log t of order 10 a row, so whole rows summed
+    in float32 are off by a few parts in a thousand."""
+    import attnviz
+    from attnviz.capturing.corpuslong import exact_bytes
+
+    n, layers, heads = 300, 2, 4
+    monkeypatch.setattr("attnviz.capturing.corpuslong.DISTANCE_VALUES", layers * heads * n * 64)
+    tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=layers,
+                                  num_attention_heads=heads, intermediate_size=64, max_position_embeddings=n)
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    eager = transformers.BertModel._from_config(cfg, attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    words = "the a cat sat on mat dog ran fast . ,".split()
+    text = " ".join(np.random.default_rng(0).choice(words, n - 2))
+    enc = tok(text, return_tensors="pt")
+    assert enc["input_ids"].shape[1] == n
+    with torch.no_grad():
+        att = eager(**enc, output_attentions=True).attentions
+    p = 0.001 / n + 0.999 * np.concatenate([a[0].double().numpy() for a in att])  # [G, L, L], every key seen
+    g = layers * heads
+    want = np.zeros((g, g))
+    for x in range(g):
+        for y in range(g):
+            m = (p[x] + p[y]) / 2
+            want[x, y] = 0.5 * (np.sum(p[x] * np.log(p[x] / m)) + np.sum(p[y] * np.log(p[y] / m))) / n
+    off = ~np.eye(g, dtype=bool)
+    assert 1e-6 < want[off].min() and want.max() < 1e-4  # near uniform: the divergences are small
+    exact = attnviz.corpus(model, tok, [text])
+    blocked = attnviz.corpus(model, tok, [text], blocked_from=exact_bytes(g, n - 1))
+    assert exact.corpus["blocked_texts"] == 0 and blocked.corpus["blocked_texts"] == 1
+    np.testing.assert_allclose(exact.distances()[off], want[off], rtol=2e-4)
+    np.testing.assert_allclose(blocked.distances()[off], want[off], rtol=2e-4)
+    np.testing.assert_allclose(blocked.distances()[off], exact.distances()[off], rtol=2e-4)
+
+
 def test_cli_corpus_says_what_ran_blocked_and_what_the_distances_hold(bert_folder: Path, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """capture --corpus with limits low enough that some texts run blocked and none fits the distances: the summary
@@ -482,6 +525,115 @@ def _invoke(*args: str) -> object:
     from attnviz.cli import app
 
     return CliRunner().invoke(app, list(args))
+
+
+def _shard_texts(text: str, index: int, count: int) -> tuple[list[str], list[int], int]:
+    """A shard's texts by the definition: the text split whole, every COUNT-th line from INDEX on."""
+    lines = text.removeprefix("\ufeff").splitlines()
+    mine = [(n + 1, t) for n, t in enumerate(lines) if n % count == index]
+    return [t for _, t in mine if t.strip()], [n for n, t in mine if t.strip()], sum(not t.strip() for _, t in mine)
+
+
+def test_corpus_text_is_read_a_batch_of_lines_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_corpus_text reads the file once, a block at a time, to check it and count; CorpusFile.batches reads
+    it again line by line and hands a shard's texts over a batch at a time: the lines of the file split whole
+    (a byte-order mark, CRLF and lone CR, line ends and characters cut by the blocks, empty lines counted in the
+    shards), the shards together every text, a file past the old 64 MiB limit (lowered here) read, and nothing
+    that grows with the file held (Python's allocations while 350 KB are read in blocks of 4 KiB). The same from a
+    URL (memory://) and from a named pipe (read once, its copy read again); a file that changes between the two
+    readings is an error."""
+    import hashlib
+    import threading
+    import tracemalloc
+
+    from attnviz.capturing.corpus import read_corpus_text
+    from attnviz.errors import InputError
+
+    monkeypatch.setattr("attnviz.formats._base.MAX_TEXT_BYTES", 1024)
+    monkeypatch.setattr("attnviz.formats._base.LINE_BLOCK", 4096)
+    rnd = random.Random(5)
+    words = ["the", "cat", "sat", "café", "日本", "", " ", "a\u2028b"]
+    text = "\ufeff" + "".join(" ".join(rnd.choices(words, k=rnd.randrange(12))) + rnd.choice(["\n", "\r\n", "\r"])
+                              for _ in range(15000))
+    data = text.encode()
+    assert len(data) > 256 << 10
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(data)
+    shards = [_shard_texts(text, index, 3) for index in range(3)]
+    for index, (want_texts, want_lines, want_empty) in enumerate(shards):
+        seen = 0  # compared as they come: the test holds nothing that grows with the file either
+        if index == 1:  # Python's allocations traced (it takes time): one shard
+            tracemalloc.start()
+        try:
+            corpus = read_corpus_text(str(path), (index, 3))
+            for texts, lines in corpus.batches(8):
+                assert 0 < len(texts) <= 8 and len(lines) == len(texts)
+                assert texts == want_texts[seen:seen + len(texts)] and lines == want_lines[seen:seen + len(lines)]
+                seen += len(texts)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert index != 1 or 0 < peak < 64 << 10, peak
+        assert seen == corpus.count == len(want_texts) and corpus.empty == want_empty
+        assert corpus.source["lines"] == len(text.splitlines())
+        assert corpus.source["sha256"] == hashlib.sha256(data).hexdigest()
+    every = sorted(n for _, lines, _ in shards for n in lines)
+    assert every == [n + 1 for n, t in enumerate(text[1:].splitlines()) if t.strip()]  # disjoint, and every text
+
+    small = "the cat\r\n\r\ncafé sat\rdog\n\nran"
+    want = _shard_texts(small, 1, 2)
+    fsspec = pytest.importorskip("fsspec")
+    fsspec.filesystem("memory").pipe("/corpus-stream/t.txt", small.encode())
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(small.encode()))
+    writer.start()
+    try:
+        for source in ("memory://corpus-stream/t.txt", str(fifo)):
+            corpus = read_corpus_text(source, (1, 2))
+            for _ in range(2):  # read again: the pipe's copy
+                batches = list(corpus.batches(2))
+                assert [t for b, _ in batches for t in b] == want[0] and [n for _, b in batches for n in b] == want[1]
+            assert corpus.empty == want[2] and corpus.source["lines"] == 6
+            corpus.close()
+    finally:
+        writer.join()
+    corpus = read_corpus_text(str(path), (0, 3))
+    path.write_bytes(data.replace(b"cat", b"dog", 1))
+    with pytest.raises(InputError, match="changed while the corpus ran"):
+        list(corpus.batches(8))
+
+
+def test_cli_corpus_past_the_text_limit_in_shards(bert_folder: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture --corpus reads a text file past the limit of other text inputs (lowered here to 512 bytes), its lines
+    cut across the reader's blocks (of 64 bytes here); three shards of it merged equal the unsharded run."""
+    monkeypatch.setattr("attnviz.formats._base.MAX_TEXT_BYTES", 512)
+    monkeypatch.setattr("attnviz.formats._base.LINE_BLOCK", 64)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes((TEXT * 4).replace("\n", "\r\n").encode())
+    assert corpus.stat().st_size > 512
+    whole = tmp_path / "whole.safetensors"
+    done = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--batch-size", "3",
+                   "-o", str(whole))
+    assert done.exit_code == 0, done.stderr
+    assert "28 texts" in done.stdout and "4 empty lines" in done.stderr
+    shards = []
+    for i in range(3):
+        path = tmp_path / f"s{i}.safetensors"
+        got = _invoke("capture", str(bert_folder), "--text-file", str(corpus), "--corpus", "--batch-size", "2",
+                      "--shard", f"{i}/3", "-o", str(path), "--json")
+        assert got.exit_code == 0, got.stderr
+        assert json.loads(got.stdout)["texts"] == len(_shard_texts(TEXT * 4, i, 3)[0])
+        shards.append(str(path))
+    merged = tmp_path / "merged.safetensors"
+    got = _invoke("merge", *shards, "-o", str(merged))
+    assert got.exit_code == 0, got.stderr
+    a, b = read_corpus(str(whole)), read_corpus(str(merged))
+    for name in ("sums", "texts", "rows", "js_rows"):
+        np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(b.distances(), a.distances(), rtol=1e-5, atol=1e-7)
+    assert b.corpus["texts"] == a.corpus["texts"] == 28 and b.corpus["empty_lines"] == a.corpus["empty_lines"] == 4
 
 
 def test_cli_corpus_run_shards_merge_and_inspect(bert_folder: Path, tmp_path: Path) -> None:
@@ -594,6 +746,9 @@ def test_cli_corpus_pictures(bert_folder: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "code", "words"), [
     (["--text-file", "{empty}"], 1, "no non-empty line"),
     (["--text-file", "{latin}"], 1, "not UTF-8"),
+    (["--text-file", "{binary}"], 1, "holds binary data (a NUL byte at offset 4)"),
+    (["--text-file", "{folder}"], 2, "is a directory"),
+    (["--text-file", "{missing}"], 2, "no such file"),
     (["--text-file", "{text}", "--token-class", "bad=("], 2, "does not compile"),
     (["--text-file", "{text}", "--token-class", "noequals"], 2, "NAME=REGEX"),
     (["--text-file", "{text}", "--shard", "2/2"], 2, "INDEX runs from 0"),
@@ -607,7 +762,10 @@ def test_cli_corpus_bad_input(args: list[str], code: int, words: str, bert_folde
     (tmp_path / "empty.txt").write_text("\n  \n")
     (tmp_path / "latin.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     (tmp_path / "text.txt").write_text(TEXT)
-    names = {"empty": tmp_path / "empty.txt", "latin": tmp_path / "latin.txt", "text": tmp_path / "text.txt"}
+    (tmp_path / "binary.txt").write_bytes(b"abc\n\x00\n")
+    (tmp_path / "folder").mkdir()
+    names = {"empty": tmp_path / "empty.txt", "latin": tmp_path / "latin.txt", "text": tmp_path / "text.txt",
+             "binary": tmp_path / "binary.txt", "folder": tmp_path / "folder", "missing": tmp_path / "missing.txt"}
     out = tmp_path / "o.safetensors"
     done = _invoke("capture", str(bert_folder), "--corpus", "-o", str(out),
                    *[a.format(**{k: str(v) for k, v in names.items()}) for a in args])

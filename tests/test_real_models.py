@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.realmodels import NEEDLE, haystack, smollm2
+from tests.realmodels import NEEDLE, haystack, minilm, smollm2
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +104,66 @@ def test_smollm2_retrieval_heads_equal_their_transcription(smol: Path, tmp_path:
                     key=lambda lh: (-mean[lh], lh))
     assert [(h["layer"], h["head"]) for h in got["heads"]] == ranked
     assert 3 <= len(ranked) <= 40 and max(h["score"] for h in got["heads"]) > 0.2
+
+
+def _sink_texts(tokenizer, count: int, tokens: int) -> list[str]:
+    """``count`` pieces of the licence texts of about ``tokens`` tokens each (Gu et al. probe with 64)."""
+    from tests.realmodels import LICENCES
+
+    ids = tokenizer(LICENCES.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    step = len(ids) // count
+    return [tokenizer.decode(ids[i * step:i * step + tokens]).strip() for i in range(count)]
+
+
+def _gu_sink_rate(model, tokenizer, texts: list[str], epsilon: float = 0.3) -> float:
+    """Gu et al.'s sink rate transcribed from their evaluation (sail-sg/Attention-Sink): each text alone through
+    the eager model with ``output_attentions``; the importance of key k is sum_t A[t, k] / (T - k) (the mean over
+    the rows that see it under a causal mask; for an encoder every row sees the first key, which divides by T
+    too); a (text, layer, head) is a sink when the first token's exceeds epsilon; the rate is their share."""
+    import torch
+
+    flags = []
+    for text in texts:
+        enc = tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            attentions = model(**enc, output_attentions=True).attentions
+        for a in attentions:  # [1, H, T, T]
+            t = a.shape[-1]
+            importance = (a[0] / torch.arange(t, 0, -1, dtype=a.dtype)[None, None, :]).sum(-2)  # [H, T]
+            flags.append((importance[:, 0] > epsilon).float())
+    return float(torch.cat(flags).mean())
+
+
+@pytest.mark.parametrize("which", ["smollm2", "minilm"])
+def test_sink_rate_equals_gu_et_al(which: str, tmp_path: Path) -> None:
+    """The model-level sink rate a summary and a corpus run report (table footer and JSON) equals Gu et al.'s,
+    transcribed over the model's own eager weights, on 6 texts of ~64 tokens: SmolLM2 (causal, a padded batch)
+    and all-MiniLM-L6-v2 (an encoder: [CLS] is the first token)."""
+    import transformers
+
+    folder = smollm2() if which == "smollm2" else minilm()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    texts = _sink_texts(tok, 6, 64)
+    auto = transformers.AutoModelForCausalLM if which == "smollm2" else transformers.AutoModel
+    model = auto.from_pretrained(folder, attn_implementation="eager").eval()
+    want = _gu_sink_rate(model, tok, texts)
+    assert 0.05 < want < 0.95, want  # trained heads: some sink, some do not (a random model's sink nowhere)
+
+    summary = tmp_path / "s.safetensors"
+    args = [a for t in texts for a in ("--text", t)]
+    assert invoke("capture", folder, *args, "--summary", "-o", summary).exit_code == 0
+    shown = invoke("inspect", summary, "--json")
+    doc = json.loads(shown.stdout)["sink_rate"]
+    assert doc["epsilon"] == 0.3 and doc["value"] == pytest.approx(want, abs=1e-9)
+    assert f"sink rate (Gu et al. 2024): {want:.3f}" in " ".join(invoke("inspect", summary).stdout.split())
+
+    lines = tmp_path / "texts.txt"
+    lines.write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
+    corpus = tmp_path / "c.safetensors"
+    done = invoke("capture", folder, "--text-file", lines, "--corpus", "-o", corpus)
+    assert done.exit_code == 0, done.stderr
+    flat = [t.replace("\n", " ") for t in texts]
+    want_flat = _gu_sink_rate(model, tok, flat)
+    doc = json.loads(invoke("inspect", corpus, "--json").stdout)["sink_rate"]
+    assert doc["value"] == pytest.approx(want_flat, abs=1e-9) and doc["texts"] == 6
+    assert f"sink rate (Gu et al. 2024): {want_flat:.3f}" in " ".join(invoke("inspect", corpus).stdout.split())

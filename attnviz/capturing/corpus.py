@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 
 from attnviz.capturing.blame import raised_by_attnviz
+from attnviz.capturing.divergence import divergence_sums, plogp, sum_dtype
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 from attnviz.inspection.corpus import (
     CORPUS_STATS,
@@ -44,13 +44,6 @@ from attnviz.inspection.corpus import (
     SMOOTHING,
     CorpusSums,
 )
-
-#: elements of each temporary of the head distances (one head against K later heads over E elements: K x E);
-#: on a CPU a pass this size stays in the cache, on a GPU it is large enough to fill the device
-PAIR_BUDGET = 1 << 18
-GPU_PAIR_BUDGET = 1 << 26
-#: what a zero becomes before its logarithm (t log t of it is 0 to float32)
-_TINY = 1e-30
 
 
 @dataclass
@@ -123,7 +116,7 @@ class CorpusAccumulator:
         self.sites.append(site.name)
         self.layers.append(int(site.layer))
         self.heads.append(heads)
-        dtype = _sum_dtype(device)
+        dtype = sum_dtype(device)
         s = len(self.names)
         self.sums.append(torch.zeros((s, heads), dtype=dtype, device=device))
         self.texts.append(torch.zeros((s, heads), dtype=dtype, device=device))
@@ -167,7 +160,7 @@ class CorpusAccumulator:
         earlier = rows & (pos < b.last.view(-1, 1, 1))  # rows before the last real one
         first_rows = rows & (pos == b.first.view(-1, 1, 1))
 
-        entropy = _plogp(x).sum(-1).neg_()  # [B, H, L], exact: 0 log 0 = 0
+        entropy = plogp(x).sum(-1).neg_()  # [B, H, L], exact: 0 log 0 = 0
         top, arg = x.max(-1)
         first_w = x.gather(-1, b.first.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
         last_w = x.gather(-1, b.last.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
@@ -235,7 +228,7 @@ class CorpusAccumulator:
                 missing = sorted(set(self.sites) - {self.sites[t[0]] for t in order})
                 raise AttnvizError(f"corpus: the attention site {missing[0] if missing else '?'} did not run in "
                                    "every batch.")
-            wide = _sum_dtype(b.real.device)
+            wide = sum_dtype(b.real.device)
             g = sum(self.heads)
             if self.js is None:
                 self.js = torch.zeros((g, g), dtype=wide, device=b.real.device)
@@ -244,14 +237,7 @@ class CorpusAccumulator:
             flat = _smoothed_flat(order, where, g)  # [G, E]
             b.smoothed.clear()
             rows = b.real.sum()
-            # Per row, JS(h, k) = (1/2)(A_h + A_k) + (1/2) log 2 (C_h + C_k) - (1/2) M(h, k), with A = sum_j p log p,
-            # C = sum_j p and M = sum_j t log t, t = p + q = 2m. Summed over the real rows, only M needs the pairs,
-            # and it is a sum over elements: over the flat [G, E], a head against a chunk of later heads a pass
-            # (a few hundred thousand elements: the pass stays in the cache).
-            a = _plogp(flat).sum(-1, dtype=wide)
-            c = flat.sum(-1, dtype=wide)
-            m = _pair_sums(flat, clamp=b.uneven, per_row=flat.shape[1] / max(1, int(rows)))
-            pairs = 0.5 * (a[:, None] + a[None, :]) + (0.5 * math.log(2.0)) * (c[:, None] + c[None, :]) - 0.5 * m
+            pairs = divergence_sums(flat, int(rows), clamp=b.uneven)  # summed over the batch's real rows
             self.js += torch.triu(pairs, diagonal=1)
             self.js_rows += rows.to(wide)
 
@@ -323,7 +309,7 @@ class CorpusAccumulator:
             pairs = head_distances(calls, b.real)
             if self.js is None:
                 g = pairs.shape[0]
-                self.js = torch.zeros((g, g), dtype=_sum_dtype(pairs.device), device=pairs.device)
+                self.js = torch.zeros((g, g), dtype=sum_dtype(pairs.device), device=pairs.device)
                 self.js_rows = torch.zeros((), dtype=self.js.dtype, device=pairs.device)
             self.js += torch.triu(pairs, diagonal=1).to(self.js.dtype)
             self.js_rows += b.real.sum().to(self.js.dtype)
@@ -369,60 +355,6 @@ def _smoothed_flat(order: Sequence[tuple[int, Any, Any, Any]], where: Any, g: in
         torch.add(floor, gathered, alpha=1 - SMOOTHING, out=flat[g0:g0 + nh])
         g0 += nh
     return flat
-
-
-def _pair_sums(flat: Any, clamp: bool, per_row: float = 2.0) -> Any:
-    """``M[h, k] = sum_e t log t`` with ``t = flat[h, e] + flat[k, e]`` for every h < k (0 on and below the
-    diagonal), in the wide type; ``clamp``: some elements are 0 in both (t log t taken as 0 there).
-
-    Of ``M`` only the divergences are wanted, small differences of large sums: the sums are taken of
-    ``t' log t'`` with ``t' = gamma t`` (gamma = ``per_row`` / 2, the elements per row: t' near 1 where a row
-    is near uniform, so the terms are small), float32 over 64 elements, then float64. Then
-    ``M = sum t' log t' / gamma - log(gamma) sum t``."""
-    import torch
-
-    g, n = flat.shape
-    wide = _sum_dtype(flat.device)
-    out = torch.zeros((g, g), dtype=wide, device=flat.device)
-    if n == 0 or g < 2:
-        return out
-    gamma = max(1.0, per_row / 2)
-    width = 64
-    pad = -n % width
-    scaled = torch.empty((g, n + pad), dtype=flat.dtype, device=flat.device)
-    torch.mul(flat, gamma, out=scaled[:, :n])
-    scaled[:, n:] = 0.5  # t' = 1 there: t' log t' = 0
-    n += pad
-    budget = GPU_PAIR_BUDGET if flat.device.type != "cpu" else PAIR_BUDGET
-    kc = max(1, min(g - 1, budget // n))
-    t_buf = torch.empty(kc * n, dtype=flat.dtype, device=flat.device)
-    log_buf = torch.empty(kc * n, dtype=flat.dtype, device=flat.device)
-    for h in range(g - 1):
-        for k0 in range(h + 1, g, kc):
-            k1 = min(g, k0 + kc)
-            t = t_buf[:(k1 - k0) * n].view(k1 - k0, n)
-            log_t = log_buf[:(k1 - k0) * n].view(k1 - k0, n)
-            torch.add(scaled[h], scaled[k0:k1], out=t)
-            if clamp:
-                t.clamp_min_(_TINY)
-            torch.log(t, out=log_t)
-            out[h, k0:k1] = log_t.mul_(t).view(k1 - k0, -1, width).sum(-1).sum(-1, dtype=wide)
-    total = flat.sum(-1, dtype=wide)
-    return out / gamma - math.log(gamma) * torch.triu(total[:, None] + total[None, :], diagonal=1)
-
-
-def _sum_dtype(device: Any) -> Any:
-    import torch
-
-    return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64  # MPS has no float64
-
-
-def _plogp(x: Any) -> Any:
-    """``x log x`` of probabilities, 0 where x is 0 (the logarithm of a clamped copy: several times faster
-    than ``xlogy`` on a CPU)."""
-    import torch
-
-    return torch.log(x.clamp_min(_TINY)).mul_(x)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -526,42 +458,138 @@ def _sha(text: str) -> str:
 
 @dataclass
 class CorpusText:
-    """The texts of one shard of a corpus file, and what was left out of it."""
+    """Texts in hand (``attnviz.corpus``), and what was left out of them; ``batches`` hands them over as a text
+    file's are."""
 
     texts: list[str]
-    lines: list[int]  # each text's line number in the file (1-based)
-    empty: int  # empty lines skipped (in this shard's share)
-    source: dict[str, Any]  # the file's name and SHA-256, the shard
+    lines: list[int]  # each text's line number (1-based)
+    empty: int  # empty lines skipped
+    source: dict[str, Any]  # where the texts come from, their SHA-256, the shard
+
+    @property
+    def count(self) -> int:
+        return len(self.texts)
+
+    def batches(self, size: int) -> Iterator[tuple[list[str], list[int]]]:
+        """The texts, ``size`` at a time, with their line numbers."""
+        for start in range(0, len(self.texts), size):
+            yield self.texts[start:start + size], self.lines[start:start + size]
 
 
-def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusText:
-    """The non-empty lines of ``path`` (UTF-8; a local file or a URL) that shard ``index/count`` takes:
-    every ``count``-th line from ``index`` on, counting every line (empty ones too), so that the shards of
-    one file are disjoint and together the whole file."""
+class CorpusFile:
+    """The texts of one shard of a corpus's text file (``read_corpus_text``), never held whole: ``count`` texts,
+    ``empty`` lines skipped, ``source``; ``batches`` reads the file again, line by line, and hands this shard's
+    texts over a batch at a time. A named pipe, which can be read once only, is copied to an unnamed temporary
+    file as it is first read (``spool``), and read again from there."""
+
+    def __init__(self, path: str, shard: tuple[int, int], count: int, empty: int, source: dict[str, Any],
+                 spool: IO[bytes] | None = None) -> None:
+        self.path = path
+        self.shard = shard
+        self.count = count
+        self.empty = empty
+        self.source = source
+        self.spool = spool
+        self.piped = spool is not None
+
+    def close(self) -> None:
+        """Remove the named pipe's copy, if there is one."""
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+    def batches(self, size: int) -> Iterator[tuple[list[str], list[int]]]:
+        """This shard's texts, ``size`` at a time with their line numbers (1-based), read line by line: no more
+        of the file is held than a batch of texts and a block of bytes. A file whose SHA-256 is no longer the
+        one it had when it was checked is an error."""
+        if self.piped and self.spool is None:  # the pipe itself is read out: opening it again would wait for ever
+            raise AttnvizError(f"--text-file {self.path}: the named pipe's copy is closed; it cannot be read again.")
+        index, count = self.shard
+        digest = hashlib.sha256()
+        texts: list[str] = []
+        numbers: list[int] = []
+        for n, line in enumerate(_text_lines(self.path, digest, spool=self.spool)):
+            if n % count == index and line.strip():
+                texts.append(line)
+                numbers.append(n + 1)
+                if len(texts) == size:
+                    yield texts, numbers
+                    texts, numbers = [], []
+        if digest.hexdigest() != self.source["sha256"]:
+            raise InputError(f"--text-file {self.path}: changed while the corpus ran (its SHA-256 is not the one "
+                             "it had when it was first read); run it again on a file that stays as it is.")
+        if texts:
+            yield texts, numbers
+
+
+def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusFile:
+    """The non-empty lines of ``path`` (UTF-8; a local file, a named pipe or a URL) that shard ``index/count``
+    takes: every ``count``-th line from ``index`` on, counting every line (empty ones too), so that the shards
+    of one file are disjoint and together the whole file. The file is read here once, line by line, to check it
+    (UTF-8, some text) and count its lines, this shard's texts and empty lines and take its SHA-256; the texts
+    are read when the corpus runs (``CorpusFile.batches``). Nothing limits its size but the disk."""
     from pathlib import Path
 
     from attnviz import storage
+    from attnviz.formats._base import is_pipe
 
     if not storage.is_url(path) and not Path(path).exists():
         raise UsageError(f"--text-file {path}: no such file.")
-    data = storage.read_text_bytes(path, path, what="text")
-    from attnviz.formats._base import decode_text
-
-    text = decode_text(data, path, "text")
-    lines = text.splitlines()
     index, count = shard
-    texts, numbers, empty = [], [], 0
-    for n in range(index, len(lines), count):
-        if lines[n].strip():
-            texts.append(lines[n])
-            numbers.append(n + 1)
-        else:
-            empty += 1
-    if not any(line.strip() for line in lines):
+    spool = None
+    if not storage.is_url(path) and is_pipe(path):
+        import tempfile
+
+        spool = tempfile.TemporaryFile(prefix="attnviz-corpus-")  # unnamed: gone when closed or the process ends
+    digest = hashlib.sha256()
+    lines = texts = empty = 0
+    anything = False
+    for n, line in enumerate(_text_lines(path, digest, copy=spool)):
+        lines = n + 1
+        text = bool(line.strip())
+        anything = anything or text
+        if n % count == index:
+            texts += text
+            empty += not text
+    if not anything:
         raise InputError(f"--text-file {path}: holds no text (no non-empty line).")
     source = {"file": Path(path).name if not storage.is_url(path) else path,
-              "sha256": hashlib.sha256(data).hexdigest(), "lines": len(lines), "shards": [[index, count]]}
-    return CorpusText(texts, numbers, empty, source)
+              "sha256": digest.hexdigest(), "lines": lines, "shards": [[index, count]]}
+    return CorpusFile(path, shard, texts, empty, source, spool)
+
+
+def _text_lines(path: str, digest: Any, spool: IO[bytes] | None = None,
+                copy: IO[bytes] | None = None) -> Iterator[str]:
+    """The lines of a corpus's text file, read a block at a time (``formats._base.text_lines``): from ``spool``
+    (a named pipe's copy) when given, else from the file (``storage.open_input``'s stream: a local file or a URL;
+    a named pipe opened as it is, its bytes written to ``copy``)."""
+    from attnviz import storage
+    from attnviz.formats._base import text_lines
+
+    try:
+        if spool is not None:
+            spool.seek(0)
+            yield from text_lines(spool, path, "text", digest)
+        elif copy is not None:
+            with open(path, "rb") as pipe:
+                yield from text_lines(cast(IO[bytes], _Copied(pipe, copy)), path, "text", digest)
+        else:
+            with storage.open_input(path, path).stream() as stream:
+                yield from text_lines(stream, path, "text", digest)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc}).") from None
+
+
+class _Copied:
+    """A stream whose bytes are written to ``copy`` as they are read."""
+
+    def __init__(self, stream: IO[bytes], copy: IO[bytes]) -> None:
+        self.stream, self.copy = stream, copy
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.copy.write(data)
+        return data
 
 
 def position_limit(model: Any, tokenizer: Any) -> int | None:
@@ -594,7 +622,7 @@ class CorpusRun:
     warnings: list[str] = field(default_factory=list)
 
 
-def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "auto", dtype: str = "auto",
+def capture_corpus(folder: str, corpus: CorpusText | CorpusFile, out: Any, *, device: str = "auto", dtype: str = "auto",
                    batch_size: int = 8, classes: Sequence[tuple[str, re.Pattern[str]]] = (),
                    sink_threshold: float = 0.3, long: str = "truncate",
                    progress: Callable[[int, int], None] | None = None, blocked_from: int | None = None,
@@ -616,11 +644,11 @@ def capture_corpus(folder: str, corpus: CorpusText, out: Any, *, device: str = "
                                 sink_threshold=sink_threshold, long=long, progress=progress, where=folder,
                                 blocked_from=blocked_from, distance_budget=distance_budget)
     write_corpus(out, sums)
-    return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, len(corpus.texts),
+    return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, corpus.count,
                      time.perf_counter() - started, warnings)
 
 
-def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = "cpu", batch_size: int = 8,
+def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, device: Any = "cpu", batch_size: int = 8,
                classes: Sequence[tuple[str, re.Pattern[str]]] = (), sink_threshold: float = 0.3,
                long: str = "truncate", progress: Callable[[int, int], None] | None = None,
                where: str = "the model", blocked_from: int | None = None,
@@ -664,14 +692,14 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
     last_tokens: Counter[str] = Counter()
     truncated = dropped = 0
     longest_blocked = 0
-    total = len(corpus.texts)
+    total = corpus.count
     names = _forward_names(runner)
-    if long == "refuse" and limit is not None:  # every text measured before the model runs
-        for start in range(0, total, 256):
-            _, lost, _ = _fit(tokenizer, corpus.texts[start:start + 256], limit)
+    if long == "refuse" and limit is not None:  # every text measured before the model runs (a pass of its own)
+        for texts, numbers in corpus.batches(256):
+            _, lost, _ = _fit(tokenizer, texts, limit)
             if lost.any():
                 at = int(np.flatnonzero(lost)[0])
-                raise InputError(f"--text-file {corpus.source['file']}: line {corpus.lines[start + at]} has "
+                raise InputError(f"--text-file {corpus.source['file']}: line {numbers[at]} has "
                                  f"{limit + int(lost[at])} tokens, more than the model's {limit} positions "
                                  "(--long truncate keeps the first ones).")
 
@@ -708,10 +736,9 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
         else:
             acc.end()
 
+    done = 0
     with torch.no_grad(), Capture(model, tokenizer, corpus=acc) as cap:
-        for start in range(0, total, batch_size):
-            chunk = corpus.texts[start:start + batch_size]
-            lines = corpus.lines[start:start + batch_size]
+        for chunk, lines in corpus.batches(batch_size):  # a batch of texts held at a time, however long the file
             # texts past the model's positions are cut here; a text whose exact weights would be too large runs
             # alone, a block of query rows at a time (the same sums), the others as one padded batch
             cut, lost, lengths = _fit(tokenizer, chunk, limit)
@@ -726,8 +753,9 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
             for k in alone:
                 longest_blocked = max(longest_blocked, int(lengths[k]))
                 forward([chunk[k]], [lines[k]], cut, True)
+            done += len(chunk)
             if progress is not None:
-                progress(min(start + batch_size, total), total)
+                progress(done, total)
     describe = dict(cap.metadata)
     distance_texts = total - acc.distance_left_out
     meta = {
@@ -803,4 +831,5 @@ def _reason(exc: BaseException) -> str:
     return reason(exc)
 
 
-__all__ = ["CorpusAccumulator", "TokenClasses", "capture_corpus", "compile_classes", "read_corpus_text"]
+__all__ = ["CorpusAccumulator", "CorpusFile", "CorpusText", "TokenClasses", "capture_corpus", "compile_classes",
+           "read_corpus_text"]

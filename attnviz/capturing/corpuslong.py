@@ -14,19 +14,20 @@ over rows are kept per head (float64), then each text's means as ``add`` keeps t
 
 **Head distances** need every layer's rows at once: each site's q and k (the keys at their key-value heads)
 are kept while the text runs, when all of them fit ``DISTANCE_BUDGET`` bytes; after the forward, a block of
-query rows at a time, every head's smoothed rows are recomputed and the Jensen-Shannon sums taken pair by pair
-as ``end`` takes them. A text whose q and k do not fit is left out of the distances only (the accumulator
-counts it; its rows are not in ``js_rows``, so the distances stay a mean per row of the texts they hold).
+query rows at a time, every head's smoothed rows are recomputed, gathered flat on the block's real (row, key)
+elements and summed pair by pair by the function ``end`` sums a batch's with (``capturing.divergence``). A
+text whose q and k do not fit is left out of the distances only (the accumulator counts it; its rows are not in
+``js_rows``, so the distances stay a mean per row of the texts they hold).
 
 torch is imported inside the functions.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnviz.capturing.divergence import divergence_sums
 from attnviz.capturing.summary import MASKED, BlockScores, _at, _run_blocks, threaded
 from attnviz.inspection.corpus import CORPUS_STATS, SMOOTHING
 
@@ -43,10 +44,6 @@ DISTANCE_BUDGET = 1 << 30
 ROW_VALUES = 1 << 20
 #: smoothed weights held per block of rows of the head distances (float32 values, every head of every site)
 DISTANCE_VALUES = 1 << 22
-#: elements of each temporary ``[H, K, r, width]`` of the head distances (H heads against K later heads at once), as
-#: the exact path's ``corpus.PAIR_BUDGET``
-PAIR_BUDGET = 1 << 23
-_TINY = 1e-30  # what a zero becomes before its logarithm (t log t of it is 0 to float32)
 
 
 def exact_bytes(heads: int, tokens: int) -> int:
@@ -250,10 +247,10 @@ def head_distances(calls: list[Call], real: Any) -> Any:
     """The Jensen-Shannon divergences between every two heads of ``calls`` (every site of one text, in the order
     of the accumulator's heads) summed over the text's real query rows (``real [1, L]``): ``[G, G]`` (float64,
     the pairs above the diagonal; below it, whatever the passes computed). Per row, as ``CorpusAccumulator.end``:
-    p = 0.001 / n + 0.999 A over the keys the row may see, JS(h, g) = (1/2)(A_h + A_g) + (1/2) log 2 (C_h + C_g)
-    - (1/2) M(h, g) with A = sum p log p, C = sum p and M = sum t log t, t = p + q: only M needs the pairs, a few
-    heads against every later head at a time. The blocks of rows run a few threads at a time on the CPU, each
-    operation on one thread of torch's (``summary.threaded``)."""
+    p = 0.001 / n + 0.999 A over the keys the row may see; each block's real (row, key) elements gathered flat and
+    summed by ``divergence.divergence_sums``, the exact path's own function (its scaled sums in float32 over 64
+    elements, then float64: whole rows in float32 lose a near-uniform head's divergence). The blocks of rows run a
+    few threads at a time on the CPU, each operation on one thread of torch's (``summary.threaded``)."""
     return threaded(_head_distances, calls[0].query, calls, real)
 
 
@@ -268,43 +265,26 @@ def _head_distances(_query: Any, calls: list[Call], real: Any, threads: int = 1)
     g = sum(int(c.query.shape[1]) for c in calls)
     lq = int(calls[0].query.shape[-2])
     lk = int(calls[0].key.shape[-2])
-    weight = real.to(dev)[0].to(wide)  # the real rows count
+    real_rows = real.to(dev)[0].to(torch.bool)  # the real rows count
     pairs = torch.zeros((g, g), dtype=wide, device=dev)
-    half_log2 = 0.5 * math.log(2.0)
     step = max(1, min(lq, DISTANCE_VALUES // max(1, g * lk)))
-    budget = PAIR_BUDGET
     lock = threading.Lock()
 
     def one_block(r0: int) -> None:
         r1 = min(lq, r0 + step)
+        rows = real_rows[r0:r1]
+        count = int(rows.sum())
+        if not count:
+            return
         ranges = [sc.key_range(r0, r1) for sc in scorers]
         lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         p = torch.cat([_smoothed(sc, c, r0, r1, lo, hi) for sc, c in zip(scorers, calls)])  # [G, r, width]
-        e = torch.special.xlogy(p, p).sum(-1)  # [G, r]
-        c_sum = p.sum(-1)
-        w = weight[r0:r1]
-        r, width = r1 - r0, hi - lo
-        per_pair = r * width
-        kc = max(1, min(g, budget // per_pair))  # later heads per pass
-        hc = max(1, budget // (per_pair * kc))  # heads broadcast against them per pass
-        size = min(hc, g - 1) * min(kc, g - 1) * per_pair
-        buf = torch.empty(size, dtype=p.dtype, device=dev)
-        logs = torch.empty(size, dtype=p.dtype, device=dev)
-        got = torch.zeros((g, g), dtype=wide, device=dev)
-        for h0 in range(0, g - 1, hc):
-            h1 = min(g - 1, h0 + hc)
-            for k0 in range(h0 + 1, g, kc):
-                k1 = min(g, k0 + kc)
-                shape = (h1 - h0, k1 - k0, r, width)
-                count = math.prod(shape)
-                t, log_t = buf[:count].view(shape), logs[:count].view(shape)
-                torch.add(p[h0:h1, None], p[None, k0:k1], out=t)
-                t.clamp_min_(_TINY)  # 0 off each row's keys: t log t = 0 to float32
-                torch.log(t, out=log_t)
-                m = log_t.mul_(t).sum(-1)  # [H, K, r]
-                row = 0.5 * (e[h0:h1, None] + e[None, k0:k1]) + half_log2 * (c_sum[h0:h1, None] + c_sum[None, k0:k1]) \
-                    - 0.5 * m
-                got[h0:h1, k0:k1] = (row.to(wide) * w).sum(-1)
+        # the block's real (row, key) elements some head sees (each holds at least the smoothing's floor there),
+        # gathered flat as the exact path gathers a batch's, and summed by the same function: the same rounding
+        where = ((p != 0).any(0) & rows[:, None]).reshape(-1).nonzero().squeeze(1)
+        flat = p.reshape(g, -1).index_select(1, where)  # [G, E]
+        del p
+        got = divergence_sums(flat, count, clamp=bool((flat == 0).any()))
         with lock:  # blocks run a few threads at a time; their sums meet here
             pairs.add_(got)
 

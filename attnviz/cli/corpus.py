@@ -60,7 +60,7 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
     classes = compile_classes(options.token_class)
     shard = parse_shard(options.shard)
     corpus = read_corpus_text(text_file, shard)
-    if not corpus.texts:
+    if not corpus.count:
         raise UsageError(f"--shard {shard[0]}/{shard[1]}: {text_file} has {corpus.source['lines']} lines; this "
                          "shard holds no text (fewer shards).")
     folder = Path(model)
@@ -95,6 +95,7 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
                                   classes=classes, sink_threshold=options.sink_threshold, long=options.long,
                                   progress=None if quiet else progress)
         finally:
+            corpus.close()  # a named pipe's copy
             if task is not None:
                 bar.stop()
 

@@ -16,7 +16,8 @@ The limits (docs/inputs.md):
   ``memory_limit()`` bytes;
 - text (JSON files and standard input, label files, jobs files) is read in pieces up to
   ``MAX_TEXT_BYTES`` and must be UTF-8; JSON may nest at most ``MAX_JSON_DEPTH`` brackets deep,
-  checked before it is parsed.
+  checked before it is parsed; a corpus's text file is read line by line, of any size, a line at most
+  ``MAX_LINE_CHARS`` long (``text_lines``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -47,6 +48,11 @@ PIPED_ARRAY = ("arrays are memory-mapped from regular files: save it to a file, 
                "standard input with '-'")
 #: how many named pipes' text a process keeps (a pipe is read once; a run may ask for it again)
 PIPES_KEPT = 8
+#: the longest line (characters) ``text_lines`` reads: one text, far past any model's positions; it keeps a file
+#: without line ends from being read whole into memory
+MAX_LINE_CHARS = 64 * 2**20
+#: the bytes ``text_lines`` reads at a time
+LINE_BLOCK = 1 << 20
 #: the deepest nesting of ``[``/``{`` a JSON text may have (NumPy arrays have at most 64 dimensions)
 MAX_JSON_DEPTH = 64
 #: the least ``memory_limit()`` gives, however little memory seems free
@@ -303,6 +309,66 @@ def decode_text(data: bytes, source: str, what: str = "JSON") -> str:
     except UnicodeDecodeError as exc:
         raise InputError(f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
                          f"{what} must be UTF-8 text.") from None
+
+
+def text_lines(stream: IO[bytes], source: str, what: str = "text", digest: Any = None,
+               max_line: int | None = None, block: int | None = None) -> Iterator[str]:
+    """The lines of the UTF-8 text of ``stream``, read ``block`` bytes at a time (``LINE_BLOCK``) to its end:
+    split where ``str.splitlines`` splits (a ``\\r\\n`` across two blocks is one line end), without their
+    ends, a byte-order mark at the start dropped. What is held is a block and the line being read, never the
+    text: a line longer than ``max_line`` characters (``MAX_LINE_CHARS``) is an error naming it. A NUL byte or
+    a byte that is not UTF-8 is ``decode_text``'s error, its offset counted from the start of the stream.
+    ``digest`` (a ``hashlib`` object) is updated with every byte read."""
+    import codecs
+
+    max_line = MAX_LINE_CHARS if max_line is None else max_line
+    block = LINE_BLOCK if block is None else block
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # the bytes read before this block
+    number = 0  # the lines handed over
+    started = False  # whether text was decoded (the byte-order mark looked for)
+    held = ""  # a "\r" ending a block: its "\n" may open the next one
+    carry: list[str] = []  # the line being read, in the pieces the blocks gave
+    carried = 0
+    while True:
+        data = stream.read(block)
+        final = not data
+        if digest is not None:
+            digest.update(data)
+        nul = data.find(b"\x00")
+        if nul >= 0:
+            raise BinaryText(f"{source}: holds binary data (a NUL byte at offset {offset + nul}), not {what} text.")
+        pending = len(decoder.getstate()[0])  # the bytes of a character the last block cut in two
+        try:
+            text = decoder.decode(data, final)
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{offset - pending + exc.start}); {what} must be UTF-8 text.") from None
+        offset += len(data)
+        if text and not started:
+            started = True
+            text = text.removeprefix("\ufeff")
+        text, held = held + text, ""
+        if not final and text.endswith("\r"):
+            text, held = text[:-1], "\r"
+        for part in text.splitlines(keepends=True):
+            line = part.splitlines()[0]
+            carried += len(line)
+            if carried > max_line:
+                raise InputError(f"{source}: line {number + 1} is longer than {max_line:,} characters; attnviz "
+                                 f"reads one {what} a line, at most that long.")
+            if len(line) == len(part):  # no line end yet: the line goes on in the next block
+                carry.append(part)
+                continue
+            if carry:
+                line, carry = "".join(carry) + line, []
+            carried = 0
+            number += 1
+            yield line
+        if final:
+            break
+    if carry:
+        yield "".join(carry)
 
 
 #: an escape inside a JSON string (a backslash and the character after it)

@@ -6,7 +6,8 @@ at a scheme themselves:
 
 - ``open_input(path, source)``: a file to read, ``LocalFile`` or ``remote.RemoteFile``, with its size, a
   seekable stream, a range of bytes and an array at an offset (memory-mapped from a local file; fetched
-  with one ranged request from a store, so that a key of a large file costs its own bytes only);
+  with one ranged request from a store, so that a key of a large file costs its own bytes only), and a
+  stream read once from start to end (``stream()``: a corpus's text file, a block held at a time);
 - ``read_text_bytes``: a text input (labels, jobs files, configs, JSON) whole, within a limit;
 - ``exists``, ``size``, ``identity``, ``glob``, ``join``, ``folder_of``, ``same_place``: what batch asks;
 - ``place`` and ``check_output``: an output's target, a ``Path`` or a ``Url``; ``attnviz.staging`` writes
@@ -61,6 +62,10 @@ class LocalFile:
     def open(self) -> IO[bytes]:
         return open(self.local, "rb")
 
+    def stream(self) -> IO[bytes]:
+        """A stream read once from start to end (a text file line by line)."""
+        return open(self.local, "rb")
+
     def read(self, start: int, end: int) -> bytes:
         with open(self.local, "rb") as fh:
             fh.seek(start)
@@ -75,7 +80,7 @@ class LocalFile:
 
 
 def open_input(path: str | os.PathLike[str], source: str) -> Any:
-    """A file to read (``LocalFile``, or ``remote.RemoteFile`` for a URL): ``size``, ``open()``,
+    """A file to read (``LocalFile``, or ``remote.RemoteFile`` for a URL): ``size``, ``open()``, ``stream()``,
     ``read(start, end)``, ``array(dtype, offset, shape, order)``, and ``local``, the path on disk of a local
     file (None for a URL: libraries that need a file name are handed the stream instead)."""
     text = os.fspath(path)

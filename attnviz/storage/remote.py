@@ -6,7 +6,8 @@ objects read by ranges, listed by globs, and written whole or not at all. Import
 safetensors key or a member of an ``.npz`` costs its header and its own bytes. ``open()`` gives a stream
 for libraries that read a file themselves (zip directories, HDF5, ``torch.load``), fetched in small blocks
 (``BLOCK``, each fetched once; the blocks of one read in one request: fsspec's ``mmap`` cache, a sparse
-temporary file) rather than fsspec's default read-ahead of many megabytes.
+temporary file) rather than fsspec's default read-ahead of many megabytes; ``stream()`` one read once from
+start to end (a text file line by line), a block of ``STREAM_BLOCK`` held at a time.
 
 **Writing** an ``Upload`` is in two steps: ``send`` streams the staged file into a multipart upload that is
 not completed (nothing appears at the URL), ``complete`` completes it. ``abort`` throws the upload away
@@ -35,6 +36,8 @@ from attnviz.storage.urls import Url, check_url
 
 #: the block of a stream (zip directories, HDF5 metadata): small, so that little more is fetched than read
 BLOCK = 8 * 2**10
+#: the block of a stream read once from start to end (``RemoteFile.stream``: a corpus's text file)
+STREAM_BLOCK = 4 * 2**20
 #: what a store's package is called, and the extra of attnviz that installs it, by scheme
 PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
             "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
@@ -160,6 +163,15 @@ class RemoteFile:
         except Exception as exc:
             raise failure(exc, self.url) from None
 
+    def stream(self) -> Stream:
+        """A stream read once from start to end (a text file line by line): fsspec's read-ahead cache, which
+        holds one block (``STREAM_BLOCK``) and fetches the next as it is reached; nothing read is kept. An error
+        of the store while it is read is one line (``failure``)."""
+        try:
+            return Stream(self.fs.open(self.path, "rb", block_size=STREAM_BLOCK, cache_type="readahead"), self.url)
+        except Exception as exc:
+            raise failure(exc, self.url) from None
+
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` (one ranged request)."""
         end = min(end, self.size)
@@ -185,6 +197,28 @@ class RemoteFile:
         data = self.read(offset, offset + nbytes)
         arr = np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order)  # type: ignore[call-overload]
         return arr  # type: ignore[no-any-return]
+
+
+class Stream:
+    """``RemoteFile.stream``'s stream: ``read`` and ``close`` (a context manager), the store's errors as one line."""
+
+    def __init__(self, handle: Any, url: Url) -> None:
+        self.handle, self.url = handle, url
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return bytes(self.handle.read(size))
+        except Exception as exc:
+            raise failure(exc, self.url) from None
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def read_text(url: Url, source: str, limit: int, what: str) -> bytes:
