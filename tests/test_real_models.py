@@ -131,7 +131,7 @@ def _gu_sink_rate(model, tokenizer, texts: list[str], epsilon: float = 0.3) -> f
             t = a.shape[-1]
             importance = (a[0] / torch.arange(t, 0, -1, dtype=a.dtype)[None, None, :]).sum(-2)  # [H, T]
             flags.append((importance[:, 0] > epsilon).float())
-    return float(torch.cat(flags).mean())
+    return float(torch.cat(flags).double().mean())
 
 
 @pytest.mark.parametrize("which", ["smollm2", "minilm"])
