@@ -16,7 +16,7 @@ import pytest
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: the bundled text the real-model tests read (licence texts: Apache 2.0, then matplotlib's)
-LICENCES = Path(__file__).resolve().parent / "data" / "licences.txt"
+LICENCES = Path(__file__).resolve().parent.parent / "sample_inputs" / "licences.txt"
 #: Wu et al.'s needle (their "Needle in a Haystack" sentence) and the question that makes the model repeat it
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "\n\nQuestion: What is the best thing to do in San Francisco?\nAnswer:"
