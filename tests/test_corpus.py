@@ -403,6 +403,40 @@ def test_exact_texts_are_cut_into_batches_within_the_budget(bert_folder: Path, m
     np.testing.assert_allclose(cut.distances(), whole.distances(), rtol=1e-5, atol=1e-7)
 
 
+def test_api_corpus_leaves_the_callers_tokenizer_and_model_as_they_were() -> None:
+    """attnviz.corpus on a tokenizer without a pad token (padding on the left) and a model left in training mode
+    with dropout: afterwards the tokenizer has no pad token and pads on the left again, the model and each of its
+    modules are in the mode they were; the run itself had no dropout (two runs, exact and a block of rows at a
+    time, equal a run of the same weights in eval mode)."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    import attnviz
+
+    words = ["<unk>", "</s>", *"the a cat sat on mat dog ran fast . ,".split()]
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>")
+    tok.padding_side = "left"
+    cfg = transformers.GPT2Config(vocab_size=len(words), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                  attn_pdrop=0.5, resid_pdrop=0.5, embd_pdrop=0.5)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    model.transformer.h[1].eval()  # a module the caller left in eval mode stays so
+    modes = [m.training for m in model.modules()]
+    reference = copy.deepcopy(model).eval()
+    lines = [t for t in TEXT.splitlines() if t.strip()]
+    want = attnviz.corpus(reference, copy.deepcopy(tok), lines, batch_size=3)
+    runs = [attnviz.corpus(model, tok, lines, batch_size=3), attnviz.corpus(model, tok, lines, batch_size=3),
+            attnviz.corpus(model, tok, lines, batch_size=3, blocked_from=0)]
+    assert tok.pad_token is None and tok.pad_token_id is None and tok.padding_side == "left"
+    assert [m.training for m in model.modules()] == modes and model.training
+    for got in runs:
+        for name in ("sums", "texts", "rows", "js_rows"):
+            np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(got.distances(), want.distances(), rtol=1e-5, atol=1e-7)
+
+
 def test_cli_corpus_says_what_ran_blocked_and_what_the_distances_hold(bert_folder: Path, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """capture --corpus with limits low enough that some texts run blocked and none fits the distances: the summary

@@ -24,13 +24,14 @@ torch and transformers are imported inside the functions, when a corpus is captu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -625,6 +626,8 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
                where: str = "the model", blocked_from: int | None = None,
                distance_budget: int | None = None) -> tuple[CorpusSums, list[str]]:
     """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings.
+    The caller's objects are left as they were (``_run_settings``): the tokenizer pads on the right with a pad
+    token of its own, and the model runs in eval mode (no dropout), only while the corpus runs.
 
     A text whose exact weights over every site (sites x heads x L x L float32) would take more than
     ``blocked_from`` bytes (``corpuslong.BLOCKED_FROM``, 256 MiB) leaves its mini-batch and runs alone, its
@@ -632,6 +635,39 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
     its head distances need every site's q and k kept until the forward ends, within ``distance_budget`` bytes
     (``corpuslong.DISTANCE_BUDGET``, 1 GiB), else the text is left out of the distances only (counted, and
     said in a warning)."""
+    with _run_settings(model, tokenizer):
+        return _run_corpus(model, tokenizer, corpus, device=device, batch_size=batch_size, classes=classes,
+                           sink_threshold=sink_threshold, long=long, progress=progress, where=where,
+                           blocked_from=blocked_from, distance_budget=distance_budget)
+
+
+@contextlib.contextmanager
+def _run_settings(model: Any, tokenizer: Any) -> Iterator[None]:
+    """While the corpus runs: the tokenizer pads on the right (real tokens at their own positions, whatever the
+    family's habit) with its pad token, or its end-of-text or unknown token where it has none; every module of
+    the model in eval mode (a model handed over in training mode would drop weights out on the exact path).
+    Afterwards the tokenizer's pad token and side and each module's mode are what the caller left."""
+    pad, side = tokenizer.pad_token, tokenizer.padding_side
+    modes = [(m, m.training) for m in model.modules()] if callable(getattr(model, "modules", None)) else []
+    try:
+        if pad is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        tokenizer.padding_side = "right"
+        if modes:
+            model.eval()
+        yield
+    finally:
+        if pad is None:
+            tokenizer.pad_token = None
+        tokenizer.padding_side = side
+        for module, training in modes:
+            module.training = training
+
+
+def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any, batch_size: int,
+                classes: Sequence[tuple[str, re.Pattern[str]]], sink_threshold: float, long: str,
+                progress: Callable[[int, int], None] | None, where: str, blocked_from: int | None,
+                distance_budget: int | None) -> tuple[CorpusSums, list[str]]:
     import torch
 
     from attnviz.capturing.corpuslong import (
@@ -644,9 +680,6 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any = 
     )
     from attnviz.capturing.session import Capture
 
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    tokenizer.padding_side = "right"  # real tokens at their own positions, whatever the family's habit
     runner = model
     if getattr(model.config, "is_encoder_decoder", False):
         get = getattr(model, "get_encoder", None)
