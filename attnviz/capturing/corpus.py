@@ -564,23 +564,6 @@ def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusText:
     return CorpusText(texts, numbers, empty, source)
 
 
-def position_limit(model: Any, tokenizer: Any) -> int | None:
-    """The most tokens the model takes: the least of its position embeddings and the tokenizer's limit."""
-    found = []
-    config = model.config
-    get = getattr(config, "get_text_config", None)
-    text = get() if callable(get) else config
-    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        value = getattr(text, name, None)
-        if isinstance(value, int) and value > 0:
-            found.append(value)
-            break
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and 0 < limit < 10**7:
-        found.append(limit)
-    return min(found) if found else None
-
-
 @dataclass
 class CorpusRun:
     """What ``capture_corpus`` did."""
@@ -678,6 +661,7 @@ def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any, 
         site_count,
         site_heads,
     )
+    from attnviz.capturing.folder import position_limits
     from attnviz.capturing.session import Capture
 
     runner = model
@@ -686,7 +670,8 @@ def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any, 
         runner = get() if callable(get) else None
         if runner is None:
             raise InputError(f"{where}: an encoder-decoder without an encoder attnviz can run alone.")
-    limit = position_limit(model, tokenizer)
+    learned, trained = position_limits(model, tokenizer)  # as a capture's --long cuts its texts
+    limit = learned or trained
     blocked_from = BLOCKED_FROM if blocked_from is None else int(blocked_from)
     distance_budget = DISTANCE_BUDGET if distance_budget is None else int(distance_budget)
     heads = site_heads(model) * site_count(model)  # every site's heads: what a text's exact weights hold
