@@ -415,6 +415,63 @@ def test_inspect_of_a_no_weights_capture_summarises_its_q_and_k(llama_folder: Pa
                                rtol=1e-5, atol=1e-7, equal_nan=True)
 
 
+#: ``attnviz ARGS`` in a fresh process; with ``no-torch`` first, torch cannot be imported there (as where it is not
+#: installed): a --no-weights capture is then summarised by NumPy (``attnviz.summarystats.summarise``)
+WITHOUT_TORCH = """
+import sys
+if sys.argv[1] == "no-torch":
+    sys.modules["torch"] = None  # import torch raises ImportError
+from attnviz.cli.console import run
+run(sys.argv[2:])
+"""
+
+
+def test_a_no_weights_capture_is_summarised_alike_with_and_without_torch(llama_folder: Path, tmp_path: Path) -> None:
+    """inspect --json of a --no-weights capture in a process where torch cannot be imported (NumPy computes the
+    summary) and in one where it can (the torch blocks): the same head table, received attention, pooled maps
+    and chosen rows, the head table that of the same run's exact weights, and nothing on stderr but the line
+    that says what was read (torch warned there of the file's read-only arrays)."""
+    import subprocess
+    import sys
+
+    args = ["--text", _text(150), "--text", _text(90)]
+    qk, exact = tmp_path / "qk.safetensors", tmp_path / "exact.safetensors"
+    assert invoke("capture", llama_folder, *args, "-o", qk, "--no-weights").exit_code == 0
+    assert invoke("capture", llama_folder, *args, "-o", exact).exit_code == 0
+    docs = {}
+    for mode in ("no-torch", "torch"):
+        done = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, mode, "inspect", str(qk), "--json"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (mode, done.stderr)
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"inspect: {qk}: summaries of 2 sites"), (mode, done.stderr)
+        docs[mode] = json.loads(done.stdout)
+    numpy_doc, torch_doc = docs["no-torch"], docs["torch"]
+    assert numpy_doc["summary"]["computed_from"] == "q and k"
+    for x, y in zip(numpy_doc["head_stats"], torch_doc["head_stats"], strict=True):
+        assert x.keys() == y.keys()
+        for name, value in x.items():
+            assert value == (pytest.approx(y[name], rel=1e-5, abs=1e-6) if isinstance(value, float) else y[name]), name
+    for key in ("received", "pooled", "rows"):
+        np.testing.assert_allclose(_numbers(numpy_doc[key]), _numbers(torch_doc[key]), rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+    weights = json.loads(invoke("inspect", exact, "--json").stdout)
+    for x, y in zip(numpy_doc["head_stats"], weights["head_stats"], strict=True):
+        for name in ("entropy", "entropy_norm", "max", "distance", "diagonal", "previous", "first", "last"):
+            assert x[name] == pytest.approx(y[name], rel=1e-4, abs=1e-6), name
+
+
+def _numbers(doc: object) -> np.ndarray:
+    """Every number of a JSON value, in order (None as NaN)."""
+    if isinstance(doc, dict):
+        return np.concatenate([_numbers(v) for v in doc.values()] or [np.zeros(0)])
+    if isinstance(doc, list):
+        return np.concatenate([_numbers(v) for v in doc] or [np.zeros(0)])
+    if isinstance(doc, bool) or isinstance(doc, str):
+        return np.zeros(0)
+    return np.array([np.nan if doc is None else float(doc)])
+
+
 def test_retrieval_score_counts_hits_as_wu_et_al() -> None:
     """Decode rows whose top key lies in the needle and holds the generated token score; others do not."""
     from attnviz.inspection.summary import Span, SummaryRead, retrieval_scores

@@ -495,8 +495,8 @@ def _summarised(q: np.ndarray, k: np.ndarray, **options: Any) -> dict[str, np.nd
 
     from attnviz.capturing.summary import summarise as in_torch
 
-    def tensor(value: Any) -> Any:
-        return None if value is None else torch.from_numpy(np.ascontiguousarray(value))
+    def tensor(value: Any) -> Any:  # a copy of a read-only array (mapped from the file): torch warns of those
+        return None if value is None else torch.from_numpy(np.require(value, requirements=("C", "W")))
 
     parts = options["parts"]
     if parts.padding is not None:
