@@ -24,7 +24,9 @@ first, last    ``A_{i, f}``, ``A_{i, l}``: f and l the first and last real key
 
 Per key: ``received [B, H, Lk] = sum_{i real} A_ij`` (H2O's heavy-hitter score), ``seen_by [B, Lk]`` the
 real rows whose mask keeps key j (kvpress' ObservedAttentionPress divides by it); ``keys_seen [B, Lq]``
-how many keys row i may attend (for the normalised entropy, ``entropy / log keys_seen``).
+how many keys row i may attend (for the normalised entropy, ``entropy / log keys_seen``). A mask that differs
+per head (``[B, H, Lq, Lk]``) is each head's own: its rows live and counted, and ``seen_by [B, H, Lk]`` and
+``keys_seen [B, H, Lq]``, per head.
 
 Pooled: the query and key axes cut into blocks of ``ceil(L / P)`` positions (``pool_edges``), ``pooled_mean
 [B, H, Pq, Pk]`` the sum of ``A_ij`` over the cell's real rows and its keys divided by (real rows x keys of
@@ -191,14 +193,16 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
               dense: np.ndarray | None = None, softcap: float | None = None, sinks: np.ndarray | None = None,
               bias: np.ndarray | None = None, block: int = 256) -> dict[str, np.ndarray]:
     """Every statistic above by its definition, in NumPy, a block of ``block`` query rows at a time:
-    ``q [B, H, Lq, d]``, ``k [B, Hkv, Lk, d]``, ``dense`` a keep mask ``[B or 1, 1, Lq, Lk]`` or None (then
-    ``parts``). The arrays ``attnviz.capturing.summary.summarise`` returns, as NumPy."""
+    ``q [B, H, Lq, d]``, ``k [B, Hkv, Lk, d]``, ``dense`` a keep mask ``[B or 1, 1 or H, Lq, Lk]`` or None (then
+    ``parts``). The arrays ``attnviz.capturing.summary.summarise`` returns, as NumPy: with a mask per head, each
+    head's weights over its own keys, and ``keys_seen`` ``[B, H, Lq]`` and ``seen_by`` ``[B, H, Lk]`` per head."""
     b, h, lq, _ = q.shape
     lk = k.shape[-2]
     k = np.repeat(k, h // k.shape[1], axis=1)
+    hm = 1 if dense is None else int(np.shape(dense)[1])  # 1, or H: a mask per head
     if dense is not None:
-        dense = np.broadcast_to(np.asarray(dense, bool), (b, 1, lq, lk))
-        real_keys = np.asarray(dense.any(axis=-2))[:, 0]
+        dense = np.broadcast_to(np.asarray(dense, bool), (b, hm, lq, lk))
+        real_keys = np.asarray(dense.any(axis=(1, 2)))
     else:
         real_keys = np.ones((b, lk), bool)
         if parts.padding is not None:
@@ -213,14 +217,14 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
     last_key = np.where(real_keys.any(-1), lk - 1 - real_keys[:, ::-1].argmax(-1), lk - 1)
     out = {n: np.full((b, h, lq), np.nan) for n in PER_ROW}
     argmax = np.full((b, h, lq), -1, np.int64)
-    keys_seen = np.zeros((b, lq), np.int64)
+    keys_seen = np.zeros((b, hm, lq), np.int64)
     received = np.zeros((b, h, lk))
-    seen_by = np.zeros((b, lk), np.int64)
+    seen_by = np.zeros((b, hm, lk), np.int64)
     qe, ke = pool_edges(lq, settings.pool), pool_edges(lk, settings.pool)
     cell_sum = np.zeros((b, h, len(qe) - 1, len(ke) - 1))
     cell_max = np.zeros((b, h, len(qe) - 1, len(ke) - 1))
-    cell_rows = np.zeros((b, len(qe) - 1), np.int64)
-    cell_seen = np.zeros((b, len(qe) - 1, len(ke) - 1), bool)
+    cell_rows = np.zeros((b, hm, len(qe) - 1), np.int64)
+    cell_seen = np.zeros((b, hm, len(qe) - 1, len(ke) - 1), bool)
     positions = settings.row_positions(lq)
     rows = np.zeros((b, h, len(positions), lk))
     j = np.arange(lk)
@@ -247,30 +251,32 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
         for name, value in values.items():
             out[name][:, :, r0:r1] = np.where(live, value, np.nan)
         argmax[:, :, r0:r1] = np.where(live, np.where(keep, a, -1.0).argmax(-1), -1)
-        keys_seen[:, r0:r1] = keep[:, 0].sum(-1)
+        keys_seen[..., r0:r1] = keep.sum(-1)
         for n, p in enumerate(positions):
             if r0 <= p < r1:
                 rows[:, :, n] = a[:, :, p - r0]
-        counted = real_rows[:, r0:r1] & keep[:, 0].any(-1)  # [B, r]
-        a = a * counted[:, None, :, None]
+        counted = real_rows[:, None, r0:r1] & keep.any(-1)  # [B, 1 or H, r]
+        a = a * counted[..., None]
         received += a.sum(-2)
-        seen_by += (keep[:, 0] & counted[..., None]).sum(-2)
+        seen_by += (keep & counted[..., None]).sum(-2)
         # the pooled cells: each key block's sum and maximum per row, then added into the rows' query blocks
         bk = ke[1] - ke[0]
         pad = (len(ke) - 1) * bk - lk
         blocks = np.pad(a, ((0, 0), (0, 0), (0, 0), (0, pad))).reshape(b, h, r1 - r0, len(ke) - 1, bk)
-        seen = np.pad(keep[:, 0] & counted[..., None], ((0, 0), (0, 0), (0, pad))).reshape(b, r1 - r0, -1, bk)
+        seen = np.pad(keep & counted[..., None], ((0, 0), (0, 0), (0, 0), (0, pad))).reshape(b, hm, r1 - r0, -1, bk)
         qblock = np.searchsorted(qe, np.arange(r0, r1), side="right") - 1
         for qi in np.unique(qblock):
             at = qblock == qi
-            cell_rows[:, qi] += counted[:, at].sum(-1)
+            cell_rows[..., qi] += counted[..., at].sum(-1)
             cell_sum[:, :, qi] += blocks[:, :, at].sum((2, 4))
             cell_max[:, :, qi] = np.maximum(cell_max[:, :, qi], blocks[:, :, at].max((2, 4)))
-            cell_seen[:, qi] |= seen[:, at].any((1, 3))
+            cell_seen[:, :, qi] |= seen[:, :, at].any((2, 4))
     widths = np.diff(ke).astype(np.float64)
-    ok = (cell_seen & (cell_rows[:, :, None] > 0))[:, None]
+    ok = cell_seen & (cell_rows[..., None] > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = cell_sum / (cell_rows[:, None, :, None] * widths)
+        mean = cell_sum / (cell_rows[..., None] * widths)
+    if hm == 1:  # one mask for every head: the keys seen and the rows that see a key, as [B, Lq] and [B, Lk]
+        keys_seen, seen_by = keys_seen[:, 0], seen_by[:, 0]
     result: dict[str, np.ndarray] = {**out, "argmax": argmax, "keys_seen": keys_seen, "received": received,
                                      "seen_by": seen_by, "real_keys": real_keys,
                                      "pooled_mean": np.where(ok, mean, np.nan),

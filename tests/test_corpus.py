@@ -323,6 +323,39 @@ def test_blocked_statistics_with_a_dense_mask_equal_its_parts() -> None:
     np.testing.assert_allclose(torch.triu(one, 1).numpy(), torch.triu(two, 1).numpy(), atol=1e-6)
 
 
+def test_blocked_statistics_keep_a_mask_per_head() -> None:
+    """A dense mask whose heads keep different keys (causal, a window, every key, even keys with a row that sees
+    none): the blocked path masks each head by its own keys, as the exact path does with the same mask over the
+    weights a NumPy softmax gives (each head's rows, keys seen, first row, sink and divergences its own)."""
+    from attnviz.capturing.recorder import Site
+    from attnviz.summarystats import MaskParts
+    from tests.test_summary import _masked_softmax, _per_head_mask
+
+    g = torch.Generator().manual_seed(6)
+    n, h = 11, 4
+    q, k = torch.randn(1, h, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)
+    keep = torch.tensor(_per_head_mask(1, h, n))
+    weights = torch.tensor(_masked_softmax(q.numpy(), k.numpy(), keep.numpy(), 0.6), dtype=torch.float32)
+    real = torch.ones(1, n, dtype=torch.bool)
+    classes = (torch.rand(2, 1, n, generator=g) > 0.5).float()
+    site = Site("layers.0", "layers", 0, "model.layers.0.self_attn")
+    exact, blocked = CorpusAccumulator(THRESHOLD, ["odd"]), CorpusAccumulator(THRESHOLD, ["odd"])
+    with torch.no_grad():
+        exact.begin(real, classes)
+        exact.add(site, weights, keep)
+        exact.end()
+        blocked.begin_blocked(real, classes)
+        blocked.add_blocked(site, q, k, parts=MaskParts(), dense=keep, scale=0.6)
+        blocked.end_blocked()
+    a, b = exact.result({}), blocked.result({})
+    for stat in range(len(a.names)):
+        np.testing.assert_allclose(b.sums[stat], a.sums[stat], atol=1e-5, rtol=1e-5, err_msg=a.names[stat])
+    for field in ("texts", "rows", "js_rows"):
+        np.testing.assert_array_equal(getattr(b, field), getattr(a, field), err_msg=field)
+    np.testing.assert_allclose(b.js, a.js, atol=1e-5, rtol=1e-5)
+    assert a.rows.tolist() == [n, n, n, n - 1]  # head 3's row 4 sees no key
+
+
 def test_long_texts_run_alone_and_distances_keep_their_rows(bert_folder: Path, tmp_path: Path) -> None:
     """attnviz.corpus: the texts whose exact weights pass blocked_from run alone, a block of rows at a time, and
     the sums equal a run where every text is exact. With no room for their q and k, the long texts are left out
@@ -444,6 +477,40 @@ def test_long_text_distances_of_near_uniform_heads_equal_their_definition(bert_f
     np.testing.assert_allclose(exact.distances()[off], want[off], rtol=2e-4)
     np.testing.assert_allclose(blocked.distances()[off], want[off], rtol=2e-4)
     np.testing.assert_allclose(blocked.distances()[off], exact.distances()[off], rtol=2e-4)
+
+
+def test_api_corpus_leaves_the_callers_tokenizer_and_model_as_they_were() -> None:
+    """attnviz.corpus on a tokenizer without a pad token (padding on the left) and a model left in training mode
+    with dropout: afterwards the tokenizer has no pad token and pads on the left again, the model and each of its
+    modules are in the mode they were; the run itself had no dropout (two runs, exact and a block of rows at a
+    time, equal a run of the same weights in eval mode)."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    import attnviz
+
+    words = ["<unk>", "</s>", *"the a cat sat on mat dog ran fast . ,".split()]
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>")
+    tok.padding_side = "left"
+    cfg = transformers.GPT2Config(vocab_size=len(words), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                  attn_pdrop=0.5, resid_pdrop=0.5, embd_pdrop=0.5)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    model.transformer.h[1].eval()  # a module the caller left in eval mode stays so
+    modes = [m.training for m in model.modules()]
+    reference = copy.deepcopy(model).eval()
+    lines = [t for t in TEXT.splitlines() if t.strip()]
+    want = attnviz.corpus(reference, copy.deepcopy(tok), lines, batch_size=3)
+    runs = [attnviz.corpus(model, tok, lines, batch_size=3), attnviz.corpus(model, tok, lines, batch_size=3),
+            attnviz.corpus(model, tok, lines, batch_size=3, blocked_from=0)]
+    assert tok.pad_token is None and tok.pad_token_id is None and tok.padding_side == "left"
+    assert [m.training for m in model.modules()] == modes and model.training
+    for got in runs:
+        for name in ("sums", "texts", "rows", "js_rows"):
+            np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(got.distances(), want.distances(), rtol=1e-5, atol=1e-7)
 
 
 def test_cli_corpus_says_what_ran_blocked_and_what_the_distances_hold(bert_folder: Path, tmp_path: Path,

@@ -1,8 +1,8 @@
 """A model folder's limits named on the command line: a text longer than the positions a model has
 (learned position embeddings: BERT's 512) stops in one line naming the limit and --long truncate, which keeps
 the first tokens and says how many it dropped (--truncate, its older name, the same); past a rotary model's
-max_position_embeddings a warning, or a refusal with --long refuse; --target on a model without a
-language-model head says so."""
+max_position_embeddings a warning, or a refusal with --long refuse; a corpus cut to the same positions
+(RoBERTa's padding offset taken off); --target on a model without a language-model head says so."""
 
 from __future__ import annotations
 
@@ -139,3 +139,38 @@ def test_generate_rows_are_as_the_docs_say(folders: dict[str, Path], tmp_path: P
     assert json.loads(r.stdout)["shape"][-2:] == [prompt + 2, prompt + 2]
     page = " ".join((ROOT / "docs" / "commands" / "capture.md").read_text().split())
     assert "one row per generated token but the last" in page and "one row per generated token)" not in page
+
+
+def test_a_padding_offset_limits_a_corpus_as_it_limits_a_capture(tmp_path: Path) -> None:
+    """RoBERTa's learned position table has max_position_embeddings rows, of which padding_idx + 1 are never a
+    real token's: a corpus text longer than the positions left is cut to them (--long truncate) or refused
+    (--long refuse), as a capture cuts it, not run past the table (the model failed inside); the sums those of
+    the text cut by hand."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    import attnviz
+    from attnviz.capturing.folder import fit_positions, position_limits
+    from attnviz.errors import InputError
+
+    words = ["<s>", "<pad>", "</s>", "<unk>", *"the a cat sat on mat dog ran fast".split()]
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                               pad_token="<pad>", unk_token="<unk>")  # no model_max_length
+    cfg = transformers.RobertaConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=12, pad_token_id=1)
+    torch.manual_seed(0)
+    model = transformers.RobertaModel(cfg).eval()
+    assert position_limits(model, tok) == (10, None)  # 12 rows less padding_idx 1 and the padding row
+    long_text, short = LONG.strip(), "a dog ran"  # 18 tokens, 3
+    assert fit_positions([long_text], tok, model, "roberta", generate=0, long="truncate")[0]["max_length"] == 10
+    with pytest.warns(UserWarning, match="8 tokens dropped"):
+        sums = attnviz.corpus(model, tok, [long_text, short], long="truncate")
+    assert sums.corpus["truncated_texts"] == 1 and sums.corpus["dropped_tokens"] == 8
+    assert sums.corpus["settings"]["max_length"] == 10
+    cut = attnviz.corpus(model, tok, [" ".join(long_text.split()[:10]), short], long="truncate")
+    for name in ("sums", "texts", "rows", "js_rows"):
+        np.testing.assert_allclose(getattr(sums, name), getattr(cut, name), rtol=1e-6, atol=1e-9, err_msg=name)
+    with pytest.raises(InputError, match=r"line 1 has 18 tokens, more than the model's 10 positions"):
+        attnviz.corpus(model, tok, [long_text, short], long="refuse")

@@ -60,7 +60,7 @@ def _ids(length: int = 13, left: bool = True) -> tuple[object, object]:
 def oracle(a: np.ndarray, keep: np.ndarray, real_keys: np.ndarray, *, sinks: int, local: int, pool: int,
            rows: list[int], self_attention: bool = True) -> dict[str, np.ndarray]:
     """Each statistic transcribed from its definition, from exact weights ``a [B, H, Lq, Lk]`` (float64),
-    ``keep [B, 1, Lq, Lk]`` and the real keys ``[B, Lk]``."""
+    ``keep [B, 1 or H, Lq, Lk]`` (a mask per head: each head's own rows and keys) and the real keys ``[B, Lk]``."""
     b, h, lq, lk = a.shape
     a = np.where(keep, a, 0.0)
     live = np.broadcast_to(keep.any(-1), (b, h, lq))
@@ -89,21 +89,24 @@ def oracle(a: np.ndarray, keep: np.ndarray, real_keys: np.ndarray, *, sinks: int
         out[name] = np.where(live, out[name], np.nan)
     out["argmax"] = np.where(live, np.where(keep, a, -1).argmax(-1), -1)
     real_rows = real_keys[:, lk - lq:] if self_attention else np.ones((b, lq), bool)
-    counted = real_rows & keep[:, 0].any(-1)
-    out["received"] = (a * counted[:, None, :, None]).sum(-2)
-    out["seen_by"] = (keep[:, 0] & counted[..., None]).sum(-2)
+    counted = real_rows[:, None] & keep.any(-1)  # [B, 1 or H, Lq]
+    out["received"] = (a * counted[..., None]).sum(-2)
+    seen_by, keys_seen = (keep & counted[..., None]).sum(-2), keep.sum(-1)
+    out["seen_by"], out["keys_seen"] = (seen_by[:, 0], keys_seen[:, 0]) if keep.shape[1] == 1 else (seen_by, keys_seen)
     qe, ke = pool_edges(lq, pool), pool_edges(lk, pool)
     mean = np.full((b, h, len(qe) - 1, len(ke) - 1), np.nan)
     top = np.full_like(mean, np.nan)
     for bi in range(b):
-        for qi in range(len(qe) - 1):
-            rr = [i for i in range(qe[qi], qe[qi + 1]) if counted[bi, i]]
-            for kj in range(len(ke) - 1):
-                cell = keep[bi, 0][np.ix_(rr, range(ke[kj], ke[kj + 1]))]
-                if rr and cell.any():
-                    block = a[bi][:, rr, ke[kj]:ke[kj + 1]]
-                    mean[bi, :, qi, kj] = block.sum((-1, -2)) / (len(rr) * (ke[kj + 1] - ke[kj]))
-                    top[bi, :, qi, kj] = block.max((-1, -2))
+        for hi in range(h):
+            m = min(hi, keep.shape[1] - 1)  # the head's own mask
+            for qi in range(len(qe) - 1):
+                rr = [i for i in range(qe[qi], qe[qi + 1]) if counted[bi, m, i]]
+                for kj in range(len(ke) - 1):
+                    cell = keep[bi, m][np.ix_(rr, range(ke[kj], ke[kj + 1]))]
+                    if rr and cell.any():
+                        block = a[bi, hi][rr, ke[kj]:ke[kj + 1]]
+                        mean[bi, hi, qi, kj] = block.sum() / (len(rr) * (ke[kj + 1] - ke[kj]))
+                        top[bi, hi, qi, kj] = block.max()
     out["pooled_mean"], out["pooled_max"] = mean, top
     out["rows"] = a[:, :, rows]
     return out
@@ -232,6 +235,56 @@ def test_three_paths_of_one_definition() -> None:
         for name, value in b.items():
             np.testing.assert_allclose(a[name].double().numpy(), value.astype(np.float64), atol=1e-5, rtol=1e-5,
                                        equal_nan=True, err_msg=f"{parts} {name}")
+
+
+def _per_head_mask(b: int, h: int, n: int) -> np.ndarray:
+    """[B, H, n, n] keep: causal, a window of 3, every key, and even keys with the diagonal where row 4 sees no
+    key; batch entry 1's first 3 keys padding. Its heads' union is causal-or-more: no mask of parts."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None]
+    causal = j <= i
+    heads = [causal, causal & (j > i - 3), np.ones((n, n), bool), causal & ((j % 2 == 0) | (j == i)) & (i != 4)]
+    keep = np.broadcast_to(np.stack(heads)[None], (b, h, n, n)).copy()
+    keep[1:, :, :, :3] = False
+    return keep
+
+
+def _masked_softmax(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float) -> np.ndarray:
+    """The weights ``[B, H, Lq, Lk]`` (float64) of q ``[B, H, Lq, d]`` and k ``[B, Hkv, Lk, d]`` over the keys
+    ``keep [B, 1 or H, Lq, Lk]`` keeps; 0 in a row that keeps none."""
+    k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)) * scale
+    s = np.where(keep, s, -np.inf)
+    top = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def test_a_mask_that_differs_per_head_masks_each_head() -> None:
+    """A dense mask [B, H, Lq, Lk] whose heads keep different keys: the torch blocks and the NumPy form give
+    each head's statistics over its own keys (a row live where its head's mask keeps a key; keys seen and rows
+    seeing a key per head), equal to the definition transcribed from the weights; and the capture keeps such
+    a mask whole, not as the parts of its heads' union."""
+    from attnviz.capturing.summary import mask_parts
+    from attnviz.capturing.summary import summarise as in_torch
+    from attnviz.summarystats import summarise as in_numpy
+
+    rng = np.random.default_rng(5)
+    b, h, n = 2, 4, 11
+    q, k = rng.normal(size=(b, h, n, 8)).astype(np.float32), rng.normal(size=(b, 2, n, 8)).astype(np.float32)
+    keep = _per_head_mask(b, h, n)
+    settings = SummarySettings(sinks=2, local=3, pool=4, rows="0,4,-1")
+    want = oracle(_masked_softmax(q, k, keep, 0.4), keep, keep.any((1, 2)), sinks=2, local=3, pool=4,
+                  rows=[0, 4, 10])
+    got = in_torch(torch.tensor(q), torch.tensor(k), scale=0.4, settings=settings, parts=MaskParts(),
+                   dense=torch.tensor(keep), row_budget=2 * 4 * 12 * 3)
+    _assert_summary({name: value.numpy() for name, value in got.items()}, want, "torch blocks")
+    _assert_summary(in_numpy(q, k, scale=0.4, settings=settings, parts=MaskParts(), dense=keep, block=3), want,
+                    "numpy")
+    assert np.isnan(want["entropy"][0, 3, 4]) and np.isfinite(want["entropy"][0, :3, 4]).all()
+    parts, _ = mask_parts(torch.tensor(keep[:1, [0, 0, 0, 1]]), causal=True, window=None, lq=n, lk=n,
+                          self_attention=True)
+    assert parts is None  # causal in three heads, a window in the fourth: their union is causal, the mask not
 
 
 def test_pool_edges_and_bad_settings() -> None:
@@ -414,6 +467,63 @@ def test_inspect_of_a_no_weights_capture_summarises_its_q_and_k(llama_folder: Pa
             assert x[name] == pytest.approx(y[name], rel=1e-5, abs=1e-6), name
     np.testing.assert_allclose(np.array(a["received"]["per_head"], float), np.array(b["received"]["per_head"], float),
                                rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+#: ``attnviz ARGS`` in a fresh process; with ``no-torch`` first, torch cannot be imported there (as where it is not
+#: installed): a --no-weights capture is then summarised by NumPy (``attnviz.summarystats.summarise``)
+WITHOUT_TORCH = """
+import sys
+if sys.argv[1] == "no-torch":
+    sys.modules["torch"] = None  # import torch raises ImportError
+from attnviz.cli.console import run
+run(sys.argv[2:])
+"""
+
+
+def test_a_no_weights_capture_is_summarised_alike_with_and_without_torch(llama_folder: Path, tmp_path: Path) -> None:
+    """inspect --json of a --no-weights capture in a process where torch cannot be imported (NumPy computes the
+    summary) and in one where it can (the torch blocks): the same head table, received attention, pooled maps
+    and chosen rows, the head table that of the same run's exact weights, and nothing on stderr but the line
+    that says what was read (torch warned there of the file's read-only arrays)."""
+    import subprocess
+    import sys
+
+    args = ["--text", _text(150), "--text", _text(90)]
+    qk, exact = tmp_path / "qk.safetensors", tmp_path / "exact.safetensors"
+    assert invoke("capture", llama_folder, *args, "-o", qk, "--no-weights").exit_code == 0
+    assert invoke("capture", llama_folder, *args, "-o", exact).exit_code == 0
+    docs = {}
+    for mode in ("no-torch", "torch"):
+        done = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, mode, "inspect", str(qk), "--json"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (mode, done.stderr)
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"inspect: {qk}: summaries of 2 sites"), (mode, done.stderr)
+        docs[mode] = json.loads(done.stdout)
+    numpy_doc, torch_doc = docs["no-torch"], docs["torch"]
+    assert numpy_doc["summary"]["computed_from"] == "q and k"
+    for x, y in zip(numpy_doc["head_stats"], torch_doc["head_stats"], strict=True):
+        assert x.keys() == y.keys()
+        for name, value in x.items():
+            assert value == (pytest.approx(y[name], rel=1e-5, abs=1e-6) if isinstance(value, float) else y[name]), name
+    for key in ("received", "pooled", "rows"):
+        np.testing.assert_allclose(_numbers(numpy_doc[key]), _numbers(torch_doc[key]), rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+    weights = json.loads(invoke("inspect", exact, "--json").stdout)
+    for x, y in zip(numpy_doc["head_stats"], weights["head_stats"], strict=True):
+        for name in ("entropy", "entropy_norm", "max", "distance", "diagonal", "previous", "first", "last"):
+            assert x[name] == pytest.approx(y[name], rel=1e-4, abs=1e-6), name
+
+
+def _numbers(doc: object) -> np.ndarray:
+    """Every number of a JSON value, in order (None as NaN)."""
+    if isinstance(doc, dict):
+        return np.concatenate([_numbers(v) for v in doc.values()] or [np.zeros(0)])
+    if isinstance(doc, list):
+        return np.concatenate([_numbers(v) for v in doc] or [np.zeros(0)])
+    if isinstance(doc, bool) or isinstance(doc, str):
+        return np.zeros(0)
+    return np.array([np.nan if doc is None else float(doc)])
 
 
 def _retrieval_read(ids: np.ndarray, last: np.ndarray, step: np.ndarray, generated: np.ndarray | None):

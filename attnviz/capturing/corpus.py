@@ -24,6 +24,7 @@ torch and transformers are imported inside the functions, when a corpus is captu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -592,23 +593,6 @@ class _Copied:
         return data
 
 
-def position_limit(model: Any, tokenizer: Any) -> int | None:
-    """The most tokens the model takes: the least of its position embeddings and the tokenizer's limit."""
-    found = []
-    config = model.config
-    get = getattr(config, "get_text_config", None)
-    text = get() if callable(get) else config
-    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        value = getattr(text, name, None)
-        if isinstance(value, int) and value > 0:
-            found.append(value)
-            break
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and 0 < limit < 10**7:
-        found.append(limit)
-    return min(found) if found else None
-
-
 @dataclass
 class CorpusRun:
     """What ``capture_corpus`` did."""
@@ -654,6 +638,8 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, d
                where: str = "the model", blocked_from: int | None = None,
                distance_budget: int | None = None) -> tuple[CorpusSums, list[str]]:
     """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings.
+    The caller's objects are left as they were (``_run_settings``): the tokenizer pads on the right with a pad
+    token of its own, and the model runs in eval mode (no dropout), only while the corpus runs.
 
     A text whose exact weights over every site (sites x heads x L x L float32) would take more than
     ``blocked_from`` bytes (``corpuslong.BLOCKED_FROM``, 256 MiB) leaves its mini-batch and runs alone, its
@@ -661,6 +647,39 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, d
     its head distances need every site's q and k kept until the forward ends, within ``distance_budget`` bytes
     (``corpuslong.DISTANCE_BUDGET``, 1 GiB), else the text is left out of the distances only (counted, and
     said in a warning)."""
+    with _run_settings(model, tokenizer):
+        return _run_corpus(model, tokenizer, corpus, device=device, batch_size=batch_size, classes=classes,
+                           sink_threshold=sink_threshold, long=long, progress=progress, where=where,
+                           blocked_from=blocked_from, distance_budget=distance_budget)
+
+
+@contextlib.contextmanager
+def _run_settings(model: Any, tokenizer: Any) -> Iterator[None]:
+    """While the corpus runs: the tokenizer pads on the right (real tokens at their own positions, whatever the
+    family's habit) with its pad token, or its end-of-text or unknown token where it has none; every module of
+    the model in eval mode (a model handed over in training mode would drop weights out on the exact path).
+    Afterwards the tokenizer's pad token and side and each module's mode are what the caller left."""
+    pad, side = tokenizer.pad_token, tokenizer.padding_side
+    modes = [(m, m.training) for m in model.modules()] if callable(getattr(model, "modules", None)) else []
+    try:
+        if pad is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        tokenizer.padding_side = "right"
+        if modes:
+            model.eval()
+        yield
+    finally:
+        if pad is None:
+            tokenizer.pad_token = None
+        tokenizer.padding_side = side
+        for module, training in modes:
+            module.training = training
+
+
+def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any, batch_size: int,
+                classes: Sequence[tuple[str, re.Pattern[str]]], sink_threshold: float, long: str,
+                progress: Callable[[int, int], None] | None, where: str, blocked_from: int | None,
+                distance_budget: int | None) -> tuple[CorpusSums, list[str]]:
     import torch
 
     from attnviz.capturing.corpuslong import (
@@ -671,18 +690,17 @@ def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, d
         site_count,
         site_heads,
     )
+    from attnviz.capturing.folder import position_limits
     from attnviz.capturing.session import Capture
 
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    tokenizer.padding_side = "right"  # real tokens at their own positions, whatever the family's habit
     runner = model
     if getattr(model.config, "is_encoder_decoder", False):
         get = getattr(model, "get_encoder", None)
         runner = get() if callable(get) else None
         if runner is None:
             raise InputError(f"{where}: an encoder-decoder without an encoder attnviz can run alone.")
-    limit = position_limit(model, tokenizer)
+    learned, trained = position_limits(model, tokenizer)  # as a capture's --long cuts its texts
+    limit = learned or trained
     blocked_from = BLOCKED_FROM if blocked_from is None else int(blocked_from)
     distance_budget = DISTANCE_BUDGET if distance_budget is None else int(distance_budget)
     heads = site_heads(model) * site_count(model)  # every site's heads: what a text's exact weights hold

@@ -180,7 +180,7 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
         pos = torch.arange(r0, r1, device=dev)
         lo, hi = scorer.key_range(r0, r1)
         width = hi - lo
-        s, _, seen, live = scorer.scores(r0, r1, lo, hi)
+        s, _, seen, live = scorer.scores(r0, r1, lo, hi)  # seen, live: [1, M, r] (M: 1, or H with a mask per head)
         top, arg = s.max(-1)  # ties: the lower index, as the exact path's
         arg = arg + lo
         key_top = top
@@ -189,58 +189,57 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
         s.sub_(top[..., None])
         e = torch.exp(s)
         if not bool(live.all()):
-            e.mul_(live[:, None, :, None])
+            e.mul_(live[..., None])
         total_e = e.sum(-1)
         denom = total_e if sink_logit is None else total_e + torch.exp(sink_logit - top)
-        alive = live[:, None].expand_as(total_e)
+        alive = live.expand_as(total_e)
         inv = torch.where(alive, 1.0 / denom, torch.zeros((), device=dev))
         entropy = total_e * inv * torch.log(denom) - torch.linalg.vecdot(e, s) * inv
         top_w = inv if sink_logit is None else torch.exp(key_top - top) * inv
         got = torch.matmul(e, feats[:, :, lo:hi]) * inv[..., None]  # [1, H, r, 2 + C]
-        rows = real[:, r0:r1] & live  # [1, r]
+        rows = real[:, None, r0:r1] & live  # [1, M, r]: each head's rows where the mask differs per head
         later, earlier = rows & (pos > first), rows & (pos < last)
-        sees_first = rows & scorer.keep(r0, r1, first, first + 1)[:, 0, :, 0]
+        sees_first = rows & scorer.keep(r0, r1, first, first + 1)[..., 0]
         per_row = {"first": (got[..., 0], later), "last": (got[..., 1], rows), "punctuation": (got[..., 2], rows),
                    "diagonal": (_at(e, pos - lo, width) * inv, rows),
                    "previous": (_at(e, pos - 1 - lo, width) * inv, later),
                    "next": (_at(e, pos + 1 - lo, width) * inv, earlier),
-                   "entropy": (entropy, rows), "entropy_uniform": (torch.log(seen.clamp_min(1).to(f32))[:, None], rows),
+                   "entropy": (entropy, rows), "entropy_uniform": (torch.log(seen.clamp_min(1).to(f32)), rows),
                    "max": (top_w, rows), "top_previous": ((arg == pos - 1).to(f32), later),
                    "top_next": ((arg == pos + 1).to(f32), earlier)}
         for k in range(1, ncls):
             per_row[f"class{k}"] = (got[..., 2 + k], rows)
-        sums = torch.stack([torch.where(w[:, None], v.expand(b, h, -1), 0.0).to(wide).sum((0, 2))
-                            for v, w in per_row.values()])
-        counts = torch.stack([w.sum() for _, w in per_row.values()]).to(wide)
-        sink = (torch.where(sees_first[:, None], got[..., 0], 0.0).to(wide).sum((0, 2)), sees_first.sum().to(wide))
+        sums = torch.stack([torch.where(w, v.expand(b, h, -1), 0.0).to(wide).sum((0, 2)) for v, w in per_row.values()])
+        counts = torch.stack([w.expand(b, h, -1).sum((0, 2)) for _, w in per_row.values()]).to(wide)  # [S', H]
+        sink = (torch.where(sees_first, got[..., 0], 0.0).to(wide).sum((0, 2)),
+                sees_first.expand(b, h, -1).sum((0, 2)).to(wide))
         own = None
-        if r0 <= first < r1 and bool(rows[0, first - r0]):
-            own = entropy[0, :, first - r0].to(wide)
-        found[r0] = (sums, counts, sink, own, rows.sum().to(wide))
+        if r0 <= first < r1:  # the first row's entropy, of the heads whose mask lets it see a key
+            own = (entropy[0, :, first - r0].to(wide), rows[0, :, first - r0].expand(h))
+        found[r0] = (sums, counts, sink, own, rows.expand(b, h, -1).sum((0, 2)).to(wide))
 
     _run_blocks(_without_grad(one_block), list(range(0, lq, step)), threads)
     blocks = [found[r0] for r0 in sorted(found)]
     sums = torch.stack([t[0] for t in blocks]).sum(0)  # [S', H]
-    counts = torch.stack([t[1] for t in blocks]).sum(0)  # [S']
+    counts = torch.stack([t[1] for t in blocks]).sum(0)  # [S', H]
     sink_sum = torch.stack([t[2][0] for t in blocks]).sum(0)
     sink_rows = torch.stack([t[2][1] for t in blocks]).sum(0)
     own = next((t[3] for t in blocks if t[3] is not None), None)
-    rows = torch.stack([t[4] for t in blocks]).sum(0)
+    rows = torch.stack([t[4] for t in blocks]).sum(0)  # [H]
     names = ["first", "last", "punctuation", "diagonal", "previous", "next", "entropy", "entropy_uniform", "max",
              "top_previous", "top_next", *(f"class{k}" for k in range(1, ncls))]
-    means = sums / counts.clamp_min(1)[:, None]
-    had = (counts > 0)[:, None].expand(-1, h)
+    means = sums / counts.clamp_min(1)
+    had = counts > 0
     by_name = {n: (means[i], had[i]) for i, n in enumerate(names)}
     zero = torch.zeros(h, dtype=wide, device=dev)
-    by_name["first_row_entropy"] = (own, torch.ones(h, dtype=torch.bool, device=dev)) if own is not None else \
+    by_name["first_row_entropy"] = (torch.where(own[1], own[0], zero), own[1]) if own is not None else \
         (zero, torch.zeros(h, dtype=torch.bool, device=dev))
     alpha = sink_sum / sink_rows.clamp_min(1)  # Gu et al.: the mean weight on the first token of the rows that see it
-    by_name["sink"] = (torch.where(sink_rows > 0, (alpha > sink_threshold).to(wide), 0.0),
-                       (sink_rows > 0).expand(h))
+    by_name["sink"] = (torch.where(sink_rows > 0, (alpha > sink_threshold).to(wide), 0.0), sink_rows > 0)
     order = [*CORPUS_STATS, *(f"class{k}" for k in range(1, ncls))]
     out_means = torch.stack([by_name[n][0] for n in order])
     out_had = torch.stack([by_name[n][1] for n in order]).to(wide)
-    return out_means, out_had, rows.expand(h).clone()
+    return out_means, out_had, rows
 
 
 def head_distances(calls: list[Call], real: Any) -> Any:
@@ -307,8 +306,8 @@ def _smoothed(scorer: BlockScores, call: Call, r0: int, r1: int, lo: int, hi: in
     denom = e.sum(-1)
     if call.sinks is not None:
         denom = denom + torch.exp(call.sinks.to(s.device, torch.float32).reshape(1, -1, 1) - top)
-    inv = torch.where(live[:, None], 1.0 / denom, torch.zeros((), device=s.device))
-    p = e.mul_(inv[..., None] * (1 - SMOOTHING)).add_(SMOOTHING / seen.clamp_min(1)[:, None, :, None])
+    inv = torch.where(live, 1.0 / denom, torch.zeros((), device=s.device))
+    p = e.mul_(inv[..., None] * (1 - SMOOTHING)).add_(SMOOTHING / seen.clamp_min(1)[..., None])
     return p.masked_fill_(masked, 0.0)[0]
 
 

@@ -217,23 +217,39 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
 
 
 def position_limits(model: Any, tokenizer: Any) -> tuple[int | None, int | None]:
-    """The positions a model can take: ``(learned, trained)``. ``learned``: the size of its learned position
-    embeddings (BERT's 512, GPT-2's 1024; a padding offset, as RoBERTa's, taken off; at most the tokenizer's
-    ``model_max_length``), past which its forward fails; ``trained``: ``max_position_embeddings`` of a model
-    without them (rotary, ALiBi), past which it runs on positions it was not trained on. None where unknown."""
+    """The positions a model can take: ``(learned, trained)``; what a capture (``fit_positions``) and a corpus
+    (``capturing.corpus``) both cut texts to. ``learned``: the size of its learned position embeddings (BERT's
+    512, GPT-2's 1024; a padding offset taken off: RoBERTa's table has ``max_position_embeddings`` rows of which
+    ``padding_idx + 1`` are never a real token's; at most the tokenizer's ``model_max_length``), past which its
+    forward fails; ``trained``: the (text) config's ``max_position_embeddings`` (``n_positions``,
+    ``max_seq_len``) of a model without them (rotary, ALiBi), past which it runs on positions it was not
+    trained on. None where unknown. A vision tower's position embeddings (its patches) limit no text."""
     import torch
 
     learned = None
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Embedding) and ("position" in name.rsplit(".", 1)[-1]
-                                                       or name.endswith("wpe")):
+                                                       or name.endswith("wpe")) and not _visual(name):
             size = int(module.num_embeddings) - (int(module.padding_idx) + 1 if module.padding_idx is not None else 0)
             learned = size if learned is None else min(learned, size)
     told = getattr(tokenizer, "model_max_length", None)
     if learned is not None and isinstance(told, int) and 0 < told < learned:
         learned = told
-    trained = getattr(model.config, "max_position_embeddings", None)
-    return learned, trained if learned is None and isinstance(trained, int) and trained > 0 else None
+    if learned is not None:
+        return learned, None
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        trained = getattr(text, key, None)
+        if isinstance(trained, int) and not isinstance(trained, bool) and trained > 0:
+            return None, trained
+    return None, None
+
+
+def _visual(name: str) -> bool:
+    """Whether a module's dotted name lies in a vision tower (``vision_tower``, ``vision_model``, ``visual``)."""
+    return any(part.startswith(("vision", "visual")) for part in name.split("."))
 
 
 def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str, *, generate: int,

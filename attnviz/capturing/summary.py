@@ -51,9 +51,10 @@ class BlockScores:
     """The scores of a site's query rows a block at a time, as the family makes them: ``query [B, H, Lq, d]``
     times ``scale``, against ``key [B, Hkv, Lk, d]`` (grouped-query heads: ``H / Hkv`` query heads a key head),
     the ``softcap``, a position ``bias``, then the mask: ``dense`` (a boolean keep mask ``[B or 1, 1 or H, Lq,
-    Lk]``, sliced a block at a time) or ``parts`` (padding, causal, window: only what they mask is touched).
-    Masked scores are ``MASKED``. ``key_block``: the keys are padded (masked) to a multiple of it (the summary's
-    pooled blocks). Shared by the summary (below) and the corpus's long texts (``capturing.corpuslong``)."""
+    Lk]``, sliced a block at a time; a mask per head masks each head's scores by its own keys, as the model does)
+    or ``parts`` (padding, causal, window: only what they mask is touched). Masked scores are ``MASKED``.
+    ``key_block``: the keys are padded (masked) to a multiple of it (the summary's pooled blocks). Shared by the
+    summary (below) and the corpus's long texts (``capturing.corpuslong``)."""
 
     def __init__(self, query: Any, key: Any, *, scale: float, parts: MaskParts, dense: Any = None,
                  softcap: float | None = None, bias: Any = None, key_block: int = 1) -> None:
@@ -76,6 +77,7 @@ class BlockScores:
         self.query, self.scale = query, scale
         self.parts, self.dense, self.softcap, self.bias = parts, dense, softcap, bias
         self.q_pos0 = parts.q_offset
+        self.mask_heads = 1 if dense is None else int(dense.shape[1])  # 1, or H: a mask per head
         self.real_keys = _real_keys(parts, dense, b, lq, lk, dev)  # [B, Lk] bool
         self.realp = torch.zeros((b, self.lkp), dtype=torch.bool, device=dev)
         self.realp[:, :lk] = self.real_keys
@@ -89,8 +91,9 @@ class BlockScores:
 
     def scores(self, r0: int, r1: int, lo: int, hi: int) -> tuple[Any, Any, Any, Any]:
         """Rows ``r0:r1`` against keys ``lo:hi`` (``hi`` up to the padded keys): the scores ``[B, H, r, hi - lo]``
-        (float32, masked ones ``MASKED``), the keep mask ``[B, 1, r, hi - lo]`` (None for a mask of parts), how
-        many keys each row may see ``[B, r]`` and whether it may see any ``[B, r]``."""
+        (float32, masked ones ``MASKED``), the keep mask ``[B, M, r, hi - lo]`` (None for a mask of parts), how
+        many keys each row may see ``[B, M, r]`` and whether it may see any ``[B, M, r]``: ``M`` is
+        ``mask_heads``, 1, or H where the mask differs per head."""
         import torch
 
         b, h, r, width = self.b, self.h, r1 - r0, hi - lo
@@ -103,17 +106,17 @@ class BlockScores:
         if self.bias is not None:
             s[..., :max(0, min(hi, lk) - lo)].add_(self.bias[..., r0:r1, lo:min(hi, lk)].to(torch.float32))
         if self.dense is not None:
-            keep = torch.zeros((b, 1, r, width), dtype=torch.bool, device=dev)
+            keep = torch.zeros((b, self.mask_heads, r, width), dtype=torch.bool, device=dev)
             got = self.dense[:, :, r0:r1, lo:min(hi, lk)]
-            keep[..., :got.shape[-1]] = got if got.shape[1] == 1 else got.any(1, keepdim=True)
+            keep[..., :got.shape[-1]] = got
             s.masked_fill_(~keep, MASKED)
-            return s, keep, keep.sum(-1)[:, 0], keep.any(-1)[:, 0]
+            return s, keep, keep.sum(-1), keep.any(-1)
         pos = torch.arange(r0, r1, device=dev) + self.q_pos0
-        seen = _mask_parts_block(s, self.parts, self.realp, self.counts, pos, lo, hi, lk)
+        seen = _mask_parts_block(s, self.parts, self.realp, self.counts, pos, lo, hi, lk)[:, None]
         return s, None, seen, seen > 0
 
     def keep(self, r0: int, r1: int, lo: int, hi: int) -> Any:
-        """[B, 1, r, hi - lo] bool: the keep mask of rows r0:r1 over keys lo:hi (``hi`` <= Lk)."""
+        """[B, M, r, hi - lo] bool: the keep mask of rows r0:r1 over keys lo:hi (``hi`` <= Lk; M as ``scores``)."""
         return _keep_block(self.parts, self.dense, self.real_keys, r0, r1, lo, hi, self.q_pos0, self.query.device)
 
 
@@ -122,7 +125,8 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
                row_budget: int = BLOCK_VALUES, threads: int = 1) -> dict[str, Any]:
     """The summary of one call of a site: ``query [B, H, Lq, d]``, ``key [B, Hkv, Lk, d]`` (torch, any
     device), ``dense`` a boolean keep mask ``[B or 1, 1 or H, Lq, Lk]`` (or None: ``parts`` say it all).
-    Returns torch tensors on the same device, named as ``attnviz.summarystats`` names them.
+    Returns torch tensors on the same device, named as ``attnviz.summarystats`` names them (with a mask per
+    head, ``keys_seen`` and ``seen_by`` per head too: ``[B, H, Lq]``, ``[B, H, Lk]``).
 
     Each block of query rows is read a few times only: its scores ``s`` (the keys it may see, in whole
     blocks of the pooled map), the maximum of each (row, key block) (which gives the row's maximum, its key,
@@ -144,6 +148,7 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
     lkp = scorer.lkp  # the keys padded to whole pooled blocks (the padding is masked): pk * bk
     q_pos0 = parts.q_offset
     real_keys, realp, counts = scorer.real_keys, scorer.realp, scorer.counts  # [B, Lk], [B, Lkp] bool
+    hm = scorer.mask_heads  # 1, or H: the keys seen, the rows counted and the cells seen are per head
     real_rows = real_keys[:, lk - lq:] if parts.self_attention and lq <= lk else _rows_seeing(parts, dense, b, lq, lk,
                                                                                               dev)
     first_key = torch.where(real_keys.any(-1), real_keys.float().argmax(-1), 0)  # [B]
@@ -156,13 +161,13 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
     features[..., 3] = (key_pos[None] == last_key[:, None]).to(f32)[:, None]
     out = {name: torch.full((b, h, lq), math.nan, dtype=f32, device=dev) for name in PER_ROW}
     out["argmax"] = torch.full((b, h, lq), -1, dtype=torch.int64, device=dev)
-    keys_seen = torch.zeros((b, lq), dtype=torch.int64, device=dev)
-    counted_rows = torch.zeros((b, lq), dtype=torch.bool, device=dev)
+    keys_seen = torch.zeros((b, hm, lq), dtype=torch.int64, device=dev)
+    counted_rows = torch.zeros((b, hm, lq), dtype=torch.bool, device=dev)
     received = torch.zeros((b, h, lkp), dtype=torch.float64, device=dev)
-    seen_by = torch.zeros((b, lkp), dtype=torch.int64, device=dev)
+    seen_by = torch.zeros((b, hm, lkp), dtype=torch.int64, device=dev)
     pooled_sum = torch.zeros((b, h, pq, pk), dtype=torch.float64, device=dev)
     pooled_max = torch.zeros((b, h, pq, pk), dtype=f32, device=dev)
-    pooled_seen = torch.zeros((b, pq, pk), dtype=torch.bool, device=dev)  # a kept (real row, key) in the cell
+    pooled_seen = torch.zeros((b, hm, pq, pk), dtype=torch.bool, device=dev)  # a kept (real row, key) in the cell
     positions = settings.row_positions(lq)
     rows_out = torch.zeros((b, h, len(positions), lk), dtype=f32, device=dev) if positions else None
     wanted = {p: n for n, p in enumerate(positions)}
@@ -177,8 +182,8 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
         lo, hi = scorer.key_range(r0, r1)
         lo, hi = lo // bk * bk, min(lkp, -(-hi // bk) * bk)  # whole key blocks of the pooled map
         width, nj, j0 = hi - lo, (hi - lo) // bk, lo // bk
-        s, keep, seen, live = scorer.scores(r0, r1, lo, hi)  # live: [B, r], the rows that may see a key
-        row_real = real_rows[:, r0:r1] & live  # [B, r]: the rows that count in sums over rows
+        s, keep, seen, live = scorer.scores(r0, r1, lo, hi)  # live: [B, M, r], the rows that may see a key
+        row_real = real_rows[:, None, r0:r1] & live  # [B, M, r]: the rows that count in sums over rows
         blocks = s.view(b, h, r, nj, bk)
         block_max = blocks.amax(-1)  # [B, H, r, nj]
         top, which = block_max.max(-1)
@@ -191,10 +196,10 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
         e = torch.exp(s)
         total_e = e.sum(-1)
         denom = total_e if sink_logit is None else total_e + torch.exp(sink_logit - top)
-        alive = live[:, None].expand(b, h, r)
+        alive = live.expand(b, h, r)
         inv = torch.where(alive, 1.0 / denom, torch.zeros((), device=dev))  # a row that sees nothing: no weights
         if not bool(live.all()):
-            e.mul_(live[:, None, :, None])
+            e.mul_(live[..., None])
         got = torch.matmul(e, features[:, :, lo:hi])  # [B, H, r, 4]: sums of e times position, sink, first, last
         dot = torch.linalg.vecdot(e, s)  # sum e (s - max): for the entropy
         total = total_e * inv
@@ -229,8 +234,8 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
         for name, value in values.items():
             out[name][:, :, r0:r1] = torch.where(alive, value, nan)
         out["argmax"][:, :, r0:r1] = torch.where(alive, arg, -1)
-        keys_seen[:, r0:r1] = seen
-        counted_rows[:, r0:r1] = row_real
+        keys_seen[..., r0:r1] = seen
+        counted_rows[..., r0:r1] = row_real
         for pos_wanted in range(r0, r1):
             if pos_wanted in wanted and rows_out is not None:
                 n = wanted[pos_wanted]
@@ -238,7 +243,7 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
                 rows_out[:, :, n, lo:end] = e[:, :, pos_wanted - r0, :end - lo] * inv[:, :, pos_wanted - r0, None]
         # per query block of the pooled map: the weights of its real rows summed per key (one matrix product),
         # which give the received attention and the pooled sums; the pooled maxima from the block maxima
-        weight = inv * row_real[:, None]  # [B, H, r]
+        weight = inv * row_real  # [B, H, r]
         cell_top = torch.exp(block_max - top[..., None]) * weight[..., None]  # [B, H, r, nj]
         qb = (torch.arange(r0, r1) // bq).tolist()
         start = 0
@@ -250,29 +255,31 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
             sums = torch.matmul(weight[:, :, None, start:stop], e[:, :, start:stop])[:, :, 0]  # [B, H, width]
             cells = sums.view(b, h, nj, bk).sum(-1)
             tops = cell_top[:, :, start:stop].amax(2)
-            kept = None if keep is None else keep[:, 0, start:stop] & row_real[:, start:stop, None]
+            kept = None if keep is None else keep[:, :, start:stop] & row_real[:, :, start:stop, None]
             with lock:  # blocks run a few threads at a time (``_run_blocks``); their sums meet here
                 received[..., lo:hi] += sums
                 pooled_sum[:, :, qi, j0:j0 + nj] += cells
                 pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(pooled_max[:, :, qi, j0:j0 + nj], tops)
                 if kept is not None:
-                    seen_by[:, lo:hi] += kept.sum(1)
-                    pooled_seen[:, qi, j0:j0 + nj] |= kept.view(b, stop - start, nj, bk).any(-1).any(1)
+                    seen_by[..., lo:hi] += kept.sum(2)
+                    pooled_seen[:, :, qi, j0:j0 + nj] |= kept.view(b, hm, stop - start, nj, bk).any(-1).any(2)
             start = stop
 
     _run_blocks(one_block, list(range(0, lq, step)), threads)
     if dense is None:
-        seen_by, pooled_seen = _seen_from_parts(parts, counts, counted_rows, realp, q_pos0, lk, qe, ke)
-    pooled_rows = torch.stack([counted_rows[:, qe[i]:qe[i + 1]].sum(-1) for i in range(pq)], -1)  # [B, Pq]
+        seen_by, pooled_seen = _seen_from_parts(parts, counts, counted_rows[:, 0], realp, q_pos0, lk, qe, ke)
+        seen_by, pooled_seen = seen_by[:, None], pooled_seen[:, None]
+    pooled_rows = torch.stack([counted_rows[..., qe[i]:qe[i + 1]].sum(-1) for i in range(pq)], -1)  # [B, M, Pq]
     widths = torch.tensor([ke[i + 1] - ke[i] for i in range(pk)], dtype=torch.float64, device=dev)
-    cells = pooled_rows[:, None, :, None].to(torch.float64) * widths
-    ok = (pooled_seen & (pooled_rows[:, :, None] > 0))[:, None]
+    cells = pooled_rows[..., None].to(torch.float64) * widths
+    ok = pooled_seen & (pooled_rows[..., None] > 0)
     result = dict(out)
     result["pooled_mean"] = torch.where(ok, pooled_sum / cells.clamp_min(1), math.nan).to(f32)
     result["pooled_max"] = torch.where(ok, pooled_max, torch.tensor(math.nan, device=dev))
     result["received"] = received[..., :lk].to(f32)
-    result["seen_by"] = seen_by[:, :lk].to(torch.int32)
-    result["keys_seen"] = keys_seen.to(torch.int32)
+    one = (lambda t: t[:, 0]) if hm == 1 else (lambda t: t)  # one mask for every head: [B, Lk], [B, Lq]
+    result["seen_by"] = one(seen_by[..., :lk]).to(torch.int32)
+    result["keys_seen"] = one(keys_seen).to(torch.int32)
     result["argmax"] = out["argmax"].to(torch.int32)
     result["real_keys"] = real_keys
     result["pool_q_edges"] = torch.tensor(qe, dtype=torch.int64, device=dev)
@@ -434,12 +441,11 @@ def _key_range(parts: MaskParts, dense: Any, r0: int, r1: int, q_pos0: int, lk: 
 
 def _keep_block(parts: MaskParts, dense: Any, real_keys: Any, r0: int, r1: int, lo: int, hi: int, q_pos0: int,
                 dev: Any) -> Any:
-    """[B, 1, r, hi - lo] bool: the keep mask of rows r0:r1 over keys lo:hi."""
+    """[B, 1 or H, r, hi - lo] bool: the keep mask of rows r0:r1 over keys lo:hi (a dense mask's own heads)."""
     import torch
 
     if dense is not None:
-        block = dense[:, :, r0:r1, lo:hi]
-        return block if block.shape[1] == 1 else block.any(1, keepdim=True)
+        return dense[:, :, r0:r1, lo:hi]
     i = torch.arange(r0, r1, device=dev)[:, None] + q_pos0
     j = torch.arange(lo, hi, device=dev)[None]
     keep = real_keys[:, None, None, lo:hi]
@@ -455,9 +461,9 @@ def mask_parts(dense: Any, *, causal: bool, window: int | None, lq: int, lk: int
     """A site's mask as parts, and its real keys ``[B, Lk]`` (bool, torch). ``dense`` is the boolean keep mask
     the attention function received (``[B or 1, 1 or H, Lq, Lk]``; None: none was built, so ``causal`` says
     it all, as SDPA's ``is_causal`` does). With a dense mask, the padding is the keys some row may attend,
-    and the parts are tried in turn (causal with the site's window, causal, none) against every row, a block
-    at a time on the mask's device; None when none of them is the mask (a user's 4-D mask, packed sequences,
-    bidirectional image spans: the dense mask is kept)."""
+    and the parts are tried in turn (causal with the site's window, causal, none) against every row of every
+    head, a block at a time on the mask's device; None when none of them is the mask (a user's 4-D mask, packed
+    sequences, bidirectional image spans, a mask that differs per head: the dense mask is kept)."""
     import torch
 
     if dense is None:
@@ -489,9 +495,7 @@ def _same_mask(parts: MaskParts, dense: Any, real: Any, lq: int, lk: int, step: 
     spans = [(r, r + 1) for r in sample] + [(r, min(lq, r + step)) for r in range(0, lq, step)]
     for r0, r1 in spans:  # a few rows first: a mask of other parts fails there at once
         built = _keep_block(parts, None, real, r0, r1, 0, lk, parts.q_offset, dev)
-        given = dense[:, :, r0:r1]
-        given = given if given.shape[1] == 1 else given.any(1, keepdim=True)
-        if not bool((built == given).all()):
+        if not bool((built == dense[:, :, r0:r1]).all()):  # every head's mask (one that differs per head: not parts)
             return False
     return True
 

@@ -43,9 +43,9 @@ class SummaryRead:
     sites: list[str]
     settings: dict[str, Any]
     rows: dict[str, np.ndarray]  # PER_ROW and argmax, [layers, B, H, Lq]
-    keys_seen: np.ndarray  # [layers, B, Lq]
+    keys_seen: np.ndarray  # [layers, B, Lq], or [layers, B, H, Lq] where a site's mask differs per head
     received: np.ndarray  # [layers, B, H, Lk]
-    seen_by: np.ndarray  # [layers, B, Lk]
+    seen_by: np.ndarray  # [layers, B, Lk], or [layers, B, H, Lk] as keys_seen
     pooled_mean: np.ndarray  # [layers, B, H, Pq, Pk]
     pooled_max: np.ndarray
     q_edges: list[int]
@@ -67,6 +67,16 @@ class SummaryRead:
         return layers, b, h, lq, self.received.shape[-1]
 
     @property
+    def keys_seen_heads(self) -> np.ndarray:
+        """[layers, B, 1 or H, Lq]: the keys each row may see (of each head, where a mask differs per head)."""
+        return self.keys_seen if self.keys_seen.ndim == 4 else self.keys_seen[:, :, None]
+
+    @property
+    def seen_by_heads(self) -> np.ndarray:
+        """[layers, B, 1 or H, Lk]: the real rows that may see each key (of each head, as ``keys_seen_heads``)."""
+        return self.seen_by if self.seen_by.ndim == 4 else self.seen_by[:, :, None]
+
+    @property
     def real_rows(self) -> np.ndarray:
         """[B, Lq]: the rows that are not padding (self-attention: their own position is a real key)."""
         _, b, _, lq, lk = self.shape
@@ -86,6 +96,10 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
 
     def stack(name: str, dtype: Any = np.float32) -> np.ndarray:
         arrays = [np.asarray(raw.get(f"{s}.{name}"), dtype=dtype) for s in sites]
+        if name in ("keys_seen", "seen_by") and len({a.ndim for a in arrays}) > 1:  # some sites' masks per head
+            heads = next(a.shape[1] for a in arrays if a.ndim == 3)
+            arrays = [np.broadcast_to(a[:, None], (a.shape[0], heads, a.shape[-1])) if a.ndim == 2 else a
+                      for a in arrays]
         shapes = sorted({a.shape for a in arrays})
         if len(shapes) > 1:
             listed = ", ".join(map(str, shapes))
@@ -130,8 +144,9 @@ def _check_shapes(s: SummaryRead) -> None:
     """The arrays of a summary agree with each other (a damaged or hand-made file fails here, in one line naming
     it, not later in a computation)."""
     layers, b, h, lq, lk = s.shape
-    want = {"per-row statistics": (layers, b, h, lq), "received": (layers, b, h, lk), "seen_by": (layers, b, lk),
-            "keys_seen": (layers, b, lq)}
+    want: dict[str, tuple[int, ...]] = {"per-row statistics": (layers, b, h, lq), "received": (layers, b, h, lk),
+            "seen_by": (layers, b, h, lk) if s.seen_by.ndim == 4 else (layers, b, lk),
+            "keys_seen": (layers, b, h, lq) if s.keys_seen.ndim == 4 else (layers, b, lq)}
     got = {"per-row statistics": next((a.shape for a in s.rows.values() if a.shape != want["per-row statistics"]),
                                       want["per-row statistics"]),
            "received": s.received.shape, "seen_by": s.seen_by.shape, "keys_seen": s.keys_seen.shape}
@@ -202,7 +217,7 @@ class PooledMap:
 def pooled_map(s: SummaryRead, layer: int, entry: int, head: int, reduce: str = "mean") -> PooledMap:
     """The pooled map of one head of one batch entry: block means (``reduce`` mean) or maxima (max)."""
     cells = (s.pooled_max if reduce == "max" else s.pooled_mean)[layer, entry, head]
-    live = s.real_rows[entry] & (s.keys_seen[layer, entry] > 0)
+    live = s.real_rows[entry] & (s.keys_seen_heads[layer, entry, min(head, s.keys_seen_heads.shape[2] - 1)] > 0)
     rows = np.add.reduceat(live.astype(np.float64), np.asarray(s.q_edges[:-1]))
     return PooledMap(np.asarray(cells, np.float64), rows, np.diff(np.asarray(s.k_edges)).astype(np.float64), reduce)
 
@@ -231,7 +246,7 @@ def head_table(s: SummaryRead) -> dict[str, np.ndarray]:
     for name in ("previous", "first"):
         out[name] = np.where(later_count > 0, mean(s.rows[name], later, later_count),
                              np.where(count > 0, mean(s.rows[name], live, count) if name == "first" else 0.0, np.nan))
-    n_keys = s.keys_seen[:, :, None, :].astype(np.float64)  # [layers, B, 1, Lq]
+    n_keys = s.keys_seen_heads.astype(np.float64)  # [layers, B, 1 or H, Lq]
     many = live & (n_keys > 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         normed = np.where(many, s.rows["entropy"] / np.log(np.maximum(n_keys, 2)), 0.0)
@@ -246,8 +261,9 @@ def received_profile(s: SummaryRead) -> dict[str, np.ndarray]:
     """The attention each key receives: ``sum`` [layers, B, H, Lk] as recorded, ``mean`` the sum over the
     real rows that see the key divided by their number (kvpress' observed attention: early keys of a causal
     model are seen by more rows), NaN for keys no real row sees."""
+    seen = s.seen_by_heads
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(s.seen_by[:, :, None] > 0, s.received / s.seen_by[:, :, None], np.nan)
+        mean = np.where(seen > 0, s.received / seen, np.nan)
     return {"sum": s.received, "mean": mean, "seen_by": s.seen_by}
 
 
@@ -317,9 +333,9 @@ def span_masses(s: SummaryRead, spans: list[Span], batch: int = 0) -> dict[str, 
     for span in spans:
         got: dict[str, Any] = {"start": span.start, "end": span.end}
         rec = s.received[:, batch, :, span.start:span.end].sum(-1)
-        seen = s.seen_by[:, batch, span.start:span.end].sum(-1).astype(np.float64)
+        seen = s.seen_by_heads[:, batch, :, span.start:span.end].sum(-1).astype(np.float64)  # [layers, 1 or H]
         with np.errstate(invalid="ignore", divide="ignore"):
-            got["received"] = np.where(seen[:, None] > 0, rec / seen[:, None], np.nan)
+            got["received"] = np.where(seen > 0, rec / seen, np.nan)
         if s.chosen is not None:
             got["rows"] = s.chosen[:, batch, :, :, span.start:span.end].sum(-1)
             got["row_positions"] = list(s.chosen_positions)
@@ -645,8 +661,8 @@ def _summarised(q: np.ndarray, k: np.ndarray, **options: Any) -> dict[str, np.nd
 
     from attnviz.capturing.summary import summarise as in_torch
 
-    def tensor(value: Any) -> Any:
-        return None if value is None else torch.from_numpy(np.ascontiguousarray(value))
+    def tensor(value: Any) -> Any:  # a copy of a read-only array (mapped from the file): torch warns of those
+        return None if value is None else torch.from_numpy(np.require(value, requirements=("C", "W")))
 
     parts = options["parts"]
     if parts.padding is not None:
