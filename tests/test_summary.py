@@ -411,8 +411,11 @@ def test_generate_under_a_summary_keeps_every_decode_row_and_token(llama_folder:
         for t in range(4):  # the row that generates token t is position p - 1 + t
             np.testing.assert_allclose(rows[li, 0, :, t, :p + t], attn[li][0, :, p - 1 + t, :p + t].numpy(), atol=2e-6)
             assert not rows[li, 0, :, t, p + t:].any()
-    doc = json.loads(invoke("inspect", path, "--needle", "the secret code is magic blue", "--json").stdout)
+    shown = invoke("inspect", path, "--needle", "the secret code is magic blue", "--json")
+    doc = json.loads(shown.stdout)
     assert doc["retrieval"]["decode_rows"] == 4 and np.array(doc["retrieval"]["scores"]).shape == (2, 4)
+    # a random model's answer repeats none of the needle: the scores are said to measure little
+    assert doc["retrieval"]["recall"] == [0.0] and "batch entry 0 (0.00) repeats at most half" in shown.stderr
 
 
 @pytest.mark.parametrize("args, message", [

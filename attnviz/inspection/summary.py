@@ -568,6 +568,12 @@ def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[
     if needle is not None:
         result.retrieval = retrieval_scores(read, [_needle_span(read, needle, spans or [], span_texts or [], entry)
                                                    for entry in range(b)])
+        weak = [f"{entry} ({recall:.2f})" for entry, recall in enumerate(result.retrieval.recall) if recall <= 0.5]
+        if weak:
+            result.warnings.append(f"--needle: the answer of batch entr{'y' if len(weak) == 1 else 'ies'} "
+                                   f"{', '.join(weak)} repeats at most half of the needle's tokens (Wu et al. score "
+                                   "only answers that recall more than half): the retrieval scores of such an entry "
+                                   "measure little; generate more tokens, or ask for the needle more plainly")
     return result
 
 

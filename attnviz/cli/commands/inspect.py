@@ -223,6 +223,8 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
                   f"batch {b}", markup=False, style="dim")
         for what, path in files.items():
             err.print(f"saved {what} to {path}", markup=False, style="dim")
+    for text in result.warnings:  # said under --quiet too
+        err.print(f"warning: {text}", markup=False, style="yellow")
     if out.json and document is not None:
         stdout().write(document + "\n")
     elif out.tables or out.head_table:  # its one table: the head table, which --sort and --top ask for
