@@ -676,7 +676,7 @@ def _run_settings(model: Any, tokenizer: Any) -> Iterator[None]:
             module.training = training
 
 
-def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText, *, device: Any, batch_size: int,
+def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, device: Any, batch_size: int,
                 classes: Sequence[tuple[str, re.Pattern[str]]], sink_threshold: float, long: str,
                 progress: Callable[[int, int], None] | None, where: str, blocked_from: int | None,
                 distance_budget: int | None) -> tuple[CorpusSums, list[str]]:

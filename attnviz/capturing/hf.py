@@ -327,9 +327,9 @@ class HFCapture:
 
     def _generated(self, out: Any) -> None:
         """The tokens ``generate()`` returned past the prompt (the first forward's ``input_ids``)."""
-        seqs = out if _is_tensor(out) else getattr(out, "sequences", None)
+        seqs: Any = out if _is_tensor(out) else getattr(out, "sequences", None)
         prompt = self.rec.inputs.get("input_ids")
-        if not _is_tensor(seqs) or not prompt or seqs.dim() != 2:
+        if seqs is None or not _is_tensor(seqs) or not prompt or seqs.dim() != 2:
             return
         start = int(prompt[0].shape[-1])
         if seqs.shape[-1] > start and seqs.shape[0] == prompt[0].reshape(-1, start).shape[0]:
