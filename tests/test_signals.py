@@ -245,3 +245,55 @@ def test_a_signal_raised_in_a_finaliser_is_raised_again_in_the_run(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                          timeout=60, preexec_fn=_default_sigint)
     assert (out.returncode, out.stdout, out.stderr) == (0, "finalised\nterminated in the run\n", "")
+
+
+#: ``attnviz ARGV`` in a fresh process (the tests' cache of built commands left out: each job builds its command, as
+#: a batch does) with Typer's PYDANTIC_DISABLE_PLUGINS step made slow: two threads meet between its read and write
+SLOW_TYPER = """
+import os, sys, threading
+from contextlib import contextmanager
+import typer._adapters
+
+both = threading.Barrier(2, timeout=1.0)
+
+
+@contextmanager
+def slow():  # typer._adapters.disabled_pydantic_plugins, the threads meeting between its read and its write
+    previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+    try:
+        both.wait()
+    except threading.BrokenBarrierError:
+        pass
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+        else:
+            os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
+
+
+typer._adapters.disabled_pydantic_plugins = slow
+from attnviz.cli.console import run
+run(sys.argv[1:])
+"""
+
+
+def test_jobs_in_threads_parse_their_options_at_once(tmp_path):
+    """Typer sets PYDANTIC_DISABLE_PLUGINS around building a parameter's adapter and deletes it afterwards when it
+    was unset: two jobs' threads that both found it unset both deleted it, and one job of ``batch --jobs 2``
+    failed with an internal error (KeyError: 'PYDANTIC_DISABLE_PLUGINS'). With Typer's step made slow, so that the
+    threads overlap there every time, every job of a batch in threads succeeds."""
+    import os
+    import subprocess
+    import sys
+
+    weights(tmp_path / "w.npy", (1, 2, 8, 8))
+    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps({"command": "inspect", "args": ["w.npy"],
+                                                             "options": {"top": 3}}) + "\n" for _ in range(4)))
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    done = subprocess.run([sys.executable, "-c", SLOW_TYPER, "batch", "jobs.jsonl", "--jobs", "2", "--quiet",
+                           "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(job["exit_code"] == 0 for job in json.loads(done.stdout)["jobs"]), done.stdout

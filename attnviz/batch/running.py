@@ -66,6 +66,17 @@ def _identity(path: str) -> tuple[Any, ...] | None:
     return storage.identity(path)
 
 
+def threads_parse_options() -> None:
+    """Let several threads parse command lines at once. Typer sets ``PYDANTIC_DISABLE_PLUGINS`` while it builds a
+    parameter's adapter and deletes it afterwards unless it was set before: two jobs' threads that both found it
+    unset both delete it, and the second failed with ``KeyError: 'PYDANTIC_DISABLE_PLUGINS'`` (an internal error
+    in a job of ``batch --jobs N``). Set once before the threads start, it is put back, never deleted. attnviz
+    loads no pydantic plugins (pydantic serves Typer's parsing only)."""
+    import os
+
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "1")
+
+
 def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
             progress: Callable[[], object] | None) -> Iterator[JobResult]:
     """The results of ``jobs`` as they finish (``workers`` threads: in the order they finish);
@@ -87,6 +98,7 @@ def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
         return
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+    threads_parse_options()
     pending: set[Future[JobResult]] = set()
     done: set[Future[JobResult]] = set()
     queue = list(jobs)
