@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.rowmath import entropy, normalised_entropy
+
 
 @dataclass
 class RowStats:
@@ -62,13 +64,6 @@ class RowStats:
     def select(self, index: tuple[int, ...]) -> RowStats:
         """The statistics of one slice of the leading dimensions."""
         return RowStats(**{name: value[index] for name, value in self.as_dict().items()})
-
-
-def entropy(weights: np.ndarray) -> np.ndarray:
-    """Shannon entropy of each row in nats, with ``0 log 0 = 0`` (float64)."""
-    w = np.asarray(weights, dtype=np.float64)
-    logs = np.log(w, out=np.zeros_like(w), where=w > 0)
-    return 0.0 - np.einsum("...i,...i->...", w, logs)  # 0 - x, not -x: no "-0.000" for a one-hot row
 
 
 def top_k_indices(w: np.ndarray, k: int) -> np.ndarray:
@@ -125,8 +120,7 @@ def row_stats(weights: np.ndarray, keep: np.ndarray | None = None, k: int = 3, c
         n_keys = np.broadcast_to(keep, w.shape).sum(axis=-1).astype(np.int64)
     masked = n_keys == 0
     h = entropy(w)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h_norm = np.where(n_keys > 1, h / np.log(np.maximum(n_keys, 2)), 0.0)
+    h_norm = normalised_entropy(h, n_keys)
     k = max(1, min(k, lk))
     order = top_k_indices(w, k)
     top_weight = np.take_along_axis(w, order, axis=-1)
@@ -338,8 +332,7 @@ def _assembled(out: _Out, shape: tuple[int, ...], compact: tuple[int, ...], keep
         counted = np.broadcast_to(kp, kp.shape[:-1] + (lk,)).sum(axis=-1)  # on the mask's own shape
         n_keys = np.array(np.broadcast_to(counted, shape), dtype=np.int64)
     masked = n_keys == 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h_norm = np.where(n_keys > 1, h / np.log(np.maximum(n_keys, 2)), 0.0)
+    h_norm = normalised_entropy(h, n_keys)
     top_index, top_weight = full(out.top_index), full(out.top_weight)
     return RowStats(
         entropy=np.where(masked, np.nan, h),

@@ -1,4 +1,7 @@
-"""The one written definition of each long-context summary statistic, and its plain NumPy form.
+"""What a long-context summary records, and its plain NumPy form. Each statistic's name, formula and the rows its
+head mean takes are in the one table of ``attnviz.statistics`` (the ``recorded`` ones are this module's
+``PER_ROW``); the shared arithmetic (the masked softmax, the entropy, the first and last real key) is
+``attnviz.rowmath``'s. Below, what a summary file holds of them.
 
 Notation, for one head of one batch entry: ``A[i, j]`` the model's attention weight of query row ``i`` on
 key ``j`` (its softmax over the keys the mask keeps; a masked weight is 0; with gpt-oss's sinks the
@@ -9,7 +12,7 @@ NaN (argmax -1). A key is *real* when some query row may attend it (not padding)
 is *real* when its own position is a real key (a padded query is padding). Means over rows (``inspect``'s
 head table of a summary) take the real live rows, as ``attnviz.inspection.heads`` does with the weights.
 
-Per query row, ``[B, H, Lq]`` (``PER_ROW``):
+Per query row, ``[B, H, Lq]`` (``PER_ROW``; every live row, whatever the statistic's row rule):
 
 =============  ===================================================================================
 entropy        ``-sum_j A_ij log A_ij`` (nats; 0 log 0 = 0); Zhai et al. 2023
@@ -37,9 +40,9 @@ chosen rows' weights over every key, ``row_positions [R]`` which rows.
 
 The three paths that compute these (the capture's torch blocks, ``attnviz.capturing.summary``; this
 module's ``summarise`` in NumPy; ``attnviz.inspection.heads`` on exact weights for the head means) are
-tested against each other on the same q and k (``tests/test_summary.py``). A new statistic is added here
-first (its line above and in ``summarise``), then to the torch blocks and to the reader
-(``attnviz.inspection.summary``).
+tested against each other on the same q and k (``tests/test_summary.py``), and with the corpus's paths
+(``tests/test_statistics.py``). A new statistic is added to the table of ``attnviz.statistics`` first, then
+here (its line above and in ``summarise``), to the torch blocks and to the reader (``attnviz.inspection.summary``).
 """
 
 from __future__ import annotations
@@ -51,9 +54,11 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import UsageError
+from attnviz.rowmath import entropy, masked_softmax, real_ends
+from attnviz.statistics import recorded
 
-#: per query row, [B, H, Lq] float32 (``argmax`` int64, separately)
-PER_ROW = ("entropy", "max", "sink_mass", "local_mass", "total", "distance", "diagonal", "previous", "first", "last")
+#: per query row, [B, H, Lq] float32 (``argmax`` int64, separately): the table's ``recorded`` statistics
+PER_ROW = recorded()
 #: every array a summary site holds (beside ``argmax``)
 PER_KEY = ("received", "seen_by")
 POOLED = ("pooled_mean", "pooled_max")
@@ -177,16 +182,7 @@ def _softmax_rows(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float, 
         s = np.tanh(s / softcap) * softcap
     if bias is not None:
         s = s + bias.astype(np.float64)
-    s = np.where(keep, s, -np.inf)
-    top = s.max(-1, keepdims=True)
-    if sinks is not None:
-        top = np.maximum(top, sinks.astype(np.float64)[None, :, None, None])
-    top = np.where(np.isfinite(top), top, 0.0)
-    e = np.exp(s - top)
-    denom = e.sum(-1, keepdims=True)
-    if sinks is not None:
-        denom = denom + np.exp(sinks.astype(np.float64)[None, :, None, None] - top)
-    return np.divide(e, denom, out=np.zeros_like(e), where=denom > 0)
+    return masked_softmax(s, keep, None if sinks is None else sinks.astype(np.float64)[None, :, None, None])
 
 
 def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySettings, parts: MaskParts,
@@ -213,8 +209,7 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
         real_rows = np.ones((b, lq), bool)
     ranks = np.cumsum(real_keys, axis=-1)
     sink_keys = real_keys & (ranks <= settings.sinks)
-    first_key = np.where(real_keys.any(-1), real_keys.argmax(-1), 0)
-    last_key = np.where(real_keys.any(-1), lk - 1 - real_keys[:, ::-1].argmax(-1), lk - 1)
+    first_key, last_key = real_ends(real_keys)
     out = {n: np.full((b, h, lq), np.nan) for n in PER_ROW}
     argmax = np.full((b, h, lq), -1, np.int64)
     keys_seen = np.zeros((b, hm, lq), np.int64)
@@ -236,10 +231,9 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
                           None if bias is None else bias[..., r0:r1, :])
         pos = np.arange(r0, r1) + parts.q_offset
         live = np.broadcast_to(keep.any(-1), (b, h, r1 - r0))
-        logs = np.log(a, out=np.zeros_like(a), where=a > 0)
         local = (j[None] <= pos[:, None]) & (j[None] > pos[:, None] - settings.local)
         values = {
-            "entropy": -(a * logs).sum(-1), "max": a.max(-1), "sink_mass": (a * sink_keys[:, None, None]).sum(-1),
+            "entropy": entropy(a), "max": a.max(-1), "sink_mass": (a * sink_keys[:, None, None]).sum(-1),
             "local_mass": (a * local).sum(-1), "total": a.sum(-1),
             "distance": (a * np.abs(pos[:, None] - j[None])).sum(-1),
             "diagonal": _pick(a, pos), "previous": _pick(a, pos - 1),

@@ -128,7 +128,7 @@ def _oracle(eager: object, batches: list, causal: bool, threshold: float = THRES
                     stats["top_previous"] = mean([float(np.argmax(a[k, :seen[k]]) == k - 1) for k in later])
                     stats["top_next"] = mean([float(np.argmax(a[k, :seen[k]]) == k + 1) for k in earlier])
                     alpha = np.mean([a[k, 0] for k in range(n)])  # every row sees the first token
-                    stats["sink"] = float(alpha > threshold)
+                    stats["sink_rate"] = float(alpha > threshold)
                     stats["class:odd"] = mean([float(a[k] @ cls[1]) for k in range(n)])
                     for name, value in stats.items():
                         per_text.setdefault(name, [[] for _ in range(g)])[layer * nh + h].append(value)
@@ -162,7 +162,7 @@ def test_every_statistic_equals_its_definition(name: str, left: bool) -> None:
     np.testing.assert_allclose(got.distances(), want["head_distances"], atol=2e-6, rtol=1e-4)
     assert got.rows.tolist() == [sum(int(m.sum()) for _, m, _ in batches)] * 8
     # the statistics are not trivial: heads differ, some are sinks, some are not
-    assert np.ptp(means["entropy"]) > 0.05 and 0 < np.mean(means["sink"]) < 1
+    assert np.ptp(means["entropy"]) > 0.05 and 0 < np.mean(means["sink_rate"]) < 1
 
 
 @pytest.mark.parametrize("name", ["bert (encoder)", "gpt2 (decoder)"])

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.capturing.fileformat import open_capture, site_keep
+from attnviz.rowmath import masked_softmax
 
 #: the default tolerance of --check by the dtype the model computed in (its weights carry that rounding)
 TOLERANCE = {"float32": 1e-5, "float64": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -40,16 +41,7 @@ def recompute(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float, soft
         scores = np.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias.astype(np.float64)
-    scores = np.where(keep, scores, -np.inf)
-    if sinks is not None:
-        sink = np.broadcast_to(sinks.astype(np.float64)[None, :, None, None], (*scores.shape[:-1], 1))
-        scores = np.concatenate([scores, sink], axis=-1)
-    top = np.max(scores, axis=-1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    e = np.exp(scores - top)
-    total = e.sum(axis=-1, keepdims=True)
-    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-    return w[..., :-1] if sinks is not None else w
+    return masked_softmax(scores, keep, None if sinks is None else sinks.astype(np.float64)[None, :, None, None])
 
 
 def check_capture(path: str | Path) -> dict[str, float]:

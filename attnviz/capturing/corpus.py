@@ -37,7 +37,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from attnviz.capturing.blame import raised_by_attnviz
-from attnviz.capturing.divergence import divergence_sums, plogp, sum_dtype
+from attnviz.capturing.divergence import divergence_sums, sum_dtype
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 from attnviz.inspection.corpus import (
     CORPUS_STATS,
@@ -45,6 +45,8 @@ from attnviz.inspection.corpus import (
     SMOOTHING,
     CorpusSums,
 )
+from attnviz.rowmath import entropy_torch, real_ends_torch, row_rule
+from attnviz.statistics import BY_NAME, POSITIONAL
 
 
 @dataclass
@@ -100,10 +102,7 @@ class CorpusAccumulator:
         import torch
 
         real = real.to(torch.bool)
-        n = real.shape[-1]
-        anything = real.any(-1)
-        first = torch.where(anything, real.to(torch.int8).argmax(-1), 0)
-        last = torch.where(anything, n - 1 - real.flip(-1).to(torch.int8).argmax(-1), n - 1)
+        first, last = real_ends_torch(real)
         self.batch = _Batch(real, classes.to(torch.float32), first, last)
 
     def _site_index(self, site: Any, heads: int, device: Any) -> int:
@@ -157,11 +156,11 @@ class CorpusAccumulator:
         shape = (nb, nh, n)
         rows = (b.real[:, None, :] & keep.any(-1)).expand(shape)  # real rows that see some key: [B, H, L]
         pos = torch.arange(n, device=device)
-        later = rows & (pos > b.first.view(-1, 1, 1))  # rows after the first real one
-        earlier = rows & (pos < b.last.view(-1, 1, 1))  # rows before the last real one
-        first_rows = rows & (pos == b.first.view(-1, 1, 1))
+        # the rows each statistic is a mean over (its rule in attnviz.statistics)
+        where = {rule: row_rule(rule, rows, pos, b.first.view(-1, 1, 1), b.last.view(-1, 1, 1))
+                 for rule in POSITIONAL}
 
-        entropy = plogp(x).sum(-1).neg_()  # [B, H, L], exact: 0 log 0 = 0
+        entropy = entropy_torch(x)  # [B, H, L], exact: 0 log 0 = 0
         top, arg = x.max(-1)
         first_w = x.gather(-1, b.first.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
         last_w = x.gather(-1, b.last.view(-1, 1, 1, 1).expand(nb, nh, n, 1))[..., 0]
@@ -174,13 +173,11 @@ class CorpusAccumulator:
         top_next = (arg == pos + 1).to(torch.float32)
         masses = torch.einsum("bhij,cbj->cbhi", x, b.classes)  # [C, B, H, L]
 
-        # each statistic but the sink: a mean over its rows of a text (CORPUS_STATS' order, then the classes)
-        per_row = {"first": (first_w, later), "last": (last_w, rows), "punctuation": (masses[0], rows),
-                   "diagonal": (diagonal, rows), "previous": (previous, later), "next": (following, earlier),
-                   "entropy": (entropy, rows), "entropy_uniform": (uniform, rows),
-                   "first_row_entropy": (entropy, first_rows), "max": (top, rows),
-                   "top_previous": (top_previous, later), "top_next": (top_next, earlier)}
-        pairs = [per_row[name] for name in CORPUS_STATS if name != "sink"]
+        # each statistic but the sink rate: a mean over its rows of a text (CORPUS_STATS' order, then the classes)
+        per_row = {"first": first_w, "last": last_w, "punctuation": masses[0], "diagonal": diagonal,
+                   "previous": previous, "next": following, "entropy": entropy, "entropy_uniform": uniform,
+                   "first_row_entropy": entropy, "max": top, "top_previous": top_previous, "top_next": top_next}
+        pairs = [(per_row[name], where[BY_NAME[name].rows]) for name in CORPUS_STATS if name != "sink_rate"]
         pairs += [(masses[k + 1], rows) for k in range(len(self.class_names))]
         where = torch.stack([w for _, w in pairs])  # [S', B, H, L]
         count = where.sum(-1)  # [S', B, H]
@@ -191,7 +188,7 @@ class CorpusAccumulator:
         seeing = sees_first.sum(-1)
         alpha = (first_w * sees_first).sum(-1) / seeing.clamp_min(1)
         sink = ((alpha > self.sink_threshold) & (seeing > 0)).to(torch.float32)
-        at = CORPUS_STATS.index("sink")
+        at = CORPUS_STATS.index("sink_rate")
         means = torch.cat([means[:at], sink[None], means[at:]])
         have = torch.cat([have[:at], (seeing > 0)[None], have[at:]])
         self.sums[s] += means.sum(1, dtype=dtype)
@@ -823,10 +820,8 @@ def _ends(tokenizer: Any, ids: Any, real: Any, first: Counter[str], last: Counte
     """Count the tokens standing first and last in each text (what ``first`` and ``last`` measure)."""
     import torch
 
-    n = real.shape[-1]
     anything = real.any(-1)
-    lo = real.to(torch.int8).argmax(-1)
-    hi = n - 1 - real.flip(-1).to(torch.int8).argmax(-1)
+    lo, hi = real_ends_torch(real)
     rows = torch.arange(ids.shape[0], device=ids.device)
     for name, where, counter in (("first", lo, first), ("last", hi, last)):
         del name

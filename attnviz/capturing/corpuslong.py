@@ -30,6 +30,8 @@ from typing import Any
 from attnviz.capturing.divergence import divergence_sums
 from attnviz.capturing.summary import MASKED, BlockScores, _at, _run_blocks, threaded
 from attnviz.inspection.corpus import CORPUS_STATS, SMOOTHING
+from attnviz.rowmath import entropy_of_rows, exp_rows, real_ends_torch, row_rule
+from attnviz.statistics import BY_NAME, POSITIONAL
 
 #: a text runs alone, a block of rows at a time, when its exact weights over every site (sites x H x L x L
 #: float32) would take more than this many bytes (256 MiB: past 964 tokens of a 6 x 12 encoder, 682 of a 12 x 12
@@ -163,8 +165,7 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
     lk = key.shape[-2]
     scorer = BlockScores(query, key, scale=scale, parts=parts, dense=dense, softcap=softcap, bias=bias)
     real = real.to(dev).to(torch.bool)
-    first = int(real[0].to(torch.int8).argmax()) if bool(real.any()) else 0
-    last = lq - 1 - int(real[0].flip(-1).to(torch.int8).argmax()) if bool(real.any()) else lq - 1
+    first, last = (int(t[0]) for t in real_ends_torch(real))
     ncls = int(classes.shape[0])
     feats = torch.zeros((b, 1, lk, 2 + ncls), dtype=f32, device=dev)  # per key: first, last, each class
     feats[:, 0, first, 0] = 1.0
@@ -183,30 +184,21 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
         s, _, seen, live = scorer.scores(r0, r1, lo, hi)  # seen, live: [1, M, r] (M: 1, or H with a mask per head)
         top, arg = s.max(-1)  # ties: the lower index, as the exact path's
         arg = arg + lo
-        key_top = top
-        if sink_logit is not None:
-            top = torch.maximum(top, sink_logit)
-        s.sub_(top[..., None])
-        e = torch.exp(s)
-        if not bool(live.all()):
-            e.mul_(live[..., None])
-        total_e = e.sum(-1)
-        denom = total_e if sink_logit is None else total_e + torch.exp(sink_logit - top)
-        alive = live.expand_as(total_e)
-        inv = torch.where(alive, 1.0 / denom, torch.zeros((), device=dev))
-        entropy = total_e * inv * torch.log(denom) - torch.linalg.vecdot(e, s) * inv
-        top_w = inv if sink_logit is None else torch.exp(key_top - top) * inv
+        x = exp_rows(s, top, sink=sink_logit, live=live)  # live: [1, M, r], broadcast over the heads
+        e, inv = x.e, x.inv
+        entropy = entropy_of_rows(x, s)
+        top_w = inv if sink_logit is None else torch.exp(top - x.shift) * inv
         got = torch.matmul(e, feats[:, :, lo:hi]) * inv[..., None]  # [1, H, r, 2 + C]
         rows = real[:, None, r0:r1] & live  # [1, M, r]: each head's rows where the mask differs per head
-        later, earlier = rows & (pos > first), rows & (pos < last)
+        # the rows each statistic is a mean over (its rule in attnviz.statistics)
+        where = {rule: row_rule(rule, rows, pos, first, last) for rule in POSITIONAL}
         sees_first = rows & scorer.keep(r0, r1, first, first + 1)[..., 0]
-        per_row = {"first": (got[..., 0], later), "last": (got[..., 1], rows), "punctuation": (got[..., 2], rows),
-                   "diagonal": (_at(e, pos - lo, width) * inv, rows),
-                   "previous": (_at(e, pos - 1 - lo, width) * inv, later),
-                   "next": (_at(e, pos + 1 - lo, width) * inv, earlier),
-                   "entropy": (entropy, rows), "entropy_uniform": (torch.log(seen.clamp_min(1).to(f32)), rows),
-                   "max": (top_w, rows), "top_previous": ((arg == pos - 1).to(f32), later),
-                   "top_next": ((arg == pos + 1).to(f32), earlier)}
+        values = {"first": got[..., 0], "last": got[..., 1], "punctuation": got[..., 2],
+                  "diagonal": _at(e, pos - lo, width) * inv, "previous": _at(e, pos - 1 - lo, width) * inv,
+                  "next": _at(e, pos + 1 - lo, width) * inv, "entropy": entropy,
+                  "entropy_uniform": torch.log(seen.clamp_min(1).to(f32)), "max": top_w,
+                  "top_previous": (arg == pos - 1).to(f32), "top_next": (arg == pos + 1).to(f32)}
+        per_row = {name: (values[name], where[BY_NAME[name].rows]) for name in CORPUS_STATS if name in values}
         for k in range(1, ncls):
             per_row[f"class{k}"] = (got[..., 2 + k], rows)
         sums = torch.stack([torch.where(w, v.expand(b, h, -1), 0.0).to(wide).sum((0, 2)) for v, w in per_row.values()])
@@ -226,8 +218,8 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
     sink_rows = torch.stack([t[2][1] for t in blocks]).sum(0)
     own = next((t[3] for t in blocks if t[3] is not None), None)
     rows = torch.stack([t[4] for t in blocks]).sum(0)  # [H]
-    names = ["first", "last", "punctuation", "diagonal", "previous", "next", "entropy", "entropy_uniform", "max",
-             "top_previous", "top_next", *(f"class{k}" for k in range(1, ncls))]
+    names = [*(n for n in CORPUS_STATS if n not in ("first_row_entropy", "sink_rate")),
+             *(f"class{k}" for k in range(1, ncls))]  # per_row's, in its order
     means = sums / counts.clamp_min(1)
     had = counts > 0
     by_name = {n: (means[i], had[i]) for i, n in enumerate(names)}
@@ -235,7 +227,7 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
     by_name["first_row_entropy"] = (torch.where(own[1], own[0], zero), own[1]) if own is not None else \
         (zero, torch.zeros(h, dtype=torch.bool, device=dev))
     alpha = sink_sum / sink_rows.clamp_min(1)  # Gu et al.: the mean weight on the first token of the rows that see it
-    by_name["sink"] = (torch.where(sink_rows > 0, (alpha > sink_threshold).to(wide), 0.0), sink_rows > 0)
+    by_name["sink_rate"] = (torch.where(sink_rows > 0, (alpha > sink_threshold).to(wide), 0.0), sink_rows > 0)
     order = [*CORPUS_STATS, *(f"class{k}" for k in range(1, ncls))]
     out_means = torch.stack([by_name[n][0] for n in order])
     out_had = torch.stack([by_name[n][1] for n in order]).to(wide)
@@ -298,16 +290,9 @@ def _smoothed(scorer: BlockScores, call: Call, r0: int, r1: int, lo: int, hi: in
 
     s, keep, seen, live = scorer.scores(r0, r1, lo, hi)
     masked = ~keep if keep is not None else s < MASKED / 2  # [1, 1|H, r, width]
-    top = s.amax(-1)
-    if call.sinks is not None:
-        top = torch.maximum(top, call.sinks.to(s.device, torch.float32).reshape(1, -1, 1))
-    s.sub_(top[..., None])
-    e = s.exp_()  # 0 where masked (a row that sees no key has no weights: inv below)
-    denom = e.sum(-1)
-    if call.sinks is not None:
-        denom = denom + torch.exp(call.sinks.to(s.device, torch.float32).reshape(1, -1, 1) - top)
-    inv = torch.where(live, 1.0 / denom, torch.zeros((), device=s.device))
-    p = e.mul_(inv[..., None] * (1 - SMOOTHING)).add_(SMOOTHING / seen.clamp_min(1)[..., None])
+    sink = None if call.sinks is None else call.sinks.to(s.device, torch.float32).reshape(1, -1, 1)
+    x = exp_rows(s, s.amax(-1), sink=sink, live=live, inplace=True)  # 0 where masked
+    p = x.e.mul_(x.inv[..., None] * (1 - SMOOTHING)).add_(SMOOTHING / seen.clamp_min(1)[..., None])
     return p.masked_fill_(masked, 0.0)[0]
 
 

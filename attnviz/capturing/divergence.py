@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from attnviz.rowmath import TINY, plogp_torch  # TINY: what a zero becomes before its logarithm
+
 #: elements of each temporary of the head distances (one head against K later heads over E elements: K x E);
 #: on a CPU a pass this size stays in the cache, on a GPU it is large enough to fill the device
 PAIR_BUDGET = 1 << 18
 GPU_PAIR_BUDGET = 1 << 26
-#: what a zero becomes before its logarithm (t log t of it is 0 to float32)
-TINY = 1e-30
 #: the elements summed in float32 before the float64 sum (``pair_sums``)
 PARTIAL = 64
 
@@ -36,7 +36,7 @@ def divergence_sums(flat: Any, rows: int, clamp: bool) -> Any:
     below it, whatever the sums give). ``clamp``: some elements are 0 in two heads (a head that does not see a
     key another head sees)."""
     wide = sum_dtype(flat.device)
-    a = plogp(flat).sum(-1, dtype=wide)
+    a = plogp_torch(flat).sum(-1, dtype=wide)
     c = flat.sum(-1, dtype=wide)
     m = pair_sums(flat, clamp=clamp, per_row=flat.shape[1] / max(1, int(rows)))
     return 0.5 * (a[:, None] + a[None, :]) + (0.5 * math.log(2.0)) * (c[:, None] + c[None, :]) - 0.5 * m
@@ -89,12 +89,4 @@ def sum_dtype(device: Any) -> Any:
     return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64
 
 
-def plogp(x: Any) -> Any:
-    """``x log x`` of probabilities, 0 where x is 0 (the logarithm of a clamped copy: several times faster
-    than ``xlogy`` on a CPU)."""
-    import torch
-
-    return torch.log(x.clamp_min(TINY)).mul_(x)
-
-
-__all__ = ["GPU_PAIR_BUDGET", "PAIR_BUDGET", "divergence_sums", "pair_sums", "plogp", "sum_dtype"]
+__all__ = ["GPU_PAIR_BUDGET", "PAIR_BUDGET", "divergence_sums", "pair_sums", "sum_dtype"]

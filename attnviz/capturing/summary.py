@@ -19,6 +19,7 @@ import math
 import threading
 from typing import Any
 
+from attnviz.rowmath import entropy_of_rows, exp_rows, masked_softmax_torch, real_ends_torch
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
 
 #: scores held at a time per block (float32 values, all heads): the block's rows follow from it
@@ -151,8 +152,7 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
     hm = scorer.mask_heads  # 1, or H: the keys seen, the rows counted and the cells seen are per head
     real_rows = real_keys[:, lk - lq:] if parts.self_attention and lq <= lk else _rows_seeing(parts, dense, b, lq, lk,
                                                                                               dev)
-    first_key = torch.where(real_keys.any(-1), real_keys.float().argmax(-1), 0)  # [B]
-    last_key = torch.where(real_keys.any(-1), lk - 1 - real_keys.flip(-1).float().argmax(-1), lk - 1)
+    first_key, last_key = real_ends_torch(real_keys)  # [B]
     key_pos = torch.arange(lkp, device=dev)
     features = torch.zeros((b, 1, lkp, 4), dtype=f32, device=dev)  # per key: position, sink, first, last
     features[..., 0] = key_pos.to(f32)
@@ -190,20 +190,12 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
         inside = blocks.gather(3, which[..., None, None].expand(b, h, r, 1, bk))[..., 0, :].argmax(-1)
         arg = (which + j0) * bk + inside
         key_top = top
-        if sink_logit is not None:
-            top = torch.maximum(top, sink_logit)
-        s.sub_(top[..., None])
-        e = torch.exp(s)
-        total_e = e.sum(-1)
-        denom = total_e if sink_logit is None else total_e + torch.exp(sink_logit - top)
-        alive = live.expand(b, h, r)
-        inv = torch.where(alive, 1.0 / denom, torch.zeros((), device=dev))  # a row that sees nothing: no weights
-        if not bool(live.all()):
-            e.mul_(live[..., None])
+        alive = live.expand(b, h, r)  # live: [B, M, r] (M: 1, or H with a mask per head)
+        x = exp_rows(s, key_top, sink=sink_logit, live=alive)  # a row that sees nothing: no weights
+        e, top, total_e, inv = x.e, x.shift, x.total, x.inv
         got = torch.matmul(e, features[:, :, lo:hi])  # [B, H, r, 4]: sums of e times position, sink, first, last
-        dot = torch.linalg.vecdot(e, s)  # sum e (s - max): for the entropy
         total = total_e * inv
-        entropy = total * torch.log(denom) - dot * inv
+        entropy = entropy_of_rows(x, s)
         maxw = inv if sink_logit is None else torch.exp(key_top - top) * inv
         # distance: sum A |pos - j|: the keys left of the block's first row and right of its last are on one side
         # of every row's diagonal; the keys in between are summed exactly
@@ -514,12 +506,4 @@ def step_row(query: Any, key: Any, *, scale: float, dense: Any = None, softcap: 
         s = torch.tanh(s / softcap) * softcap
     if bias is not None:
         s = s + bias.to(torch.float32)
-    if dense is not None:
-        s = s.masked_fill(~dense, -math.inf)
-    if sinks is not None:
-        s = torch.cat([s, sinks.to(torch.float32).reshape(1, h, 1, 1).expand(b, h, r, 1)], -1)
-    top = s.amax(-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    e = torch.exp(s - top)
-    w = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    return w[..., :lk]
+    return masked_softmax_torch(s, dense, None if sinks is None else sinks.reshape(1, h, 1, 1))

@@ -14,20 +14,14 @@ last, the sources and shards) and whose arrays are sums and counts, so that shar
 G counts every head of every self-attention site, in the order the sites run; S the statistics of
 ``CORPUS_STATS`` then one per token class (``class:NAME``).
 
-**Definitions** (Clark et al. 2019, "What Does BERT Look At?", arXiv 1906.04341; Voita et al. 2019,
-arXiv 1905.09418; Gu et al. 2024, arXiv 2410.10781). For one text and head, A its weights, the real
-query rows i (padding left out), n_i the keys row i may see, f and l the first and last real positions:
-
-* ``first``: A[i, f] over the rows after the first (i > f); ``last``: A[i, l] over every row;
-  ``diagonal``: A[i, i]; ``previous``: A[i, i - 1] over i > f; ``next``: A[i, i + 1] over i < l;
-* ``punctuation``: the weight on tokens whose text is "." or ","; ``class:NAME``: on tokens whose text the
-  class's regex matches whole;
-* ``entropy``: -sum_j A_ij log A_ij (exact, 0 log 0 = 0); ``entropy_uniform``: log n_i;
-  ``first_row_entropy``: the entropy of row f;
-* ``max``: max_j A_ij (Voita's confidence); ``top_previous`` (``top_next``): whether row i's largest weight
-  is on i - 1 (i + 1; ties go to the lower index), over the rows of ``previous`` (``next``);
-* ``sink``: whether alpha = the mean of A[i, f] over the rows that see f exceeds the threshold (Gu et al.:
-  a sink); its mean over texts is the sink rate.
+**Definitions**: the statistics marked ``corpus`` in the one table of ``attnviz.statistics`` (Clark et al.
+2019, "What Does BERT Look At?", arXiv 1906.04341; Voita et al. 2019, arXiv 1905.09418; Gu et al. 2024, arXiv
+2410.10781): each one's formula per row and the rows of a text it is a mean over (``first`` and ``previous``
+over the rows after the first real one, ``next`` and ``top_next`` before the last, ``first_row_entropy`` the
+first row alone, ``sink_rate`` per text: whether the mean of A[i, f] over the rows that see f passes the
+threshold), with ``class:NAME`` (the weight on tokens whose text the class's regex matches whole) per
+``--token-class``. ``sink_rate`` was ``sink`` in files written before (``statistics.RENAMED``): a summary's
+``sink`` column is another thing, the weight on its first S keys; such files read as they are.
 
 Each is a mean over the text's rows; the means are summed over texts (each text weighs the same) with the
 number of texts (``blocked_texts`` of them long texts run a block of rows at a time, the same sums). The
@@ -49,12 +43,10 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError, UsageError
+from attnviz.statistics import CORPUS, current_name, names
 
-#: per-text means kept for every head, in the order of the file's rows
-CORPUS_STATS = ("first", "last", "punctuation", "diagonal", "previous", "next", "entropy", "entropy_uniform",
-                "first_row_entropy", "max", "top_previous", "top_next", "sink")
-#: the names the table and JSON give them (``sink``'s mean over texts is the sink rate)
-SHOWN = {name: ("sink_rate" if name == "sink" else name) for name in CORPUS_STATS}
+#: per-text means kept for every head, in the order of the file's rows (the table of ``attnviz.statistics``)
+CORPUS_STATS = names(CORPUS)
 PUNCTUATION = (".", ",")
 #: the share of each smoothed row spread evenly over the keys it may see (Clark's head distances)
 SMOOTHING = 0.001
@@ -183,22 +175,27 @@ def read_corpus(path: str) -> CorpusSums:
         sites = [str(s) for s in corpus["sites"]]
         layers = [int(v) for v in corpus["layers"]]
         heads = [int(v) for v in corpus["heads"]]
-        names = [str(s) for s in corpus["statistics"]]
+        stored = [current_name(str(s)) for s in corpus["statistics"]]  # a file written before: old names
     except (KeyError, TypeError, ValueError):
         raise InputError(f"{path}: its corpus metadata lacks the sites, heads or statistics.") from None
     arrays = {a: np.asarray(raw.read(a)) for a in ARRAYS}
-    g, s = sum(heads), len(names)
+    g, s = sum(heads), len(stored)
     want = {"corpus.sums": (s, g), "corpus.texts": (s, g), "corpus.rows": (g,), "corpus.js": (g, g),
             "corpus.js_rows": (g, g), "corpus.heads": (g, 2)}
     for name, shape in want.items():
         if arrays[name].shape != shape:
             raise InputError(f"{path}: {name} has shape {list(arrays[name].shape)}; its metadata says {list(shape)}.")
-    if len(sites) != len(heads) or len(layers) != len(heads) or names[:len(CORPUS_STATS)] != list(CORPUS_STATS):
+    # the statistics in today's order, whatever the file's (files of any release read, and merge, alike)
+    names = [*CORPUS_STATS, *(n for n in stored if n.startswith("class:"))]
+    if len(sites) != len(heads) or len(layers) != len(heads) or len(set(stored)) != len(stored) or \
+            sorted(stored) != sorted(names):
         raise InputError(f"{path}: its corpus metadata does not describe its arrays.")
     for name in ARRAYS[:-1]:
         if not np.all(np.isfinite(arrays[name])):
             raise InputError(f"{path}: {name} holds NaN or infinity.")
+    order = [stored.index(n) for n in names]
     values = [arrays[a].astype(np.float64) for a in ARRAYS[:-1]]
+    values[0], values[1] = values[0][order], values[1][order]
     return CorpusSums(sites, layers, heads, names, values[0], values[1], values[2], values[3], values[4], meta)
 
 
@@ -298,26 +295,26 @@ def _short(value: Any) -> str:
 
 
 def head_records(sums: CorpusSums) -> list[dict[str, Any]]:
-    """One entry per (layer, head): ``layer``, ``head``, ``texts``, ``rows``, every statistic (the sink's
-    mean as ``sink_rate``) and ``classes`` ({NAME: mass})."""
+    """One entry per (layer, head): ``layer``, ``head``, ``texts``, ``rows``, every statistic and ``classes``
+    ({NAME: mass})."""
     means = sums.means()
     texts = sums.texts[sums.names.index("last")]
     out = []
     for g, (layer, head) in enumerate(sums.head_order):
         entry: dict[str, Any] = {"layer": layer, "head": head, "texts": int(texts[g]), "rows": int(sums.rows[g])}
         for name in CORPUS_STATS:
-            entry[SHOWN[name]] = _number(means[name][g])
+            entry[name] = _number(means[name][g])
         entry["classes"] = {c: _number(means[f"class:{c}"][g]) for c in sums.classes}
         out.append(entry)
     return out
 
 
 def model_sink_rate(sums: CorpusSums) -> dict[str, Any]:
-    """Gu et al. 2024's model-level sink rate: the share of (text, layer, head) that are sinks (``sink``: alpha,
-    the mean weight on the first token over every real row that sees it, the first token's own row included,
-    above the threshold), over every head and text: the per-head ``sink_rate`` averaged, each head weighed by
-    its texts."""
-    at = sums.names.index("sink")
+    """Gu et al. 2024's model-level sink rate: the share of (text, layer, head) that are sinks (``sink_rate`` per
+    text: alpha, the mean weight on the first token over every real row that sees it, the first token's own row
+    included, above the threshold), over every head and text: the per-head ``sink_rate`` averaged, each head
+    weighed by its texts."""
+    at = sums.names.index("sink_rate")
     n = float(sums.texts[at].sum())
     return {"definition": "Gu et al. 2024: the share of (text, layer, head) whose mean weight on the first token "
                           "exceeds epsilon", "value": float(sums.sums[at].sum() / n) if n else None,

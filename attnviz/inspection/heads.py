@@ -12,6 +12,8 @@ import numpy as np
 
 from attnviz.inspection.weights import ROUNDOFF
 from attnviz.io import release_pages
+from attnviz.rowmath import normalised_entropy, real_ends, row_rule
+from attnviz.statistics import BY_NAME, WEIGHTS, names
 from attnviz.threads import in_threads
 
 # What the heads do
@@ -21,14 +23,12 @@ def _first_last(real: np.ndarray | None, lead: tuple[int, ...], n: int) -> tuple
     nothing is known, or nothing is real)."""
     if real is None:
         return np.zeros(lead, dtype=np.int64), np.full(lead, n - 1, dtype=np.int64)
-    full = np.broadcast_to(real, (*lead, n))
-    anything = full.any(axis=-1)
-    first = np.where(anything, np.argmax(full, axis=-1), 0)
-    last = np.where(anything, n - 1 - np.argmax(full[..., ::-1], axis=-1), n - 1)
-    return first.astype(np.int64), last.astype(np.int64)
+    return real_ends(np.broadcast_to(real, (*lead, n)))
 
 
-HEAD_STATS = ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max")
+#: the head statistics of exact weights, as the table of ``attnviz.statistics`` defines them (``weights``), less
+#: the token scores ``attnviz.inspection.tokens`` computes when the tokens are known
+HEAD_STATS = tuple(n for n in names(WEIGHTS) if BY_NAME[n].rows != "repeated")
 TAG_THRESHOLD = 0.5  # a pattern "dominates" when it takes at least half the mass on average
 BROAD_THRESHOLD = 0.9  # normalised entropy at or above this: the head spreads its attention
 #: how far from 1 (or 0, a fully masked row) a row of attention weights may sum (float16 files: 1e-2)
@@ -203,7 +203,7 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
     n_causal = np.broadcast_to(np.minimum(i + 1, lk) if keep is None else
                                (keep & (j[None, :] <= i[:, None])).sum(axis=-1), live.shape)
     top = x.max(axis=-1) if keep is None else np.where(keep, x, -np.inf).max(axis=-1)
-    later = live & (i > first_row[..., None])
+    later = row_rule("later", live, i, first_row[..., None], None)
     first = np.take_along_axis(x, np.broadcast_to(first_key[..., None, None], (*x.shape[:-1], 1)), axis=-1)[..., 0]
     last = np.take_along_axis(x, np.broadcast_to(last_key[..., None, None], (*x.shape[:-1], 1)), axis=-1)[..., 0]
     diagonal = np.zeros(live.shape)
@@ -217,9 +217,7 @@ def _head_sums(block: np.ndarray, start: int, keep: np.ndarray | None, real: np.
         values = values.astype(np.float64, copy=False)
         return (values if where is None or plain and where is live else np.where(where, values, 0.0)).sum(axis=(1, 3))
 
-    with np.errstate(divide="ignore", invalid="ignore"):
-        normed = {name: np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0)
-                  for name, n in (("full", n_full), ("causal", n_causal))}
+    normed = {name: normalised_entropy(h, n) for name, n in (("full", n_full), ("causal", n_causal))}
     sums = {
         "rows": live.sum(axis=(1, 3)).astype(np.float64),
         "later": later.sum(axis=(1, 3)).astype(np.float64),
@@ -377,12 +375,15 @@ def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | N
             finite = finite and got.finite
     rows = sums["rows"]
     with np.errstate(divide="ignore", invalid="ignore"):
-        stats = {name: np.where(rows > 0, sums[name] / rows, np.nan)
-                 for name in ("entropy", "distance", "max", "last", "diagonal")}
-        later = sums["later"]
-        stats["previous"] = np.where(later > 0, sums["previous"] / later, np.where(rows > 0, 0.0, np.nan))
-        first_all = np.where(rows > 0, sums["first_all"] / rows, np.nan)
-        stats["first"] = np.where(later > 0, sums["first"] / later, first_all)
+        # each a mean over the rows of its rule; where no row is later (one-token inputs): first over every row
+        # counted, previous 0
+        counts = {"counted": rows, "later": sums["later"]}
+        absent = {"previous": np.where(rows > 0, 0.0, np.nan),
+                  "first": np.where(rows > 0, sums["first_all"] / rows, np.nan)}
+        stats: dict[str, np.ndarray] = {}
+        for name in ("entropy", "distance", "max", "last", "diagonal", "previous", "first"):
+            n = counts[BY_NAME[name].rows]
+            stats[name] = np.where(n > 0, sums[name] / n, absent.get(name, np.nan))
         kind = "full" if above else "causal"
         norm, count = sums[f"norm_{kind}"], sums[f"count_{kind}"]
         stats["entropy_norm"] = np.where(count > 0, norm / np.maximum(count, 1), np.where(rows > 0, 0.0, np.nan))

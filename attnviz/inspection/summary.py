@@ -12,12 +12,14 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError, UsageError
+from attnviz.rowmath import normalised_entropy, real_ends, row_rule
+from attnviz.statistics import BY_NAME, SUMMARY, names
 from attnviz.summarystats import PER_ROW
 
-#: the per-head table of a summary: the same fields as ``inspect``'s head statistics of exact weights
-#: (``attnviz.inspection.heads.HEAD_STATS``), then the summary's own
-HEAD_FIELDS = ("entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max", "sink_mass",
-               "local_mass", "total")
+#: the per-head table of a summary (``summary`` in the table of ``attnviz.statistics``): the same fields as
+#: ``inspect``'s head statistics of exact weights (``attnviz.inspection.heads.HEAD_STATS``), then the summary's own
+#: (retrieval apart: its scores are the decode rows', ``retrieval_scores``)
+HEAD_FIELDS = tuple(n for n in names(SUMMARY) if BY_NAME[n].rows != "decode")
 
 
 def is_summary(capture: Any) -> bool:
@@ -230,26 +232,29 @@ def head_table(s: SummaryRead) -> dict[str, np.ndarray]:
     layers, b, h, lq, _ = s.shape
     real = s.real_rows  # [B, Lq]
     live = np.isfinite(s.rows["entropy"]) & real[None, :, None, :]  # [layers, B, H, Lq]
-    first_row = np.where(real.any(-1), real.argmax(-1), 0)  # [B]
-    later = live & (np.arange(lq)[None, None, None, :] > first_row[None, :, None, None])
+    first_row, _ = real_ends(real)  # [B]
+    # each statistic over the rows of its rule (attnviz.statistics)
+    where = {rule: row_rule(rule, live, np.arange(lq)[None, None, None, :], first_row[None, :, None, None], None)
+             for rule in ("counted", "later")}
     out: dict[str, np.ndarray] = {}
     count = live.sum(axis=(1, 3)).astype(np.float64)
-    later_count = later.sum(axis=(1, 3)).astype(np.float64)
 
-    def mean(values: np.ndarray, where: np.ndarray, n: np.ndarray) -> np.ndarray:
+    def mean(values: np.ndarray, where: np.ndarray) -> np.ndarray:
         total = np.where(where, values.astype(np.float64), 0.0).sum(axis=(1, 3))
+        n = where.sum(axis=(1, 3))
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(n > 0, total / n, np.nan)
 
-    for name in ("entropy", "distance", "diagonal", "last", "max", "sink_mass", "local_mass", "total"):
-        out[name] = mean(s.rows[name], live, count)
-    for name in ("previous", "first"):
-        out[name] = np.where(later_count > 0, mean(s.rows[name], later, later_count),
-                             np.where(count > 0, mean(s.rows[name], live, count) if name == "first" else 0.0, np.nan))
+    for name in HEAD_FIELDS:
+        if name != "entropy_norm":
+            out[name] = mean(s.rows[name], where[BY_NAME[name].rows])
+    # no row later than the first (one-token inputs): first over every row counted, previous 0 (as heads does)
+    none_later = ~where["later"].any(axis=(1, 3)) & (count > 0)
+    out["first"] = np.where(none_later, mean(s.rows["first"], live), out["first"])
+    out["previous"] = np.where(none_later, 0.0, out["previous"])
     n_keys = s.keys_seen_heads.astype(np.float64)  # [layers, B, 1 or H, Lq]
     many = live & (n_keys > 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        normed = np.where(many, s.rows["entropy"] / np.log(np.maximum(n_keys, 2)), 0.0)
+    normed = np.where(many, normalised_entropy(s.rows["entropy"], n_keys), 0.0)
     n_many = many.sum(axis=(1, 3)).astype(np.float64)
     out["entropy_norm"] = np.where(n_many > 0, normed.sum(axis=(1, 3)) / np.maximum(n_many, 1),
                                    np.where(count > 0, 0.0, np.nan))
@@ -481,7 +486,7 @@ def sink_rate(s: SummaryRead, epsilon: float = SINK_EPSILON) -> SinkRate:
     layers, b, h, lq, lk = s.shape
     real = s.real_rows
     live = np.isfinite(s.rows["entropy"]) & real[None, :, None, :]  # [layers, B, H, Lq]
-    first_key = np.where(s.real_keys.any(-1), s.real_keys.argmax(-1), 0)  # [B]
+    first_key, _ = real_ends(s.real_keys)  # [B]
     offset = lk - lq if s.self_attention and lq <= lk else 0
     pos = np.arange(lq)[None, :] + offset  # [1, Lq]
     sees = np.ones((b, lq), bool)

@@ -13,17 +13,15 @@ import numpy as np
 from attnviz.errors import UsageError
 from attnviz.inspection.corpus import (
     CORPUS_STATS,
-    SHOWN,
     CorpusSums,
     classical_mds,
     closest_pairs,
     model_sink_rate,
 )
+from attnviz.statistics import CORPUS, columns
 
-#: the table's columns: statistic -> header
-COLUMNS = {"first": "first", "last": "last", "punctuation": "punct", "diagonal": "self", "previous": "prev",
-           "next": "next", "entropy": "entropy", "entropy_uniform": "uniform", "first_row_entropy": "H(first row)",
-           "max": "max", "top_previous": "top prev", "top_next": "top next", "sink": "sink rate"}
+#: the table's columns: statistic -> header (``attnviz.statistics``)
+COLUMNS = columns(CORPUS)
 
 
 def _order(sums: CorpusSums, sort: str, reverse: bool) -> list[int]:
@@ -34,17 +32,16 @@ def _order(sums: CorpusSums, sort: str, reverse: bool) -> list[int]:
     elif sort == "head":
         order = sorted(index, key=lambda g: (heads[g][1], heads[g][0]))
     else:
-        stat = next((k for k, v in SHOWN.items() if v == sort), sort)
-        if stat not in CORPUS_STATS:
-            choices = ", ".join(["layer", "head", *SHOWN.values()])
+        if sort not in CORPUS_STATS:
+            choices = ", ".join(["layer", "head", *CORPUS_STATS])
             raise UsageError(f"--sort {sort}: not a statistic of a corpus file; choose one of {choices}.")
-        values = sums.means()[stat]
+        values = sums.means()[sort]
         order = sorted(index, key=lambda g: (-values[g] if np.isfinite(values[g]) else np.inf, heads[g]))
     return order[::-1] if reverse else order
 
 
 #: columns left out, in this order, when the table is wider than the terminal (the JSON has them all)
-FIT_DROPS = ("top next", "top prev", "H(first row)", "uniform", "next", "self", "prev")
+FIT_DROPS = ("top next", "top prev", "H(first row)", "uniform", "next", "diag", "prev")
 
 
 def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", reverse: bool = False,
@@ -61,8 +58,8 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
     first = ", ".join(list(corpus.get("first_tokens") or {})[:2]) or "-"
     last = ", ".join(list(corpus.get("last_tokens") or {})[:2]) or "-"
     caption = (f"{corpus.get('texts')} texts; means over each text's real query rows, then over texts; first = "
-               f"the first real token ({first}), last = the last ({last}); punct = '.' and ','; self = the token "
-               f"itself; entropy in nats, uniform = that of uniform attention over the same rows; top prev/next = "
+               f"the first real token ({first}), last = the last ({last}); punct = '.' and ','; diag = the token "
+               f"itself; H = entropy in nats, uniform = that of uniform attention over the same rows; top prev/next = "
                f"share of rows whose largest weight is on the previous/next token; sink rate = share of texts "
                f"whose mean weight on the first token passes {(corpus.get('settings') or {}).get('sink_threshold')}")
     if len(shown) < len(order):

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.errors import shape_str
+from attnviz.statistics import WEIGHTS, columns
 
 if TYPE_CHECKING:
     import numpy as np
@@ -21,10 +22,9 @@ if TYPE_CHECKING:
     from attnviz.pipeline import Outcome
     from attnviz.render.table import Fitted
 
-#: the head statistics' columns; ``induction`` and ``duplicate`` only when the tokens are known (--labels)
-COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "distance": "dist", "diagonal": "diag",
-           "previous": "prev", "first": "first", "last": "last", "max": "max", "induction": "ind",
-           "duplicate": "dup"}
+#: the head statistics' columns (``attnviz.statistics``); ``induction`` and ``duplicate`` only when the tokens are
+#: known (--labels)
+COLUMNS = columns(WEIGHTS)
 #: head statistics left out, in this order, when the terminal is too narrow for all of them
 FIT_DROPS = ("last", "first", "prev", "diag", "dist", "dup", "ind", "pattern")
 

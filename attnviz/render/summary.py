@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from attnviz.inspection.summary import HEAD_FIELDS, Retrieval, SummaryResult
+from attnviz.statistics import SUMMARY, columns
 
-COLUMNS = {"entropy": "H", "entropy_norm": "H/ln n", "max": "max", "sink_mass": "sink", "local_mass": "local",
-           "distance": "dist", "diagonal": "diag", "previous": "prev", "first": "first", "last": "last",
-           "total": "total", "retrieval": "retrieval"}
+#: the head table's columns: statistic -> header (``attnviz.statistics``)
+COLUMNS = columns(SUMMARY)
 
 
 def head_rows(result: SummaryResult, sort: str = "layer", reverse: bool = False,

@@ -27,15 +27,15 @@ from attnviz.cli.options import (
 from attnviz.fields import option
 from attnviz.inspection.options import InspectOptions
 from attnviz.render.options import FigureOptions, ShowOptions
+from attnviz.statistics import CORPUS, SUMMARY, WEIGHTS, names
 from attnviz.streams import err_console, out_console, stdout
 
-SORTABLE = ("layer", "head", "entropy", "entropy_norm", "distance", "diagonal", "previous", "first", "last", "max",
-            "induction", "duplicate", "sink_mass", "local_mass", "total", "retrieval")
+#: what --sort takes (the table of attnviz.statistics): the head statistics of exact weights, then a summary's own
+SORTABLE = ("layer", "head", *names(WEIGHTS), *(n for n in names(SUMMARY) if n not in names(WEIGHTS)))
 SUMMARY_PANEL = "Summary (long inputs)"
-SUMMARY_ONLY = ("sink_mass", "local_mass", "total", "retrieval")
+SUMMARY_ONLY = tuple(n for n in names(SUMMARY) if n not in names(WEIGHTS))
 #: what --sort also takes on a corpus file (attnviz capture --corpus)
-CORPUS_SORTABLE = ("punctuation", "next", "entropy_uniform", "first_row_entropy", "top_previous", "top_next",
-                   "sink_rate")
+CORPUS_SORTABLE = tuple(n for n in names(CORPUS) if n not in SORTABLE)
 FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps",
                 "heads_map")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "

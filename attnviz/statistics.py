@@ -1,0 +1,155 @@
+"""The one table of attention statistics: each statistic's name, the header the tables print, its formula, which
+rows count and where it is reported. Every list of statistics (``inspection.heads.HEAD_STATS``,
+``summarystats.PER_ROW``, ``inspection.summary.HEAD_FIELDS``, ``inspection.corpus.CORPUS_STATS``, the tables'
+``COLUMNS``, ``inspect --sort``'s choices) is derived from it; ``attnviz.rowmath`` holds the arithmetic they share
+(the masked softmax, the entropy of a row, the first and last real position, the row rules below), NumPy and
+torch side by side. Standard library only: the command line reads it without loading NumPy.
+
+Notation, for one head and one batch entry (one text): ``A[i, j]`` the weight of query row ``i`` on key ``j``
+(a masked weight is 0; with gpt-oss's sinks a row sums to less than 1); ``pos(i)`` row i's position among the
+keys (``i`` plus the cache's length before it; ``i`` in a corpus); ``f`` and ``l`` the first and last real
+(not padding) position; ``n_i`` the keys row i may attend. A row *counts* when it is real (its own position is
+a real key; every row of a cross attention) and may attend some key; the row rules (``ROWS``) narrow that.
+
+Where each is reported (``FACES``): ``weights``, ``inspect``'s head statistics of exact weights (means over the
+counted rows of every batch entry, ``attnviz.inspection.heads``); ``summary``, the head table of a summary
+capture (the same means, from the per-row arrays ``attnviz.summarystats`` defines, ``attnviz.inspection.summary``);
+``corpus``, a corpus file (per text the mean over the rule's rows, then the mean over texts,
+``attnviz.inspection.corpus``). A statistic of several faces means the same in each: ``tests/test_statistics.py``
+runs every path on the same q and k and checks each statistic they share by the rule below.
+
+===================  ============  =========================================================  ============
+name                 rows          per row                                                    where
+===================  ============  =========================================================  ============
+entropy              counted       -sum_j A_ij log A_ij (nats; 0 log 0 = 0); Zhai et al. 2023  all three
+entropy_norm         several       entropy / log n_i (1: uniform)                              weights, summary
+distance             counted       sum_j A_ij |pos(i) - j|                                     weights, summary
+diagonal             counted       A[i, pos(i)] (Clark et al.'s "self")                        all three
+previous             later         A[i, pos(i) - 1]                                            all three
+first                later         A[i, f] (the attention sink)                                all three
+last                 counted       A[i, l]                                                     all three
+max                  counted       max_j A_ij (Voita et al. 2019's confidence)                 all three
+induction, duplicate repeated      weight after / on the earlier occurrences of i's token      weights
+sink_mass            counted       sum of A_ij over the first S real keys (``--sinks``)        summary
+local_mass           counted       sum of A_ij over pos(i) - W < j <= pos(i) (``--local``)     summary
+total                counted       sum_j A_ij (1, or less with sinks)                          summary
+retrieval            decode        Wu et al. 2024's retrieval score                            summary
+punctuation          counted       the weight on tokens "." and ","                            corpus
+next                 earlier       A[i, i + 1]                                                 corpus
+entropy_uniform      counted       log n_i                                                     corpus
+first_row_entropy    first row     the entropy of row f                                        corpus
+top_previous (next)  later         1 where row i's largest weight is on i - 1 (i + 1)          corpus
+sink_rate            sees first    1 where alpha, the mean A[i, f], passes epsilon: per text   corpus
+===================  ============  =========================================================  ============
+
+``inspect``'s head means keep a value where no row is ``later`` (a one-token input): ``first`` the mean over the
+counted rows, ``previous`` 0; a corpus leaves such a text out of those statistics' means (``texts`` counts it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WEIGHTS, SUMMARY, CORPUS = "weights", "summary", "corpus"
+#: where a statistic is reported
+FACES = {WEIGHTS: "inspect's head statistics of exact weights (attnviz.inspection.heads)",
+         SUMMARY: "a summary capture's head table (attnviz.inspection.summary)",
+         CORPUS: "a corpus file's per-text means (attnviz.inspection.corpus)"}
+
+#: which query rows a statistic is a mean over (each a subset of the counted rows: real, attending some key)
+ROWS = {
+    "counted": "every real row that may attend some key",
+    "later": "the counted rows after the first real position (i > f)",
+    "earlier": "the counted rows before the last real position (i < l)",
+    "first row": "the first real row alone (i = f)",
+    "several": "the counted rows that may attend more than one key",
+    "sees first": "the counted rows that may see the first real key, its own row included",
+    "repeated": "the counted rows whose token occurred earlier in the sequence",
+    "decode": "every decode step of generate(), the prompt's last row included",
+}
+#: the rules ``attnviz.rowmath.row_rule`` draws from positions alone
+POSITIONAL = ("counted", "later", "earlier", "first row")
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One statistic: its ``name`` (the JSON's key, ``--sort``'s word, the file's), the ``header`` of its table
+    column, its ``formula`` per row, the ``rows`` it is a mean over (a key of ``ROWS``), the ``faces`` that report
+    it, whether a summary records it per query row (``recorded``: ``summarystats.PER_ROW``) and where it
+    comes from."""
+
+    name: str
+    header: str
+    formula: str
+    rows: str
+    faces: tuple[str, ...]
+    recorded: bool = False
+    source: str = ""
+
+
+_ALL = (WEIGHTS, SUMMARY, CORPUS)
+_HEADS = (WEIGHTS, SUMMARY)
+
+#: the table, in the order the head tables show their columns (``inspect`` first, then a summary's, then a
+#: corpus's own)
+STATISTICS = (
+    Statistic("entropy", "H", "-sum_j A_ij log A_ij (nats; 0 log 0 = 0)", "counted", _ALL, True,
+              "Zhai et al. 2023; Clark et al. 2019, Figure 4"),
+    Statistic("entropy_norm", "H/ln n", "entropy / log n_i, n_i the keys row i may attend (1: uniform)", "several",
+              _HEADS),
+    Statistic("distance", "dist", "sum_j A_ij |pos(i) - j|", "counted", _HEADS, True),
+    Statistic("diagonal", "diag", "A[i, pos(i)]: the token itself", "counted", _ALL, True, "Clark et al. 2019"),
+    Statistic("previous", "prev", "A[i, pos(i) - 1] (0 where there is no such key)", "later", _ALL, True,
+              "Clark et al. 2019"),
+    Statistic("first", "first", "A[i, f]: the first real key (the attention sink)", "later", _ALL, True,
+              "Clark et al. 2019 ([CLS]); Xiao et al. 2023"),
+    Statistic("last", "last", "A[i, l]: the last real key", "counted", _ALL, True, "Clark et al. 2019 ([SEP])"),
+    Statistic("max", "max", "max_j A_ij (the head's confidence)", "counted", _ALL, True, "Voita et al. 2019"),
+    Statistic("induction", "ind", "the weight on the tokens after the earlier occurrences of row i's token",
+              "repeated", (WEIGHTS,), source="Olsson et al. 2022"),
+    Statistic("duplicate", "dup", "the weight on the earlier occurrences of row i's token", "repeated", (WEIGHTS,),
+              source="Elhage et al. 2021"),
+    Statistic("sink_mass", "sink", "sum of A_ij over the first S real keys (--sinks S)", "counted", (SUMMARY,), True,
+              "StreamingLLM (Xiao et al. 2023)"),
+    Statistic("local_mass", "local", "sum of A_ij over pos(i) - W < j <= pos(i) (--local W)", "counted", (SUMMARY,),
+              True, "MInference's A-shape"),
+    Statistic("total", "total", "sum_j A_ij (1, or less with sinks)", "counted", (SUMMARY,), True),
+    Statistic("retrieval", "retrieval", "distinct needle positions copied over the needle's length", "decode",
+              (SUMMARY,), source="Wu et al. 2024"),
+    Statistic("punctuation", "punct", 'the weight on the tokens "." and ","', "counted", (CORPUS,),
+              source="Clark et al. 2019"),
+    Statistic("next", "next", "A[i, i + 1]", "earlier", (CORPUS,), source="Clark et al. 2019"),
+    Statistic("entropy_uniform", "uniform", "log n_i: the entropy of uniform attention over the same keys", "counted",
+              (CORPUS,), source="Clark et al. 2019, Figure 4"),
+    Statistic("first_row_entropy", "H(first row)", "the entropy of row f", "first row", (CORPUS,),
+              source="Clark et al. 2019, Figure 4 ([CLS])"),
+    Statistic("top_previous", "top prev", "1 where row i's largest weight is on i - 1 (ties: the lower key)", "later",
+              (CORPUS,), source="Voita et al. 2019"),
+    Statistic("top_next", "top next", "1 where row i's largest weight is on i + 1 (ties: the lower key)", "earlier",
+              (CORPUS,), source="Voita et al. 2019"),
+    Statistic("sink_rate", "sink rate", "1 where alpha, the mean A[i, f] over its rows, passes epsilon (per text, "
+              "not per row)", "sees first", (CORPUS,), source="Gu et al. 2024"),
+)
+BY_NAME = {s.name: s for s in STATISTICS}
+#: names a statistic had before, as files written then hold them (a corpus file's ``statistics``)
+RENAMED = {"sink": "sink_rate"}
+
+
+def names(face: str) -> tuple[str, ...]:
+    """The statistics ``face`` reports, in the table's order."""
+    return tuple(s.name for s in STATISTICS if face in s.faces)
+
+
+def columns(face: str) -> dict[str, str]:
+    """``{name: header}`` of the statistics ``face`` reports, in the table's order."""
+    return {s.name: s.header for s in STATISTICS if face in s.faces}
+
+
+def recorded() -> tuple[str, ...]:
+    """The statistics a summary records per query row (``attnviz.summarystats.PER_ROW``)."""
+    return tuple(s.name for s in STATISTICS if s.recorded)
+
+
+def current_name(name: str) -> str:
+    """A statistic's name today, given the name a file written before may hold."""
+    return RENAMED.get(name, name)
