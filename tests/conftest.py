@@ -139,6 +139,10 @@ ONE_WORKER = {
 }
 
 
+# Units of work sent out before every other (their few tests take minutes): the real models' tier.
+FIRST = ("test_real_models",)
+
+
 # Modules that run as one unit of work together, on one worker: each builds small models from transformers configs,
 # and importing transformers' model classes costs a worker ~4-8 s of CPU; one worker pays it instead of every one.
 SHARED_UNITS = {name: "transformers models" for name in
@@ -175,7 +179,23 @@ def pytest_xdist_make_scheduler(config, log):
 
     class Scheduling(LoadScopeScheduling):
         # units go out largest first (xdist's --loadscope-reorder, on by default): the corpus and the
-        # warm worker's module start at once, single tests fill the gaps
+        # warm worker's module start at once, single tests fill the gaps; the units of FIRST before all, whatever
+        # their number of tests (a few long tests: sent last, they would end the run a minute or two late)
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed and self.config.option.loadscopereorder:
+                first = next(iter(self.registered_collections.values()), [])
+                units: dict[str, int] = {}
+                for nodeid in first:
+                    scope = self._split_scope(nodeid)
+                    units[scope] = units.get(scope, 0) + 1
+                rank = {scope: (not any(Path(scope).stem == f for f in FIRST), -count, n)
+                        for n, (scope, count) in enumerate(units.items())}
+                for node, collection in self.registered_collections.items():  # every node's alike: they compare
+                    self.registered_collections[node] = sorted(collection,
+                                                               key=lambda nodeid: rank[self._split_scope(nodeid)])
+                self.config.option.loadscopereorder = False  # the queue now follows the collection's order
+            super().schedule()
+
         def _split_scope(self, nodeid: str) -> str:
             _, marked, group = nodeid.rpartition("@")
             if marked and not any(c in group for c in "[]:/"):  # test_x[id]@group
