@@ -297,3 +297,62 @@ def test_jobs_in_threads_parse_their_options_at_once(tmp_path):
                            "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert all(job["exit_code"] == 0 for job in json.loads(done.stdout)["jobs"]), done.stdout
+
+
+#: a batch of 3 jobs in threads in a fresh process, with SIGINT raised in the main thread while concurrent.futures'
+#: wait() holds some but not all of the pending futures' locks (where a real signal lands now and then under load)
+SIGNAL_IN_WAIT = """
+import json, signal, sys
+from concurrent.futures import _base
+
+from attnviz import interrupts
+from attnviz.batch.jobs import Job
+from attnviz.batch.running import BatchPlan, run_batch
+
+state = {"raised": False}
+enter = _base._AcquireFutures.__enter__
+
+
+def acquire(self):
+    for n, future in enumerate(self.futures):
+        future._condition.acquire()
+        if n == 0 and len(self.futures) > 1 and not state["raised"]:
+            state["raised"] = True
+            signal.raise_signal(signal.SIGINT)  # its handler runs here, one lock taken
+
+
+_base._AcquireFutures.__enter__ = acquire
+
+
+class Runner:
+    def execute(self, argv, /):
+        import time
+        time.sleep(0.2)
+        return 0
+
+    def commands(self):
+        return {"sleep"}
+
+    def takes_quiet(self, command, /):
+        return False
+
+
+jobs = [Job(i + 1, "sleep", ["sleep"], index=i, outputs=[]) for i in range(6)]
+plan = BatchPlan(jobs, jobs, list(jobs), [], (0, 1), None)
+try:
+    with interrupts.handled():
+        run_batch(plan, runner=Runner(), workers=3)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_signal_inside_a_wait_for_jobs_does_not_hang_the_batch():
+    """A signal whose exception was raised inside concurrent.futures.wait() (it takes the pending futures' locks
+    one by one) left a lock held: the job finishing that future blocked for ever, and the batch hung at its end
+    instead of exiting 130 (test_signals' SIGINT batch case timed out so under load). The signal is now raised
+    between two waits: the batch ends, interrupted."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", SIGNAL_IN_WAIT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "interrupted", done.stdout + done.stderr

@@ -66,6 +66,10 @@ def _identity(path: str) -> tuple[Any, ...] | None:
     return storage.identity(path)
 
 
+#: how long the main thread waits for a job before a signal that arrived meanwhile is raised (seconds)
+WAIT_SLICE = 0.05
+
+
 def threads_parse_options() -> None:
     """Let several threads parse command lines at once. Typer sets ``PYDANTIC_DISABLE_PLUGINS`` while it builds a
     parameter's adapter and deletes it afterwards unless it was set before: two jobs' threads that both found it
@@ -124,7 +128,12 @@ def run_all(runner: Runner, jobs: list[Job], workers: int, fail_fast: bool,
                         pending.add(pool.submit(run_job, runner, queue.pop(0)))
                     if not pending:
                         break
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                # never inside wait(): it takes every pending future's lock in turn, and a signal's exception
+                # raised between two of them left a lock held, so that the job finishing that future blocked
+                # for ever and the batch hung at its end (seen under load: Ctrl-C to a batch of 3 jobs); the
+                # signal is raised between two short waits instead
+                with interrupts.deferred():
+                    done, pending = wait(pending, timeout=WAIT_SLICE, return_when=FIRST_COMPLETED)
             except KeyboardInterrupt as exc:  # in the main thread: the jobs running in threads finish
                 interrupted, stop = interrupted or exc, True
                 queue.clear()
