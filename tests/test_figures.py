@@ -251,7 +251,7 @@ def test_compare_draws_the_largest_differences_first(tmp_path):
                           str(tmp_path / "d.png"), "--max-panels", "3", "--quiet"])
     heading = fig.texts[0].get_text().replace("\n", " ")
     assert "the 3 of 12 (layer, head) maps, ordered by largest difference" in heading
-    assert [t.get_text() for t in fig.mosaic_labels.captions] == ["L1 H3 0.3", "L0 H2 0.2", "L2 H0 0.1"]
+    assert [t.get_text() for t in fig.mosaic_labels.captions] == ["1:3 0.3", "0:2 0.2", "2:0 0.1"]
     img = read(tmp_path / "d.png")
     lim = 0.3
     assert close(panel_pixel(img, fig, 0, 0, 2, 1), rgb("RdBu_r", 0.0))  # A - B = -0.3, first
@@ -303,7 +303,7 @@ def test_reduce_heads_draws_the_mean_of_each_layer(tmp_path):
     fig = capture_figure(["compare", str(tmp_path / "w.npy"), str(tmp_path / "b.npy"), "--png",
                           str(tmp_path / "c.png"), "--reduce-heads", "mean", "--quiet"])
     first = fig.mosaic_labels.captions[0].get_text()
-    assert first.startswith("L2 mean ") and float(first.split()[-1]) == pytest.approx(
+    assert first.startswith("2:mean ") and float(first.split()[-1]) == pytest.approx(
         np.abs((w - b)[2].astype(np.float64).mean(axis=0)).max(), rel=1e-2)
 
 

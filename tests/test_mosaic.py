@@ -220,7 +220,7 @@ def test_compare_grid_shows_every_head_on_a_symmetric_scale(tmp_path):
     sq, _ = layout.scale
     assert pixel(img, origin, 0, 0) == rgb("RdBu_r", 0.0)  # -0.5: layer 2, head 5, ranked first
     assert pixel(img, origin, sq, 0) == rgb("RdBu_r", 0.5)  # no difference
-    assert "L2 H5" in [t.get_text().split(" 0.5")[0] for t in fig.mosaic_labels.captions]
+    assert "2:5" in [t.get_text().split(" 0.5")[0] for t in fig.mosaic_labels.captions]
 
 
 def test_inspect_png_is_the_mosaic_of_every_layer_and_head(tmp_path):

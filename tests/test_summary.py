@@ -437,7 +437,8 @@ def test_inspect_bad_summary_input(llama_folder: Path, tmp_path: Path) -> None:
     assert invoke("capture", llama_folder, "--text", _text(80), "-o", path, "--summary").exit_code == 0
     for args, message in ((["--span", "a=70:900"], "outside the sequence"), (["--span", "oops"], "NAME=START:END"),
                           (["--span-text", "n=magic purple"], "do not spell"),
-                          (["--needle", "the"], "--generate"), (["--stats-png", tmp_path / "x.png"], "summaries"),
+                          (["--needle", "the"], "--generate"),
+                          (["--stats-png", tmp_path / "x.png", "--stat", "induction"], "head table has entropy"),
                           (["--batch", "3"], "--batch 3")):
         done = invoke("inspect", path, *args)
         assert done.exit_code == 2 and message in done.stderr, (args, done.stderr)

@@ -773,7 +773,12 @@ def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, 
                 progress(done, total)
     describe = dict(cap.metadata)
     distance_texts = total - acc.distance_left_out
+    from attnviz.capturing.folder import recorded_name
+
     meta = {
+        # the model's name for titles (capturing.folder.model_name: a folder's name, a hub id); outside
+        # corpus.model, which merges compare: shards of one model read from two paths still add up
+        "model_name": recorded_name(model),
         "model_type": describe.get("model_type"), "transformers": describe.get("transformers"),
         "torch": describe.get("torch"), "dtype": describe.get("dtype"),
         "corpus": {

@@ -1,7 +1,8 @@
 """The command line's corpus faces: ``attnviz capture MODEL_DIR --text-file FILE --corpus -o heads.safetensors``
 (per-head statistics over every text, a progress bar on stderr) and ``attnviz inspect heads.safetensors`` on a
-corpus file (the per-head table, JSON, the layer strips and the heads map). The work is in
-``attnviz.capturing.corpus`` and ``attnviz.inspection.corpus``; the pictures in ``attnviz.render.corpus``."""
+corpus file (the per-head table, JSON, the layer strips, the heads map and a statistic's layers x heads heatmap).
+The work is in ``attnviz.capturing.corpus`` and ``attnviz.inspection.corpus``; the pictures in
+``attnviz.render.corpus``."""
 
 from __future__ import annotations
 
@@ -142,24 +143,32 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
 
 def inspect_corpus(path: str, meta: dict[str, Any], out: Any, fig: Any, heads_map: str | None) -> None:
     """``attnviz inspect heads.safetensors``: the per-head table (sorted, ``--top``) or ``--json``; with
-    ``--png`` the layer strips, with ``--heads-map`` the heads placed by their distances."""
+    ``--png`` the layer strips, with ``--heads-map`` the heads placed by their distances, with ``--stats-png`` the
+    layers x heads heatmap of ``--stat``."""
     from attnviz.inspection.corpus import closest_pairs, corpus_document, read_corpus
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
     del meta
-    unsupported = [flag for flag, value in (("--map-png", out.map_png), ("--stats-png", out.stats_png),
-                                            ("--received-png", out.received_png), ("--overlay-png", out.overlay_png),
-                                            ("--html", out.html), ("--save-maps", out.save_maps)) if value]
+    unsupported = [flag for flag, value in (("--map-png", out.map_png), ("--received-png", out.received_png),
+                                            ("--overlay-png", out.overlay_png), ("--html", out.html),
+                                            ("--save-maps", out.save_maps)) if value]
     if unsupported:
         raise UsageError(f"{unsupported[0]}: {path} is a corpus file (per-head statistics, no maps); it draws "
-                         "--png and --heads-map.")
+                         "--png, --heads-map and --stats-png.")
     sums = read_corpus(path)
     from attnviz.cli.options import check_png_path
 
     check_png_path(out.png, "--png")
     check_png_path(heads_map, "--heads-map")
-    targets = check_outputs({"--png": out.png, "--heads-map": heads_map, "--json-file": out.json_file}, [Path(path)])
+    check_png_path(out.stats_png, "--stats-png")
+    if out.stats_png:  # before any file is written
+        from attnviz.render.corpus import stat_columns
+        from attnviz.render.figures import check_stat
+
+        check_stat(stat_columns(sums), out.stat, path)
+    targets = check_outputs({"--png": out.png, "--heads-map": heads_map, "--stats-png": out.stats_png,
+                             "--json-file": out.json_file}, [Path(path)])
     files: dict[str, str] = {}
     err = err_console()
     with staged_outputs(targets) as staged:
@@ -175,6 +184,11 @@ def inspect_corpus(path: str, meta: dict[str, Any], out: Any, fig: Any, heads_ma
 
             save_figure(heads_map_figure(sums, fig), staged["--heads-map"])
             files["heads_map"] = heads_map or ""
+        if "--stats-png" in staged:
+            from attnviz.render.corpus import stat_grid
+
+            save_figure(stat_grid(sums, fig, out.stat, path), staged["--stats-png"])
+            files["stats_png"] = out.stats_png
         document = json.dumps(corpus_document(sums, path, files))
         if "--json-file" in staged:
             from attnviz.io import save_text

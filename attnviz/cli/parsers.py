@@ -251,6 +251,27 @@ def typed(annotation: Any, *decls: str, **kwargs: Any) -> Any:
 
 
 
+@dataclass(frozen=True)
+class StatName:
+    """``--stat``: a column of the file's head table, which only the file can tell (a statistic's name, ``on:SPAN``
+    for a summary's span, ``class:NAME`` for a corpus file's token class); a word, checked against the file when
+    it is read (``attnviz.render.figures.check_stat``)."""
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip()
+        if not text or any(c.isspace() or not c.isprintable() for c in text.partition(":")[0]):
+            raise OptionValueError(value, "expected a statistic's name, e.g. entropy, sink_mass or on:needle")
+        return text
+
+
+def _stat_completions(incomplete: str) -> list[str]:
+    """What TAB offers for --stat: every statistic of the table (``attnviz.statistics``), then the forms of a
+    span's and a token class's columns."""
+    from attnviz.statistics import STATISTICS
+
+    return [name for name in (*(s.name for s in STATISTICS), "on:", "class:") if name.startswith(incomplete)]
+
+
 def _norm_completions(incomplete: str) -> list[str]:
     """What TAB offers for --norm: its forms (a power needs its exponent after the colon)."""
     return [form for form in ("auto", "linear", "log", "power:0.5", "power:2") if form.startswith(incomplete)]
@@ -266,5 +287,6 @@ PARSERS: dict[str, Any] = {
     "grid": GridSpec(),
     "span": SpanSpec(),
     "seed": Number(int, min=0, max=SEED_MAX),
+    "stat": StatName(),
 }
-COMPLETIONS: dict[str, Any] = {"norm": _norm_completions}
+COMPLETIONS: dict[str, Any] = {"norm": _norm_completions, "stat": _stat_completions}

@@ -25,7 +25,7 @@ import numpy as np
 from attnviz import text as inert
 from attnviz.blocks import block_factors
 from attnviz.render.heatmap import DPI, PANEL_TITLE_WIDTH, PLAIN, agg_canvas, quiet_matplotlib
-from attnviz.render.scale import ColourScale, per_panel_ticks
+from attnviz.render.scale import ColourScale, per_panel_ticks, plain_bar_ticks
 
 MOSAIC_SIDE = 1600  # a mosaic picture is at most about this many pixels a side ...
 PANEL_MAX = 160  # ... each panel at most this many a side (small maps: cells of several pixels)
@@ -285,6 +285,8 @@ def _mosaic_colour_bar(fig: Any, mappable: Any, label: str, extend: str,
     bar.set_label(inert.label(label, PANEL_TITLE_WIDTH), fontsize=AXIS_FONT, **PLAIN)
     if per_panel is not None:
         per_panel_ticks(bar, *per_panel)
+    else:
+        plain_bar_ticks(bar)
     cax.tick_params(labelsize=TICK_FONT)
     return cax
 

@@ -112,7 +112,7 @@ def closest_pairs_table(pairs: list[tuple[tuple[int, int], tuple[int, int], floa
     for name in ("head", "head ", "divergence"):
         table.add_column(name, justify="right", no_wrap=True)
     for a, b, value in pairs:
-        table.add_row(f"{a[0]}-{a[1]}", f"{b[0]}-{b[1]}", _num(value, precision))
+        table.add_row(head_name(a), head_name(b), _num(value, precision))
     return table
 
 
@@ -128,7 +128,8 @@ def _title(sums: CorpusSums, fig: Any, what: str) -> str:
     given = getattr(fig, "title", None)
     if given:
         return str(given)
-    return f"{sums.meta.get('model_type') or 'model'}: {what} over {sums.corpus.get('texts')} texts"
+    name = sums.meta.get("model_name") or sums.meta.get("model_type") or "model"  # files written before: the type
+    return f"{name}: {what} over {sums.corpus.get('texts')} texts"
 
 
 def layer_strips_figure(sums: CorpusSums, fig: Any = None) -> Any:
@@ -178,8 +179,12 @@ def layer_strips_figure(sums: CorpusSums, fig: Any = None) -> Any:
 def heads_map_figure(sums: CorpusSums, fig: Any = None, pairs: int = 5) -> Any:
     """The heads placed in the plane so that their distances follow the Jensen-Shannon distances of their
     rows (the square root of the mean divergence per query row; classical multidimensional scaling),
-    coloured by layer, the closest pairs joined and listed."""
+    coloured by layer, the closest pairs joined and listed. Each head is labelled ``LAYER:HEAD`` where its label
+    overlaps no other (``_label_heads``: the closest pairs' heads first); the legend stands beside the plot."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    from attnviz.render.heatmap import agg_canvas
 
     d = sums.distances()
     d = np.sqrt(np.maximum(np.nan_to_num(d, nan=0.0), 0.0))
@@ -187,7 +192,8 @@ def heads_map_figure(sums: CorpusSums, fig: Any = None, pairs: int = 5) -> Any:
     heads = np.array(sums.head_order)
     layers = sorted({int(v) for v in heads[:, 0]})
     colours = _layer_colours(heads[:, 0], layers)
-    figure = Figure(figsize=(8.0, 6.0), dpi=100, layout="constrained")
+    figure = Figure(figsize=(9.0, 6.5), dpi=100, layout="constrained")
+    agg_canvas(figure)
     ax = figure.subplots()
     closest = closest_pairs(sums, pairs)
     index = {tuple(h): g for g, h in enumerate(sums.head_order)}
@@ -195,21 +201,92 @@ def heads_map_figure(sums: CorpusSums, fig: Any = None, pairs: int = 5) -> Any:
         i, j = index[a], index[b]
         ax.plot(points[[i, j], 0], points[[i, j], 1], color="0.6", lw=0.8, zorder=1)
     ax.scatter(points[:, 0], points[:, 1], c=colours, s=40, edgecolors="white", linewidths=0.5, zorder=2)
-    for g, (layer, head) in enumerate(sums.head_order):
-        ax.annotate(f"{layer}-{head}", points[g], fontsize=6, xytext=(3, 2), textcoords="offset points",
-                    color="0.25")
-    from matplotlib.lines import Line2D
-
     handles = [Line2D([], [], marker="o", ls="", color=colours[list(heads[:, 0]).index(layer)], label=f"layer {layer}")
                for layer in layers]
-    ax.legend(handles=handles, fontsize=7, loc="best", frameon=False)
-    listed = "; ".join(f"{a[0]}-{a[1]} & {b[0]}-{b[1]}: {v:.3g}" for a, b, v in closest)
-    ax.set_xlabel(f"closest pairs (mean JS divergence per row): {listed}", fontsize=7)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              frameon=False)
+    listed = "; ".join(f"{head_name(a)} & {head_name(b)}: {v:.3g}" for a, b, v in closest)
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlabel(f"closest pairs (mean JS divergence per row): {listed}", fontsize=7)
     figure.suptitle(_title(sums, fig, "heads placed by the Jensen-Shannon distances of their rows"), fontsize=10)
+    first = [index[h] for a, b, _ in closest for h in (a, b)]
+    shown = _label_heads(figure, ax, points, [head_name(h) for h in sums.head_order], first)
+    if shown < len(points):
+        ax.set_xlabel(f"{ax.get_xlabel()}\nlabelled: {shown} of {len(points)} heads (LAYER:HEAD; the others' labels "
+                      "would overlap)", fontsize=7)
     return figure
+
+
+def head_name(head: tuple[int, int]) -> str:
+    """How pictures write a head: ``LAYER:HEAD``, as the summary's retrieval heads are written."""
+    return f"{head[0]}:{head[1]}"
+
+
+#: where a head's label may stand, beside its dot: (dx, dy) in points, and its alignment there
+LABEL_PLACES = ((4, 2, "left", "bottom"), (4, -2, "left", "top"), (-4, 2, "right", "bottom"),
+                (-4, -2, "right", "top"), (0, 5, "center", "bottom"), (0, -5, "center", "top"),
+                (8, 6, "left", "bottom"), (8, -6, "left", "top"), (-8, 6, "right", "bottom"), (-8, -6, "right", "top"))
+
+
+def _label_heads(figure: Any, ax: Any, points: np.ndarray, names: list[str], first: list[int]) -> int:
+    """Write each head's name beside its dot, in the first place of ``LABEL_PLACES`` where it overlaps no label
+    written before, no other dot, and stays within the plot; heads ``first`` (the closest pairs', listed under the
+    plot) first and over other dots where they must (a pair's dots may touch), then the rest in order. A head
+    whose label fits nowhere is left unlabelled. Returns how many were labelled."""
+    from matplotlib.transforms import Bbox
+
+    figure.canvas.draw()  # the layout and the limits, settled: labels are placed in pixels
+    renderer = figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    dots = ax.transData.transform(points)
+    radius = 3.5 * figure.dpi / 72  # a dot's radius (s=40: a diameter of about 6.3 points), in pixels
+    boxes: list[Any] = []
+    order = list(dict.fromkeys([*first, *range(len(points))]))
+    shown = 0
+    for g in order:
+        others = [Bbox.from_bounds(x - radius, y - radius, 2 * radius, 2 * radius)
+                  for k, (x, y) in enumerate(dots) if k != g]
+        for dx, dy, ha, va in LABEL_PLACES:
+            text = ax.annotate(names[g], points[g], xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
+                               fontsize=6, color="0.2")
+            text.set_in_layout(False)
+            box = text.get_window_extent(renderer).padded(1)
+            inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1)
+            clear = g in first or not any(box.overlaps(b) for b in others)
+            if inside and clear and not any(box.overlaps(b) for b in boxes):
+                boxes.append(box)
+                shown += 1
+                break
+            text.remove()
+    return shown
+
+
+def stat_columns(sums: CorpusSums) -> dict[str, np.ndarray]:
+    """The columns of the head table a layers x heads picture draws (``--stats-png --stat NAME``): every statistic
+    of the file (``CORPUS_STATS``, then ``class:NAME`` for each token class), its means over texts as
+    ``[sites, most heads]``, NaN where a site has fewer heads."""
+    means = sums.means()
+    width = max(sums.heads, default=0)
+    columns = {}
+    for name in sums.names:
+        grid = np.full((len(sums.sites), width), np.nan)
+        start = 0
+        for row, n in enumerate(sums.heads):
+            grid[row, :n] = means[name][start:start + n]
+            start += n
+        columns[name] = grid
+    return columns
+
+
+def stat_grid(sums: CorpusSums, fig: Any, stat: str, source: str) -> Any:
+    """``--stats-png`` of a corpus file: the layers x heads heatmap of the column ``stat`` (``stat_columns``), its
+    rows named by their layers."""
+    from attnviz.render.figures import stat_grid_figure
+
+    return stat_grid_figure(stat_columns(sums), stat, title=_title(sums, fig, "head statistics"), what=source, fig=fig,
+                            layer_ids=list(sums.layers))
 
 
 def _layer_colours(layer_of: np.ndarray, layers: list[int]) -> np.ndarray:

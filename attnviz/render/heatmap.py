@@ -44,6 +44,7 @@ from attnviz.render.scale import (
     number,
     own_scale,
     per_panel_ticks,
+    plain_bar_ticks,
     scale_label,
 )
 from attnviz.render.table import slice_label
@@ -364,6 +365,8 @@ def _panels_colour_bar(fig: Any, image: Any, axes: Sequence[Any], look: _PanelLo
     bar.set_label(inert.label(scale_label(label, named, look.diverging), PANEL_TITLE_WIDTH), **PLAIN)
     if scale.per_panel:
         per_panel_ticks(bar, scale, look.diverging)
+    else:
+        plain_bar_ticks(bar)
 
 
 def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None = None,
@@ -399,7 +402,9 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
                 ax.text(j, i, "\u2013" if value != value else f"{value:.{digits}f}", ha="center", va="center",
                         fontsize=7, color="black" if value == value and float(norm(value)) > 0.6 else "white",
                         **PLAIN)
-    fig.colorbar(image, ax=ax).set_label(inert.label(stat, PANEL_TITLE_WIDTH), **PLAIN)
+    bar = fig.colorbar(image, ax=ax)
+    bar.set_label(inert.label(stat, PANEL_TITLE_WIDTH), **PLAIN)
+    plain_bar_ticks(bar)
     ranged = f" (from {low:.{digits}f} to {high:.{digits}f}; colours from {bottom:g})" if shown.size else ""
     heading = fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per head{ranged}",
                            fontsize=11, **PLAIN)

@@ -357,11 +357,11 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
     count = len(panels)
     cols = count if count <= 4 else math.ceil(math.sqrt(count))
     rows = math.ceil(count / cols)
-    captions = [(f"L{layer} H{head}" if head is not None else f"L{layer} {reduce_heads}") + f" {number(score)}"
+    captions = [(f"{layer}:{head}" if head is not None else f"{layer}:{reduce_heads}") + f" {number(score)}"
                 for (layer, head), score in zip(panels, scores)]
     what = "(layer, head) maps" if not reduce_heads else f"layers ({reduce_heads} of heads {spans(heads)})"
     shown = f"the {count} of {total} {what}" if count < total else f"all {total} {what}"
-    heading = (f"{inert.title(title)}: {shown}, ordered by largest difference ({measure}; under each: layer, head, "
+    heading = (f"{inert.title(title)}: {shown}, ordered by largest difference ({measure}; under each: layer:head, "
                f"{measure}), maps [{shape[0]}, {shape[1]}]{note}")
 
     def get(r: int, c: int) -> tuple[np.ndarray, np.ndarray | None] | None:

@@ -292,6 +292,20 @@ def per_panel_ticks(bar: Any, scale: ColourScale, diverging: bool) -> None:
     bar.set_ticklabels(names)
 
 
+def plain_bar_ticks(bar: Any) -> None:
+    """A colour bar on a linear (or power) scale labels each tick with its whole value: matplotlib's default
+    writes a shared factor or offset over the bar instead (``1e-5`` above ticks 1, 2, 3), which reads as a value
+    of the scale and sits on the label of its top. Log scales keep their own labels (10^-3), which carry none."""
+    from matplotlib.ticker import ScalarFormatter
+
+    if not isinstance(bar.formatter, ScalarFormatter):
+        return
+    formatter = ScalarFormatter(useOffset=False)
+    formatter.set_scientific(False)
+    bar.formatter = formatter
+    bar.update_ticks()
+
+
 def number(value: float) -> str:
     """A value as a panel's label shows it: three significant digits."""
     return f"{value:.3g}"

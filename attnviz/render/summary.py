@@ -227,129 +227,201 @@ def received_document(result: SummaryResult) -> dict[str, Any]:
             "note": "per key: the attention it receives from the real rows that see it, divided by their number"}
 
 
-def _norm_for(fig: Any, values: np.ndarray) -> tuple[Any, str]:
-    """The colour scale of summary pictures, as every heatmap's (``--norm``), but ``auto`` (the default)
-    takes a log scale as soon as the values above 0 span a decade above their median (block means are about
-    1/L beside sinks of nearly 1: a linear scale shows the sinks alone); the name for the colour bar."""
+#: what --stat says of a column a summary could have but this run lacks
+STAT_HINTS = {"retrieval": "retrieval scores need --needle NAME|TEXT (the needle's span) and a capture made with "
+                           "--summary --generate N"}
+
+
+def stat_columns(result: SummaryResult) -> dict[str, np.ndarray]:
+    """The columns of the head table a layers x heads picture draws (``--stats-png --stat NAME``), each
+    ``[layers, H]``: the head means (``HEAD_FIELDS``), the retrieval score where ``--needle`` scored it, the sink
+    rate's share of texts in which each head is a sink (``sink_rate``, Gu et al. 2024) and each span's received
+    attention (``on:NAME``, the table's ``on NAME``)."""
+    columns = {name: np.asarray(result.heads[name], dtype=np.float64) for name in HEAD_FIELDS}
+    if result.sinks is not None:
+        columns["sink_rate"] = np.asarray(result.sinks.per_head, dtype=np.float64)
+    if result.retrieval is not None:
+        columns["retrieval"] = np.asarray(result.retrieval.scores, dtype=np.float64)
+    for name, got in result.spans.items():
+        columns[f"on:{name}"] = np.asarray(got["received"], dtype=np.float64)
+    return columns
+
+
+def stat_grid(result: SummaryResult, fig: Any, stat: str) -> Any:
+    """``--stats-png`` of a summary: the layers x heads heatmap of the column ``stat`` (``stat_columns``)."""
+    from attnviz.render.figures import stat_grid_figure
+
+    s = result.read
+    return stat_grid_figure(stat_columns(result), stat, title=fig.title or f"summary of {s.source}", what=s.source,
+                            fig=fig, hints=STAT_HINTS)
+
+
+def summary_scale(fig: Any, values: np.ndarray) -> Any:
+    """The colour scale of summary pictures (``--norm``, as every heatmap's), but ``auto`` (the default) is a
+    log scale, as docs/long-context.md says: block means and a long row's weights are about 1/L beside sinks
+    of nearly 1, and a linear scale shows the sinks alone. Linear where a log scale cannot be drawn (no value
+    above 0, or --vmin or --vmax at 0). The colour bar names the scale either way."""
     from dataclasses import replace
 
+    scale = fig.scale()
+    if scale.norm != "auto":
+        return scale
+    shown = np.asarray(values, dtype=np.float64)
+    fixed = [v for v in (scale.vmin, scale.vmax) if v is not None]
+    positive = bool((shown > 0).any()) and all(v > 0 for v in fixed)
+    return replace(scale, norm="log" if positive else "linear", auto=True)
+
+
+def _norm_for(fig: Any, values: np.ndarray) -> tuple[Any, str]:
+    """The scaling of ``values`` on the summary pictures' scale (``summary_scale``), and its name for the colour
+    bar."""
     from attnviz.render.scale import ValueRange, make_scaling
 
-    scale = fig.scale()
-    found = ValueRange(histogram=scale.norm == "auto")
+    scale = summary_scale(fig, values)
+    found = ValueRange()
     found.add(np.asarray(values, dtype=np.float64)[None])
-    if scale.norm == "auto" and scale.vmin is None and scale.vmax is None and found.decades() >= 1.0:
-        scale = replace(scale, norm="log", auto=True)
     scaling = make_scaling(scale, found)
-    made = scaling.scale or scale
-    return scaling, made.name
+    return scaling, (scaling.scale or scale).name
+
+
+def _layer_word(s: Any) -> str:
+    """What a site of the summary is called in pictures: ``layer``, or ``encoder layer`` (``cross layer`` ...)
+    for one kind of sites of an encoder-decoder. Sites are numbered 0, 1, ... as the head table numbers them."""
+    return "layer" if s.kind == "layers" else f"{s.kind} layer"
 
 
 def pooled_grid_figure(result: SummaryResult, fig: Any) -> Any:
-    """The layer x head grid of pooled block means of one batch entry, axes in token positions."""
-    import matplotlib.pyplot as plt  # noqa: F401 - the Agg canvas below
-    from matplotlib.figure import Figure
-
-    from attnviz.render.scale import _colormap
+    """The layer x head grid of pooled block means of one batch entry: one mosaic, as the grid of exact weights
+    (``attnviz.render.mosaic``: panels a cell a block, rows numbered by layer and columns by head, one colour
+    bar), on the summary pictures' scale (``summary_scale``); the block size in its heading."""
+    from attnviz.render.mosaic import mosaic_figure
 
     s = result.read
     layers, b, h, lq, lk = s.shape
     bi = result.batch
     data = s.pooled_mean[:, bi]  # [layers, H, Pq, Pk]
-    scaling, name = _norm_for(fig, data[np.isfinite(data)])
-    cmap = _colormap(fig.cmap or "viridis")
-    size = 1.6
-    figure = Figure(figsize=(max(4.0, h * size + 1.2), max(3.0, layers * size + 1.0)))
-    axes = figure.subplots(layers, h, squeeze=False)
-    image = None
     bq, bk = s.q_edges[1] - s.q_edges[0], s.k_edges[1] - s.k_edges[0]
-    for li in range(layers):
-        for hi in range(h):
-            ax = axes[li][hi]
-            image = ax.imshow(scaling.clip(data[li, hi]), norm=scaling.norm, cmap=cmap, aspect="auto",
-                              interpolation="nearest", extent=(0, lk, lq, 0))
-            ax.tick_params(labelsize=5, length=2)
-            if li != layers - 1:
-                ax.set_xticklabels([])
-            if hi:
-                ax.set_yticklabels([])
-            if li == 0:
-                ax.set_title(f"head {hi}", fontsize=7)
-            if hi == 0:
-                ax.set_ylabel(f"{s.sites[li]}\nquery", fontsize=6)
-            if li == layers - 1:
-                ax.set_xlabel("key position", fontsize=6)
-    title = fig.title or (f"pooled attention of {s.source}" + (f", entry {bi}" if b > 1 else "")
-                          + f": means of {bq} x {bk}-token blocks")
-    figure.suptitle(title, fontsize=8)
-    if image is not None:
-        bar = figure.colorbar(image, ax=axes, shrink=0.6, extend=scaling.extend)
-        bar.set_label("block mean weight" + (f" ({name})" if name else ""), fontsize=7)
-        bar.ax.tick_params(labelsize=6)
-    return figure
+    title = fig.title or (f"pooled attention of {s.source}" + (f", entry {bi}" if b > 1 else ""))
+    heading = f"{title}: {_layer_word(s)}s x heads, maps [{lq}, {lk}]"  # the mosaic adds its blocks
+    # block means of block means are the means of the larger blocks (--reduce max would be the largest mean, not
+    # the largest weight): a mosaic that must shrink the maps further takes means
+    return mosaic_figure(lambda r, c: (data[r, c], None), layers, h, (data.shape[-2], data.shape[-1]),
+                         title=heading, row_labels=[str(li) for li in range(layers)],
+                         col_labels=[str(hi) for hi in range(h)], row_name=_layer_word(s), col_name="head",
+                         cmap=fig.cmap, reduce="mean", colorbar_label="block mean weight", blocks=(bq, bk),
+                         scale=summary_scale(fig, data[np.isfinite(data)]))
+
+
+#: the least width of a span's shading, in pixels of the saved picture: a needle of 7 tokens in 19k keys is
+#: otherwise a hairline
+SPAN_MIN_PX = 4
 
 
 def received_profile_figure(result: SummaryResult, fig: Any, layer: int | None = None,
                             head: int | None = None) -> Any:
     """The attention each key position receives, mean over the real rows that see it: one line per layer
-    (mean over heads), or per head of ``layer``; spans shaded."""
+    (mean over heads), or per head of ``layer``; spans shaded (at least ``SPAN_MIN_PX`` wide) and named inside
+    the plot's top edge, clear of the ticks and the title; the legend beside the plot, off its lines."""
     from matplotlib.figure import Figure
+
+    from attnviz.render.heatmap import DPI, agg_canvas
 
     s = result.read
     layers, b, h, lq, lk = s.shape
     mean = result.received["mean"][:, result.batch]  # [layers, H, Lk]
-    figure = Figure(figsize=(9, 3.6))
+    figure = Figure(figsize=(10, 3.8), dpi=DPI, layout="constrained")
+    agg_canvas(figure)
     ax = figure.add_subplot()
     x = np.arange(lk)
+    word = _layer_word(s)
     if layer is None:
         for li in range(layers):
-            ax.plot(x, np.nanmean(mean[li], 0) if h > 1 else mean[li, 0], lw=0.8, label=s.sites[li])
+            ax.plot(x, np.nanmean(mean[li], 0) if h > 1 else mean[li, 0], lw=0.8, label=f"{word} {li}")
+        legend_title = "mean over heads"
     else:
         for hi in range(h) if head is None else [head]:
-            ax.plot(x, mean[layer, hi], lw=0.8, label=f"{s.sites[layer]} head {hi}")
+            ax.plot(x, mean[layer, hi], lw=0.8, label=f"{layer}:{hi}")
+        legend_title = f"{word}:head"
     ax.set_yscale("log")
-    for name, got in result.spans.items():
-        ax.axvspan(got["start"], got["end"], color="orange", alpha=0.25)
-        ax.text((got["start"] + got["end"]) / 2, 1.0, name, transform=ax.get_xaxis_transform(), ha="center",
-                va="bottom", fontsize=7)
     ax.set_xlabel("key position")
     ax.set_ylabel("received (mean per row that sees it)", fontsize=8)
     ax.set_xlim(0, lk)
-    ax.legend(fontsize=6, ncol=min(4, max(1, layers)), loc="upper right")
-    ax.set_title(fig.title or f"attention received by position: {s.source}", fontsize=9)
-    figure.tight_layout()
+    lines = len(ax.get_lines())
+    ax.legend(fontsize=6, title=legend_title, title_fontsize=6, ncol=max(1, -(-lines // 16)), loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    what = f"{word} {layer}" if layer is not None else f"mean over heads, per {word}"
+    ax.set_title(fig.title or f"attention received by position ({what}): {s.source}", fontsize=9)
+    if result.spans:
+        _shade_spans(figure, ax, result.spans, lk)
     return figure
 
 
+def _shade_spans(figure: Any, ax: Any, spans: dict[str, dict[str, Any]], lk: int) -> None:
+    """Each span shaded over its keys, at least ``SPAN_MIN_PX`` pixels wide (centred on the span), and its name
+    written inside the plot under its top edge (kept within the plot: never over a tick label or the title)."""
+    figure.canvas.draw()  # the layout: the plot's width in pixels
+    width_px = max(1.0, ax.get_window_extent().width)
+    least = SPAN_MIN_PX * lk / width_px  # in key positions
+    for name, got in spans.items():
+        start, end = float(got["start"]), float(got["end"])
+        if end - start < least:
+            middle = (start + end) / 2
+            start, end = middle - least / 2, middle + least / 2
+            start, end = max(0.0, min(start, lk - least)), min(float(lk), max(end, least))  # within the plot
+        ax.axvspan(start, end, color="orange", alpha=0.35, lw=0)
+        middle = (start + end) / 2
+        # near an edge the label runs into the plot rather than out of it
+        ha, x, dx = (("left", start, 3) if middle < 0.1 * lk else ("right", end, -3) if middle > 0.9 * lk else
+                     ("center", middle, 0))
+        ax.annotate(name, (x, 0.97), xycoords=ax.get_xaxis_transform(), xytext=(dx, 0), textcoords="offset points",
+                    ha=ha, va="top", fontsize=7,
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+
+
 def rows_figure(result: SummaryResult, fig: Any, layer: int) -> Any:
-    """The chosen rows of ``layer`` as strips: one panel per row, heads x keys, token labels where they fit."""
+    """The chosen rows of ``layer`` as strips: one panel per row, heads down (a tick per head, at its cell's
+    centre) and key positions across, token labels where they fit; on the summary pictures' scale
+    (``summary_scale``), the colour bar naming it and each tick its whole value."""
     from matplotlib.figure import Figure
 
-    from attnviz.render.scale import _colormap
+    from attnviz.render.heatmap import DPI, agg_canvas
+    from attnviz.render.scale import _colormap, plain_bar_ticks
 
     s = result.read
     assert s.chosen is not None
     rows = s.chosen[layer, result.batch]  # [H, R, Lk]
     h, r, lk = rows.shape
     scaling, name = _norm_for(fig, rows[np.isfinite(rows)])
-    figure = Figure(figsize=(9, 0.9 + r * (0.35 + 0.18 * h)))
+    panel_h = 0.35 + 0.16 * h  # inches
+    figure = Figure(figsize=(10, 1.0 + r * (panel_h + 0.45)), dpi=DPI, layout="constrained")
+    agg_canvas(figure)
     axes = figure.subplots(r, 1, squeeze=False)
     labels = s.key_tokens[result.batch] if s.key_tokens and len(s.key_tokens) > result.batch else None
     image = None
+    # a head's label at most every 9 pixels of the panel (6-point labels never touch)
+    step = max(1, -(-h // max(1, int(panel_h * DPI) // 9)))
     for n in range(r):
         ax = axes[n][0]
         image = ax.imshow(scaling.clip(rows[:, n]), norm=scaling.norm, cmap=_colormap(fig.cmap or "viridis"),
-                          aspect="auto", interpolation="nearest", extent=(0, lk, h, 0))
+                          aspect="auto", interpolation="nearest", extent=(-0.5, lk - 0.5, h - 0.5, -0.5))
         pos = s.chosen_positions[n]
         token = f" {labels[pos]!r}" if labels and pos < len(labels) else ""
-        ax.set_ylabel(f"row {pos}{token}\nhead", fontsize=6)
-        ax.tick_params(labelsize=5)
+        ax.set_ylabel(f"row {pos}{token}\nhead", fontsize=7)
+        ax.set_yticks(range(0, h, step))
+        ax.tick_params(labelsize=6)
         if labels and lk <= 64:
-            ax.set_xticks(np.arange(lk) + 0.5)
+            ax.set_xticks(np.arange(lk))
             ax.set_xticklabels(labels[:lk], rotation=90, fontsize=5)
-    axes[-1][0].set_xlabel("key position", fontsize=7)
-    figure.suptitle(fig.title or f"the chosen rows of {s.sites[layer]}: {s.source}", fontsize=8)
+        else:
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+        ax.set_xlabel("key position", fontsize=7)
+    word = _layer_word(s)
+    figure.suptitle(fig.title or f"the chosen rows of {word} {layer}: {s.source}", fontsize=9)
     if image is not None:
-        bar = figure.colorbar(image, ax=axes, shrink=0.8, extend=scaling.extend)
+        bar = figure.colorbar(image, ax=axes, shrink=0.9, extend=scaling.extend)
         bar.set_label("weight" + (f" ({name})" if name else ""), fontsize=7)
+        bar.ax.tick_params(labelsize=6)
+        plain_bar_ticks(bar)
     return figure

@@ -704,7 +704,7 @@ def compare_picture(result: CompareResult, fig: FigureOptions, max_panels: int, 
         if n >= count:
             return None
         (layer, head), score = ranked[n]
-        caption = (f"L{layer} H{head}" if head is not None else f"L{layer} {how}") + f" {number(score)}"
+        caption = (f"{layer}:{head}" if head is not None else f"{layer}:{how}") + f" {number(score)}"
         if head is not None:
             return TermPanel(lambda: get_map(layer, head), shape, caption)
         return TermPanel(lambda: (_reduced_layer(get_map, layer, heads, shape, how or "mean", True), None), shape,

@@ -36,6 +36,9 @@ SUMMARY_PANEL = "Summary (long inputs)"
 SUMMARY_ONLY = tuple(n for n in names(SUMMARY) if n not in names(WEIGHTS))
 #: what --sort also takes on a corpus file (attnviz capture --corpus)
 CORPUS_SORTABLE = tuple(n for n in names(CORPUS) if n not in SORTABLE)
+#: the statistics of a corpus file alone, and what --stat says of them (and of a summary's) on another kind of file
+CORPUS_ONLY = tuple(n for n in names(CORPUS) if n not in names(WEIGHTS))
+STAT_ELSEWHERE = "a column of a summary capture's or a corpus file's head table"
 FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps",
                 "heads_map")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
@@ -56,9 +59,12 @@ class InspectOutputs(TableOptions):
     png: str | None = option(None, "a layer x head grid of every map (the map itself when there is one); .png, .svg "
                              "or .pdf", panel=OUTPUT, metavar="FILE")
     map_png: str | None = option(None, "the selected map alone, with labels", panel=OUTPUT, metavar="FILE")
-    stats_png: str | None = option(None, "a layers x heads heatmap of --stat", panel=OUTPUT, metavar="FILE")
-    stat: Literal[SORTABLE[2:]] = option(  # type: ignore[valid-type]
-        "entropy", "the statistic of --stats-png", panel=OUTPUT)
+    stats_png: str | None = option(None, "a layers x heads heatmap of --stat (of weights, a summary or a corpus "
+                                   "file)", panel=OUTPUT, metavar="FILE")
+    stat: str = option("entropy", "the column of --stats-png: a statistic of the file's head table (entropy, max, "
+                       "first ...; a summary's sink_mass, sink_rate, retrieval with --needle, on:SPAN; a corpus "
+                       "file's sink_rate, punctuation, class:NAME ...); one the file lacks is refused, naming those "
+                       "it has", panel=OUTPUT, metavar="NAME", parse="stat")
     received_png: str | None = option(None, "a strip per layer of the attention each key token receives (mean over "
                                       "heads)", panel=OUTPUT, metavar="FILE")
     overlay_png: str | None = option(None, OVERLAY_HELP, panel=OUTPUT, metavar="FILE")
@@ -178,12 +184,12 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
     from attnviz.staging import staged_outputs
 
     raw, capture, kind = found
-    for name in ("png", "map_png", "received_png"):
+    for name in ("png", "map_png", "stats_png", "received_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
-    for name in ("stats_png", "overlay_png", "html", "save_maps"):
+    for name in ("overlay_png", "html", "save_maps"):
         if getattr(out, name):
             raise UsageError(f"--{name.replace('_', '-')}: {capture.source} holds summaries, not weights; it draws "
-                             "--png (pooled maps), --received-png and --map-png (the chosen rows).")
+                             "--png (pooled maps), --received-png, --map-png (the chosen rows) and --stats-png.")
     fig.check()
     read = read_summary(raw, capture, kind)
     layers = read.shape[0]
@@ -194,8 +200,12 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
         raise UsageError(f"--map-png: {capture.source} holds no chosen rows (capture with --rows).")
     result = analyse_summary(read, batch=options.selection.batch, spans=asked.get("span"),
                              span_texts=asked.get("span_text"), needle=asked.get("needle"))
-    targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--received-png": out.received_png,
-                             "--json-file": out.json_file}, [])
+    if out.stats_png:  # before any file is written
+        from attnviz.render.figures import check_stat
+
+        check_stat(drawn.stat_columns(result), out.stat, capture.source, drawn.STAT_HINTS)
+    targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--stats-png": out.stats_png,
+                             "--received-png": out.received_png, "--json-file": out.json_file}, [])
     err = err_console()
     files: dict[str, str] = {}
     with staged_outputs(targets) as staged:
@@ -205,7 +215,8 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
                                  ("--received-png", "received_png",
                                   lambda: drawn.received_profile_figure(result, fig, layer)),
                                  ("--map-png", "map_png",
-                                  lambda: drawn.rows_figure(result, fig, layers - 1 if layer is None else layer))):
+                                  lambda: drawn.rows_figure(result, fig, layers - 1 if layer is None else layer)),
+                                 ("--stats-png", "stats_png", lambda: drawn.stat_grid(result, fig, out.stat))):
             if flag in staged:
                 save_figure(make(), staged[flag])
                 files[name] = getattr(out, name)
@@ -246,11 +257,16 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
-    for flag, value in (("--sort", out.sort), ("--stat", out.stat if out.stats_png else None)):
+    for flag, value in (("--sort", out.sort),):
         if value in SUMMARY_ONLY:
             from attnviz.errors import UsageError
 
             raise UsageError(f"{flag} {value}: a column of a summary capture's head table (attnviz capture --summary).")
+    if out.stats_png:  # before the weights are read: what exact weights have is known
+        from attnviz.render.figures import check_stat
+
+        check_stat(dict.fromkeys(names(WEIGHTS)), out.stat, options.weights or "WEIGHTS",
+                   dict.fromkeys((*SUMMARY_ONLY, *CORPUS_ONLY), STAT_ELSEWHERE))
     for name in ("png", "map_png", "stats_png", "received_png", "overlay_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
     check_html_path(out.html)
