@@ -33,6 +33,7 @@ class Captured:
     dtype: str = "float32"  # what the model computed in (--check's tolerance follows it)
     summary: bool = False  # summaries were recorded instead of weights
     dense_mask_bytes: int = 0  # masks not made of padding, causal and a window, kept whole
+    generated: list[str] | None = None  # --generate: the text each batch entry generated
 
 
 #: folder names that say nothing of the model they hold: the folder above names it too
@@ -393,10 +394,11 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
             shape = tuple(raw.entry(f"{first}.q")["shape"])
         else:
             shape = site_lengths(raw, capture, first)
+        generated = capture.generated_texts()
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
                       time.perf_counter() - started, [*limits, *chosen, *rec.warnings],
                       dtype=str(meta.get("dtype") or "float32"), summary=summary is not None,
-                      dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0))
+                      dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0), generated=generated)
     if check:
         from attnviz.capturing.check import check_capture
 

@@ -237,6 +237,8 @@ class Capture:
                 ids = np.concatenate(rec.inputs[name], axis=-1)
                 meta[key] = [_token_strings(self.tokenizer, [int(i) for i in row])
                              for row in ids.reshape(-1, ids.shape[-1])]
+        if self.tokenizer is not None and any(k in meta for k in ("tokens", "decoder_tokens", "generated")):
+            meta["token_style"] = token_style(self.tokenizer, meta)
         return meta
 
     # -- the recording
@@ -335,6 +337,26 @@ def _token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
         return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     return [str(tokenizer.id_to_token(i)) for i in ids]
+
+
+def token_style(tokenizer: Any, meta: dict[str, Any]) -> str | None:
+    """How the tokens a capture keeps stand for text (``attnviz.tokentext``): asked of a transformers tokenizer by
+    what it makes of a probe (``a``, ``Ġb``, ``Ċ`` is ``a b`` and a newline for byte-level BPE; ``a``, ``▁b`` is
+    ``a b`` for SentencePiece); read from the tokens themselves for a tokenizer that cannot be asked (KerasHub's)."""
+    from attnviz import tokentext
+
+    convert = getattr(tokenizer, "convert_tokens_to_string", None)
+    if callable(convert):
+        for style, probe, text in ((tokentext.BYTE_LEVEL, ["a", "Ġb", "Ċ"], "a b\n"),
+                                   (tokentext.SENTENCEPIECE, ["a", "▁b"], "a b")):
+            try:
+                if convert(probe) == text:
+                    return style
+            except Exception:  # noqa: BLE001 - a tokenizer that cannot read the probe's characters is not of it
+                continue
+        return None
+    rows = [row for key in ("tokens", "decoder_tokens", "generated") for row in meta.get(key) or []]
+    return tokentext.detect(rows)
 
 
 def _counts(model: Any) -> dict[str, int]:

@@ -240,6 +240,8 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
                "device": done.device, "file": str(done.path), "sites": done.sites, "shape": list(done.shape),
                "texts": len(all_texts), "generate": generate, "seconds": round(done.seconds, 3),
                "summary": done.summary, "dense_mask_bytes": done.dense_mask_bytes, "warnings": done.warnings}
+        if done.generated is not None:
+            doc["generated"] = done.generated
         if done.checked is not None:
             doc["check"] = {"atol": atol, "passed": not failed, "max_abs_diff": done.checked}
         stdout().write(json.dumps(doc) + "\n")
@@ -262,6 +264,11 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         if done.checked is not None:
             out.write(_check_line(done.checked, atol, failed))
     if not quiet:
+        if done.generated is not None:
+            from attnviz.tokentext import answer_lines
+
+            for line in answer_lines(done.generated):
+                err.print(line, markup=False)
         err.print(f"saved capture to {done.path}", markup=False, style="dim")
     if failed:
         raise typer.Exit(3)
