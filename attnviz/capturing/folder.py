@@ -291,12 +291,14 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
                    check: bool = False, summary: Any = None, max_file: int | None = None,
-                   auto_summary: bool = False, long: str | None = None) -> Captured:
+                   auto_summary: bool = False, long: str | None = None, progress: Any = None) -> Captured:
     """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
     (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
     chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings);
     ``long``: texts longer than the model's positions, ``truncate`` (keep their first tokens) or ``refuse``
     (stop); None: stop where the model cannot run them, warn where it runs them untrained (``fit_positions``).
+    ``progress(done, total, tokens)``: told as the model's first forward runs over the batch's ``tokens`` (its
+    texts' tokens, padding included) how many of its ``total`` attention modules are done (``Capture``'s).
     A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
     from attnviz.capturing.preset import capture_preset, is_preset
 
@@ -362,8 +364,15 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     settings: dict[str, Any] = {}
     if summary is not None:
         settings = dict(summary=True, sinks=summary.sinks, local=summary.local, pool=summary.pool, rows=summary.rows)
+    told = None
+    if progress is not None:
+        tokens = int(inputs["input_ids"].numel())
+
+        def told(done: float, total: int) -> None:
+            progress(done, total, tokens)
+
     with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
-                       target=target_value, **settings) as rec:
+                       target=target_value, progress=told, **settings) as rec:
         try:
             if generate:
                 if not callable(getattr(model, "can_generate", None)) or not model.can_generate():

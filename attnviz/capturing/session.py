@@ -37,7 +37,9 @@ class Capture:
     ``local`` (W, the keys i - W < j <= i), ``pool`` (P, at most P x P cells) and ``rows`` (``"last"``,
     ``"0,512,-1"``, ranges ``"100:200"``); ``qkv`` (keep q, k and v: by default with weights, not with a
     summary); ``corpus`` (an ``attnviz.capturing.corpus.CorpusAccumulator``: each site's weights go to it
-    instead of the file, and the block may run the model many times; nothing is written). On exit the model
+    instead of the file, and the block may run the model many times; nothing is written); ``progress(done,
+    total)`` (a transformers model: told, as its first forward runs, how many of its ``total`` attention modules
+    are done, a share of one while a summary sums a module's rows a block at a time). On exit the model
     is as before: its attention implementation, its configs, its hooks.
     """
 
@@ -45,7 +47,7 @@ class Capture:
                  path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool | None = None,
                  weights_dtype: str = "float32", target: Any = None, summary: bool = False,
                  sinks: int | None = None, local: int | None = None, pool: int | None = None,
-                 rows: str | None = "last", corpus: Any = None) -> None:
+                 rows: str | None = "last", corpus: Any = None, progress: Any = None) -> None:
         from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
 
         if not summary and any(v is not None for v in (sinks, local, pool)):
@@ -69,6 +71,7 @@ class Capture:
         self.target_path = None if path is None else Path(path)
         self.weights, self.qkv, self.weights_dtype, self.target = weights, qkv, weights_dtype, target
         self.corpus = corpus
+        self.progress = progress
         if corpus is not None and (not weights or target is not None):
             raise UsageError("attnviz.capture: a corpus needs the weights and takes no target.")
         self.path: Path | None = None  # the finished file
@@ -103,6 +106,7 @@ class Capture:
                 check_model(self.model)
                 self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
                                           self.target, self.summary, corpus=self.corpus)
+                self._adapter.progress = self.progress
             self._opened = self._adapter.opened()
             self._opened.__enter__()
         except BaseException:
