@@ -414,8 +414,9 @@ def test_generate_under_a_summary_keeps_every_decode_row_and_token(llama_folder:
     shown = invoke("inspect", path, "--needle", "the secret code is magic blue", "--json")
     doc = json.loads(shown.stdout)
     assert doc["retrieval"]["decode_rows"] == 4 and np.array(doc["retrieval"]["scores"]).shape == (2, 4)
-    # a random model's answer repeats none of the needle: the scores are said to measure little
-    assert doc["retrieval"]["recall"] == [0.0] and "batch entry 0 (0.00) repeats at most half" in shown.stderr
+    # a random model's answer repeats none of the needle: no score is given, and the warning says why
+    # (tests/test_generation_text.py)
+    assert doc["retrieval"]["recall"] == [0.0] and "cannot mean anything" in shown.stderr
 
 
 @pytest.mark.parametrize("args, message", [

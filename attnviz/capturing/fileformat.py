@@ -264,6 +264,30 @@ class Capture:
         """The tokens of the keys: the encoder's for cross-attention."""
         return self.tokens("encoder" if kind == "cross" else kind)
 
+    def token_style(self) -> str | None:
+        """How the tokens stand for text (``attnviz.tokentext``: ``byte-level``, ``sentencepiece``, or None: as
+        they are): as the capture recorded it from the tokenizer, else read from the tokens (a file written
+        before it was recorded)."""
+        from attnviz import tokentext
+
+        meta = self.metadata
+        if "token_style" in meta:
+            style = meta.get("token_style")
+            return style if style in tokentext.STYLES else None
+        rows = [row for key in ("tokens", "decoder_tokens", "generated") for row in meta.get(key) or []
+                if isinstance(row, list)]
+        return tokentext.detect(rows)
+
+    def generated_texts(self) -> list[str] | None:
+        """The text each batch entry generated (``generate()``'s new tokens, decoded together), or None."""
+        from attnviz import tokentext
+
+        rows = self.metadata.get("generated")
+        if not isinstance(rows, list) or not rows or not all(isinstance(row, list) for row in rows):
+            return None
+        style = self.token_style()
+        return [tokentext.joined(tokentext.trailing_once([str(t) for t in row]), style) for row in rows]
+
     def choose_kind(self, wanted: str | None) -> str:
         """The kind a spec names (``run.safetensors:cross``), or the only one; an error listing them."""
         kinds = self.kinds

@@ -33,6 +33,7 @@ class Captured:
     dtype: str = "float32"  # what the model computed in (--check's tolerance follows it)
     summary: bool = False  # summaries were recorded instead of weights
     dense_mask_bytes: int = 0  # masks not made of padding, causal and a window, kept whole
+    generated: list[str] | None = None  # --generate: the text each batch entry generated
 
 
 #: folder names that say nothing of the model they hold: the folder above names it too
@@ -290,12 +291,14 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
                    layers: list[int] | None = None, generate: int = 0, weights: bool = True,
                    weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
                    check: bool = False, summary: Any = None, max_file: int | None = None,
-                   auto_summary: bool = False, long: str | None = None) -> Captured:
+                   auto_summary: bool = False, long: str | None = None, progress: Any = None) -> Captured:
     """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
     (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
     chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings);
     ``long``: texts longer than the model's positions, ``truncate`` (keep their first tokens) or ``refuse``
     (stop); None: stop where the model cannot run them, warn where it runs them untrained (``fit_positions``).
+    ``progress(done, total, tokens)``: told as the model's first forward runs over the batch's ``tokens`` (its
+    texts' tokens, padding included) how many of its ``total`` attention modules are done (``Capture``'s).
     A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
     from attnviz.capturing.preset import capture_preset, is_preset
 
@@ -361,8 +364,15 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     settings: dict[str, Any] = {}
     if summary is not None:
         settings = dict(summary=True, sinks=summary.sinks, local=summary.local, pool=summary.pool, rows=summary.rows)
+    told = None
+    if progress is not None:
+        tokens = int(inputs["input_ids"].numel())
+
+        def told(done: float, total: int) -> None:
+            progress(done, total, tokens)
+
     with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
-                       target=target_value, **settings) as rec:
+                       target=target_value, progress=told, **settings) as rec:
         try:
             if generate:
                 if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
@@ -393,10 +403,11 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
             shape = tuple(raw.entry(f"{first}.q")["shape"])
         else:
             shape = site_lengths(raw, capture, first)
+        generated = capture.generated_texts()
     result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
                       time.perf_counter() - started, [*limits, *chosen, *rec.warnings],
                       dtype=str(meta.get("dtype") or "float32"), summary=summary is not None,
-                      dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0))
+                      dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0), generated=generated)
     if check:
         from attnviz.capturing.check import check_capture
 

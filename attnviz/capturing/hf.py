@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -30,6 +31,8 @@ from attnviz.capturing.recorder import HostArray, Pending, Recorder, Site
 from attnviz.errors import AttnvizError, InputError, UsageError
 
 IMPLEMENTATION = "attnviz_capture"
+#: a capture's progress is told at most this often (seconds) while a summary's blocks of rows are summed
+PROGRESS_EVERY = 0.1
 #: attribute names of an attention module's output projection, by family
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "o", "c_proj", "dense", "wo", "out", "proj")
 CROSS_NAMES = ("encoder_attn", "crossattention", "cross_attn", "encdecattention", "cross_attention")
@@ -221,6 +224,12 @@ class HFCapture:
         self.dense_bytes = 0  # the dense masks kept (masks not made of padding, causal and a window)
         #: inside the model's generate(): a summary keeps the prompt's last row (it decodes the first new token)
         self.generating = False
+        #: ``progress(done, total)``: told, while the model's first forward runs (the prompt's, under generate()),
+        #: how many of its ``total`` attention modules are done (a summary's share of rows summed counts too)
+        self.progress: Any = None
+        self.sites_done = 0
+        self.sites_total = 0
+        self.reported = 0.0  # when progress was last told (it is told at most every PROGRESS_EVERY seconds)
 
     @property
     def light(self) -> bool:
@@ -252,6 +261,7 @@ class HFCapture:
     def opened(self) -> Iterator[None]:
         _register()
         looks = self.candidates()
+        self.sites_total = len(looks)
         for module in self.model.modules():
             _owners[id(module)] = self
         configs = configs_of(self.model)
@@ -434,8 +444,18 @@ class HFCapture:
         elif site is not None:
             with torch.no_grad():
                 self._record(site, module, query, key, value, attention_mask, weights, kwargs, lq, lk)
+        if self.progress is not None and self.forwards <= 1:
+            self.sites_done += 1
+            self._tell(self.sites_done, now=True)
         returned = weights if kwargs.get("output_attentions") else None
         return out, returned
+
+    def _tell(self, done: float, now: bool = False) -> None:
+        """``progress`` told of ``done`` sites of the first forward (not more often than every PROGRESS_EVERY s)."""
+        at = time.monotonic()
+        if now or at - self.reported >= PROGRESS_EVERY:
+            self.reported = at
+            self.progress(min(done, self.sites_total), self.sites_total)
 
     def _original(self, module: Any, query: Any, key: Any, value: Any, mask: Any, kwargs: dict[str, Any],
                   eager_out: Any) -> Any:
@@ -554,8 +574,17 @@ class HFCapture:
         if self.generating:  # the prompt's last row decodes the first new token: every step is kept
             chosen = (settings.rows or "").strip()
             settings = replace(settings, rows="last" if chosen in ("", "none") else f"{chosen},last")
+        on_rows = None
+        if self.progress is not None and self.forwards <= 1:  # the prompt's pass: its rows, a block at a time
+            rows, lq = [0], max(1, int(query.shape[-2]))
+
+            def on_rows(n: int) -> None:
+                rows[0] += n
+                if rows[0] < lq:  # the last block: the site's own report follows
+                    self._tell(self.sites_done + rows[0] / lq)
+
         got = summarise(query, key, scale=scale, settings=settings, parts=parts, dense=keep, softcap=softcap,
-                        sinks=sinks, bias=bias)
+                        sinks=sinks, bias=bias, on_rows=on_rows)
         for name, value in got.items():
             if name != "real_keys":
                 arrays[name] = host(value, value.dtype)

@@ -37,7 +37,9 @@ class Capture:
     ``local`` (W, the keys i - W < j <= i), ``pool`` (P, at most P x P cells) and ``rows`` (``"last"``,
     ``"0,512,-1"``, ranges ``"100:200"``); ``qkv`` (keep q, k and v: by default with weights, not with a
     summary); ``corpus`` (an ``attnviz.capturing.corpus.CorpusAccumulator``: each site's weights go to it
-    instead of the file, and the block may run the model many times; nothing is written). On exit the model
+    instead of the file, and the block may run the model many times; nothing is written); ``progress(done,
+    total)`` (a transformers model: told, as its first forward runs, how many of its ``total`` attention modules
+    are done, a share of one while a summary sums a module's rows a block at a time). On exit the model
     is as before: its attention implementation, its configs, its hooks.
     """
 
@@ -45,7 +47,7 @@ class Capture:
                  path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool | None = None,
                  weights_dtype: str = "float32", target: Any = None, summary: bool = False,
                  sinks: int | None = None, local: int | None = None, pool: int | None = None,
-                 rows: str | None = "last", corpus: Any = None) -> None:
+                 rows: str | None = "last", corpus: Any = None, progress: Any = None) -> None:
         from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
 
         if not summary and any(v is not None for v in (sinks, local, pool)):
@@ -69,6 +71,7 @@ class Capture:
         self.target_path = None if path is None else Path(path)
         self.weights, self.qkv, self.weights_dtype, self.target = weights, qkv, weights_dtype, target
         self.corpus = corpus
+        self.progress = progress
         if corpus is not None and (not weights or target is not None):
             raise UsageError("attnviz.capture: a corpus needs the weights and takes no target.")
         self.path: Path | None = None  # the finished file
@@ -103,6 +106,7 @@ class Capture:
                 check_model(self.model)
                 self._adapter = HFCapture(self.model, self._rec, self.weights_dtype, self.weights, self.qkv,
                                           self.target, self.summary, corpus=self.corpus)
+                self._adapter.progress = self.progress
             self._opened = self._adapter.opened()
             self._opened.__enter__()
         except BaseException:
@@ -237,6 +241,8 @@ class Capture:
                 ids = np.concatenate(rec.inputs[name], axis=-1)
                 meta[key] = [_token_strings(self.tokenizer, [int(i) for i in row])
                              for row in ids.reshape(-1, ids.shape[-1])]
+        if self.tokenizer is not None and any(k in meta for k in ("tokens", "decoder_tokens", "generated")):
+            meta["token_style"] = token_style(self.tokenizer, meta)
         return meta
 
     # -- the recording
@@ -335,6 +341,26 @@ def _token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
         return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     return [str(tokenizer.id_to_token(i)) for i in ids]
+
+
+def token_style(tokenizer: Any, meta: dict[str, Any]) -> str | None:
+    """How the tokens a capture keeps stand for text (``attnviz.tokentext``): asked of a transformers tokenizer by
+    what it makes of a probe (``a``, ``Ġb``, ``Ċ`` is ``a b`` and a newline for byte-level BPE; ``a``, ``▁b`` is
+    ``a b`` for SentencePiece); read from the tokens themselves for a tokenizer that cannot be asked (KerasHub's)."""
+    from attnviz import tokentext
+
+    convert = getattr(tokenizer, "convert_tokens_to_string", None)
+    if callable(convert):
+        for style, probe, text in ((tokentext.BYTE_LEVEL, ["a", "Ġb", "Ċ"], "a b\n"),
+                                   (tokentext.SENTENCEPIECE, ["a", "▁b"], "a b")):
+            try:
+                if convert(probe) == text:
+                    return style
+            except Exception:  # noqa: BLE001 - a tokenizer that cannot read the probe's characters is not of it
+                continue
+        return None
+    rows = [row for key in ("tokens", "decoder_tokens", "generated") for row in meta.get(key) or []]
+    return tokentext.detect(rows)
 
 
 def _counts(model: Any) -> dict[str, int]:

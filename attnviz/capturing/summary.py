@@ -123,9 +123,10 @@ class BlockScores:
 
 def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings, parts: MaskParts,
                dense: Any = None, softcap: float | None = None, sinks: Any = None, bias: Any = None,
-               row_budget: int = BLOCK_VALUES, threads: int = 1) -> dict[str, Any]:
+               row_budget: int = BLOCK_VALUES, threads: int = 1, on_rows: Any = None) -> dict[str, Any]:
     """The summary of one call of a site: ``query [B, H, Lq, d]``, ``key [B, Hkv, Lk, d]`` (torch, any
-    device), ``dense`` a boolean keep mask ``[B or 1, 1 or H, Lq, Lk]`` (or None: ``parts`` say it all).
+    device), ``dense`` a boolean keep mask ``[B or 1, 1 or H, Lq, Lk]`` (or None: ``parts`` say it all);
+    ``on_rows(n)`` is told of each block's ``n`` query rows once they are summed (a progress bar's steps).
     Returns torch tensors on the same device, named as ``attnviz.summarystats`` names them (with a mask per
     head, ``keys_seen`` and ``seen_by`` per head too: ``[B, H, Lq]``, ``[B, H, Lk]``).
 
@@ -256,6 +257,9 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
                     seen_by[..., lo:hi] += kept.sum(2)
                     pooled_seen[:, :, qi, j0:j0 + nj] |= kept.view(b, hm, stop - start, nj, bk).any(-1).any(2)
             start = stop
+        if on_rows is not None:
+            with lock:
+                on_rows(r)
 
     _run_blocks(one_block, list(range(0, lq, step)), threads)
     if dense is None:

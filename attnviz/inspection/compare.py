@@ -195,7 +195,7 @@ def prepare_compare(options: CompareOptions) -> CompareRun:
         if w.capture is not None and labels.q is None and labels.k is None:
             from attnviz.inspection.weights import capture_labels
 
-            labels = TokenLabels(*capture_labels(w), given=False)
+            labels = TokenLabels(*capture_labels(w), given=False, style=w.capture.token_style())
     index = options.selection.index(a.shape)
     if options.labels.merge_subwords:
         from dataclasses import replace
@@ -208,7 +208,8 @@ def prepare_compare(options: CompareOptions) -> CompareRun:
         merged_b = merge_run(b, masks, None, q_labels, k_labels, options.labels.subword_style)
         a, b, masks = merged_a.weights, replace(b, data=merged_b.weights.data), merged_a.masks
         labels = TokenLabels(None if merged_a.q_labels is None else [merged_a.q_labels],
-                             None if merged_a.k_labels is None else [merged_a.k_labels], labels.given)
+                             None if merged_a.k_labels is None else [merged_a.k_labels], labels.given,
+                             style=labels.style)
     for w in (a, b):
         if not all_finite(w.data, rows=masks.real_rows):
             raise InputError(f"{w.source}: holds NaN or infinity; `attnviz inspect --check-finite` locates them.")

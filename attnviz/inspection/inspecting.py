@@ -127,7 +127,7 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
     if w.capture is not None and labels.q is None and labels.k is None:  # the tokens the capture recorded
         from attnviz.inspection.weights import capture_labels
 
-        labels = TokenLabels(*capture_labels(w), given=False)
+        labels = TokenLabels(*capture_labels(w), given=False, style=w.capture.token_style())
     masks, checked = read_masks(options.masks, w, paths)
     index = options.selection.index(w.shape)
     words = None
@@ -139,7 +139,8 @@ def prepare(options: InspectOptions, token_options: tuple[tuple[str, str | None]
         w, masks, checked = merged.weights, merged.masks, merged.checked
         labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels],
                              None if merged.k_labels is None else [merged.k_labels],
-                             labels.given and not labels.per_entry)  # the shown entry's own: nothing to warn of
+                             labels.given and not labels.per_entry,  # the shown entry's own: nothing to warn of
+                             style=labels.style)
         words = merged.document()
     q_labels, k_labels = labels.of(index[1])
     entries = [index[1]] if options.selection.batch is not None else list(range(w.shape[1]))

@@ -242,7 +242,7 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         from attnviz.inspection.selection import TokenLabels
         from attnviz.inspection.weights import capture_labels
 
-        labels = TokenLabels(*capture_labels(w), given=False)
+        labels = TokenLabels(*capture_labels(w), given=False, style=w.capture.token_style())
     masks, _ = read_masks(options.masks, w, paths, check=False)
     _, bi, _ = Selection(batch=options.batch).index(w.shape)
     words = None
@@ -254,7 +254,8 @@ def run_rollout(options: RolloutOptions) -> RolloutRun:
         merged = merge_run(w, masks, None, tokens, tokens, options.subword_style)
         w, masks, words = merged.weights, merged.masks, merged.document()
         labels = TokenLabels(None if merged.q_labels is None else [merged.q_labels], None,
-                             labels.given and not labels.per_entry)  # the shown entry's own: nothing to warn of
+                             labels.given and not labels.per_entry,  # the shown entry's own: nothing to warn of
+                             style=labels.style)
         layers, batches, _, lq, lk = w.shape
     from attnviz.inspection.images import read_image_input
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,11 +77,21 @@ def grid_choice(layers: str | None, heads: str | None, shape: tuple[int, ...],
 class TokenLabels:
     """The labels of the queries and of the keys: one list per batch entry, or one list for every entry
     (None: not given). ``given``: from --labels (a capture's own tokens are not, nor the words merged from
-    the shown entry's own list)."""
+    the shown entry's own list). ``style``: a capture's tokens, as its tokenizer spells them (``Ġdo``), whose
+    convention (``attnviz.tokentext``) shows each as the text it stands for (``·do``): ``of`` and ``document``
+    give those labels, ``tokens_of`` and ``tokens`` the tokens themselves (merging sub-words and the
+    token-aware scores read those)."""
 
     q: list[list[str]] | None = None
     k: list[list[str]] | None = None
     given: bool = True
+    style: str | None = None
+
+    @cached_property
+    def _shown(self) -> tuple[list[list[str]] | None, list[list[str]] | None]:
+        from attnviz.tokentext import shown_rows
+
+        return shown_rows(self.q, self.style), shown_rows(self.k, self.style)
 
     @property
     def per_entry(self) -> bool:
@@ -94,7 +105,12 @@ class TokenLabels:
         return any(rows is not None and len(rows) == 1 for rows in (self.q, self.k))
 
     def of(self, entry: int) -> tuple[list[str] | None, list[str] | None]:
-        """The labels of batch entry ``entry``: (queries, keys)."""
+        """The labels of batch entry ``entry`` as shown: (queries, keys)."""
+        q, k = self._shown
+        return _row(q, entry), _row(k, entry)
+
+    def tokens_of(self, entry: int) -> tuple[list[str] | None, list[str] | None]:
+        """The labels of batch entry ``entry`` as given or recorded: (queries, keys)."""
         return _row(self.q, entry), _row(self.k, entry)
 
     def tokens(self, entries: list[int]) -> list[list[str]] | None:
@@ -102,7 +118,7 @@ class TokenLabels:
         scores need them), else None."""
         if self.q is None or self.k is None:
             return None
-        rows = [self.of(b) for b in entries]
+        rows = [self.tokens_of(b) for b in entries]
         if any(q != k for q, k in rows):
             return None
         return [q for q, _ in rows if q is not None]
@@ -111,7 +127,8 @@ class TokenLabels:
         """``{"q": [...], "k": [...]}``, each entry's labels, for the JSON documents; None with one list."""
         if not self.per_entry:
             return None
-        return {"q": self.q or [], "k": self.k or []}
+        q, k = self._shown
+        return {"q": q or [], "k": k or []}
 
 
 def _row(rows: list[list[str]] | None, entry: int) -> list[str] | None:
@@ -175,7 +192,7 @@ def entry_labels_to_merge(labels: TokenLabels, batch: int | None,
     if labels.per_entry and batch is None:
         raise UsageError("--merge-subwords: the batch entries have different tokens, so different words; merge "
                          "one entry at a time with --batch.")
-    return labels.of(entry)
+    return labels.tokens_of(entry)
 
 
 def label_warnings(labels: TokenLabels, masks: Mask, shape: tuple[int, ...], batch: int | None,

@@ -6,6 +6,7 @@ retrieval heads. NumPy only; every array is read once, and none is larger than `
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,11 +30,22 @@ def is_summary(capture: Any) -> bool:
 
 @dataclass
 class Span:
-    """A span of key positions ``[start, end)`` with a name (``--span``, ``--span-text``)."""
+    """A span of key positions ``[start, end)`` with a name (``--span``, ``--span-text``); a span found by its
+    text is ``occurrence`` (1-based) of the ``found`` places the tokens spell it, ``chosen`` when the user said
+    which (``NAME=TEXT@k``)."""
 
     name: str
     start: int
     end: int
+    occurrence: int | None = None
+    found: list[tuple[int, int]] = field(default_factory=list)
+    chosen: bool = False
+
+    def document(self) -> dict[str, Any]:
+        """Where a span found by its text lies among the places it was found (for the JSON documents)."""
+        if self.occurrence is None:
+            return {}
+        return {"occurrence": self.occurrence, "occurrences": len(self.found)}
 
 
 @dataclass
@@ -62,6 +74,17 @@ class SummaryRead:
     self_attention: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
     generated_ids: np.ndarray | None = None  # [B, N]: generate()'s tokens past the prompt, the last one too
+    token_style: str | None = None  # how the tokens stand for text (``attnviz.tokentext``)
+    generated: list[str] | None = None  # the text each batch entry generated
+
+    def key_labels(self, entry: int) -> list[str] | None:
+        """The keys' tokens of batch entry ``entry`` as labels: the text each stands for (``attnviz.tokentext``)."""
+        from attnviz.tokentext import shown
+
+        rows = self.key_tokens
+        if not rows:
+            return None
+        return [shown(t, self.token_style) for t in (rows[entry] if len(rows) > entry else rows[0])]
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -137,7 +160,7 @@ def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
                        capture.tokens(kind), capture.key_tokens(kind), None if ids is None else np.asarray(ids),
                        bool(parts.get("self_attention", kind != "cross")), capture.metadata,
                        np.asarray(raw.get("generated_ids")) if "generated_ids" in raw.keys and kind == "layers"
-                       else None)
+                       else None, capture.token_style(), capture.generated_texts() if kind == "layers" else None)
     _check_shapes(read)
     return read
 
@@ -273,12 +296,14 @@ def received_profile(s: SummaryRead) -> dict[str, np.ndarray]:
 
 
 SPAN_RE = re.compile(r"^(?P<name>[^=]+)=(?P<start>-?\d+):(?P<end>-?\d+)$")
+#: ``TEXT@k``: the k-th place (1-based; negative from the last) the tokens spell TEXT
+OCCURRENCE_RE = re.compile(r"^(?P<text>.*\S)@(?P<k>-?\d+)$", re.DOTALL)
 
 
 def parse_spans(spans: list[str], texts: list[str], s: SummaryRead, batch: int = 0) -> list[Span]:
     """``--span NAME=START:END`` (key positions, END exclusive, negative from the end) and ``--span-text
-    NAME=TEXT`` (the first place the tokens of batch entry ``batch`` spell TEXT) as spans; bad ones are
-    usage errors naming them."""
+    NAME=TEXT`` (the first place the tokens of batch entry ``batch`` spell TEXT; ``NAME=TEXT@k`` the k-th) as
+    spans; bad ones are usage errors naming them."""
     lk = s.shape[-1]
     out: list[Span] = []
     for spec in spans:
@@ -295,39 +320,89 @@ def parse_spans(spans: list[str], texts: list[str], s: SummaryRead, batch: int =
     for spec in texts:
         name, eq, text = spec.partition("=")
         if not eq or not name or not text:
-            raise UsageError(f"--span-text {spec!r}: give NAME=TEXT.")
-        found = find_text(s.key_tokens, text, batch)
-        if found is None:
-            raise UsageError(f"--span-text {spec}: the tokens of batch entry {batch} do not spell {text!r}"
-                             + ("" if s.key_tokens else " (the capture holds no tokens)") + ".")
-        out.append(Span(name, *found))
+            raise UsageError(f"--span-text {spec!r}: give NAME=TEXT (NAME=TEXT@k: the k-th place it is found).")
+        out.append(text_span(s, name, text, batch, f"--span-text {spec}"))
     return out
+
+
+def text_span(s: SummaryRead, name: str, text: str, batch: int, option: str) -> Span:
+    """The span named ``name`` where the keys' tokens of entry ``batch`` spell ``text`` (``TEXT@k``: the k-th place,
+    1-based, negative from the last; else the first); a text not found, or no k-th place, is a usage error
+    naming ``option``."""
+    wanted = None
+    m = OCCURRENCE_RE.match(text)
+    if m and m.group("k") not in ("0", "-0"):
+        text, wanted = m.group("text"), int(m.group("k"))
+    elif m:
+        raise UsageError(f"{option}: @{m.group('k')}: places are counted from 1 (@1 the first, @-1 the last).")
+    found = find_all(s.key_tokens, text, batch, s.token_style)
+    if not found:
+        raise UsageError(f"{option}: the tokens of batch entry {batch} do not spell {text!r}"
+                         + ("" if s.key_tokens else " (the capture holds no tokens)") + ".")
+    k = 1 if wanted is None else wanted
+    if not -len(found) <= k <= len(found) or k == 0:
+        raise UsageError(f"{option}: the tokens of batch entry {batch} spell {text!r} {_times(len(found))}; "
+                         f"choose @1 to @{len(found)} (@-1 the last).")
+    k = k if k > 0 else len(found) + 1 + k
+    start, end = found[k - 1]
+    return Span(name, start, end, k, found, wanted is not None)
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
+def occurrence_note(option: str, text: str, spans: list[tuple[int, Span]]) -> str | None:
+    """A line saying which of several places a text was taken at, and how to choose another (``TEXT@k``), for
+    the entries (``(batch entry, span)``) where the user did not choose; None where it was found once."""
+    several = [(entry, span) for entry, span in spans if len(span.found) > 1 and not span.chosen]
+    if not several:
+        return None
+    entry, span = several[0]
+    most = max(len(sp.found) for _, sp in several)
+    places = ", ".join(f"{a}:{b}" for a, b in span.found[:4]) + (", ..." if len(span.found) > 4 else "")
+    where = (f"batch entry {entry}" if len(spans) == 1 else
+             f"batch entr{'y' if len(several) == 1 else 'ies'} {', '.join(str(e) for e, _ in several)}")
+    return (f"{option}: the tokens of {where} spell {text!r} {_times(len(span.found))} (tokens {places}); the first "
+            f"was taken ({span.start}:{span.end}); choose another with {text}@2" +
+            (f" ... @{most}" if most > 2 else "") + " (@-1 the last)")
 
 
 def _clean(token: str) -> str:
     return token.replace("\u0120", " ").replace("\u2581", " ").replace("##", "").replace("\u010a", "\n")
 
 
-def find_text(tokens: list[list[str]] | None, text: str, batch: int) -> tuple[int, int] | None:
-    """The first token span of entry ``batch`` whose text (sub-word marks dropped, spaces ignored) is ``text``."""
+def find_all(tokens: list[list[str]] | None, text: str, batch: int,
+             style: str | None = None) -> list[tuple[int, int]]:
+    """Every token span of entry ``batch`` whose text holds ``text``, in order and apart: the text the tokens stand
+    for (``attnviz.tokentext`` in ``style``; else with sub-word marks dropped), spaces ignored, case too (an
+    uncased tokenizer lowers the text); each span the fewest tokens that hold it, every byte of its characters."""
+    from attnviz.tokentext import STYLES, characters
+
     if not tokens:
-        return None
+        return []
     row = tokens[batch] if len(tokens) > batch else tokens[0]
-    pieces = ["".join(_clean(t).split()).lower() for t in row]  # an uncased tokenizer lowers the text
+    if style in STYLES:
+        chars = characters(row, style)
+    else:
+        chars = [(c, i, i) for i, t in enumerate(row) for c in _clean(t)]
+    hay, where = "", []  # the text without its spaces, lowered; each of its characters' (first, last) token
+    for char, first, last in chars:
+        if not char.isspace():
+            low = char.lower()
+            hay += low
+            where += [(first, last)] * len(low)
     target = "".join(text.split()).lower()
     if not target:
-        return None
-    for start in range(len(pieces)):
-        if not pieces[start] or not target.startswith(pieces[start]) and pieces[start] not in target:
-            continue
-        joined = ""
-        for end in range(start, len(pieces)):
-            joined += pieces[end]
-            if target in joined and len(joined) - len(pieces[start]) < len(target):
-                return start, end + 1
-            if len(joined) >= len(target) + len(pieces[start]):
-                break
-    return None
+        return []
+    found: list[tuple[int, int]] = []
+    at = hay.find(target)
+    while at >= 0:
+        start, end = where[at][0], where[at + len(target) - 1][1] + 1
+        if not found or start >= found[-1][1]:
+            found.append((start, end))
+        at = hay.find(target, at + len(target))
+    return found
 
 
 def span_masses(s: SummaryRead, spans: list[Span], batch: int = 0) -> dict[str, dict[str, Any]]:
@@ -409,7 +484,9 @@ def retrieval_scores(s: SummaryRead, needles: list[Span]) -> Retrieval:
     """Wu et al. 2024's retrieval score of each (layer, head), each batch entry with its own needle span
     (``needles[b]``): a head *copies* at a decode step when its most-attended key lies inside the needle and the
     token there is the token that step generates; an entry's score is the number of distinct needle positions
-    copied over the needle's length (at most 1), and ``scores`` their mean over the entries. Every step counts:
+    copied over the needle's length (at most 1), and ``scores`` their mean over the entries whose answer holds a
+    token of the needle (an answer without one cannot have been copied from it: its entry's scores are NaN, and
+    so is ``scores`` when no answer holds one). Every step counts:
     the prompt's last row (the first new token) and every later step, the last one included. (Wu et al.'s
     released code adds 1/length at every copying step, so a position copied twice counts twice and a score may
     pass 1; the paper's definition, a set of copied tokens, is the one kept here.)"""
@@ -440,7 +517,11 @@ def retrieval_scores(s: SummaryRead, needles: list[Span]) -> Retrieval:
                 pool.remove(t)
                 found += 1
         recall[bi] = found / length
-    return Retrieval(per_entry.mean(0), per_entry, list(needles), n, recall)
+    per_entry[recall == 0] = np.nan  # an answer without a needle token: no head could copy, its zeros mean nothing
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # every entry left out: no score (NaN)
+        scores = np.nanmean(per_entry, axis=0)
+    return Retrieval(scores, per_entry, list(needles), n, recall)
 
 
 #: Gu et al. 2024's epsilon: a head whose mean weight on the first token passes it is a sink head
@@ -527,6 +608,7 @@ class SummaryResult:
     sinks: SinkRate | None = None
     batch: int = 0
     warnings: list[str] = field(default_factory=list)
+    found_spans: list[Span] = field(default_factory=list)  # the spans asked for, where they were found
 
 
 def _opened_capture(spec: str) -> tuple[Any, Any]:
@@ -569,17 +651,65 @@ def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[
         raise UsageError(f"--batch {bi}: {read.source} holds {b} batch entr{'y' if b == 1 else 'ies'} (0..{b - 1}).")
     found = parse_spans(spans or [], span_texts or [], read, bi)
     result = SummaryResult(read, head_table(read), received_profile(read), span_masses(read, found, bi),
-                           sinks=sink_rate(read), batch=bi)
+                           sinks=sink_rate(read), batch=bi, found_spans=found)
+    needle_text = None if needle is None else _needle_text(needle, spans or [], span_texts or [])
+    for span, spec in zip(found[len(spans or []):], span_texts or []):
+        name, _, text = spec.partition("=")
+        if needle_text is not None and name == needle:
+            continue  # said of every entry below
+        note = occurrence_note(f"--span-text {name}", f"{name}={text}", [(bi, span)])
+        if note:
+            result.warnings.append(note)
     if needle is not None:
-        result.retrieval = retrieval_scores(read, [_needle_span(read, needle, spans or [], span_texts or [], entry)
-                                                   for entry in range(b)])
-        weak = [f"{entry} ({recall:.2f})" for entry, recall in enumerate(result.retrieval.recall) if recall <= 0.5]
-        if weak:
-            result.warnings.append(f"--needle: the answer of batch entr{'y' if len(weak) == 1 else 'ies'} "
-                                   f"{', '.join(weak)} repeats at most half of the needle's tokens (Wu et al. score "
-                                   "only answers that recall more than half): the retrieval scores of such an entry "
-                                   "measure little; generate more tokens, or ask for the needle more plainly")
+        needles = [_needle_span(read, needle, spans or [], span_texts or [], entry) for entry in range(b)]
+        result.retrieval = retrieval_scores(read, needles)
+        if needle_text is not None:
+            option = "--needle" if needle_text == needle else f"--needle {needle} (--span-text {needle})"
+            spec = needle_text if needle_text == needle else f"{needle}={needle_text}"
+            note = occurrence_note(option, spec, list(enumerate(needles)))
+            if note:
+                result.warnings.append(note)
+        result.warnings += retrieval_warnings(result.retrieval, read.generated)
     return result
+
+
+def retrieval_warnings(r: Retrieval, generated: list[str] | None) -> list[str]:
+    """What the answers say of the retrieval scores: an entry whose answer holds no token of the needle has no score
+    (no head can copy a token the answer does not hold: its zeros would mean nothing), and one that repeats at most
+    half of the needle's tokens measures little (Wu et al. score only answers that recall more than half)."""
+    from attnviz.tokentext import one_line
+
+    def answer(entry: int) -> str:
+        return repr(one_line(generated[entry], 60)) if generated and entry < len(generated) else ""
+
+    out = []
+    none = [entry for entry, recall in enumerate(r.recall) if recall == 0]
+    if none:
+        said = "; ".join(f"{e}: {answer(e)}" if len(r.recall) > 1 else answer(e) for e in none[:3] if answer(e))
+        said = f" ({said})" if said else ""
+        if len(none) == len(r.recall):
+            which = "the answer" if len(r.recall) == 1 else "no batch entry's answer"
+            out.append(f"--needle: {which}{said} holds {'no token' if len(r.recall) == 1 else 'a token'} of the "
+                       "needle: no head can have copied from it, so the retrieval scores of this run cannot mean "
+                       "anything, and none is given (–); generate more tokens, or ask for the needle more plainly")
+        else:
+            out.append(f"--needle: the answer{'s' * (len(none) > 1)} of batch entr{'y' if len(none) == 1 else 'ies'} "
+                       f"{', '.join(map(str, none))}{said} hold{'s' * (len(none) == 1)} no token of the needle: no "
+                       "head can have copied from it, so the retrieval scores are the mean over the other entries")
+    weak = [f"{entry} ({recall:.2f})" for entry, recall in enumerate(r.recall) if 0 < recall <= 0.5]
+    if weak:
+        out.append(f"--needle: the answer of batch entr{'y' if len(weak) == 1 else 'ies'} {', '.join(weak)} repeats "
+                   "at most half of the needle's tokens (Wu et al. score only answers that recall more than half): the "
+                   "retrieval scores of such an entry measure little; generate more tokens, or ask for the needle "
+                   "more plainly")
+    return out
+
+
+def _needle_text(needle: str, spans: list[str], span_texts: list[str]) -> str | None:
+    """The text the needle is found by (a ``--span-text`` of its name, or itself), None for a ``--span`` of its name."""
+    if any(spec.partition("=")[0] == needle for spec in spans):
+        return None
+    return next((t.partition("=")[2] for t in span_texts if t.partition("=")[0] == needle), needle)
 
 
 def _needle_span(read: SummaryRead, needle: str, spans: list[str], span_texts: list[str], entry: int) -> Span:
@@ -589,12 +719,9 @@ def _needle_span(read: SummaryRead, needle: str, spans: list[str], span_texts: l
     for spec in spans:
         if spec.partition("=")[0] == needle:
             return parse_spans([spec], [], read, entry)[0]
-    text = next((t.partition("=")[2] for t in span_texts if t.partition("=")[0] == needle), needle)
-    found = find_text(read.key_tokens, text, entry)
-    if found is None:
-        raise UsageError(f"--needle {needle}: the tokens of batch entry {entry} do not spell {text!r}"
-                         + ("" if read.key_tokens else " (the capture holds no tokens)") + ".")
-    return Span(needle, *found)
+    text = _needle_text(needle, spans, span_texts)
+    assert text is not None
+    return text_span(read, needle, text, entry, f"--needle {needle}")
 
 
 class _Computed:

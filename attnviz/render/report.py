@@ -191,6 +191,9 @@ def inspect_document(result: InspectResult, files: dict[str, str]) -> dict[str, 
         doc["labels"]["per_entry"] = per_entry
     if result.overlay is not None:
         doc["overlay"] = plain({**_picture(opened.image), **result.overlay.document()})
+    generated = None if opened.weights.capture is None else opened.weights.capture.generated_texts()
+    if generated is not None:  # a capture made with --generate: each batch entry's answer
+        doc["generated"] = generated
     return doc
 
 

@@ -90,7 +90,9 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
     if top and len(rows) < layers * h:
         caption += f"; showing {len(rows)} of {layers * h} heads (--top)"
     footer = sink_rate_line(result.sinks, b)
-    if result.retrieval is not None:
+    if result.retrieval is not None and not np.isfinite(result.retrieval.scores).any():
+        footer += "\nretrieval heads: none can be named: no answer holds a token of the needle (see the warning)"
+    elif result.retrieval is not None:
         found = result.retrieval.ranked()
         best = ", ".join(f"{li}:{hi} {score:.2f}" for li, hi, score in found[:5])
         footer += (f"\nretrieval heads (score > {result.retrieval.threshold:g}): {len(found)} of {layers * h}"
@@ -162,13 +164,16 @@ def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "
         "pooled": {"q_edges": s.q_edges, "k_edges": s.k_edges},
         "warnings": result.warnings, "files": files,
     }
+    if s.generated is not None:
+        doc["generated"] = s.generated
     if s.chosen is not None:
         doc["rows"] = {"positions": s.chosen_positions,
                        "top_keys": [[[int(j) for j in np.argsort(-s.chosen[li, bi, hi, r])[:5]]
                                      for r in range(len(s.chosen_positions))] for li in range(layers)
                                     for hi in range(h)]}
     if result.spans:
-        doc["spans"] = {name: {"start": got["start"], "end": got["end"],
+        where = {span.name: span.document() for span in result.found_spans}
+        doc["spans"] = {name: {"start": got["start"], "end": got["end"], **where.get(name, {}),
                                "received": [[_num(v) for v in row] for row in got["received"]],
                                **({"rows": [[[_num(v) for v in r] for r in head] for head in got["rows"]],
                                    "row_positions": got["row_positions"]} if "rows" in got else {})}
@@ -185,12 +190,14 @@ def retrieval_document(r: Retrieval) -> dict[str, Any]:
     retrieval ``heads`` past the threshold best first, each entry's ``needle`` span and answer ``recall``."""
     return {"definition": "Wu et al. 2024: distinct needle positions a head copied (its top key inside the needle "
                           "holding the token generated at that step) over the needle's length, per batch entry, "
-                          "then the mean over entries; every decode step counts, the prompt's last row included",
+                          "then the mean over the entries whose answer holds a token of the needle (scored_entries; "
+                          "null when none does); every decode step counts, the prompt's last row included",
             "threshold": r.threshold, "decode_rows": r.rows,
             "heads": [{"layer": li, "head": hi, "score": score} for li, hi, score in r.ranked()],
             "scores": [[_num(v) for v in row] for row in r.scores],
             "per_entry": [[[_num(v) for v in row] for row in entry] for entry in r.per_entry],
-            "needle": [{"start": sp.start, "end": sp.end, "name": sp.name} for sp in r.needles],
+            "scored_entries": [int(e) for e in np.flatnonzero(r.recall > 0)],
+            "needle": [{"start": sp.start, "end": sp.end, "name": sp.name, **sp.document()} for sp in r.needles],
             "recall": [float(v) for v in r.recall]}
 
 
@@ -210,7 +217,7 @@ def received_document(result: SummaryResult) -> dict[str, Any]:
         mean = np.nanmean(per_layer, axis=0)
     order = [int(j) for j in np.argsort(-np.nan_to_num(mean, nan=-np.inf), kind="stable")[:TOP_RECEIVERS]
              if not np.isnan(mean[j])]
-    tokens = s.key_tokens[0] if s.key_tokens else None
+    tokens = s.key_labels(0)
     top = []
     for j in order:
         column = np.nan_to_num(per_head[:, :, j], nan=-np.inf)
@@ -396,7 +403,7 @@ def rows_figure(result: SummaryResult, fig: Any, layer: int) -> Any:
     figure = Figure(figsize=(10, 1.0 + r * (panel_h + 0.45)), dpi=DPI, layout="constrained")
     agg_canvas(figure)
     axes = figure.subplots(r, 1, squeeze=False)
-    labels = s.key_tokens[result.batch] if s.key_tokens and len(s.key_tokens) > result.batch else None
+    labels = s.key_labels(result.batch)
     image = None
     # a head's label at most every 9 pixels of the panel (6-point labels never touch)
     step = max(1, -(-h // max(1, int(panel_h * DPI) // 9)))

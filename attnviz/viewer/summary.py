@@ -85,7 +85,8 @@ def summary_source(found: tuple[Any, Any, str], options: Any) -> SummarySource:
     grid = grid_choice(options.grid.layers, options.grid.heads, (layers, b, h))
     labels = read_labels(options.labels, lq, lk, [], None, b)
     if labels.q is None and labels.k is None:  # the tokens the capture recorded, where they fit
-        labels = TokenLabels(_fitting(read.tokens, lq, b), _fitting(read.key_tokens, lk, b), given=False)
+        labels = TokenLabels(_fitting(read.tokens, lq, b), _fitting(read.key_tokens, lk, b), given=False,
+                             style=read.token_style)
     chosen = options.selection.batch
     table = head_table(read if chosen is None else one_entry(read, index[1]))
     table["tag"] = head_tags(table)

@@ -213,10 +213,11 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
     targets = check_outputs({"-o": output}, list(folder.iterdir()) if folder.is_dir() else [])
 
     def run(path: Any) -> Any:
-        return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted, generate=generate,
-                              weights=not no_weights, weights_dtype=weights_dtype, target=target,
-                              decoder_text=decoder_text, check=check, summary=summary, max_file=max_file,
-                              long=long)
+        with progress_bar("summary" if summary is not None else "capture", quiet) as progress:
+            return capture_folder(model, all_texts, path, device=device, dtype=dtype, layers=wanted,
+                                  generate=generate, weights=not no_weights, weights_dtype=weights_dtype,
+                                  target=target, decoder_text=decoder_text, check=check, summary=summary,
+                                  max_file=max_file, long=long, progress=progress)
 
     if isinstance(targets["-o"], Path):
         done = run(output)
@@ -240,6 +241,8 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
                "device": done.device, "file": str(done.path), "sites": done.sites, "shape": list(done.shape),
                "texts": len(all_texts), "generate": generate, "seconds": round(done.seconds, 3),
                "summary": done.summary, "dense_mask_bytes": done.dense_mask_bytes, "warnings": done.warnings}
+        if done.generated is not None:
+            doc["generated"] = done.generated
         if done.checked is not None:
             doc["check"] = {"atol": atol, "passed": not failed, "max_abs_diff": done.checked}
         stdout().write(json.dumps(doc) + "\n")
@@ -262,9 +265,59 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         if done.checked is not None:
             out.write(_check_line(done.checked, atol, failed))
     if not quiet:
+        if done.generated is not None:
+            from attnviz.tokentext import answer_lines
+
+            for line in answer_lines(done.generated):
+                err.print(line, markup=False)
         err.print(f"saved capture to {done.path}", markup=False, style="dim")
     if failed:
         raise typer.Exit(3)
+
+
+#: a capture's progress bar appears once its forward pass has run this long (seconds): a short one stays silent
+BAR_AFTER = 1.0
+
+
+@contextmanager
+def progress_bar(what: str, quiet: bool) -> Iterator[Any]:
+    """A progress bar on stderr while a capture's forward pass runs over its texts (a long one: the prompt of a
+    --generate run too): the layers done (a summary's share of a layer's rows too), tokens a second, the time
+    spent and the time left. Only on a terminal, without --quiet (None is yielded then: nothing is told); it
+    appears after ``BAR_AFTER`` seconds and is gone when the pass ends (the summary line says how long it took)."""
+    import time
+
+    err = err_console()
+    if quiet or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn(what), BarColumn(), TextColumn("{task.fields[layers]}"),
+                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=err,
+                   transient=True)
+    started: list[float] = []
+    task: list[Any] = []
+
+    def progress(done: float, total: int, tokens: int) -> None:
+        now = time.monotonic()
+        if not started:
+            started.append(now)
+        layer = f"layer {min(int(done) + 1, total)}/{total}"  # the one running (1-based)
+        if not task:
+            if now - started[0] < BAR_AFTER:
+                return
+            bar.start()
+            task.append(bar.add_task(what, total=total, layers=layer, rate=""))
+        bar.update(task[0], completed=done, layers=layer)
+        speed = bar.tasks[0].speed  # layers a second
+        bar.update(task[0], rate=f"{speed * tokens / max(total, 1):,.0f} tokens/s" if speed else "")
+
+    try:
+        yield progress
+    finally:
+        if task:
+            bar.stop()
 
 
 def _check_line(checked: dict[str, float], atol: float, failed: bool) -> str:

@@ -232,6 +232,7 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
         what = "sites" if kind == "layers" else f"{kind} sites"
         err.print(f"inspect: {capture.source}: summaries of {layers} {what} x {h} heads, {lq} queries x {lk} keys, "
                   f"batch {b}", markup=False, style="dim")
+        _say_generated(read.generated, err)
         for what, path in files.items():
             err.print(f"saved {what} to {path}", markup=False, style="dim")
     for text in result.warnings:  # said under --quiet too
@@ -318,6 +319,7 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
         staged.commit()
         if not out.quiet:
             err.print(f"inspect: {w.read_as()}", markup=False, style="dim")
+            _say_generated(None if w.capture is None else w.capture.generated_texts(), err)
             if opened.words:
                 err.print(f"merged {w.file_shape[-1]} pieces into {w.shape[-1]} words "
                           f"({opened.words['style']}; --merge-subwords)", markup=False, style="dim")
@@ -339,6 +341,16 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
             _print_head_table(result, out)
         _draw(show, result, fig)
         return failed
+
+
+def _say_generated(texts: list[str] | None, err: Any) -> None:
+    """What a capture made with --generate generated, a line per batch entry on stderr."""
+    if texts is None:
+        return
+    from attnviz.tokentext import answer_lines
+
+    for line in answer_lines(texts):
+        err.print(line, markup=False)
 
 
 def check_overlay(path: str | None, images: Any) -> None:
