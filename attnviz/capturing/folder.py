@@ -79,7 +79,11 @@ def read_texts(texts: list[str], text_file: str | None) -> list[str]:
 
         if not storage.is_url(text_file) and not Path(text_file).exists():
             raise UsageError(f"--text-file {text_file}: no such file.")
-        out += [line for line in storage.read_text(text_file, text_file).splitlines() if line.strip()]
+        read = storage.read_text(text_file, f"--text-file {text_file}", what="text")
+        lines = [line for line in read.splitlines() if line.strip()]
+        if not lines:  # the file was given: say what is wrong with it, not ask for it (as a corpus does)
+            raise InputError(f"--text-file {text_file}: holds no text (no non-empty line).")
+        out += lines
     if not out:
         raise UsageError("capture: give the text to run the model on: --text TEXT (one per batch entry) or "
                          "--text-file FILE (one a line).")
@@ -98,7 +102,7 @@ def read_document(spec: str) -> str:
     if not storage.is_url(spec) and not Path(spec).is_file():
         raise UsageError(f"--text @{spec}: no such file.")
     try:
-        return storage.read_text(spec, spec)
+        return storage.read_text(spec, f"--text @{spec}", what="text")
     except UnicodeDecodeError:
         raise InputError(f"{spec}: not UTF-8 text.") from None
 
