@@ -203,11 +203,20 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype != "auto":
         kwargs["dtype"] = getattr(torch, dtype)
-    try:
-        model, info = cls.from_pretrained(str(path), output_loading_info=True, **kwargs)
+    try:  # weights whose shapes differ from the config's are listed in ``info`` and refused below: transformers
+        # raises "For details look at the above report!" over a report it logs, and attnviz hides its log
+        model, info = cls.from_pretrained(str(path), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
         model = model.to(device).eval()
-    except Exception as exc:  # noqa: BLE001 - weights that do not fit the config, a missing file ...
+    except Exception as exc:  # noqa: BLE001 - a missing file, a file that is not weights ...
         raise InputError(f"{path}: cannot load the model ({_reason(exc)}).") from None
+    from attnviz.formats._base import natural_key
+
+    mismatched = sorted((info or {}).get("mismatched_keys") or [], key=lambda m: natural_key(str(m[0])))
+    if mismatched:
+        key, stored, wanted = mismatched[0]
+        raise InputError(f"{path}: the weights do not fit config.json: {len(mismatched)} parameter(s) have other "
+                         f"shapes ({key}: {list(stored)} in the weights, {list(wanted)} by the config, ...); save "
+                         "the config with its weights (save_pretrained).")
     missing = list((info or {}).get("missing_keys") or [])
     if missing:  # transformers would initialise them at random and say so in a log line attnviz hides
         raise InputError(f"{path}: the weights file lacks {len(missing)} of the model's parameters ({missing[0]}, "
