@@ -205,3 +205,26 @@ def test_sort_names_what_the_file_has(kind: str, word: str, words: tuple[str, ..
                                       captures: dict[str, Path]) -> None:
     """A word no column of this file answers to: exit 2, before anything is computed, with the columns it has."""
     _one_line(_run("inspect", str(captures[kind]), "--sort", word), 2, captures[kind].name, *words)
+
+
+def test_the_python_api_sorts_by_a_header_too() -> None:
+    """``.table(sort=...)`` takes the same words; one that names no column is attnviz's error, not a KeyError."""
+    import io
+
+    import numpy as np
+    from rich.console import Console
+
+    import attnviz
+    from attnviz.errors import UsageError
+
+    weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(2, 1, 3, 5)).astype(np.float32)
+    result = attnviz.inspect(weights)
+
+    def text(sort: str) -> str:
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(result.table(sort=sort, top=6))
+        return console.export_text()
+
+    assert text("diag") == text("diagonal") != text("layer")
+    with pytest.raises(UsageError, match="did you mean entropy"):
+        result.table(sort="entorpy")
