@@ -228,3 +228,23 @@ def test_the_python_api_sorts_by_a_header_too() -> None:
     assert text("diag") == text("diagonal") != text("layer")
     with pytest.raises(UsageError, match="did you mean entropy"):
         result.table(sort="entorpy")
+
+
+# -- the first minutes
+
+
+def test_the_readme_says_how_to_install_capture_before_it_shows_one() -> None:
+    """Capture needs the [torch] extra; its default build on Linux is the CUDA one (8 GB of NVIDIA libraries on a
+    machine without a GPU): the README says so, and how to take the CPU build, before its first capture line, and
+    keeps its two opening commands (CI runs them) as they are."""
+    from tests.conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    opening = text.split("```")[1]
+    assert opening.strip().splitlines()[1:] == [
+        "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/attnviz scaled sample_inputs/q.npy "
+        "sample_inputs/k.npy sample_inputs/v.npy --png attn.png",
+        "python3 -m venv .venv && .venv/bin/pip install '.[test]' && .venv/bin/python -m pytest"]
+    before = text[:text.index("attnviz capture ")]
+    assert "'.[torch]'" in before and "--index-url https://download.pytorch.org/whl/cpu" in before
+    assert "GPU" in before.split("whl/cpu")[-1]  # what the CUDA build adds
