@@ -248,3 +248,38 @@ def test_the_readme_says_how_to_install_capture_before_it_shows_one() -> None:
     before = text[:text.index("attnviz capture ")]
     assert "'.[torch]'" in before and "--index-url https://download.pytorch.org/whl/cpu" in before
     assert "GPU" in before.split("whl/cpu")[-1]  # what the CUDA build adds
+
+
+def test_the_first_commands_picture_is_linear_and_says_no_decades(tmp_path: Path) -> None:
+    """The README's first command: a 3 x 4 matrix of 0, 0.5 and 1 (its zeros are softmax weights of 4e-26, zeros
+    in float32) was drawn on a log scale from 1e-4, 0.5 and 1 two close yellows, titled "--norm auto: log, the
+    top 25.0 decades above the median". On a linear scale 0.5 is the colour map's middle; the title says
+    nothing of decades. Read from the rendered figure (title, colour bar, scale) and the saved PNG's cells."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    import attnviz
+    from attnviz.render.heatmap import save_figure
+    from tests.conftest import SAMPLES
+    from tests.test_mosaic import read, rgb
+
+    q, k, v = (np.load(SAMPLES / f"{n}.npy") for n in "qkv")
+    fig = attnviz.scaled(q, k, v).figure()
+    title = " ".join(t.get_text() for t in [*fig.texts, *(ax.title for ax in fig.axes)])
+    assert "scaled attention weights [3, 4]" in title and "decades" not in title and "log" not in title, title
+    ax = next(ax for ax in fig.axes if ax.images)
+    norm = ax.images[0].norm
+    assert not isinstance(norm, LogNorm) and (norm.vmin, norm.vmax) == (0.0, 1.0)
+    assert "log" not in " ".join(a.get_ylabel() for a in fig.axes)
+    save_figure(fig, tmp_path / "attn.png")
+    img = read(tmp_path / "attn.png")
+    x0, y0, x1, y1 = ax.bbox.extents
+
+    def cell(row: int, col: int) -> tuple[int, ...]:  # a quarter of the way down the cell: clear of its number
+        x, y = x0 + (col + 0.5) * (x1 - x0) / 4, y1 - (row + 0.25) * (y1 - y0) / 3
+        return tuple(int(c) for c in img[img.shape[0] - round(y), round(x)])
+
+    for (row, col), value in {(0, 0): 0.0, (0, 2): 0.5, (1, 1): 1.0, (2, 3): 0.0}.items():
+        assert max(abs(a - b) for a, b in zip(cell(row, col), rgb("viridis", value))) <= 3, (row, col)
+    done = _run("scaled", *(str(SAMPLES / f"{n}.npy") for n in "qkv"), "--png", str(tmp_path / "cli.png"))
+    assert done.exit_code == 0 and np.array_equal(read(tmp_path / "cli.png"), img)
