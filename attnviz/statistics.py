@@ -171,13 +171,12 @@ def _word(text: str) -> str:
 
 def sort_words(face: str) -> dict[str, str]:
     """Every word ``--sort`` takes for a statistic ``face`` reports (as ``_word`` spells it), with the statistic's
-    name: the name itself, the header of its table column (``sink``, ``punct``, ``diag``, ``H``), an alias
-    (``self``) and, on a corpus file, the name a file written before holds (``sink``: ``sink_rate``). A name wins
-    over another statistic's header."""
+    name: the name itself, the header of its table column (``sink``, ``punct``, ``diag``, ``H``) and an alias
+    (``self``). No word stands for two statistics in any two faces (a corpus's old ``sink``, ``RENAMED``, is not
+    one: ``sink`` is a summary's ``sink_mass``)."""
     have = names(face)
     out = {_word(s.header): s.name for s in STATISTICS if s.name in have}
-    others = {**ALIASES, **(RENAMED if face == CORPUS else {})}
-    out.update({_word(word): name for word, name in others.items() if name in have and _word(word) not in out})
+    out.update({_word(word): name for word, name in ALIASES.items() if name in have and _word(word) not in out})
     out.update({_word(name): name for name in have})
     return out
 

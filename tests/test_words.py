@@ -176,7 +176,7 @@ def _largest_first(entries: list[dict], value) -> list[tuple[int, int]]:
     ("exact", "diag", "diagonal"), ("exact", "self", "diagonal"), ("exact", "H", "entropy"),
     ("exact", "prev", "previous"),
     ("summary", "sink", "sink_mass"), ("summary", "local", "local_mass"), ("summary", "dist", "distance"),
-    ("corpus", "punct", "punctuation"), ("corpus", "top_prev", "top_previous"), ("corpus", "sink", "sink_rate"),
+    ("corpus", "punct", "punctuation"), ("corpus", "top_prev", "top_previous"), ("corpus", "sink rate", "sink_rate"),
     ("corpus", "articles", "class:articles"), ("corpus", "class:articles", "class:articles"),
 ])
 def test_sort_takes_the_column_header(kind: str, word: str, name: str, captures: dict[str, Path]) -> None:
@@ -199,6 +199,7 @@ def test_sort_takes_the_column_header(kind: str, word: str, name: str, captures:
     ("exact", "sink", ("--sort sink", "summary capture")),
     ("summary", "punct", ("--sort punct", "corpus")),
     ("corpus", "nouns", ("--sort nouns", "articles", "punct")),
+    ("corpus", "sink", ("--sort sink", "sink_mass", "summary capture", "sink_rate")),
     ("corpus", "entorpy", ("--sort entorpy", "entropy")),
 ])
 def test_sort_names_what_the_file_has(kind: str, word: str, words: tuple[str, ...],
