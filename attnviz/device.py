@@ -122,6 +122,23 @@ def tensorflow() -> Any:
 _imported: Any = None
 
 
+@contextmanager
+def quiet_tensorflow() -> Iterator[None]:
+    """Around an import that brings TensorFlow with it (``import keras_hub``, Keras on its TensorFlow backend):
+    TensorFlow's C++ log kept to what stops it (``TF_CPP_MIN_LOG_LEVEL`` 3 unless the user set a level; with 3
+    the "failed call to cuInit" of a machine without a GPU is not written when the devices start), and the lines it
+    writes while it loads, before it reads that level (twice: two libraries load absl), kept off stderr unless
+    asked for (``tensorflow_chatter_wanted``). Nothing changes once TensorFlow is imported."""
+    if "tensorflow" in sys.modules:
+        yield
+        return
+    with _IMPORT_LOCK:
+        wanted = tensorflow_chatter_wanted()
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        with _silenced_fd2(not wanted):
+            yield
+
+
 def _import_tensorflow() -> Any:
     global _imported
     if _imported is not None:

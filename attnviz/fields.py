@@ -6,7 +6,7 @@ Metadata keys: ``help``; ``flag`` (default ``--field-name``) and ``short`` (``-q
 section); ``metavar`` (``FILE`` and ``TOKENS`` mark a file the run reads: the Python API takes the value
 itself there, ``api.values.file_options``); ``min``, ``max``, ``above`` (bounds of a number); ``parse`` (a
 named parser for values that are not plain numbers or choices: ``size``, ``positions``, ``norm``, ``ranges``, ``seed``,
-``grid``, ``span``);
+``grid``, ``span``, ``column``);
 ``cli=False`` for a field the command line does not set.
 """
 

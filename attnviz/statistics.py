@@ -1,9 +1,9 @@
 """The one table of attention statistics: each statistic's name, the header the tables print, its formula, which
 rows count and where it is reported. Every list of statistics (``inspection.heads.HEAD_STATS``,
 ``summarystats.PER_ROW``, ``inspection.summary.HEAD_FIELDS``, ``inspection.corpus.CORPUS_STATS``, the tables'
-``COLUMNS``, ``inspect --sort``'s choices) is derived from it; ``attnviz.rowmath`` holds the arithmetic they share
-(the masked softmax, the entropy of a row, the first and last real position, the row rules below), NumPy and
-torch side by side. Standard library only: the command line reads it without loading NumPy.
+``COLUMNS``, what ``inspect --sort`` takes: ``sort_key``) is derived from it; ``attnviz.rowmath`` holds the
+arithmetic they share (the masked softmax, the entropy of a row, the first and last real position, the row rules
+below), NumPy and torch side by side. Standard library only: the command line reads it without loading NumPy.
 
 Notation, for one head and one batch entry (one text): ``A[i, j]`` the weight of query row ``i`` on key ``j``
 (a masked weight is 0; with gpt-oss's sinks a row sums to less than 1); ``pos(i)`` row i's position among the
@@ -153,3 +153,63 @@ def recorded() -> tuple[str, ...]:
 def current_name(name: str) -> str:
     """A statistic's name today, given the name a file written before may hold."""
     return RENAMED.get(name, name)
+
+
+#: other words ``--sort`` takes for a statistic: Clark et al.'s name of the diagonal
+ALIASES = {"self": "diagonal"}
+#: each face's head table and what a file of it holds, for ``--sort``'s messages
+TABLES = {WEIGHTS: ("the head statistics of exact weights (a capture without --summary, or weights a model saved)",
+                    "holds weights"),
+          SUMMARY: ("a summary capture's head table (attnviz capture --summary)", "holds summaries"),
+          CORPUS: ("a corpus file's head table (attnviz capture --corpus)", "is a corpus file")}
+
+
+def _word(text: str) -> str:
+    """A word of ``--sort`` as it is looked up: any case, ``_`` or ``-`` for a space (``top prev``, ``top-prev``)."""
+    return "_".join(text.strip().lower().replace("-", " ").replace("_", " ").split())
+
+
+def sort_words(face: str) -> dict[str, str]:
+    """Every word ``--sort`` takes for a statistic ``face`` reports (as ``_word`` spells it), with the statistic's
+    name: the name itself, the header of its table column (``sink``, ``punct``, ``diag``, ``H``) and an alias
+    (``self``). No word stands for two statistics in any two faces (a corpus's old ``sink``, ``RENAMED``, is not
+    one: ``sink`` is a summary's ``sink_mass``)."""
+    have = names(face)
+    out = {_word(s.header): s.name for s in STATISTICS if s.name in have}
+    out.update({_word(word): name for word, name in ALIASES.items() if name in have and _word(word) not in out})
+    out.update({_word(name): name for name in have})
+    return out
+
+
+def sort_key(word: str, face: str, source: str, classes: tuple[str, ...] | list[str] = (),
+             absent: tuple[str, ...] = ()) -> str:
+    """What ``--sort WORD`` orders ``face``'s head table of ``source`` by: ``layer``, ``head``, a statistic's name
+    (``sort_words``) or, on a corpus file, ``class:NAME`` for one of its token ``classes`` (``articles`` or
+    ``class:articles``; a statistic's word wins over a class of the same name). A word that names none of them is
+    a usage error (exit 2) naming the table it does belong to, if any, and the columns this one has (less those
+    ``absent`` from it: a summary's retrieval without --needle)."""
+    from attnviz.errors import UsageError
+
+    key = _word(word)
+    if key in ("layer", "head"):
+        return key
+    found = sort_words(face).get(key)
+    if found is not None:
+        return found
+    if face == CORPUS:
+        wanted = word.strip().removeprefix("class:")
+        if wanted in classes:
+            return f"class:{wanted}"
+    columns = ", ".join(["layer", "head", *(s.name if _word(s.header) == s.name else f"{s.name} ({s.header})"
+                                            for s in STATISTICS if face in s.faces and s.name not in absent),
+                         *classes])
+    elsewhere = [f for f in (WEIGHTS, SUMMARY, CORPUS) if f != face and key in sort_words(f)]
+    if elsewhere:
+        other = elsewhere[0]
+        raise UsageError(f"--sort {word}: {sort_words(other)[key]}, a column of {TABLES[other][0]}; {source} "
+                         f"{TABLES[face][1]}, whose table has {columns}.")
+    import difflib
+
+    close = difflib.get_close_matches(key, [*sort_words(face), *classes], n=1)
+    guess = f" (did you mean {close[0]}?)" if close else ""
+    raise UsageError(f"--sort {word}: not a column of {source}{guess}; its table has {columns}.")

@@ -818,7 +818,7 @@ def test_cli_corpus_pictures(bert_folder: Path, tmp_path: Path) -> None:
     (["--text-file", "{missing}"], 2, "no such file"),
     (["--text-file", "{text}", "--token-class", "bad=("], 2, "does not compile"),
     (["--text-file", "{text}", "--token-class", "noequals"], 2, "NAME=REGEX"),
-    (["--text-file", "{text}", "--shard", "2/2"], 2, "INDEX runs from 0"),
+    (["--text-file", "{text}", "--shard", "2/2"], 2, "INDEX runs from 0 to 1"),
     (["--text-file", "{text}", "--long", "refuse"], 1, "more than the model's 16 positions"),
     (["--text-file", "{text}", "--truncate", "--long", "refuse"], 2, "--truncate is --long truncate"),
     (["--text-file", "{text}", "--long", "cut"], 2, "--long"),

@@ -578,6 +578,30 @@ def test_cli_preset_folder_without_weights_or_tokenizer(bert_preset, tmp_path, m
     assert not out.exists()
 
 
+def test_cli_preset_capture_keeps_tensorflows_start_up_log_quiet(bert_preset, tmp_path):
+    """A fresh process (TensorFlow's C++ log is written when it loads and when its devices start): stderr holds
+    attnviz's own lines only, not the absl lines TensorFlow writes twice while it loads ("I0000 ... oneDNN custom
+    operations", "Could not find cuda drivers") nor "E0000 ... failed call to cuInit" on a machine without a GPU;
+    the user's own TF_CPP_MIN_LOG_LEVEL (0 to 2) asks for them and gets them."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "ATTNVIZ_DEBUG")}
+    out = tmp_path / "run.safetensors"
+    argv = [sys.executable, "-m", "attnviz", "--no-server", "capture", str(bert_preset), "--text", "the cat", "-o",
+            str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [f"saved capture to {out}"], done.stderr
+    asked = subprocess.run(argv, capture_output=True, text=True, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"}, cwd=ROOT,
+                           timeout=300)
+    assert asked.returncode == 0, asked.stderr
+    assert "I0000" in asked.stderr or "absl" in asked.stderr, asked.stderr
+
+
 @pytest.mark.parametrize("family", ["bert", "llama", "gemma", "gpt_neo_x", "smollm3"])
 def test_output_projection_gives_the_layers_output(family, backbones, tmp_path):
     """What value-norm maps rest on: the recorded weights, v (repeated to the query heads) and wo (and bo)

@@ -211,7 +211,7 @@ def test_one_word_one_statistic() -> None:
     header) stands for two statistics: a corpus's ``sink`` (whether a head is a sink in a text) was a summary's
     ``sink`` column (the weight on its first keys); the corpus's ``diagonal`` was headed ``self``, its entropy
     ``entropy``."""
-    from attnviz.cli.commands.inspect import CORPUS_SORTABLE, SORTABLE, SUMMARY_ONLY
+    from attnviz.cli.commands.inspect import SORTABLE, SUMMARY_ONLY
     from attnviz.inspection.corpus import CORPUS_STATS
     from attnviz.inspection.heads import HEAD_STATS
     from attnviz.inspection.summary import HEAD_FIELDS
@@ -228,8 +228,17 @@ def test_one_word_one_statistic() -> None:
         words.setdefault(name, set()).add(name)
         words.setdefault(next(iter(header)), set()).add(name)
     assert {w: n for w, n in words.items() if len(n) > 1} == {}
-    for listed in (HEAD_STATS, HEAD_FIELDS, PER_ROW, CORPUS_STATS, SORTABLE[2:], SUMMARY_ONLY, CORPUS_SORTABLE):
+    for listed in (HEAD_STATS, HEAD_FIELDS, PER_ROW, CORPUS_STATS, SORTABLE[2:], SUMMARY_ONLY):
         assert set(listed) <= set(headers), listed
+    # --sort's words (a name, a header or an alias, on each kind of file): each one statistic wherever it is taken
+    from attnviz.statistics import CORPUS, SUMMARY, WEIGHTS, sort_words
+
+    meant: dict[str, set[str]] = {}
+    for face in (WEIGHTS, SUMMARY, CORPUS):
+        for word, name in sort_words(face).items():
+            meant.setdefault(word, set()).add(name)
+    assert {w: n for w, n in meant.items() if len(n) > 1} == {}
+    assert set().union(*meant.values()) == set(headers)
 
 
 def test_a_corpus_file_of_the_names_before_reads_as_today(tmp_path) -> None:

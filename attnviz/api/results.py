@@ -287,11 +287,13 @@ class Inspected(_Result):
         from rich.console import Group
 
         from attnviz.render.summaries import inspect_tables
+        from attnviz.statistics import WEIGHTS, sort_key
 
         got = self._tab({"precision": precision, "max_rows": max_rows, "max_cols": max_cols, "sort": sort,
                          "reverse": reverse, "top": top})
+        order = sort_key(str(_or(got["sort"], "layer")), WEIGHTS, "the weights")  # a name or a header: "diag"
         return Group(*inspect_tables(self.result, _or(got["precision"], 3), _or(got["max_rows"], 40), got["max_cols"],
-                                     sort=_or(got["sort"], "layer"), reverse=bool(got["reverse"]), top=got["top"]))
+                                     sort=order, reverse=bool(got["reverse"]), top=got["top"]))
 
     def figure(self, kind: str = "grid", stat: str = "entropy", **options: Any) -> Any:
         """The layer x head grid (``kind="grid"``, ``--png``), the shown map (``"map"``, ``--map-png``), a head

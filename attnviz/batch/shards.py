@@ -57,8 +57,11 @@ def parse_shard(text: str | None, env: Mapping[str, str] | None = None) -> tuple
         index, count = (int(p) for p in text.split("/"))
     except ValueError:
         raise UsageError(f"--shard {text!r}: expected INDEX/COUNT (e.g. 0/4), auto or auto/COUNT.") from None
-    if count < 1 or not 0 <= index < count:
-        raise UsageError(f"--shard {text}: INDEX runs from 0 to COUNT - 1.")
+    if count < 1:
+        raise UsageError(f"--shard {text}: COUNT is the number of shards, at least 1 (--shard 0/4: the first of 4).")
+    if not 0 <= index < count:
+        raise UsageError(f"--shard {text}: INDEX runs from 0 to {count - 1} for {count} shards "
+                         f"(0/{count} the first, {count - 1}/{count} the last).")
     return index, count
 
 

@@ -80,7 +80,11 @@ def read_texts(texts: list[str], text_file: str | None) -> list[str]:
 
         if not storage.is_url(text_file) and not Path(text_file).exists():
             raise UsageError(f"--text-file {text_file}: no such file.")
-        out += [line for line in storage.read_text(text_file, text_file).splitlines() if line.strip()]
+        read = storage.read_text(text_file, f"--text-file {text_file}", what="text")
+        lines = [line for line in read.splitlines() if line.strip()]
+        if not lines:  # the file was given: say what is wrong with it, not ask for it (as a corpus does)
+            raise InputError(f"--text-file {text_file}: holds no text (no non-empty line).")
+        out += lines
     if not out:
         raise UsageError("capture: give the text to run the model on: --text TEXT (one per batch entry) or "
                          "--text-file FILE (one a line).")
@@ -99,7 +103,7 @@ def read_document(spec: str) -> str:
     if not storage.is_url(spec) and not Path(spec).is_file():
         raise UsageError(f"--text @{spec}: no such file.")
     try:
-        return storage.read_text(spec, spec)
+        return storage.read_text(spec, f"--text @{spec}", what="text")
     except UnicodeDecodeError:
         raise InputError(f"{spec}: not UTF-8 text.") from None
 
@@ -200,11 +204,20 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype != "auto":
         kwargs["dtype"] = getattr(torch, dtype)
-    try:
-        model, info = cls.from_pretrained(str(path), output_loading_info=True, **kwargs)
+    try:  # weights whose shapes differ from the config's are listed in ``info`` and refused below: transformers
+        # raises "For details look at the above report!" over a report it logs, and attnviz hides its log
+        model, info = cls.from_pretrained(str(path), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
         model = model.to(device).eval()
-    except Exception as exc:  # noqa: BLE001 - weights that do not fit the config, a missing file ...
+    except Exception as exc:  # noqa: BLE001 - a missing file, a file that is not weights ...
         raise InputError(f"{path}: cannot load the model ({_reason(exc)}).") from None
+    from attnviz.formats._base import natural_key
+
+    mismatched = sorted((info or {}).get("mismatched_keys") or [], key=lambda m: natural_key(str(m[0])))
+    if mismatched:
+        key, stored, wanted = mismatched[0]
+        raise InputError(f"{path}: the weights do not fit config.json: {len(mismatched)} parameter(s) have other "
+                         f"shapes ({key}: {list(stored)} in the weights, {list(wanted)} by the config, ...); save "
+                         "the config with its weights (save_pretrained).")
     missing = list((info or {}).get("missing_keys") or [])
     if missing:  # transformers would initialise them at random and say so in a log line attnviz hides
         raise InputError(f"{path}: the weights file lacks {len(missing)} of the model's parameters ({missing[0]}, "

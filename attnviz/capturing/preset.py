@@ -53,8 +53,13 @@ def check_preset(path: Path) -> dict[str, Any]:
 
 
 def import_keras_hub() -> Any:
+    """KerasHub, imported with TensorFlow's C++ start-up log quiet (``attnviz.device.quiet_tensorflow``: the user's
+    TF_CPP_MIN_LOG_LEVEL of 0 to 2, or ATTNVIZ_DEBUG, shows it)."""
+    from attnviz.device import quiet_tensorflow
+
     try:
-        import keras_hub
+        with quiet_tensorflow():
+            import keras_hub
     except ImportError as exc:
         raise AttnvizError(f"a KerasHub preset needs keras-hub ({exc.name} is not installed): {EXTRA}.") from None
     return keras_hub

@@ -157,6 +157,9 @@ def inspect_corpus(path: str, meta: dict[str, Any], out: Any, fig: Any, heads_ma
         raise UsageError(f"{unsupported[0]}: {path} is a corpus file (per-head statistics, no maps); it draws "
                          "--png, --heads-map and --stats-png.")
     sums = read_corpus(path)
+    from attnviz.statistics import CORPUS, sort_key
+
+    sort = sort_key(out.sort, CORPUS, path, sums.classes)  # before any file is written
     from attnviz.cli.options import check_png_path
 
     check_png_path(out.png, "--png")
@@ -211,5 +214,5 @@ def inspect_corpus(path: str, meta: dict[str, Any], out: Any, fig: Any, heads_ma
     from attnviz.render.corpus import closest_pairs_table, corpus_table
 
     console = out_console()
-    console.print(corpus_table(sums, out.precision, sort=out.sort, reverse=out.reverse, top=out.top), crop=False)
+    console.print(corpus_table(sums, out.precision, sort=sort, reverse=out.reverse, top=out.top), crop=False)
     console.print(closest_pairs_table(closest_pairs(sums), note=distances_note(sums)), crop=False)

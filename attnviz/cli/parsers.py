@@ -217,6 +217,20 @@ class SpanSpec:
         return f"{start}:{end}"
 
 
+@dataclass(frozen=True)
+class ColumnWord:
+    """``--sort``: a column of a head table, by its statistic's name or its header (``sink_mass`` or ``sink``), or
+    a corpus file's token class; checked for form here and against the file's table by
+    ``attnviz.statistics.sort_key`` (which statistics a file has depends on its kind); returned as given."""
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip()
+        if not text or not text.isprintable():
+            raise OptionValueError(value, "expected a column of the head table: layer, head, a statistic's name or "
+                                   "its header (entropy or H), a corpus file's token class")
+        return text
+
+
 def parser_for(annotation: Any, *, min: float | None = None, max: float | None = None,
                above: float | None = None) -> Any:
     """The parser of an option of this type: ``Number`` for int and float, ``OneOf`` for a
@@ -277,6 +291,14 @@ def _norm_completions(incomplete: str) -> list[str]:
     return [form for form in ("auto", "linear", "log", "power:0.5", "power:2") if form.startswith(incomplete)]
 
 
+def _column_completions(incomplete: str) -> list[str]:
+    """What TAB offers for --sort: layer, head and every statistic's name and header (as ``--sort`` spells it)."""
+    from attnviz.statistics import CORPUS, SUMMARY, WEIGHTS, sort_words
+
+    words = dict.fromkeys(["layer", "head", *(w for face in (WEIGHTS, SUMMARY, CORPUS) for w in sort_words(face))])
+    return [word for word in words if word.startswith(incomplete)]
+
+
 #: the parsers a dataclass field names in its metadata (``parse``), and what TAB offers for them
 PARSERS: dict[str, Any] = {
     "size": Size(),
@@ -288,5 +310,6 @@ PARSERS: dict[str, Any] = {
     "span": SpanSpec(),
     "seed": Number(int, min=0, max=SEED_MAX),
     "stat": StatName(),
+    "column": ColumnWord(),
 }
-COMPLETIONS: dict[str, Any] = {"norm": _norm_completions, "stat": _stat_completions}
+COMPLETIONS: dict[str, Any] = {"norm": _norm_completions, "stat": _stat_completions, "column": _column_completions}

@@ -93,9 +93,17 @@ def is_glob(key: str) -> bool:
 
 
 def reason(exc: BaseException, limit: int = 160) -> str:
-    """An exception's message as one short line for an error message."""
+    """An exception's message as one short line for an error message. A first line that ends in a colon is a
+    heading whose cause follows (huggingface_hub's "Class validation error for validator 'validate_architecture':",
+    torch's "Error(s) in loading state_dict for BertModel:"): the cause is given, the exception it was raised from
+    or the heading and the next line, never the heading alone."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
+    if text.endswith(":") and exc.__cause__ is not None and exc.__cause__ is not exc:
+        cause = reason(exc.__cause__, limit)
+        return cause if cause.endswith("...") else cause.removesuffix(".")  # the message closes the sentence
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -191,6 +199,23 @@ class BinaryText(InputError):
     """Text that holds binary data (a NUL byte)."""
 
 
+#: what the messages of text that is not text call each kind of text read (``what``), in the plural
+TEXT_NAMES = {"JSON": "JSON", "labels": "labels", "jobs": "jobs files", "paths": "lists of paths",
+              "header": "safetensors headers", "text": "texts"}
+
+
+def binary_text(source: str, offset: int, what: str) -> BinaryText:
+    """The error of a NUL byte in text: "not JSON text" where JSON was expected, else "not text" (the kind of
+    text is the option's or the file's, which ``source`` names)."""
+    return BinaryText(f"{source}: holds binary data (a NUL byte at offset {offset}), not "
+                      f"{'JSON text' if what == 'JSON' else 'text'}.")
+
+
+def not_utf8(source: str, where: str, what: str) -> InputError:
+    """The error of bytes that are not UTF-8 (``where``: "byte 0xe9 at offset 3")."""
+    return InputError(f"{source}: not UTF-8 text ({where}); attnviz reads {TEXT_NAMES.get(what, what)} as UTF-8.")
+
+
 def regular_file(path: str | os.PathLike[str], source: str | None = None, pipe: str = PIPED_ARRAY) -> int:
     """The size of ``path`` if it is a regular file (symbolic links followed); a directory, a device, a
     FIFO or a socket, also behind a symbolic link, is a usage error (exit 2) before anything opens it,
@@ -239,8 +264,7 @@ def read_limited(stream: IO[Any], source: str, limit: int = MAX_TEXT_BYTES, what
         try:
             chunk = stream.read(min(1 << 20, limit + 1 - total))
         except UnicodeDecodeError as exc:  # a text stream that decodes itself
-            raise InputError(f"{source}: not UTF-8 text (byte {exc.start} of a piece: "
-                             f"0x{exc.object[exc.start]:02x}); {what} must be UTF-8 text.") from None
+            raise not_utf8(source, f"byte {exc.start} of a piece: 0x{exc.object[exc.start]:02x}", what) from None
         except OSError as exc:
             raise InputError(f"{source}: cannot read ({exc.strerror or exc}).") from None
         if not chunk:
@@ -248,7 +272,7 @@ def read_limited(stream: IO[Any], source: str, limit: int = MAX_TEXT_BYTES, what
         data = chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else bytes(chunk)
         nul = data.find(b"\0")
         if nul >= 0:  # binary: say so now rather than after reading up to the limit (/dev/zero, /dev/urandom)
-            raise BinaryText(f"{source}: holds binary data (a NUL byte at offset {total + nul}), not {what} text.")
+            raise binary_text(source, total + nul, what)
         chunks.append(data)
         total += len(data)
         if total > limit:
@@ -303,12 +327,11 @@ def decode_text(data: bytes, source: str, what: str = "JSON") -> str:
     """UTF-8 text, or an error saying where the first byte that is not text is."""
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise BinaryText(f"{source}: holds binary data (a NUL byte at offset {nul}), not {what} text.")
+        raise binary_text(source, nul, what)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                         f"{what} must be UTF-8 text.") from None
+        raise not_utf8(source, f"byte 0x{data[exc.start]:02x} at offset {exc.start}", what) from None
 
 
 def text_lines(stream: IO[bytes], source: str, what: str = "text", digest: Any = None,
@@ -337,13 +360,13 @@ def text_lines(stream: IO[bytes], source: str, what: str = "text", digest: Any =
             digest.update(data)
         nul = data.find(b"\x00")
         if nul >= 0:
-            raise BinaryText(f"{source}: holds binary data (a NUL byte at offset {offset + nul}), not {what} text.")
+            raise binary_text(source, offset + nul, what)
         pending = len(decoder.getstate()[0])  # the bytes of a character the last block cut in two
         try:
             text = decoder.decode(data, final)
         except UnicodeDecodeError as exc:
-            raise InputError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                             f"{offset - pending + exc.start}); {what} must be UTF-8 text.") from None
+            raise not_utf8(source, f"byte 0x{exc.object[exc.start]:02x} at offset {offset - pending + exc.start}",
+                           what) from None
         offset += len(data)
         if text and not started:
             started = True

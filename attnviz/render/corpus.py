@@ -12,7 +12,6 @@ import numpy as np
 
 from attnviz.errors import UsageError
 from attnviz.inspection.corpus import (
-    CORPUS_STATS,
     CorpusSums,
     classical_mds,
     closest_pairs,
@@ -32,8 +31,8 @@ def _order(sums: CorpusSums, sort: str, reverse: bool) -> list[int]:
     elif sort == "head":
         order = sorted(index, key=lambda g: (heads[g][1], heads[g][0]))
     else:
-        if sort not in CORPUS_STATS:
-            choices = ", ".join(["layer", "head", *CORPUS_STATS])
+        if sort not in sums.names:  # a statistic or a token class, class:NAME (attnviz.statistics.sort_key)
+            choices = ", ".join(["layer", "head", *sums.names])
             raise UsageError(f"--sort {sort}: not a statistic of a corpus file; choose one of {choices}.")
         values = sums.means()[sort]
         order = sorted(index, key=lambda g: (-values[g] if np.isfinite(values[g]) else np.inf, heads[g]))

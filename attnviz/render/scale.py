@@ -25,6 +25,10 @@ NORMS = ("linear", "log", "power", "auto")
 #: --norm auto: a log scale when the largest value shown lies at least this many decades above the median of
 #: the values above 0 (a long map's block means are ~1/L while a sink column holds most of the weight)
 AUTO_DECADES = 2.0
+#: --norm auto: a value this far below the largest (float32's resolution, 2**-23) is zero in effect and counted as
+#: 0: a softmax weight of 4e-26 beside 0.5 is exp of a far lower score, which adds nothing to any sum in float32
+#: (the README's 3 x 4 example: its "zeros" put the median of the values above 0 25 decades below the top)
+EFFECTIVE_ZERO = 2.0**-23
 #: the bins (decades) of the values above 0 that ``--norm auto`` looks at: a quarter of a decade each
 _DECADE_EDGES = np.arange(-45.0, 45.25, 0.25)
 
@@ -131,12 +135,16 @@ class ValueRange:
 
     def decades(self) -> float:
         """How many decades the largest value lies above the median of the values above 0 (of ``|value|``
-        diverging), to a quarter of a decade; 0 when nothing is above 0."""
-        if self.counts is None or not self.counts.sum() or not self.high > 0:
+        diverging), to a quarter of a decade; values ``EFFECTIVE_ZERO`` times the largest or less count as 0 (a
+        quarter of a decade above that may too); 0 when nothing is above 0."""
+        if self.counts is None or not self.high > 0:
             return 0.0
-        cumulative = np.cumsum(self.counts)
-        middle = int(np.searchsorted(cumulative, cumulative[-1] / 2))
         top = max(abs(self.low), abs(self.high))
+        counts = np.where(_DECADE_EDGES[:-1] < math.log10(top * EFFECTIVE_ZERO), 0, self.counts)
+        if not counts.sum():
+            return 0.0
+        cumulative = np.cumsum(counts)
+        middle = int(np.searchsorted(cumulative, cumulative[-1] / 2))
         return max(0.0, math.log10(top) - float(_DECADE_EDGES[middle + 1]))
 
 

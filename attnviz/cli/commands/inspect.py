@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
@@ -27,18 +27,21 @@ from attnviz.cli.options import (
 from attnviz.fields import option
 from attnviz.inspection.options import InspectOptions
 from attnviz.render.options import FigureOptions, ShowOptions
-from attnviz.statistics import CORPUS, SUMMARY, WEIGHTS, names
+from attnviz.statistics import CORPUS, STATISTICS, SUMMARY, WEIGHTS, names, sort_key
 from attnviz.streams import err_console, out_console, stdout
 
-#: what --sort takes (the table of attnviz.statistics): the head statistics of exact weights, then a summary's own
+#: the head statistics of exact weights, then a summary's own (the table of attnviz.statistics): --stat's choices
 SORTABLE = ("layer", "head", *names(WEIGHTS), *(n for n in names(SUMMARY) if n not in names(WEIGHTS)))
 SUMMARY_PANEL = "Summary (long inputs)"
 SUMMARY_ONLY = tuple(n for n in names(SUMMARY) if n not in names(WEIGHTS))
-#: what --sort also takes on a corpus file (attnviz capture --corpus)
-CORPUS_SORTABLE = tuple(n for n in names(CORPUS) if n not in SORTABLE)
 #: the statistics of a corpus file alone, and what --stat says of them (and of a summary's) on another kind of file
 CORPUS_ONLY = tuple(n for n in names(CORPUS) if n not in names(WEIGHTS))
 STAT_ELSEWHERE = "a column of a summary capture's or a corpus file's head table"
+#: what --sort takes: a column by its statistic's name or its header (attnviz.statistics.sort_key checks it against
+#: the file's kind), a corpus file's token class
+SORT_HELP = ("order the head statistics by this column, its name or its header (statistics: largest first): layer, "
+             "head, " + ", ".join(s.name if s.header.replace(" ", "_") == s.name else f"{s.name} or {s.header}"
+                                 for s in STATISTICS) + "; a corpus file's token classes (--token-class NAME)")
 FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps",
                 "heads_map")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
@@ -49,9 +52,7 @@ OVERLAY_HELP = ("the query's attention over the image's patches, blended over th
 class InspectOutputs(TableOptions):
     """What inspect prints and saves."""
 
-    sort: Literal[SORTABLE + CORPUS_SORTABLE] = option(  # type: ignore[valid-type]
-        "layer", "order the head statistics by this column (statistics: largest first; a corpus file's too)",
-        panel=OUTPUT)
+    sort: str = option("layer", SORT_HELP, panel=OUTPUT, parse="column", metavar="COLUMN")
     reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
     top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
     no_table: bool = option(False, "print no tables; with --sort, --reverse or --top, the head statistics table alone",
@@ -184,6 +185,8 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
     from attnviz.staging import staged_outputs
 
     raw, capture, kind = found
+    out = replace(out, sort=sort_key(out.sort, SUMMARY, str(capture.source),
+                                     absent=() if asked.get("needle") else ("retrieval",)))
     for name in ("png", "map_png", "stats_png", "received_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
     for name in ("overlay_png", "html", "save_maps"):
@@ -247,22 +250,17 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,
                  show: ShowOptions | None = None) -> bool:
     """One file of weights: returns whether a check failed."""
-    if out.heads_map is not None or out.sort in CORPUS_SORTABLE:
+    if out.heads_map is not None:
         from attnviz.errors import UsageError
 
-        flag = "--heads-map" if out.heads_map is not None else f"--sort {out.sort}"
-        raise UsageError(f"{flag}: a statistic of corpus files (attnviz capture --corpus); "
-                         f"{options.weights} holds weights.")
+        raise UsageError(f"--heads-map: a picture of corpus files (attnviz capture --corpus); {options.weights} holds "
+                         "weights.")
+    out = replace(out, sort=sort_key(out.sort, WEIGHTS, str(options.weights)))
     from attnviz.cli import show as shown
     from attnviz.inspection import inspecting
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
-    for flag, value in (("--sort", out.sort),):
-        if value in SUMMARY_ONLY:
-            from attnviz.errors import UsageError
-
-            raise UsageError(f"{flag} {value}: a column of a summary capture's head table (attnviz capture --summary).")
     if out.stats_png:  # before the weights are read: what exact weights have is known
         from attnviz.render.figures import check_stat
 
