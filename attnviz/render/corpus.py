@@ -48,7 +48,7 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
                  top: int | None = None) -> Any:
     """Every head's statistics, one row each (``sort``: layer, head or a statistic, largest first); laid out
     for the width it is printed at (``render.table.Fitted``: the least telling columns left out, and said)."""
-    from attnviz.render.table import Fitted
+    from attnviz.render.table import Fitted, column_texts
 
     order = _order(sums, sort, reverse)
     shown = order[:top] if top else order
@@ -71,10 +71,10 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
                    "column leaves the first row out)\n" + caption)
     cells: dict[str, list[str]] = {"layer": [str(heads[g][0]) for g in shown],
                                    "head": [str(heads[g][1]) for g in shown]}
-    for stat, header in COLUMNS.items():
-        cells[header] = [_num(means[stat][g], precision) for g in shown]
+    for stat, header in COLUMNS.items():  # each column's digits by its magnitude (``column_texts``)
+        cells[header] = column_texts(means[stat][shown], precision)
     for name in sums.classes:
-        cells[name] = [_num(means[f"class:{name}"][g], precision) for g in shown]
+        cells[name] = column_texts(means[f"class:{name}"][shown], precision)
     widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
 
     def build(width: int | None) -> Any:

@@ -38,7 +38,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     as they are (value-norm maps: ``RENORMALISED``)."""
     import numpy as np
 
-    from attnviz.render.table import UNDEFINED, Fitted, number_text
+    from attnviz.render.table import UNDEFINED, Fitted, column_texts
 
     layers, heads = stats["entropy"].shape
     rows = [(li, hi) for li in range(layers) for hi in range(heads)]
@@ -80,7 +80,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         if key not in stats:
             continue
         column = np.asarray(stats[key])
-        cells[name] = [number_text(float(column[li, hi]), p) for li, hi in shown]
+        cells[name] = column_texts([column[li, hi] for li, hi in shown], p)  # digits by the column's magnitude
     cells["pattern"] = [str(stats["tag"][li, hi]) for li, hi in shown]
     widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
 
@@ -117,6 +117,7 @@ def received_table(summary: dict[str, Any], precision: int) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    from attnviz.render.table import column_texts
     from attnviz.text import label as visible_label
 
     seen = "the queries that may attend to it" + (" (j <= i: causal weights)" if summary["causal"] else "")
@@ -127,11 +128,12 @@ def received_table(summary: dict[str, Any], precision: int) -> Any:
     table.add_column("received", justify="right", no_wrap=True)
     table.add_column("max", justify="right", no_wrap=True)
     table.add_column("at", justify="right", no_wrap=True)
-    for entry in summary["top"]:
+    means = column_texts([entry["mean"] for entry in summary["top"]], precision)
+    maxima = column_texts([entry["max"] for entry in summary["top"]], precision)
+    for entry, mean, most in zip(summary["top"], means, maxima):
         token = entry["token"]
         label = str(entry["position"]) if token is None else f"{entry['position']} {visible_label(token, 16)}"
-        table.add_row(Text(label), f"{entry['mean']:.{precision}f}", f"{entry['max']:.{precision}f}",
-                      f"{summary['layers'][entry['layer']]}:{entry['head']}")
+        table.add_row(Text(label), mean, most, f"{summary['layers'][entry['layer']]}:{entry['head']}")
     return table
 
 

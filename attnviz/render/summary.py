@@ -65,7 +65,7 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
     from rich import box
     from rich.table import Table
 
-    from attnviz.render.table import Fitted
+    from attnviz.render.table import Fitted, column_texts
 
     rows = head_rows(result, sort, reverse, top)
     s = result.read
@@ -74,11 +74,11 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
              "first", "last", *(["retrieval"] if result.retrieval is not None else [])]
     spans = list(result.spans)
     cells: dict[str, list[str]] = {}
-    for name in names:
-        cells[COLUMNS.get(name, name)] = [str(r[name]) if name in ("layer", "head") else _cell(r.get(name), precision)
-                                          for r in rows]
+    for name in names:  # each column's digits by its magnitude: at 19k tokens a weight is about 1e-4
+        cells[COLUMNS.get(name, name)] = ([str(r[name]) for r in rows] if name in ("layer", "head") else
+                                          column_texts([r.get(name) for r in rows], precision))
     for name in spans:
-        cells[f"on {name}"] = [_cell(r["spans"][name], precision) for r in rows]
+        cells[f"on {name}"] = column_texts([r["spans"][name] for r in rows], precision)
     widths = {n: max([len(n), *(len(v) for v in values)]) for n, values in cells.items()}
     caption = ("means over real query rows and batch entries: entropy H (nats) and H/ln n (1: uniform); max: mean "
                f"largest weight; sink: weight on the first {s.settings.get('sinks')} real keys; local: on the "
@@ -140,10 +140,6 @@ def sink_rate_document(sinks: Any) -> dict[str, Any]:
                           "exceeds epsilon", "value": sinks.value, "epsilon": sinks.epsilon, "rows": SINK_ROWS,
             "per_head": [[_num(v) for v in row] for row in sinks.per_head],
             "alpha": [[[_num(v) for v in heads] for heads in entries] for entries in sinks.alpha]}
-
-
-def _cell(value: float | None, precision: int) -> str:
-    return "–" if value is None else f"{value:.{precision}f}"
 
 
 def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "layer", reverse: bool = False,
