@@ -13,7 +13,7 @@ import numpy as np
 
 from attnviz.errors import InputError, UsageError
 from attnviz.rowmath import normalised_entropy, real_ends, row_rule
-from attnviz.statistics import BY_NAME, SUMMARY, names
+from attnviz.statistics import BY_NAME, SINK_EPSILON, SUMMARY, names
 from attnviz.summarystats import PER_ROW
 
 #: the per-head table of a summary (``summary`` in the table of ``attnviz.statistics``): the same fields as
@@ -443,8 +443,6 @@ def retrieval_scores(s: SummaryRead, needles: list[Span]) -> Retrieval:
     return Retrieval(per_entry.mean(0), per_entry, list(needles), n, recall)
 
 
-#: Gu et al. 2024's epsilon: a head whose mean weight on the first token passes it is a sink head
-SINK_EPSILON = 0.3
 #: the rows the sink rate's alpha takes, in words (the JSON and the docs say it)
 SINK_ROWS = "every real row that sees the first token, the first token's own row included"
 
@@ -527,6 +525,25 @@ class SummaryResult:
     sinks: SinkRate | None = None
     batch: int = 0
     warnings: list[str] = field(default_factory=list)
+    tags: Any = None  # [layers, H] object array: each head's tags (``summary_tags``)
+
+
+def summary_tags(read: SummaryRead, heads: dict[str, np.ndarray], sinks: SinkRate | None,
+                 retrieval: Retrieval | None = None) -> np.ndarray:
+    """Each head's tags (the rules of ``attnviz.statistics.TAGS`` for a summary) from its head means, the share of
+    batch entries in which it is a sink (``sinks.per_head``) and its retrieval score where one was asked for;
+    ``local`` only where the window (``--local W``) is at most a quarter of the keys (a window over most of a
+    short text says nothing)."""
+    from attnviz.inspection.tags import tag_heads
+
+    values: dict[str, Any] = dict(heads)
+    if sinks is not None:
+        values["sink_rate"] = sinks.per_head
+    if retrieval is not None:
+        values["retrieval"] = retrieval.scores
+    window = read.settings.get("local")
+    wide = not isinstance(window, int) or 4 * window > read.shape[-1]
+    return tag_heads(values, SUMMARY, skip=("local",) if wide else ())
 
 
 def _opened_capture(spec: str) -> tuple[Any, Any]:
@@ -579,6 +596,7 @@ def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[
                                    f"{', '.join(weak)} repeats at most half of the needle's tokens (Wu et al. score "
                                    "only answers that recall more than half): the retrieval scores of such an entry "
                                    "measure little; generate more tokens, or ask for the needle more plainly")
+    result.tags = summary_tags(read, result.heads, result.sinks, result.retrieval)
     return result
 
 

@@ -417,7 +417,8 @@ def _print_head_table(result: Any, out: InspectOutputs) -> None:
 
     renormalised = result.opened.weights.renormalised
     out_console().print(head_stats_table(result.stats, sort=out.sort, reverse=out.reverse, top=out.top,
-                                         padded=result.padded, of=RENORMALISED if renormalised else None), crop=False)
+                                         padded=result.padded, of=RENORMALISED if renormalised else None,
+                                         keys=result.opened.weights.shape[-1]), crop=False)
 
 
 def _print_tables(result: Any, out: InspectOutputs) -> None:
