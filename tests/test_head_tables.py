@@ -290,3 +290,34 @@ def test_corpus_token_class_tag_and_the_table_golden() -> None:
     at = lines.index("layer 0: 1 of 2 heads rare, 1 broad")
     assert lines[at + 1:at + 3] == ["tags: rare = rare >= 0.5 (its weight on the class's tokens); broad = H/uniform >= "
                                     "0.9 and", "no other tag"], lines[at:at + 4]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Big maps: the head tables and a line, not 40 of 512 rows twice over
+
+
+def _weights_file(path, n: int, layers: int = 2, heads: int = 3):
+    rng = np.random.default_rng(n)
+    w = rng.random((layers, 1, heads, n, n)).astype(np.float32)
+    np.save(path, w / w.sum(-1, keepdims=True))
+    return path
+
+
+def test_a_512_token_capture_prints_its_head_table_and_a_line(tmp_path) -> None:
+    """512 tokens, 2 layers x 3 heads: the head table, the received attention and one line naming --max-rows
+    (the weights and per-query tables printed 40 of the 512 rows each: about 130 lines more); --max-rows asks for
+    them; a map of 40 rows (what the tables show whole) still gets its tables, one of 41 does not."""
+    big = _weights_file(tmp_path / "big.npy", 512)
+    text = _inspect(big, columns="100").stdout
+    lines = text.splitlines()
+    assert "head statistics (by layer)" in text and "tokens that receive the most attention" in text
+    assert "weights of layer" not in text and "per-query statistics" not in text
+    assert lines[-1] == "weights [512, 512] not tabled (over 40 rows): --max-rows N shows N rows, 0 all"
+    assert len(lines) < 60, len(lines)
+    asked = _inspect(big, "--max-rows", "10", columns="100").stdout
+    assert "weights of layer 0, batch 0, head 0 [512, 512]" in asked and "per-query statistics" in asked
+    assert "not tabled" not in asked
+    assert "per-query statistics" in _inspect(big, "--max-rows", "0", columns="100").stdout
+    assert "weights of layer 0" in _inspect(_weights_file(tmp_path / "40.npy", 40), columns="100").stdout
+    over = _inspect(_weights_file(tmp_path / "41.npy", 41), columns="100").stdout
+    assert "weights of layer 0" not in over and over.splitlines()[-1].startswith("weights [41, 41] not tabled")

@@ -270,10 +270,19 @@ def compute_tables(outcome: Outcome, index: tuple[int, ...], precision: int = 3,
     return tables
 
 
+#: the most query rows a map may have and still get its weights and per-query statistics tables by default: the
+#: rows those tables show (--max-rows' default), about what a terminal shows at once; a longer map's tables would
+#: show 40 of its rows twice over (a 512-token capture: about 190 lines), so a line says how to see them instead
+MAP_TABLE_ROWS = 40
+
+
 def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None,
-                   sort: str = "layer", reverse: bool = False, top: int | None = None) -> list[Any]:
+                   sort: str = "layer", reverse: bool = False, top: int | None = None,
+                   map_tables: bool | None = None) -> list[Any]:
     """The tables ``inspect`` prints (head statistics, received attention, the shown map and its
-    per-query statistics), as rich renderables."""
+    per-query statistics), as rich renderables. ``map_tables``: whether the shown map's two tables are among
+    them; None (rows not asked for): where the map has at most ``MAP_TABLE_ROWS`` query rows, else a line
+    saying how to see them."""
     from attnviz.render.table import stats_table, weights_table
 
     opened = result.opened
@@ -291,6 +300,10 @@ def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | No
         tables.append(received_table(result.received, precision))
     where = f"layer {li}, batch {bi}, head {hi}"
     what = "weights" if opened.weights.weighed == "weights" else opened.weights.what
+    if not (lq <= MAP_TABLE_ROWS if map_tables is None else map_tables):
+        tables.append(Text(f"{what} [{lq}, {lk}] not tabled (over {MAP_TABLE_ROWS} rows): --max-rows N shows N rows, "
+                           "0 all", style="dim"))
+        return tables
     max_r = max_rows
     tables.append(weights_table(result.one, q_labels=opened.q_labels, k_labels=opened.k_labels, keep=result.one_keep,
                                 precision=precision, max_rows=max_r, max_cols=max_cols,
