@@ -59,7 +59,8 @@ sink             sink_rate: the share of texts in which the head's    >= 0.5    
 previous-token   previous                                             >= 0.5     all three
 diagonal         diagonal                                             >= 0.5     all three
 last-token       last                                                 >= 0.5     all three
-local            local_mass, with W at most a quarter of the keys     >= 0.5     summary
+local            local_mass, with W at most a quarter of the keys;    >= 0.5     summary
+                 not a previous-token, diagonal or broad head
 punctuation      punctuation                                          >= 0.5     corpus
 NAME             class:NAME (``--token-class NAME=REGEX``)            >= 0.5     corpus
 retrieval        retrieval (with ``--needle``)                        > 0.1      summary
@@ -235,8 +236,10 @@ TAGS = (
     TagRule("last-token", "last", DOMINATES, "at least half its weight on the last real token", _ALL,
             source="Clark et al. 2019 ([SEP])"),
     TagRule("local", "local_mass", DOMINATES, "at least half its weight on the W keys up to the query (--local W; "
-            "only where W is at most a quarter of the keys)", (SUMMARY,), unless=("previous-token", "diagonal"),
-            source="MInference's A-shape", note="(W at most a quarter of the keys; not previous-token or diagonal)"),
+            "only where W is at most a quarter of the keys; not a previous-token, diagonal or broad head: a uniform "
+            "causal row of i <= W tokens is all local)", (SUMMARY,), unless=("previous-token", "diagonal", "broad"),
+            source="MInference's A-shape",
+            note="(W at most a quarter of the keys; not previous-token, diagonal or broad)"),
     TagRule("punctuation", "punctuation", DOMINATES, 'at least half its weight on "." and ","', (CORPUS,),
             source="Clark et al. 2019"),
     TagRule("NAME", "class:", DOMINATES, "at least half its weight on the tokens of the class NAME (--token-class)",

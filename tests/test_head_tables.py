@@ -165,16 +165,20 @@ def _tag_cells(text: str) -> dict[tuple[int, int], str]:
     return out
 
 
-def _rule_tags(values: dict[str, float], rules: list[tuple[str, str, float]], broad: float) -> str:
-    """The tags of one head by the documented rules, transcribed: each ``(tag, value, threshold)`` at or above its
-    threshold, a sink not where previous-token, diagonal or broad pass, broad alone."""
-    passed = [tag for tag, name, threshold in rules if values.get(name) is not None and values[name] >= threshold]
-    is_broad = values["broad"] is not None and values["broad"] >= broad
-    earned = [t for t in passed if not (t == "sink" and ({"previous-token", "diagonal"} & set(passed) or is_broad))]
-    return ", ".join(earned) if earned else ("broad" if is_broad else "")
+def _rule_tags(values: dict[str, float], rules: list[tuple], broad: float) -> str:
+    """The tags of one head by the documented rules, transcribed: each ``(tag, value, threshold, unless)`` at or above
+    its threshold unless a tag of ``unless`` passes too (a sink or local head is not a previous-token, diagonal or
+    broad one), in the rules' order; broad alone."""
+    passed = {tag for tag, name, threshold, _ in rules if values.get(name) is not None and values[name] >= threshold}
+    if values["broad"] is not None and values["broad"] >= broad:
+        passed.add("broad")
+    earned = [tag for tag, _, _, unless in rules if tag in passed and not passed & set(unless)]
+    return ", ".join(earned) if earned else ("broad" if "broad" in passed else "")
 
 
-POSITIONAL = [("previous-token", "previous", 0.5), ("diagonal", "diagonal", 0.5), ("last-token", "last", 0.5)]
+GIVES_WAY = ("previous-token", "diagonal", "broad")
+POSITIONAL = [("previous-token", "previous", 0.5, ()), ("diagonal", "diagonal", 0.5, ()),
+              ("last-token", "last", 0.5, ())]
 
 
 def test_minilm_summary_heads_are_tagged_by_the_rules() -> None:
@@ -190,11 +194,8 @@ def test_minilm_summary_heads_are_tagged_by_the_rules() -> None:
     want = {}
     for h in doc["head_stats"]:
         values = {**h, "sink": share[h["layer"], h["head"]], "broad": h["entropy_norm"]}
-        rules = [("sink", "sink", 0.5), *POSITIONAL]
-        tag = _rule_tags(values, rules, 0.9)
-        if "previous-token" not in tag and "diagonal" not in tag and h["local_mass"] >= 0.5:
-            tag = ", ".join([t for t in tag.split(", ") if t and t != "broad"] + ["local"])
-        want[h["layer"], h["head"]] = tag
+        rules = [("sink", "sink", 0.5, GIVES_WAY), *POSITIONAL, ("local", "local_mass", 0.5, GIVES_WAY)]
+        want[h["layer"], h["head"]] = _rule_tags(values, rules, 0.9)
     strongest = max(doc["head_stats"], key=lambda h: h["first"])
     assert (strongest["layer"], strongest["head"]) == (4, 5) and 0.3 < strongest["first"] < 0.4
     assert want[4, 5] == "sink" and want[4, 2] == "sink"
@@ -221,11 +222,10 @@ def test_minilm_corpus_heads_are_tagged_by_the_rules() -> None:
     want = {}
     for h in doc["head_stats"]:
         values = {**h, "sink": h["sink_rate"], "broad": h["entropy"] / h["entropy_uniform"]}
-        tag = _rule_tags(values, [("sink", "sink", 0.5), *POSITIONAL, ("punctuation", "punctuation", 0.5),
-                                  *((c, c, 0.5) for c in h["classes"])], 0.9)
-        for c, v in h["classes"].items():
-            values[c] = v
-        want[h["layer"], h["head"]] = tag
+        values.update(h["classes"])
+        want[h["layer"], h["head"]] = _rule_tags(values, [("sink", "sink", 0.5, GIVES_WAY), *POSITIONAL,
+                                                          ("punctuation", "punctuation", 0.5, ()),
+                                                          *((c, c, 0.5, ()) for c in h["classes"])], 0.9)
     assert want[0, 8] == "sink" and want[0, 2] == "previous-token"
     assert {(h["layer"], h["head"]): h["tag"] or "" for h in doc["head_stats"]} == want
     text = _inspect(path).stdout
