@@ -44,6 +44,31 @@ sink_rate            sees first    1 where alpha, the mean A[i, f], passes epsil
 
 ``inspect``'s head means keep a value where no row is ``later`` (a one-token input): ``first`` the mean over the
 counted rows, ``previous`` 0; a corpus leaves such a text out of those statistics' means (``texts`` counts it).
+
+**Tags.** Every head table has a ``tag`` column: the words of the rules in ``TAGS`` a head passes, in that
+order, joined by commas (the JSON's ``tag``; ``tags`` holds the rules and how many heads earn each, per layer).
+A rule reads one value per head and compares it with its threshold:
+
+===============  ===================================================  =========  ================================
+tag              reads                                                passes     where
+===============  ===================================================  =========  ================================
+sink             sink_rate: the share of texts in which the head's    >= 0.5     all three
+                 alpha (Gu et al.'s mean weight on the first token
+                 over every row that sees it) exceeds epsilon = 0.3;
+                 not a previous-token, diagonal or broad head
+previous-token   previous                                             >= 0.5     all three
+diagonal         diagonal                                             >= 0.5     all three
+last-token       last                                                 >= 0.5     all three
+local            local_mass, with W at most a quarter of the keys;    >= 0.5     summary
+                 not a previous-token, diagonal or broad head
+punctuation      punctuation                                          >= 0.5     corpus
+NAME             class:NAME (``--token-class NAME=REGEX``)            >= 0.5     corpus
+retrieval        retrieval (with ``--needle``)                        > 0.1      summary
+induction        induction (the larger of the two, over >= 5 rows)    >= 0.5     weights (with the tokens)
+duplicate-token  duplicate                                            >= 0.5     weights (with the tokens)
+broad            entropy_norm (a corpus: H over uniform), no other    >= 0.9     all three
+                 pattern tag
+===============  ===================================================  =========  ================================
 """
 
 from __future__ import annotations
@@ -213,3 +238,102 @@ def sort_key(word: str, face: str, source: str, classes: tuple[str, ...] | list[
     close = difflib.get_close_matches(key, [*sort_words(face), *classes], n=1)
     guess = f" (did you mean {close[0]}?)" if close else ""
     raise UsageError(f"--sort {word}: not a column of {source}{guess}; its table has {columns}.")
+
+
+#: Gu et al. 2024's epsilon: a head whose mean weight on the first token (alpha) passes it is a sink in that text
+SINK_EPSILON = 0.3
+#: a pattern "dominates" a head when it takes at least half its weight on average
+DOMINATES = 0.5
+
+
+@dataclass(frozen=True)
+class TagRule:
+    """A tag a head earns in the head tables: the word ``tag``, the per-head value it ``reads`` (a statistic's name,
+    or ``class:`` for every token class of a corpus), the ``threshold`` that value must reach (``strict``: pass),
+    the ``faces`` that tag it, the tags that take precedence over it (``unless``; ``alone``: every other tag) and the
+    ``rule`` in words (the tables' notes, the JSON and the docs say it)."""
+
+    tag: str
+    reads: str
+    threshold: float
+    rule: str
+    faces: tuple[str, ...]
+    strict: bool = False
+    unless: tuple[str, ...] = ()
+    alone: bool = False
+    source: str = ""
+    #: what the short form (``brief``) adds to its comparison
+    note: str = ""
+
+    def passes(self, value: float) -> bool:
+        return value > self.threshold if self.strict else value >= self.threshold
+
+    def brief(self, face: str) -> str:
+        """The rule in a few words, in the table's headers: ``prev >= 0.5``."""
+        if self.reads in BY_NAME:
+            header = BY_NAME[self.reads].header
+        else:
+            header = self.reads.removeprefix("class:")
+        if self.reads == "entropy_norm" and face == CORPUS:
+            header = "H/uniform"
+        return (f"{self.tag} = {header} {'>' if self.strict else '>='} {self.threshold:g}"
+                + (f" {self.note}" if self.note else ""))
+
+
+#: the tags, in the order a head's tags are written (the module docstring's table)
+TAGS = (
+    TagRule("sink", "sink_rate", DOMINATES, f"a sink in at least half its texts: alpha, its mean weight on the first "
+            f"token over every real row that sees it, above {SINK_EPSILON:g}; not a previous-token, diagonal or broad "
+            "head (in a short text the first token is the previous one of the second, and a causal row of i tokens "
+            "gives it 1/i even when uniform)", _ALL, unless=("previous-token", "diagonal", "broad"),
+            source="Gu et al. 2024 (alpha > epsilon)",
+            note=f"(the share of texts whose alpha, the mean weight on the first token, passes {SINK_EPSILON:g}; "
+                 "not previous-token, diagonal or broad)"),
+    TagRule("previous-token", "previous", DOMINATES, "at least half its weight on the previous token", _ALL,
+            source="Clark et al. 2019; Voita et al. 2019"),
+    TagRule("diagonal", "diagonal", DOMINATES, "at least half its weight on the token itself", _ALL,
+            source="Clark et al. 2019"),
+    TagRule("last-token", "last", DOMINATES, "at least half its weight on the last real token", _ALL,
+            source="Clark et al. 2019 ([SEP])"),
+    TagRule("local", "local_mass", DOMINATES, "at least half its weight on the W keys up to the query (--local W; "
+            "only where W is at most a quarter of the keys; not a previous-token, diagonal or broad head: a uniform "
+            "causal row of i <= W tokens is all local)", (SUMMARY,), unless=("previous-token", "diagonal", "broad"),
+            source="MInference's A-shape",
+            note="(W at most a quarter of the keys; not previous-token, diagonal or broad)"),
+    TagRule("punctuation", "punctuation", DOMINATES, 'at least half its weight on "." and ","', (CORPUS,),
+            source="Clark et al. 2019"),
+    TagRule("NAME", "class:", DOMINATES, "at least half its weight on the tokens of the class NAME (--token-class)",
+            (CORPUS,), note="(its weight on the class's tokens)"),
+    TagRule("retrieval", "retrieval", 0.1, "a retrieval score above 0.1 (--needle)", (SUMMARY,), strict=True,
+            source="Wu et al. 2024", note="(Wu et al. 2024)"),
+    TagRule("induction", "induction", DOMINATES, "at least half its weight on the token after an earlier occurrence "
+            "of the query's token, over at least 5 such rows (the larger of induction and duplicate-token)",
+            (WEIGHTS,), source="Olsson et al. 2022", note="over 5 rows or more, the larger of ind and dup"),
+    TagRule("duplicate-token", "duplicate", DOMINATES, "at least half its weight on the earlier occurrences of the "
+            "query's token, over at least 5 such rows", (WEIGHTS,), source="Elhage et al. 2021",
+            note="over 5 rows or more"),
+    TagRule("broad", "entropy_norm", 0.9, "entropy at least 0.9 of uniform attention's (H/ln n; a corpus: H over "
+            "uniform), and no other tag", _ALL, alone=True, note="and no other tag"),
+)
+TAG_BY_NAME = {t.tag: t for t in TAGS}
+
+
+def tag_rules(face: str, classes: tuple[str, ...] | list[str] = (), epsilon: float | None = None) -> list[TagRule]:
+    """The tags of ``face``, in order, a corpus's token class rule once per class (its word the class's name);
+    ``epsilon``: the sink's, where it is not ``SINK_EPSILON`` (a corpus captured with ``--sink-threshold``)."""
+    from dataclasses import replace
+
+    out: list[TagRule] = []
+    for rule in TAGS:
+        if face not in rule.faces:
+            continue
+        if rule.tag == "sink" and epsilon is not None and float(epsilon) != SINK_EPSILON:
+            said = f"{SINK_EPSILON:g}"
+            out.append(replace(rule, rule=rule.rule.replace(said, f"{float(epsilon):g}"),
+                               note=rule.note.replace(said, f"{float(epsilon):g}")))
+        elif rule.reads == "class:":
+            out.extend(replace(rule, tag=name, reads=f"class:{name}", rule=rule.rule.replace("NAME", name))
+                       for name in classes)
+        else:
+            out.append(rule)
+    return out

@@ -58,7 +58,7 @@ def test_constructed_heads_get_their_tags_and_values(tmp_path):
     prev, sink, uni, diag = heads[0, 0], heads[0, 1], heads[0, 2], heads[1, 0]
     assert prev["tag"] == "previous-token" and prev["previous"] == 1.0 and prev["entropy"] == 0.0
     assert prev["distance"] == pytest.approx(5 / 6)  # rows 1..5 at distance 1, row 0 at 0
-    assert sink["tag"] == "first-token sink" and sink["first"] == 1.0
+    assert sink["tag"] == "sink" and sink["first"] == 1.0
     assert sink["distance"] == pytest.approx(np.arange(L).mean())
     assert uni["tag"] == "broad" and uni["entropy_norm"] == pytest.approx(1.0)
     assert uni["entropy"] == pytest.approx(np.mean([np.log(i + 1) for i in range(L)]))
@@ -111,7 +111,11 @@ def test_tables_labels_and_pngs(tmp_path):
                "--sort", "previous", "--top", "2")
     assert r.exit_code == 0, r.stderr
     text = " ".join(r.stdout.split())
-    assert "previous-token" in text and "first-token sink" not in text  # --top 2 by previous
+    lines = r.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["layer", "head"])
+    shown = [line.split() for line in lines[at + 2:at + 4]]
+    assert [row[-1] for row in shown] == ["previous-token", "previous-token"]  # --top 2 by previous
+    assert not lines[at + 4].strip()
     assert "weights of layer 1, batch 0, head 2" in text and "down" in text
     for name in ("grid.png", "map.png", "st.png"):
         assert (tmp_path / name).stat().st_size > 5000

@@ -82,7 +82,7 @@ def test_padded_entry_has_the_statistics_of_its_unpadded_slice(files):
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert_same_stats(head_stats(doc), head_stats(json.loads(sliced.stdout)))
-    assert {h["tag"] for h in doc["head_stats"]} >= {"previous-token", "first-token sink"}
+    assert {h["tag"] for h in doc["head_stats"]} >= {"previous-token", "sink"}
     assert doc["warnings"] == [] and doc["padded_rows"] == LAYERS * HEADS * PAD
     assert doc["stats"]["padded"] == [True] * PAD + [False] * (S - PAD)
     assert doc["stats"]["entropy"][:PAD] == [None] * PAD and None not in doc["stats"]["entropy"][PAD:]
@@ -272,7 +272,7 @@ def test_rows_summing_to_two_and_tags_left_out(tmp_path):
     w[0, 0, 0, 0] = 1
     w[0, 1, :, 0] = 1  # sink
     good = json.loads(invoke("inspect", _save(tmp_path / "good.npy", w), "--json").stdout)
-    assert [h["tag"] for h in good["head_stats"]] == ["previous-token", "first-token sink"]
+    assert [h["tag"] for h in good["head_stats"]] == ["previous-token", "sink"]
     assert good["warnings"] == []
     r = invoke("inspect", _save(tmp_path / "twice.npy", 2 * w), "--json", "--check-rows")
     assert r.exit_code == 3  # the check fails as before; the warning comes with it

@@ -56,7 +56,7 @@ def test_constructed_heads_get_their_scores_and_tags(probe):
     assert rows[0, 1]["duplicate"] == 1.0 and rows[0, 1]["induction"] == 0.0
     assert rows[0, 1]["tag"] == "duplicate-token"
     assert rows[0, 2]["tag"] == "previous-token" and rows[0, 2]["induction"] == 0.0
-    assert rows[0, 3]["tag"] == "first-token sink"
+    assert rows[0, 3]["tag"] == "sink"
     assert rows[0, 3]["duplicate"] == pytest.approx(1 / N)  # the first repeat's earlier occurrence is token 0
     # uniform causal: query N + t sees N + t + 1 keys, one earlier occurrence and one token after it
     expected = np.mean([1 / (N + t + 1) for t in range(N)])

@@ -102,15 +102,24 @@ def test_the_long_context_page_shows_what_its_commands_print(docs_needle) -> Non
     _, shown = _page_lines()
     want = [ln.rstrip() for ln in shown.strip("\n").splitlines()]
     lines = [" ".join(ln.split()) for ln in table.stdout.splitlines()]
-    rows = [ln.split() for ln in want if ln.strip() and ln.split()[0].isdigit()]
-    printed = {tuple(ln.split()[:2]): ln.split() for ln in table.stdout.splitlines()
+    header = next(ln.split() for ln in want if ln.split()[:2] == ["layer", "head"])
+    assert header[-1] == "tag" and header == next(ln.split() for ln in table.stdout.splitlines()
+                                                  if ln.split()[:2] == ["layer", "head"]), table.stdout
+
+    def cells(ln: str) -> list[str]:  # the numbers, then the tag column's words (a head may have several tags)
+        parts = ln.split()
+        numbers = next((k for k, v in enumerate(parts) if not v.replace(".", "", 1).isdigit()), len(parts))
+        return [*parts[:numbers], " ".join(parts[numbers:])]
+
+    rows = [cells(ln) for ln in want if ln.strip() and ln.split()[0].isdigit()]
+    printed = {tuple(ln.split()[:2]): cells(ln) for ln in table.stdout.splitlines()
                if ln.strip() and ln.split()[0].isdigit()}
     assert len(rows) == 8 and [r[:2] for r in rows] == [list(k) for k in list(printed)[:8]], table.stdout
     for row in rows:  # the same heads in the same order; each value as printed (a float sum's last digit may differ)
         got = printed[tuple(row[:2])]
-        assert row[-1] == got[-1], (row, got)  # the retrieval score: a count over the needle, exact
-        np.testing.assert_allclose([float(v) for v in got[2:]], [float(v) for v in row[2:]], rtol=2e-3, atol=1.5e-3,
-                                   err_msg=f"the page's table is out of date\n{table.stdout}")
+        assert row[-2:] == got[-2:], (row, got)  # the retrieval score (a count over the needle, exact) and the tags
+        np.testing.assert_allclose([float(v) for v in got[2:-1]], [float(v) for v in row[2:-1]], rtol=2e-3,
+                                   atol=1.5e-3, err_msg=f"the page's table is out of date\n{table.stdout}")
     prose = " ".join(" ".join(ln.split()) for ln in want if ln.strip() and not ln.split()[0].isdigit()
                      and not ln.strip().startswith(("layer", "─")))
     assert prose in " ".join(lines), f"{prose!r}\n{table.stdout}"

@@ -75,7 +75,7 @@ def test_plain_tables_are_richs_tables_to_the_character(argv, files, monkeypatch
 
 def test_a_pipe_gets_the_whole_head_table(tmp_path):
     """Written to a pipe (no terminal, no COLUMNS) the head table keeps every column, where a terminal of 80
-    columns drops some to fit (a long tag: "first-token sink, duplicate-token")."""
+    columns drops some to fit (a long tag: "sink, duplicate-token")."""
     tokens = [t for pair in zip("aaaaaa", "uvwxyz") for t in pair]  # "a" at 0, 2, ..., 10
     n = len(tokens)
     w = np.zeros((2, 1, 2, n, n), np.float32)
@@ -91,8 +91,8 @@ def test_a_pipe_gets_the_whole_head_table(tmp_path):
     assert piped.exit_code == 0, piped.stderr
     assert "left out to fit" not in piped.stdout
     header = next(line.split() for line in piped.stdout.splitlines() if line.split()[:2] == ["layer", "head"])
-    assert header[-5:] == ["last", "max", "ind", "dup", "pattern"]
-    assert "first-token sink, duplicate-token" in piped.stdout
+    assert header[-5:] == ["last", "max", "ind", "dup", "tag"]
+    assert "sink, duplicate-token" in piped.stdout
 
 
 def test_no_table_keeps_the_head_table_that_was_sorted(files):

@@ -122,7 +122,8 @@ def test_every_compute_command_fits(inputs, name, width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_inspect_of_24_heads_with_long_labels_fits(inputs, width):
-    out = run("inspect", inputs / "w24.npy", "--labels", inputs / "tok64.txt", columns=width).stdout
+    # a map of 64 rows: its weights tables when asked for (--max-rows; by default a line says how)
+    out = run("inspect", inputs / "w24.npy", "--labels", inputs / "tok64.txt", "--max-rows", "40", columns=width).stdout
     assert "head statistics" in out and len(tables(out)) == 2
     assert_fits(out, width)
     weights = tables(out)[0]
@@ -225,12 +226,12 @@ def test_top_k_on_one_line_when_it_fits():
 
 def test_key_columns_elided_with_a_marker_and_max_cols(inputs):
     w24 = inputs / "w24.npy"
-    fitted = header_cells(tables(run("inspect", w24, columns=80).stdout)[0])[0]
+    fitted = header_cells(tables(run("inspect", w24, "--max-rows", "40", columns=80).stdout)[0])[0]
     assert "…" in fitted
-    wider = header_cells(tables(run("inspect", w24, columns=120).stdout)[0])[0]
+    wider = header_cells(tables(run("inspect", w24, "--max-rows", "40", columns=120).stdout)[0])[0]
     assert len(wider) > len(fitted)  # a wider terminal shows more keys
     for n in (1, 2, 4, 5):
-        out = run("inspect", w24, "--max-cols", n, columns=80).stdout
+        out = run("inspect", w24, "--max-cols", n, "--max-rows", "40", columns=80).stdout
         head = header_cells(tables(out)[0])[0]
         keys = [c for c in head[1:] if c != "…"]
         first = (n + 1) // 2
@@ -274,7 +275,8 @@ def test_headers_are_shortened_not_folded(inputs):
 
 
 def test_titles_and_notes_wrap_at_words(inputs):
-    out = run("inspect", inputs / "w24.npy", "--labels", inputs / "tok64.txt", columns=80).stdout.splitlines()
+    out = run("inspect", inputs / "w24.npy", "--labels", inputs / "tok64.txt", "--max-rows", "40",
+              columns=80).stdout.splitlines()
     top = next(i for i, line in enumerate(out) if line.lstrip().startswith("┏"))
     title = next(i for i, line in enumerate(out) if "weights of" in line)
     assert top - title > 1  # the title takes two lines at 80 columns

@@ -295,18 +295,43 @@ def _short(value: Any) -> str:
 
 
 def head_records(sums: CorpusSums) -> list[dict[str, Any]]:
-    """One entry per (layer, head): ``layer``, ``head``, ``texts``, ``rows``, every statistic and ``classes``
-    ({NAME: mass})."""
+    """One entry per (layer, head): ``layer``, ``head``, ``texts``, ``rows``, every statistic, ``classes``
+    ({NAME: mass}) and ``tag`` (``corpus_tags``)."""
     means = sums.means()
     texts = sums.texts[sums.names.index("last")]
+    tags = corpus_tags(sums)
     out = []
     for g, (layer, head) in enumerate(sums.head_order):
         entry: dict[str, Any] = {"layer": layer, "head": head, "texts": int(texts[g]), "rows": int(sums.rows[g])}
         for name in CORPUS_STATS:
             entry[name] = _number(means[name][g])
         entry["classes"] = {c: _number(means[f"class:{c}"][g]) for c in sums.classes}
+        entry["tag"] = str(tags[g]) or None
         out.append(entry)
     return out
+
+
+def corpus_tags(sums: CorpusSums) -> np.ndarray:
+    """Each head's tags (the rules of ``attnviz.statistics.TAGS`` for a corpus), ``[G]`` in ``head_order``: from its
+    means over texts, ``sink_rate`` the share of texts in which it is a sink, and ``broad`` from its entropy over
+    uniform attention's (the means' ratio)."""
+    from attnviz.inspection.tags import tag_heads
+
+    values: dict[str, Any] = dict(sums.means())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values["entropy_norm"] = np.where(values["entropy_uniform"] > 0,
+                                          values["entropy"] / values["entropy_uniform"], np.nan)
+    return tag_heads(values, CORPUS, sums.classes)
+
+
+def corpus_tags_document(sums: CorpusSums) -> dict[str, Any]:
+    """The JSON's ``tags`` of a corpus file: the rules, how many heads earn each tag, per layer."""
+    from attnviz.inspection.tags import tags_document
+    from attnviz.statistics import tag_rules
+
+    epsilon = (sums.corpus.get("settings") or {}).get("sink_threshold")
+    return tags_document(corpus_tags(sums), [layer for layer, _ in sums.head_order],
+                         tag_rules(CORPUS, tuple(sums.classes), epsilon))
 
 
 def model_sink_rate(sums: CorpusSums) -> dict[str, Any]:
@@ -372,7 +397,7 @@ def corpus_document(sums: CorpusSums, source: str, files: dict[str, str] | None 
             "blocked_texts": int(corpus.get("blocked_texts") or 0), "distance_texts": distance_texts(corpus),
             "settings": corpus.get("settings"), "first_tokens": corpus.get("first_tokens"),
             "last_tokens": corpus.get("last_tokens"), "sources": corpus.get("sources"),
-            "head_stats": head_records(sums), "sink_rate": model_sink_rate(sums),
+            "head_stats": head_records(sums), "sink_rate": model_sink_rate(sums), "tags": corpus_tags_document(sums),
             "head_order": [list(p) for p in sums.head_order],
             "head_distances": [[_number(v) for v in row] for row in d],
             "closest_pairs": [{"heads": [list(a), list(b)], "js": v} for a, b, v in closest_pairs(sums)],

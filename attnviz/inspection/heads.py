@@ -13,7 +13,7 @@ import numpy as np
 from attnviz.inspection.weights import ROUNDOFF
 from attnviz.io import release_pages
 from attnviz.rowmath import normalised_entropy, real_ends, row_rule
-from attnviz.statistics import BY_NAME, WEIGHTS, names
+from attnviz.statistics import BY_NAME, SINK_EPSILON, WEIGHTS, names
 from attnviz.threads import in_threads
 
 # What the heads do
@@ -29,8 +29,6 @@ def _first_last(real: np.ndarray | None, lead: tuple[int, ...], n: int) -> tuple
 #: the head statistics of exact weights, as the table of ``attnviz.statistics`` defines them (``weights``), less
 #: the token scores ``attnviz.inspection.tokens`` computes when the tokens are known
 HEAD_STATS = tuple(n for n in names(WEIGHTS) if BY_NAME[n].rows != "repeated")
-TAG_THRESHOLD = 0.5  # a pattern "dominates" when it takes at least half the mass on average
-BROAD_THRESHOLD = 0.9  # normalised entropy at or above this: the head spreads its attention
 #: how far from 1 (or 0, a fully masked row) a row of attention weights may sum (float16 files: 1e-2)
 ROW_SUM_TOL = 1e-3
 
@@ -392,6 +390,8 @@ def _head_pass(w: np.ndarray, keep: np.ndarray | None, real_rows: np.ndarray | N
     stats["negative"] = sums["negative"]
     stats.update(extremes)
     stats["causal"] = np.array(not above)  # nothing above the diagonal in the rows counted
+    # Gu et al.'s sink per batch entry, from the first real key's column: what the sink tag reads
+    stats["sink_rate"] = sink_share(columns, w.shape, first_key, keep, real_rows, lq == lk and not above)
     stats["tag"] = head_tags(stats)
     if not distributions(stats, tol).ok:
         stats["tag"][...] = ""
@@ -453,21 +453,32 @@ def row_distributions(w: np.ndarray, live: np.ndarray | None = None, tol: float 
 
 
 def head_tags(stats: dict[str, np.ndarray]) -> np.ndarray:
-    """A short description where one pattern dominates: previous-token, first-token sink, diagonal,
-    last-token; broad for near-uniform heads; empty otherwise."""
-    names = {"previous": "previous-token", "first": "first-token sink", "diagonal": "diagonal",
-             "last": "last-token"}
-    shape = stats["entropy"].shape
-    tags = np.empty(shape, dtype=object)
-    for idx in np.ndindex(*shape):
-        best = max(names, key=lambda k: stats[k][idx])
-        if stats[best][idx] >= TAG_THRESHOLD:
-            tags[idx] = names[best]
-        elif stats["entropy_norm"][idx] >= BROAD_THRESHOLD:
-            tags[idx] = "broad"
-        else:
-            tags[idx] = ""
-    return tags
+    """The tags of exact weights' heads (the rules of ``attnviz.statistics.TAGS`` for ``weights``: sink,
+    previous-token, diagonal, last-token, broad; the token tags follow where the tokens are known,
+    ``attnviz.inspection.tokens``); ``[L, H]`` object array, empty where none."""
+    from attnviz.inspection.tags import tag_heads
+
+    return tag_heads(stats, WEIGHTS)
+
+
+def sink_share(columns: np.ndarray, shape: tuple[int, ...], first_key: np.ndarray, keep: np.ndarray | None,
+               real_rows: np.ndarray | None, causal: bool, epsilon: float = SINK_EPSILON) -> np.ndarray:
+    """``[L, H]``: the share of batch entries in which each head is a sink (Gu et al. 2024: alpha, its mean weight on
+    the first real key over every counted row that may see it, that key's own row included, above ``epsilon``;
+    ``attnviz.inspection.summary.SinkRate`` of a summary), from the column sums of one pass (``columns [L, B, H,
+    Lk]``) and the rows each key's column is over; NaN where no row sees the first key."""
+    from attnviz.inspection.received import allowed_counts
+
+    count = np.broadcast_to(allowed_counts(shape, keep, real_rows, causal), columns.shape)
+    at = first_key[..., None]
+    seen = np.take_along_axis(count, at, -1)[..., 0].astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        alpha = np.where(seen > 0, np.take_along_axis(columns, at, -1)[..., 0] / np.maximum(seen, 1), np.nan)
+    counted = np.isfinite(alpha)
+    sinks = counted & (np.nan_to_num(alpha, nan=-1.0) > epsilon)
+    n = counted.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, sinks.sum(axis=1) / np.maximum(n, 1), np.nan)
 
 
 def map_row_stats(one: np.ndarray, keep: np.ndarray | None, chunk: int = CHUNK, renormalise: bool = False) -> Any:

@@ -14,7 +14,7 @@ import numpy as np
 
 from attnviz.errors import InputError, UsageError
 from attnviz.rowmath import normalised_entropy, real_ends, row_rule
-from attnviz.statistics import BY_NAME, SUMMARY, names
+from attnviz.statistics import BY_NAME, SINK_EPSILON, SUMMARY, names
 from attnviz.summarystats import PER_ROW
 
 #: the per-head table of a summary (``summary`` in the table of ``attnviz.statistics``): the same fields as
@@ -524,8 +524,6 @@ def retrieval_scores(s: SummaryRead, needles: list[Span]) -> Retrieval:
     return Retrieval(scores, per_entry, list(needles), n, recall)
 
 
-#: Gu et al. 2024's epsilon: a head whose mean weight on the first token passes it is a sink head
-SINK_EPSILON = 0.3
 #: the rows the sink rate's alpha takes, in words (the JSON and the docs say it)
 SINK_ROWS = "every real row that sees the first token, the first token's own row included"
 
@@ -609,6 +607,25 @@ class SummaryResult:
     batch: int = 0
     warnings: list[str] = field(default_factory=list)
     found_spans: list[Span] = field(default_factory=list)  # the spans asked for, where they were found
+    tags: Any = None  # [layers, H] object array: each head's tags (``summary_tags``)
+
+
+def summary_tags(read: SummaryRead, heads: dict[str, np.ndarray], sinks: SinkRate | None,
+                 retrieval: Retrieval | None = None) -> np.ndarray:
+    """Each head's tags (the rules of ``attnviz.statistics.TAGS`` for a summary) from its head means, the share of
+    batch entries in which it is a sink (``sinks.per_head``) and its retrieval score where one was asked for;
+    ``local`` only where the window (``--local W``) is at most a quarter of the keys (a window over most of a
+    short text says nothing)."""
+    from attnviz.inspection.tags import tag_heads
+
+    values: dict[str, Any] = dict(heads)
+    if sinks is not None:
+        values["sink_rate"] = sinks.per_head
+    if retrieval is not None:
+        values["retrieval"] = retrieval.scores
+    window = read.settings.get("local")
+    wide = not isinstance(window, int) or 4 * window > read.shape[-1]
+    return tag_heads(values, SUMMARY, skip=("local",) if wide else ())
 
 
 def _opened_capture(spec: str) -> tuple[Any, Any]:
@@ -670,6 +687,7 @@ def analyse_summary(read: SummaryRead, *, batch: int | None = None, spans: list[
             if note:
                 result.warnings.append(note)
         result.warnings += retrieval_warnings(result.retrieval, read.generated)
+    result.tags = summary_tags(read, result.heads, result.sinks, result.retrieval)
     return result
 
 

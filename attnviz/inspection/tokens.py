@@ -13,14 +13,16 @@ from typing import Any
 import numpy as np
 
 from attnviz.io import release_pages
+from attnviz.statistics import TAG_BY_NAME
 
 CHUNK = 2**22  # values (or pattern pairs) handled at a time on long inputs
 #: more pairs than one in this many cells of a map: the patterns are read row by row (``_dense_mass``)
 DENSE_SHARE = 16
 
-#: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average
-TOKEN_TAG_THRESHOLD = 0.5
-TOKEN_TAGS = {"induction": "induction", "duplicate": "duplicate-token"}
+#: a token-aware pattern "dominates" a head, as the other tags: at least half the mass on average (the rules of
+#: ``attnviz.statistics.TAGS``: statistic -> tag)
+TOKEN_TAG_THRESHOLD = TAG_BY_NAME["induction"].threshold
+TOKEN_TAGS = {TAG_BY_NAME[t].reads: t for t in ("induction", "duplicate-token")}
 #: the fewest query rows (over batch entries) a head's induction or duplicate-token score may be averaged over
 #: and still earn it a tag: one repeated token says nothing about a head
 TOKEN_TAG_MIN_ROWS = 5

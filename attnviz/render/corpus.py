@@ -40,14 +40,16 @@ def _order(sums: CorpusSums, sort: str, reverse: bool) -> list[int]:
 
 
 #: columns left out, in this order, when the table is wider than the terminal (the JSON has them all)
-FIT_DROPS = ("top next", "top prev", "H(first row)", "uniform", "next", "diag", "prev")
+FIT_DROPS = ("top next", "top prev", "H(first row)", "uniform", "next", "diag", "prev", "tag")
 
 
 def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", reverse: bool = False,
                  top: int | None = None) -> Any:
     """Every head's statistics, one row each (``sort``: layer, head or a statistic, largest first); laid out
     for the width it is printed at (``render.table.Fitted``: the least telling columns left out, and said)."""
-    from attnviz.render.table import Fitted
+    from attnviz.inspection.corpus import corpus_tags
+    from attnviz.render.summaries import tags_caption
+    from attnviz.render.table import WEIGHT_STATISTICS, Fitted, column_texts
 
     order = _order(sums, sort, reverse)
     shown = order[:top] if top else order
@@ -63,6 +65,8 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
                f"whose mean weight on the first token passes {(corpus.get('settings') or {}).get('sink_threshold')}")
     if len(shown) < len(order):
         caption += f"; showing {len(shown)} of {len(order)} heads (--top)"
+    caption = tags_caption(corpus_tags(sums), [layer for layer, _ in heads], CORPUS, tuple(sums.classes),
+                           (corpus.get("settings") or {}).get("sink_threshold")) + caption
     rate = model_sink_rate(sums)
     if rate["value"] is not None:
         caption = (f"sink rate (Gu et al. 2024): {rate['value']:.3f} of {rate['heads']} heads x {rate['texts']} texts "
@@ -70,15 +74,21 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
                    "column leaves the first row out)\n" + caption)
     cells: dict[str, list[str]] = {"layer": [str(heads[g][0]) for g in shown],
                                    "head": [str(heads[g][1]) for g in shown]}
+    # each column's digits by its magnitude (``column_texts``); weights far below uniform attention's over a text of
+    # the corpus's mean length read 0
+    uniform = float(corpus.get("texts") or 0) / max(float(sums.rows.max(initial=0)), 1.0) or None
     for stat, header in COLUMNS.items():
-        cells[header] = [_num(means[stat][g], precision) for g in shown]
+        cells[header] = column_texts(means[stat][shown], precision, uniform if stat in WEIGHT_STATISTICS else None)
     for name in sums.classes:
-        cells[name] = [_num(means[f"class:{name}"][g], precision) for g in shown]
+        cells[name] = column_texts(means[f"class:{name}"][shown], precision, uniform)
+    tags = corpus_tags(sums)
+    cells["tag"] = [str(tags[g]) for g in shown]
     widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
 
     def build(width: int | None) -> Any:
         from rich import box
         from rich.table import Table
+        from rich.text import Text
 
         names = list(cells)
         dropped: list[str] = []
@@ -91,9 +101,10 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
         table = Table(title=f"corpus head statistics (by {sort}{', reversed' if reverse else ''})",
                       caption=caption + note, caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
         for name in names:
-            table.add_column(name, justify="right", no_wrap=True, overflow="ellipsis", width=widths[name])
+            table.add_column(name, justify="left" if name == "tag" else "right", no_wrap=True, overflow="ellipsis",
+                             width=widths[name])
         for r in range(len(shown)):
-            table.add_row(*[cells[n][r] for n in names])
+            table.add_row(*[cells[n][r] if n != "tag" else Text(cells[n][r], style="bold cyan") for n in names])
         return table
 
     return Fitted(build)

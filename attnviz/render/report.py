@@ -112,11 +112,15 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
     """The JSON document of ``attnviz inspect``: per-head statistics, the selected map's per-query
     statistics and the checks (the weights themselves are the input, so they are not repeated).
     ``padded``: the selected map's padded query rows; their statistics (but ``top_k``) are ``null``."""
+    from attnviz.inspection.tags import tags_document
+    from attnviz.statistics import WEIGHTS, tag_rules
+
     layers, heads = stats["entropy"].shape
     token_stats = [k for k in ("induction", "duplicate") if k in stats]  # only when the tokens were given
     head_rows = [{"layer": li, "head": hi, **{k: float(stats[k][li, hi]) for k in (*HEAD_STATS, *token_stats)},
                   "rows": int(stats["rows"][li, hi]) if "rows" in stats else None,
                   **({"token_rows": int(stats["token_rows"][li, hi])} if "token_rows" in stats else {}),
+                  **({"sink_rate": float(stats["sink_rate"][li, hi])} if "sink_rate" in stats else {}),
                   "tag": str(stats["tag"][li, hi]) or None} for li in range(layers) for hi in range(heads)]
     per_query = stats_document(rows)
     if padded is not None:
@@ -140,6 +144,7 @@ def inspect_report(w: Weights, stats: dict[str, np.ndarray], rows: RowStats, ind
         "mask": mask or [],
         "padded_rows": padded_rows,
         "head_stats": head_rows,
+        "tags": tags_document(stats["tag"], list(range(layers)), tag_rules(WEIGHTS)),
         "received": received,
         "notes": notes or [],
         "stats": per_query,

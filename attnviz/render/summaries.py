@@ -26,19 +26,21 @@ if TYPE_CHECKING:
 #: known (--labels)
 COLUMNS = columns(WEIGHTS)
 #: head statistics left out, in this order, when the terminal is too narrow for all of them
-FIT_DROPS = ("last", "first", "prev", "diag", "dist", "dup", "ind", "pattern")
+FIT_DROPS = ("last", "first", "prev", "diag", "dist", "dup", "ind", "tag")
 
 
 def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
-                     precision: int = 2, padded: int = 0, of: str | None = None) -> Fitted:
+                     precision: int = 2, padded: int = 0, of: str | None = None, keys: int | None = None) -> Fitted:
     """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
     first); ``reverse`` turns the order round. Laid out for the width it is printed at: on a terminal
     too narrow for every column, the columns of ``FIT_DROPS`` are left out in that order (the caption
     names them), never a number cut short. ``of``: what the statistics were computed over, when not the rows
-    as they are (value-norm maps: ``RENORMALISED``)."""
+    as they are (value-norm maps: ``RENORMALISED``). Each column is written with the digits its magnitude needs
+    (``render.table.column_texts``); ``keys``, the maps' keys: a column of weights far below uniform attention's
+    reads 0."""
     import numpy as np
 
-    from attnviz.render.table import UNDEFINED, Fitted, number_text
+    from attnviz.render.table import UNDEFINED, WEIGHT_STATISTICS, Fitted, column_texts
 
     layers, heads = stats["entropy"].shape
     rows = [(li, hi) for li in range(layers) for hi in range(heads)]
@@ -80,8 +82,10 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         if key not in stats:
             continue
         column = np.asarray(stats[key])
-        cells[name] = [number_text(float(column[li, hi]), p) for li, hi in shown]
-    cells["pattern"] = [str(stats["tag"][li, hi]) for li, hi in shown]
+        cells[name] = column_texts([column[li, hi] for li, hi in shown], p,  # digits by the column's magnitude
+                                   1.0 / keys if keys and key in WEIGHT_STATISTICS else None)
+    cells["tag"] = [str(stats["tag"][li, hi]) for li, hi in shown]
+    caption = tags_caption(stats["tag"], list(range(layers)), WEIGHTS) + caption
     widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in cells.items()}
 
     def build(width: int | None) -> Table:
@@ -100,15 +104,28 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
         table = Table(title=f"head statistics (by {sort}{', reversed' if reverse else ''})", caption=caption + note,
                       caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
         for name in names:
-            table.add_column(name, justify="left" if name == "pattern" else "right", no_wrap=True,
+            table.add_column(name, justify="left" if name == "tag" else "right", no_wrap=True,
                              overflow="ellipsis", width=widths[name])
         for r in range(len(shown)):
-            tag = cells["pattern"][r]
-            table.add_row(*[cells[n][r] for n in names if n != "pattern"],
-                          *([Text(tag, style="bold cyan" if tag else "")] if "pattern" in names else []))
+            tag = cells["tag"][r]
+            table.add_row(*[cells[n][r] for n in names if n != "tag"],
+                          *([Text(tag, style="bold cyan" if tag else "")] if "tag" in names else []))
         return table
 
     return Fitted(build, whole_in_pipe=True)
+
+
+def tags_caption(tags: Any, layer_of: list[int], face: str, classes: tuple[str, ...] = (),
+                 epsilon: float | None = None) -> str:
+    """The lines a head table's caption opens with: how many heads of each layer earn each tag (every head, whatever
+    ``--top`` shows), and the rules of the tags found (``attnviz.statistics.TAGS``; ``epsilon`` the sink's, where a
+    corpus was captured with another)."""
+    from attnviz.inspection.tags import layer_lines, rules_line
+    from attnviz.statistics import tag_rules
+
+    rules = tag_rules(face, classes, epsilon)
+    said = rules_line(rules, tags, face)
+    return "\n".join([*layer_lines(tags, layer_of, [r.tag for r in rules]), *([said] if said else []), ""])
 
 
 def received_table(summary: dict[str, Any], precision: int) -> Any:
@@ -117,6 +134,7 @@ def received_table(summary: dict[str, Any], precision: int) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    from attnviz.render.table import column_texts
     from attnviz.text import label as visible_label
 
     seen = "the queries that may attend to it" + (" (j <= i: causal weights)" if summary["causal"] else "")
@@ -127,11 +145,13 @@ def received_table(summary: dict[str, Any], precision: int) -> Any:
     table.add_column("received", justify="right", no_wrap=True)
     table.add_column("max", justify="right", no_wrap=True)
     table.add_column("at", justify="right", no_wrap=True)
-    for entry in summary["top"]:
+    uniform = 1.0 / max(len(summary["mean"]), 1)
+    means = column_texts([entry["mean"] for entry in summary["top"]], precision, uniform)
+    maxima = column_texts([entry["max"] for entry in summary["top"]], precision, uniform)
+    for entry, mean, most in zip(summary["top"], means, maxima):
         token = entry["token"]
         label = str(entry["position"]) if token is None else f"{entry['position']} {visible_label(token, 16)}"
-        table.add_row(Text(label), f"{entry['mean']:.{precision}f}", f"{entry['max']:.{precision}f}",
-                      f"{summary['layers'][entry['layer']]}:{entry['head']}")
+        table.add_row(Text(label), mean, most, f"{summary['layers'][entry['layer']]}:{entry['head']}")
     return table
 
 
@@ -250,10 +270,19 @@ def compute_tables(outcome: Outcome, index: tuple[int, ...], precision: int = 3,
     return tables
 
 
+#: the most query rows a map may have and still get its weights and per-query statistics tables by default: the
+#: rows those tables show (--max-rows' default), about what a terminal shows at once; a longer map's tables would
+#: show 40 of its rows twice over (a 512-token capture: about 190 lines), so a line says how to see them instead
+MAP_TABLE_ROWS = 40
+
+
 def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | None = 40, max_cols: int | None = None,
-                   sort: str = "layer", reverse: bool = False, top: int | None = None) -> list[Any]:
+                   sort: str = "layer", reverse: bool = False, top: int | None = None,
+                   map_tables: bool | None = None) -> list[Any]:
     """The tables ``inspect`` prints (head statistics, received attention, the shown map and its
-    per-query statistics), as rich renderables."""
+    per-query statistics), as rich renderables. ``map_tables``: whether the shown map's two tables are among
+    them; None (rows not asked for): where the map has at most ``MAP_TABLE_ROWS`` query rows, else a line
+    saying how to see them."""
     from attnviz.render.table import stats_table, weights_table
 
     opened = result.opened
@@ -266,11 +295,15 @@ def inspect_tables(result: InspectResult, precision: int = 3, max_rows: int | No
     w = opened.weights
     of = RENORMALISED if w.renormalised else None
     tables.append(head_stats_table(result.stats, sort=sort, reverse=reverse, top=top,
-                                   padded=result.padded, of=of))
+                                   padded=result.padded, of=of, keys=lk))
     if result.received is not None and result.received["top"]:
         tables.append(received_table(result.received, precision))
     where = f"layer {li}, batch {bi}, head {hi}"
     what = "weights" if opened.weights.weighed == "weights" else opened.weights.what
+    if not (lq <= MAP_TABLE_ROWS if map_tables is None else map_tables):
+        tables.append(Text(f"{what} [{lq}, {lk}] not tabled (over {MAP_TABLE_ROWS} rows): --max-rows N shows N rows, "
+                           "0 all", style="dim"))
+        return tables
     max_r = max_rows
     tables.append(weights_table(result.one, q_labels=opened.q_labels, k_labels=opened.k_labels, keep=result.one_keep,
                                 precision=precision, max_rows=max_r, max_cols=max_cols,

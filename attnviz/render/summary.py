@@ -18,12 +18,11 @@ COLUMNS = columns(SUMMARY)
 
 def head_rows(result: SummaryResult, sort: str = "layer", reverse: bool = False,
               top: int | None = None) -> list[dict[str, Any]]:
-    """One dict per (layer, head): its statistics, sorted (statistics largest first) and cut to ``top``."""
-    from attnviz.inspection.heads import head_tags
-
+    """One dict per (layer, head): its statistics and ``tag`` (``attnviz.statistics.TAGS``), sorted (statistics
+    largest first) and cut to ``top``."""
     stats = result.heads
     layers, heads = stats["entropy"].shape
-    tags = head_tags(stats)
+    tags = _tags(result)
     rows = []
     for li in range(layers):
         for hi in range(heads):
@@ -50,13 +49,20 @@ def head_rows(result: SummaryResult, sort: str = "layer", reverse: bool = False,
     return rows[:top] if top else rows
 
 
+def _tags(result: SummaryResult) -> np.ndarray:
+    from attnviz.inspection.summary import summary_tags
+
+    return result.tags if result.tags is not None else summary_tags(result.read, result.heads, result.sinks,
+                                                                     result.retrieval)
+
+
 def _num(value: Any) -> float | None:
     v = float(value)
     return None if not np.isfinite(v) else v
 
 
-#: the columns left out first when a terminal is too narrow for every column
-FIT_DROPS = ("distance", "last", "first", "previous", "local_mass")
+#: the columns left out first when a terminal is too narrow for every column (headers)
+FIT_DROPS = (*(COLUMNS[n] for n in ("distance", "last", "first", "previous", "local_mass")), "tag")
 
 
 def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", reverse: bool = False,
@@ -64,8 +70,10 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
     """The per-head table of a summary (laid out for the width it is printed at, as inspect's own)."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    from attnviz.render.table import Fitted
+    from attnviz.render.summaries import tags_caption
+    from attnviz.render.table import WEIGHT_STATISTICS, Fitted, column_texts
 
     rows = head_rows(result, sort, reverse, top)
     s = result.read
@@ -74,11 +82,14 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
              "first", "last", *(["retrieval"] if result.retrieval is not None else [])]
     spans = list(result.spans)
     cells: dict[str, list[str]] = {}
-    for name in names:
-        cells[COLUMNS.get(name, name)] = [str(r[name]) if name in ("layer", "head") else _cell(r.get(name), precision)
-                                          for r in rows]
+    uniform = 1.0 / max(lk, 1)  # a column of weights far below uniform attention's reads 0
+    for name in names:  # each column's digits by its magnitude: at 19k tokens a weight is about 1e-4
+        cells[COLUMNS.get(name, name)] = ([str(r[name]) for r in rows] if name in ("layer", "head") else
+                                          column_texts([r.get(name) for r in rows], precision,
+                                                       uniform if name in WEIGHT_STATISTICS else None))
     for name in spans:
-        cells[f"on {name}"] = [_cell(r["spans"][name], precision) for r in rows]
+        cells[f"on {name}"] = column_texts([r["spans"][name] for r in rows], precision, uniform)
+    cells["tag"] = [r["tag"] or "" for r in rows]
     widths = {n: max([len(n), *(len(v) for v in values)]) for n, values in cells.items()}
     caption = ("means over real query rows and batch entries: entropy H (nats) and H/ln n (1: uniform); max: mean "
                f"largest weight; sink: weight on the first {s.settings.get('sinks')} real keys; local: on the "
@@ -97,12 +108,12 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
         best = ", ".join(f"{li}:{hi} {score:.2f}" for li, hi, score in found[:5])
         footer += (f"\nretrieval heads (score > {result.retrieval.threshold:g}): {len(found)} of {layers * h}"
                    + (f"; best {best}" if best else ""))
-    caption = footer + "\n" + caption
+    caption = footer + "\n" + tags_caption(_tags(result), list(range(layers)), SUMMARY) + caption
 
     def build(width: int | None) -> Table:
         shown = list(cells)
         dropped = []
-        for name in (COLUMNS[n] for n in FIT_DROPS):
+        for name in FIT_DROPS:
             if width is None or sum(widths[n] for n in shown) + len(shown) + 1 <= width:
                 break
             shown.remove(name)
@@ -112,9 +123,10 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
                             f"by {sort})", caption=caption + note, caption_justify="left", title_justify="left",
                       box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
         for name in shown:
-            table.add_column(name, justify="right", no_wrap=True, overflow="ellipsis", width=widths[name])
+            table.add_column(name, justify="left" if name == "tag" else "right", no_wrap=True, overflow="ellipsis",
+                             width=widths[name])
         for r in range(len(rows)):
-            table.add_row(*[cells[n][r] for n in shown])
+            table.add_row(*[cells[n][r] if n != "tag" else Text(cells[n][r], style="bold cyan") for n in shown])
         return table
 
     return Fitted(build, whole_in_pipe=True)  # a pipe gets every column
@@ -144,14 +156,12 @@ def sink_rate_document(sinks: Any) -> dict[str, Any]:
             "alpha": [[[_num(v) for v in heads] for heads in entries] for entries in sinks.alpha]}
 
 
-def _cell(value: float | None, precision: int) -> str:
-    return "–" if value is None else f"{value:.{precision}f}"
-
-
 def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "layer", reverse: bool = False,
                      top: int | None = None) -> dict[str, Any]:
     """The JSON document of ``inspect`` of a summary."""
     from attnviz import __version__
+    from attnviz.inspection.tags import tags_document
+    from attnviz.statistics import tag_rules
 
     s = result.read
     layers, b, h, lq, lk = s.shape
@@ -180,6 +190,7 @@ def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "
                         for name, got in result.spans.items()}
     if result.sinks is not None:
         doc["sink_rate"] = sink_rate_document(result.sinks)
+    doc["tags"] = tags_document(_tags(result), list(range(layers)), tag_rules(SUMMARY))
     if result.retrieval is not None:
         doc["retrieval"] = retrieval_document(result.retrieval)
     return doc

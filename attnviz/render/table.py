@@ -85,6 +85,11 @@ def row_label_cells(width: int | None) -> int:
     return ROW_LABEL_CELLS if width is None else max(6, min(ROW_LABEL_CELLS, width // 5))
 
 
+#: the head statistics that are weights (or sums of weights) on some keys: a column of them whose largest is below
+#: ``NEGLIGIBLE`` of uniform attention's weight reads 0 (``column_decimals``)
+WEIGHT_STATISTICS = frozenset({"diagonal", "previous", "first", "last", "max", "induction", "duplicate", "sink_mass",
+                               "local_mass", "punctuation", "next"})
+
 #: what the tables (and the HTML report) write for a number that is undefined (NaN)
 UNDEFINED = "\u2013"
 
@@ -93,6 +98,51 @@ def number_text(value: float, precision: int) -> str:
     """A number as the tables write it: ``precision`` digits after the point, ``UNDEFINED`` for NaN (the HTML
     report's convention: one convention for both)."""
     return UNDEFINED if value != value else f"{value:.{precision}f}"
+
+
+#: the most digits after the point a column of statistics is written with (``column_decimals``); a column whose
+#: largest value needs more is written in scientific notation
+MOST_DECIMALS = 8
+
+
+#: a weight below this share of uniform attention's (1/n over n keys) is negligible: a column of such weights reads
+#: 0 at ``--precision`` digits (at 947 tokens, 5e-6 on the last token of a sink head)
+NEGLIGIBLE = 0.01
+
+
+def column_decimals(values: Any, precision: int, uniform: float | None = None) -> int | None:
+    """The digits after the point a column of ``values`` is written with: ``precision``, or more where the column's
+    largest magnitude would show fewer than ``precision`` significant digits (at least one), so that a column of
+    values about 3e-4 reads 0.000320, 0.000170, never a column of 0.000 over values that differ. A value far below
+    the column's largest still reads 0.000 (negligible beside it), and so does a column of weights whose largest is
+    below ``NEGLIGIBLE`` times ``uniform`` (uniform attention's weight, 1/n: given for columns of weights). None:
+    the column's largest magnitude is below what ``MOST_DECIMALS`` digits show, and it is written in scientific
+    notation (``column_texts``)."""
+    data = np.abs(np.asarray(values, dtype=np.float64).ravel())
+    finite = data[np.isfinite(data) & (data > 0)]
+    if not finite.size or (uniform is not None and float(finite.max()) < NEGLIGIBLE * uniform):
+        return precision
+    digits = max(precision, 1)
+    top = float(finite.max())
+    # the position of the largest value's leading digit: 0 for 1.0 to 9.99, -4 for 3.2e-4
+    lead = int(np.floor(np.log10(top)))
+    if round(top, digits - 1 - lead) >= 10.0 ** (lead + 1):  # 9.9996 rounds up to 10.00: one place more
+        lead += 1
+    need = digits - 1 - lead
+    if need > MOST_DECIMALS:
+        return None
+    return max(precision, need)
+
+
+def column_texts(values: Any, precision: int, uniform: float | None = None) -> list[str]:
+    """A column of numbers as the head tables write it: every value with the column's digits
+    (``column_decimals``; ``uniform``: a column of weights over keys of that uniform weight), ``UNDEFINED`` for
+    NaN or None."""
+    data = np.asarray([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    decimals = column_decimals(data, precision, uniform)
+    if decimals is None:
+        return [UNDEFINED if v != v else f"{v:.{max(precision, 1) - 1}e}" for v in data.tolist()]
+    return [number_text(v, decimals) for v in data.tolist()]
 
 
 def number_width(values: Any, precision: int) -> int:

@@ -70,9 +70,8 @@ def summary_source(found: tuple[Any, Any, str], options: Any) -> SummarySource:
     labels (``--labels``, else the capture's tokens); options that have no meaning for a summary are usage
     errors naming them."""
     from attnviz.errors import UsageError
-    from attnviz.inspection.heads import head_tags
     from attnviz.inspection.selection import TokenLabels, grid_choice, read_labels
-    from attnviz.inspection.summary import head_table, one_entry, read_summary
+    from attnviz.inspection.summary import head_table, one_entry, read_summary, sink_rate, summary_tags
 
     raw, capture, kind = found
     for flag, given in NOT_FOR_SUMMARIES:
@@ -88,8 +87,9 @@ def summary_source(found: tuple[Any, Any, str], options: Any) -> SummarySource:
         labels = TokenLabels(_fitting(read.tokens, lq, b), _fitting(read.key_tokens, lk, b), given=False,
                              style=read.token_style)
     chosen = options.selection.batch
-    table = head_table(read if chosen is None else one_entry(read, index[1]))
-    table["tag"] = head_tags(table)
+    shown = read if chosen is None else one_entry(read, index[1])
+    table = head_table(shown)
+    table["tag"] = summary_tags(shown, table, sink_rate(shown))
     return SummarySource(read, table, labels, list(grid.layers), list(grid.heads), index, chosen is None and b > 1)
 
 

@@ -55,6 +55,10 @@ class InspectOutputs(TableOptions):
     sort: str = option("layer", SORT_HELP, panel=OUTPUT, parse="column", metavar="COLUMN")
     reverse: bool = option(False, "turn the order round (statistics sort largest first)", panel=OUTPUT)
     top: int | None = option(None, "show only the first N heads of the sorted table", panel=OUTPUT, min=1)
+    # None where not given (TableOptions' is 40): a long map's weights tables are printed only when asked for
+    max_rows: int | None = option(None, "show at most this many query rows, eliding the middle (0: all; default "  # type: ignore[assignment]
+                                  "40, and a map of more rows than that gets the head tables and a line instead of "
+                                  "its weights tables)", panel=OUTPUT, min=0)
     no_table: bool = option(False, "print no tables; with --sort, --reverse or --top, the head statistics table alone",
                             panel=OUTPUT)
     png: str | None = option(None, "a layer x head grid of every map (the map itself when there is one); .png, .svg "
@@ -443,13 +447,16 @@ def _print_head_table(result: Any, out: InspectOutputs) -> None:
 
     renormalised = result.opened.weights.renormalised
     out_console().print(head_stats_table(result.stats, sort=out.sort, reverse=out.reverse, top=out.top,
-                                         padded=result.padded, of=RENORMALISED if renormalised else None), crop=False)
+                                         padded=result.padded, of=RENORMALISED if renormalised else None,
+                                         keys=result.opened.weights.shape[-1]), crop=False)
 
 
 def _print_tables(result: Any, out: InspectOutputs) -> None:
-    from attnviz.render.summaries import inspect_tables
+    from attnviz.render.summaries import MAP_TABLE_ROWS, inspect_tables
 
     console = out_console()
-    for table in inspect_tables(result, out.precision, out.max_rows or None, out.max_cols, sort=out.sort,
-                                reverse=out.reverse, top=out.top):
+    asked = out.max_rows is not None  # --max-rows given: the map's tables, however long the map
+    for table in inspect_tables(result, out.precision, (out.max_rows if asked else MAP_TABLE_ROWS) or None,
+                                out.max_cols, sort=out.sort, reverse=out.reverse, top=out.top,
+                                map_tables=True if asked else None):
         console.print(table, crop=False)
