@@ -31,14 +31,17 @@ def invoke(*args: object):
 
 
 def _eager_decode(model, ids, steps: int):
-    """An independent greedy decode of one unpadded prompt with the eager attention: the prompt less its last
-    token through the model, then one token a step (the prompt's last first) with ``output_attentions``. Returns
-    the generated tokens [steps] and each step's top key per layer and head [steps, layers, H]."""
+    """An independent greedy decode of one unpadded prompt: the prompt less its last token through the model (SDPA:
+    no weights are read there), then one token a step (the prompt's last first) with the eager attention and
+    ``output_attentions``. Returns the generated tokens [steps] and each step's top key per layer and head
+    [steps, layers, H]."""
     import torch
 
+    model.set_attn_implementation("sdpa")
     with torch.no_grad():
         out = model(ids[:, :-1], use_cache=True)
         cache, token = out.past_key_values, ids[:, -1:]
+        model.set_attn_implementation("eager")
         generated, tops = [], []
         for _ in range(steps):
             out = model(token, cache=cache, use_cache=True, output_attentions=True)
