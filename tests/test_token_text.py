@@ -253,3 +253,20 @@ def test_the_tokens_of_a_text_are_found_through_their_bytes(folder: Path, tmp_pa
     assert "你好" in tok.decode(ids[span["start"]:span["end"]])
     assert "你好" not in tok.decode(ids[span["start"] + 1:span["end"]])
     assert "你好" not in tok.decode(ids[span["start"]:span["end"] - 1])
+
+
+def test_a_corpus_names_its_first_and_last_tokens_as_text() -> None:
+    """A corpus file's first and last tokens (as a byte-level BPE tokenizer spells them: ``ĠThe``, ``Ċ``) read as
+    the text they stand for in its description and its table's caption; a WordPiece ``[CLS]`` as written."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from attnviz.inspection.corpus import corpus_sites_text, shown_tokens
+
+    assert shown_tokens({"\u0120The": 3, "\u010a": 2, "Hello": 1}) == ["\u00b7The", "\u23ce", "Hello"]
+    assert shown_tokens({"[CLS]": 5}) == ["[CLS]"] and shown_tokens(None) == []
+    sums = SimpleNamespace(corpus={"texts": 3, "first_tokens": {"\u0120The": 3}, "last_tokens": {"\u010a": 3}},
+                           rows=np.array([9]), sites=["layers.0"], heads=[2], meta={"model_type": "llama"})
+    line = corpus_sites_text(sums)
+    assert "first tokens: \u00b7The" in line and "last tokens: \u23ce" in line and "\u0120" not in line, line

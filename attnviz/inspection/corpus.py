@@ -407,13 +407,23 @@ def corpus_document(sums: CorpusSums, source: str, files: dict[str, str] | None 
 def corpus_sites_text(sums: CorpusSums) -> str:
     """One line: what the file holds."""
     corpus = sums.corpus
-    first = ", ".join(list(corpus.get("first_tokens") or {})[:3])
-    last = ", ".join(list(corpus.get("last_tokens") or {})[:3])
+    first = ", ".join(shown_tokens(corpus.get("first_tokens"))[:3])
+    last = ", ".join(shown_tokens(corpus.get("last_tokens"))[:3])
     text = (f"{corpus.get('texts')} texts, {int(sums.rows.max(initial=0))} query rows, {len(sums.sites)} layers x "
             f"{max(sums.heads, default=0)} heads of {sums.meta.get('model_type')}; first tokens: {first or '-'}; "
             f"last tokens: {last or '-'}")
     note = distances_note(sums)
     return text + (f"; {note}" if note else "")
+
+
+def shown_tokens(counted: dict[str, int] | None) -> list[str]:
+    """The tokens of a corpus's ``first_tokens`` or ``last_tokens`` (most common first) as the text they stand for
+    (``attnviz.tokentext``: a byte-level BPE token's bytes, a space as ``·``); the file keeps them as spelled."""
+    from attnviz import tokentext
+
+    tokens = [str(t) for t in (counted or {})]
+    style = tokentext.detect([tokens])
+    return [tokentext.shown(t, style) for t in tokens]
 
 
 def distances_note(sums: CorpusSums) -> str | None:

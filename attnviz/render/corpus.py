@@ -16,6 +16,7 @@ from attnviz.inspection.corpus import (
     classical_mds,
     closest_pairs,
     model_sink_rate,
+    shown_tokens,
 )
 from attnviz.statistics import CORPUS, columns
 
@@ -56,8 +57,8 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
     means = sums.means()
     heads = sums.head_order
     corpus = sums.corpus
-    first = ", ".join(list(corpus.get("first_tokens") or {})[:2]) or "-"
-    last = ", ".join(list(corpus.get("last_tokens") or {})[:2]) or "-"
+    first = ", ".join(shown_tokens(corpus.get("first_tokens"))[:2]) or "-"
+    last = ", ".join(shown_tokens(corpus.get("last_tokens"))[:2]) or "-"
     caption = (f"{corpus.get('texts')} texts; means over each text's real query rows, then over texts; first = "
                f"the first real token ({first}), last = the last ({last}); punct = '.' and ','; diag = the token "
                f"itself; H = entropy in nats, uniform = that of uniform attention over the same rows; top prev/next = "

@@ -433,7 +433,7 @@ def head_stats_table(stats: dict[str, np.ndarray], columns: dict[str, str], *, c
     ``columns`` maps a statistic to its column name."""
     layers, heads = stats["entropy"].shape
     table = StatsTable("head statistics", [("layer", "int", "layer"), ("head", "int", "head")]
-                       + [(name, "num", key) for key, name in columns.items()] + [("pattern", "text", "")],
+                       + [(name, "num", key) for key, name in columns.items()] + [("tag", "text", "")],
                        caption=caption, precision=precision)
     for li in range(layers):
         for hi in range(heads):
