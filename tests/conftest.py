@@ -181,20 +181,12 @@ def pytest_xdist_make_scheduler(config, log):
         # units go out largest first (xdist's --loadscope-reorder, on by default): the corpus and the
         # warm worker's module start at once, single tests fill the gaps; the units of FIRST before all, whatever
         # their number of tests (a few long tests: sent last, they would end the run a minute or two late)
-        def schedule(self) -> None:
-            if self.collection is None and self.collection_is_completed and self.config.option.loadscopereorder:
-                first = next(iter(self.registered_collections.values()), [])
-                units: dict[str, int] = {}
-                for nodeid in first:
-                    scope = self._split_scope(nodeid)
-                    units[scope] = units.get(scope, 0) + 1
-                rank = {scope: (not any(Path(scope).stem == f for f in FIRST), -count, n)
-                        for n, (scope, count) in enumerate(units.items())}
-                for node, collection in self.registered_collections.items():  # every node's alike: they compare
-                    self.registered_collections[node] = sorted(collection,
-                                                               key=lambda nodeid: rank[self._split_scope(nodeid)])
-                self.config.option.loadscopereorder = False  # the queue now follows the collection's order
-            super().schedule()
+        def _assign_work_unit(self, node) -> None:
+            # the units of FIRST go out before the rest (moved to the queue's front; the queue and each worker's
+            # collection keep their order otherwise: a unit is sent as indices into the worker's own collection)
+            for scope in [scope for scope in self.workqueue if Path(scope).stem in FIRST]:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
         def _split_scope(self, nodeid: str) -> str:
             _, marked, group = nodeid.rpartition("@")
