@@ -696,11 +696,20 @@ def test_cli_corpus_past_the_text_limit_in_shards(bert_folder: Path, tmp_path: P
     merged = tmp_path / "merged.safetensors"
     got = _invoke("merge", *shards, "-o", str(merged))
     assert got.exit_code == 0, got.stderr
+    a, b = _merged_equals_whole(whole, merged)
+    assert b.corpus["texts"] == a.corpus["texts"] == 28 and b.corpus["empty_lines"] == a.corpus["empty_lines"] == 4
+
+
+def _merged_equals_whole(whole: Path, merged: Path) -> tuple[object, object]:
+    """The corpus files of a whole run and of its shards merged: equal sums and counts, and equal head distances
+    per row to float32's resolution (the divergences are sums over every element of a batch, rounded in float32
+    in another order when the batches differ; this tiny model's heads are near uniform, their divergences ~1e-5
+    a row, so a relative tolerance would ask more than the weights hold). Returns both, read."""
     a, b = read_corpus(str(whole)), read_corpus(str(merged))
     for name in ("sums", "texts", "rows", "js_rows"):
         np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(b.distances(), a.distances(), rtol=1e-5, atol=1e-7)
-    assert b.corpus["texts"] == a.corpus["texts"] == 28 and b.corpus["empty_lines"] == a.corpus["empty_lines"] == 4
+    return a, b
 
 
 def test_cli_corpus_run_shards_merge_and_inspect(bert_folder: Path, tmp_path: Path) -> None:
@@ -729,13 +738,7 @@ def test_cli_corpus_run_shards_merge_and_inspect(bert_folder: Path, tmp_path: Pa
     merged = tmp_path / "merged.safetensors"
     got = _invoke("merge", *shards, "-o", str(merged))
     assert got.exit_code == 0, got.stderr
-    a, b = read_corpus(str(whole)), read_corpus(str(merged))
-    for name in ("sums", "texts", "rows", "js_rows"):
-        np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-6, atol=1e-9)
-    # the divergences are sums over every element of a batch, rounded in float32 in another order when the
-    # batches differ: equal per row to float32's resolution (this tiny model's heads are near uniform, their
-    # divergences ~1e-5 a row, so a relative tolerance would ask more than the weights hold)
-    np.testing.assert_allclose(b.distances(), a.distances(), rtol=1e-5, atol=1e-7)
+    a, b = _merged_equals_whole(whole, merged)
     assert b.corpus["texts"] == 7 and b.corpus["empty_lines"] == 1 and b.corpus["first_tokens"] == {"[CLS]": 7}
     # the punctuation and the class, from the model's own weights on the same texts
     tok = transformers.AutoTokenizer.from_pretrained(str(bert_folder))
