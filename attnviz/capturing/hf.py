@@ -72,11 +72,11 @@ def _mask(*args: Any, **kwargs: Any) -> Any:
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:
     owner = _owners.get(id(module))
     if owner is None:  # a module of a model whose capture has ended but whose config was copied: plain eager
-        return model_call(_eager_of(module), module, query, key, value, attention_mask, **kwargs)
+        return model_call(eager_of(module), module, query, key, value, attention_mask, **kwargs)
     return owner.attend(module, query, key, value, attention_mask, **kwargs)
 
 
-def _eager_of(module: Any) -> Any:
+def eager_of(module: Any) -> Any:
     """The family's own eager attention (its modeling module's ``eager_attention_forward``)."""
     found = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if found is None:
@@ -100,6 +100,20 @@ def _generic_eager(module: Any, query: Any, key: Any, value: Any, attention_mask
     weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return out, weights
+
+
+def attention_modules(model: Any) -> dict[int, str]:
+    """The model's modules that look like attention (a class named ``...Attention`` with no such module inside), by
+    id, in the model's order: its layers' order in a decoder."""
+    out = {}
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        if not cls.endswith("Attention"):
+            continue
+        inner = any(type(m).__name__.endswith("Attention") for n, m in module.named_modules() if n)
+        if not inner:
+            out[id(module)] = name
+    return out
 
 
 def configs_of(model: Any) -> list[Any]:
@@ -245,22 +259,10 @@ class HFCapture:
 
     # -- opening and closing
 
-    def candidates(self) -> dict[int, str]:
-        """Modules that look like attention (a class named ``...Attention`` with no such module inside)."""
-        out = {}
-        for name, module in self.model.named_modules():
-            cls = type(module).__name__
-            if not cls.endswith("Attention"):
-                continue
-            inner = any(type(m).__name__.endswith("Attention") for n, m in module.named_modules() if n)
-            if not inner:
-                out[id(module)] = name
-        return out
-
     @contextmanager
     def opened(self) -> Iterator[None]:
         _register()
-        looks = self.candidates()
+        looks = attention_modules(self.model)
         self.sites_total = len(looks)
         for module in self.model.modules():
             _owners[id(module)] = self
@@ -427,7 +429,7 @@ class HFCapture:
         want = site is not None and (self.weights or self.target is not None) and self.summary is None and not blocked
         eager_out = weights = None
         if want:
-            eager_out, weights = model_call(_eager_of(module), module, query, key, value, attention_mask, **kwargs)
+            eager_out, weights = model_call(eager_of(module), module, query, key, value, attention_mask, **kwargs)
         if self.target is not None and want:
             out = eager_out  # the weights take part in the output: the gradient reaches them
             self.graph[site.name] = weights  # type: ignore[union-attr]
@@ -472,7 +474,7 @@ class HFCapture:
         if eager_out is None:
             if self.light:  # the mask is boolean (or not built): eager attention adds a float mask
                 mask = _additive(mask, query, key, module)
-            eager_out, _ = model_call(_eager_of(module), module, query, key, value, mask, **kwargs)
+            eager_out, _ = model_call(eager_of(module), module, query, key, value, mask, **kwargs)
         if self.original not in ("eager", "sdpa") and self.note is None:
             self.note = (f"the model runs {self.original}, which attnviz cannot call from inside the capture: its "
                          "attention output was computed eagerly (the same weights, rounding may differ)")
@@ -645,7 +647,7 @@ class HFCapture:
         additive = None if sub is None else torch.where(sub, torch.zeros((), dtype=query.dtype, device=query.device),
                                                          torch.finfo(query.dtype).min)
         try:
-            _, theirs = _eager_of(module)(module, q, key, torch.zeros_like(key), additive, **extra)
+            _, theirs = eager_of(module)(module, q, key, torch.zeros_like(key), additive, **extra)
         except Exception as exc:  # noqa: BLE001 - a family whose eager function cannot take a few rows
             # refused, not passed: a summary whose scores were never compared with the family's may be wrong
             # in every statistic, and nothing in the file would say so
