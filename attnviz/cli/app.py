@@ -146,6 +146,7 @@ def main(
 #: the commands after the compute commands, in the order of ``attnviz --help``: name -> (module, function)
 COMMANDS = {
     "capture": ("capture", "capture_command"),
+    "ablate": ("ablate", "ablate_command"),
     "inspect": ("inspect", "inspect_command"),
     "merge": ("merge", "merge_command"),
     "compare": ("compare", "compare_command"),
