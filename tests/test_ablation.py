@@ -309,3 +309,35 @@ def test_a_model_outside_the_interface_is_refused() -> None:
     with pytest.raises(AttnvizError, match="attention interface"):
         with torch.no_grad(), restricting(model, Plan.of([(0, 0)], Restriction("zero"), g), g):
             model(torch.randint(0, 99, (1, 8)))
+
+
+def test_ranking_costs_by_their_definition() -> None:
+    """Each unit's cost from the batched ranking (layers below each batch's taken from the plain run) equals the
+    drop of the answer's log-probability with that unit alone restricted, run alone and whole."""
+    from tests.test_token_text import byte_level_tokenizer
+
+    from attnviz.ablation.prefix import decoder_layers
+    from attnviz.ablation.ranking import head_costs
+
+    tok = byte_level_tokenizer()
+    model = tiny_llama(9, vocab=len(tok))
+    g = geometry(model)
+    assert decoder_layers(model, g) == list(model.model.layers)
+    loaded = runs.Loaded(model, tok, "cpu", g, "tiny")
+    texts = ["the cat sat on the mat and the dog ran fast. " * 3, "a dog sat on a cat. " * 5]
+    answers = [" the cat", " a dog"]
+    r = Restriction("stream", 2, 6)
+    batched = head_costs(loaded, texts, answers, r, kv_heads=True, batch=2)
+    whole = head_costs(loaded, texts, answers, r, kv_heads=True, batch=1, reuse=False)
+    assert batched.units == whole.units == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for t, (text, answer) in enumerate(zip(texts, answers)):
+        ids = tok(text)["input_ids"]
+        answer_ids = tok(answer, add_special_tokens=False)["input_ids"]
+        plain, _ = runs.teacher_forced(loaded, ids, answer_ids, Plan([{}]))
+        for u, unit in enumerate(batched.units):
+            alone, _ = runs.teacher_forced(loaded, ids, answer_ids, Plan([restricted([unit], r, g, kv_heads=True)]))
+            want = plain[0].logprob - alone[0].logprob
+            assert batched.per_text[t][u] == pytest.approx(want, abs=2e-4)
+            assert whole.per_text[t][u] == pytest.approx(want, abs=2e-4)
+    assert max(abs(d) for d in batched.drop) > 1e-3
+    assert batched.order() == sorted(range(4), key=lambda u: (batched.drop[u], batched.kl[u], u))

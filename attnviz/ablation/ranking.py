@@ -16,11 +16,13 @@ needle's length.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from attnviz.ablation.heads import Geometry, Plan, Restriction, restricted
+from attnviz.ablation.prefix import LayerPrefix
 from attnviz.ablation.runs import Loaded, encode_answer, encode_text, greedy, holds, mean, teacher_forced
 
 
@@ -53,9 +55,10 @@ class Costs:
 
 
 def head_costs(loaded: Loaded, texts: Sequence[str], answers: Sequence[str], restriction: Restriction, *,
-               kv_heads: bool = True, batch: int = 4,
+               kv_heads: bool = True, batch: int = 4, reuse: bool = True,
                progress: Callable[[int, int], None] | None = None) -> Costs:
-    """Each unit's cost of restriction on ``texts`` (each with its answer), ``batch`` units a forward."""
+    """Each unit's cost of restriction on ``texts`` (each with its answer), at most ``batch`` units of one layer a
+    forward; with ``reuse`` the layers below the batch's layer are the plain run's (``prefix.LayerPrefix``)."""
     import time
 
     g = loaded.geometry
@@ -68,6 +71,7 @@ def head_costs(loaded: Loaded, texts: Sequence[str], answers: Sequence[str], res
     forwards = 0
     total = len(texts) * len(units)
     done = 0
+    prefix = LayerPrefix(loaded.model, g) if reuse else None
     for t, (text, answer) in enumerate(zip(texts, answers)):
         answer_ids = encode_answer(loaded.tokenizer, answer)
         ids = encode_text(loaded, text, len(answer_ids), f"text {t + 1}")
@@ -76,18 +80,19 @@ def head_costs(loaded: Loaded, texts: Sequence[str], answers: Sequence[str], res
         kl: list[float] = []
         base: float | None = None
         reference: Any = None
-        for start in range(0, len(units), batch):
-            chunk = units[start:start + batch]
+        for chunk in _chunks(units, batch):
             entries = [restricted([u], restriction, g, kv_heads=kv_heads) for u in chunk]
-            if base is None:  # the plain run rides along as the first batch's first entry
-                outcomes, reference = teacher_forced(loaded, ids, answer_ids, Plan([{}, *entries]))
+            if base is None:  # the plain run rides along as the first batch's first entry (its layers recorded)
+                with prefix.recording() if prefix is not None else nullcontext():
+                    outcomes, reference = teacher_forced(loaded, ids, answer_ids, Plan([{}, *entries]))
                 base = outcomes[0].logprob
                 assert base is not None
                 plain.append(base)
                 outcomes = outcomes[1:]
                 forwards += 1
             else:
-                outcomes, _ = teacher_forced(loaded, ids, answer_ids, Plan(entries), reference=reference)
+                with prefix.starting_at(chunk[0][0], len(entries)) if prefix is not None else nullcontext():
+                    outcomes, _ = teacher_forced(loaded, ids, answer_ids, Plan(entries), reference=reference)
             forwards += len(entries)
             for o in outcomes:
                 assert o.logprob is not None
@@ -102,6 +107,14 @@ def head_costs(loaded: Loaded, texts: Sequence[str], answers: Sequence[str], res
     return Costs(units, kv_heads, [mean([d[u] for d in per_text]) for u in range(n)],
                  [mean([k[u] for k in kls]) for u in range(n)], per_text, plain, forwards,
                  time.perf_counter() - started, tokens)
+
+
+def _chunks(units: list[tuple[int, int]], batch: int) -> Iterator[list[tuple[int, int]]]:
+    """The units in runs of at most ``batch``, each of one layer (units are in layer order)."""
+    for layer in dict.fromkeys(u[0] for u in units):
+        mine = [u for u in units if u[0] == layer]
+        for start in range(0, len(mine), batch):
+            yield mine[start:start + batch]
 
 
 def policy(costs: Costs, share: float) -> list[tuple[int, int]]:

@@ -80,7 +80,7 @@ class Restricting:
         self.layers = {key: i for i, key in enumerate(found)}
         self.names = found
         self.routed: set[int] = set()
-        self.forwards = 0
+        self.ran: set[int] = set()  # the attention modules that ran (a layer below a recorded prefix does not)
         #: a head replaced by its mean: (entry, layer, head) -> its mean output over the prompt's real rows
         self.means: dict[tuple[int, int, int], Any] = {}
 
@@ -212,19 +212,18 @@ def restricted(model: Any, plan: Plan, geometry: Geometry) -> Iterator[Restricti
     for module in model.modules():
         _owners[id(module)] = run
 
-    def counted(*_: Any, **__: Any) -> None:
-        run.forwards += 1
-
-    hook = model.register_forward_pre_hook(counted, with_kwargs=True)
+    modules = {id(m): m for m in model.modules()}
+    hooks = [modules[key].register_forward_pre_hook(lambda m, a, k=key: run.ran.add(k)) for key in run.layers]
     try:
         with implementation(model, IMPLEMENTATION):
             yield run
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
         for module in model.modules():
             if _owners.get(id(module)) is run:
                 del _owners[id(module)]
-    if run.forwards and len(run.routed) < len(run.layers):
-        missing = [run.names[k] for k in run.layers if k not in run.routed][:1]
+    missing = [run.names[k] for k in run.layers if k in run.ran and k not in run.routed][:1]
+    if missing:
         raise InputError(f"{type(model).__name__}: its attention ({', '.join(missing)} ...) does not go through "
                          "transformers' attention interface, so attnviz cannot restrict its heads.")
