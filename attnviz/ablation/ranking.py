@@ -123,6 +123,25 @@ def policy(costs: Costs, share: float) -> list[tuple[int, int]]:
     return [costs.units[u] for u in costs.order()[:count]]
 
 
+def policy_gates(costs: Costs, share: float, geometry: Geometry) -> Any:
+    """DuoAttention's gates (``[layers, kv_heads]``, or ``[layers, heads]`` for query heads) of the ranking and its
+    policy: the units the policy restricts below 0.5 and the others above, each side in the ranking's order
+    (the cheapest restriction lowest). A reader that thresholds at 0.5 (DuoAttention's default) streams exactly
+    the policy's units; one that streams the lowest share (DuoAttention's ``sparsity``, kvpress's
+    ``head_compression_ratio``) streams the ranking's cheapest units of that share."""
+    import numpy as np
+
+    order = costs.order()
+    count = len(policy(costs, share))
+    rest = len(order) - count
+    per = geometry.kv_heads if costs.kv_heads else geometry.heads
+    gates = np.ones((geometry.layers, per))
+    for r, u in enumerate(order):
+        layer, head = costs.units[u]
+        gates[layer, head] = 0.5 * r / count if r < count else 0.5 + 0.5 * (r - count + 1) / rest
+    return gates
+
+
 def random_policies(units: list[tuple[int, int]], share: float, count: int, seed: int) -> list[list[tuple[int, int]]]:
     """``count`` draws of the same share of units, by ``random.Random(seed + i)``."""
     size = max(1, round(share * len(units)))

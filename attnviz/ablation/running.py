@@ -138,6 +138,12 @@ class Ranking:
     statistics: dict[str, list[float]] = field(default_factory=dict)  # per unit, beside the cost
     retrieval: Any = None  # [layers, heads, calibration needles] Wu et al.'s scores of the query heads, or None
     warnings: list[str] = field(default_factory=list)
+    positions: int = 0  # the positions the model takes (a full head's sizes in MInference's file)
+
+    @property
+    def longest(self) -> int:
+        """The longest needle, in tokens."""
+        return max((n.tokens for n in [*self.calibration, *self.held_out]), default=0)
 
     @property
     def kv_heads(self) -> bool:
@@ -190,7 +196,8 @@ def rank_run(options: AblateOptions, progress: Progress | None = None, loaded: L
                 for n in needles]
 
     return Ranking(loaded.name, g, r, costs, options.share, results, info(calibration), info(held),
-                   time.perf_counter() - started, plain_seconds, loaded.device, statistics, retrieval, warnings)
+                   time.perf_counter() - started, plain_seconds, loaded.device, statistics, retrieval, warnings,
+                   positions=loaded.limit or 0)
 
 
 def _generate_for(needles: list[Any], loaded: Loaded) -> int:

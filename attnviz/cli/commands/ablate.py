@@ -164,6 +164,7 @@ def _compare(options: AblateOptions, out: AblateOutputs) -> None:
 def _rank(options: AblateOptions, out: AblateOutputs) -> None:
     import json
 
+    from attnviz.ablation.exports import duo_attention_targets
     from attnviz.ablation.running import rank_run
     from attnviz.io import check_outputs
     from attnviz.render.ablation import cost_figure, policies_table, ranking_document, ranking_table
@@ -171,31 +172,28 @@ def _rank(options: AblateOptions, out: AblateOutputs) -> None:
 
     outputs = {"--png": out.png, "--json-file": out.json_file, "--export-minference": out.export_minference,
                "--export-retrieval": out.export_retrieval}
-    targets = check_outputs(outputs, [])
-    if out.export_duo is not None:
-        from attnviz.ablation.exports import check_duo_folder
+    with duo_attention_targets(out.export_duo) as duo:
+        targets = check_outputs({**outputs, **duo}, [])
+        bar, told = _progress(out.quiet)
+        try:
+            result = rank_run(options, told)
+        finally:
+            if bar is not None:
+                bar.stop()
+        files = {k.lstrip("-").replace("-", "_"): v for k, v in {**outputs, "--export-duo": out.export_duo}.items()
+                 if v is not None}
+        document = json.dumps(ranking_document(result, files))
+        with staged_outputs(targets) as staged:
+            if "--png" in staged:
+                from attnviz.render.heatmap import save_figure
 
-        check_duo_folder(out.export_duo)
-    bar, told = _progress(out.quiet)
-    try:
-        result = rank_run(options, told)
-    finally:
-        if bar is not None:
-            bar.stop()
-    files = {k.lstrip("-").replace("-", "_"): v for k, v in {**outputs, "--export-duo": out.export_duo}.items()
-             if v is not None}
-    document = json.dumps(ranking_document(result, files))
-    with staged_outputs(targets) as staged:
-        if "--png" in staged:
-            from attnviz.render.heatmap import save_figure
+                save_figure(cost_figure(result), staged["--png"])
+            if "--json-file" in staged:
+                from attnviz.io import save_text
 
-            save_figure(cost_figure(result), staged["--png"])
-        if "--json-file" in staged:
-            from attnviz.io import save_text
-
-            save_text(staged["--json-file"], document + "\n")
-        _exports(result, out, staged)
-        staged.commit()
+                save_text(staged["--json-file"], document + "\n")
+            _exports(result, out, staged)
+            staged.commit()
     err = err_console()
     for line in result.warnings:
         err.print(f"warning: {line}", markup=False, style="yellow")
@@ -216,15 +214,23 @@ def _rank(options: AblateOptions, out: AblateOutputs) -> None:
 
 
 def _exports(result: Any, out: AblateOutputs, staged: Any) -> None:
-    """The exports, written into their staged places (the DuoAttention folder beside its target)."""
-    if out.export_duo is None and out.export_minference is None and out.export_retrieval is None:
-        return
+    """The exports, written into their staged places: the ranking's gates and policy (``policy_gates``) for
+    DuoAttention and MInference, the retrieval scores for HeadKV."""
     from attnviz.ablation import exports
+    from attnviz.ablation.ranking import policy_gates
 
-    exports.write_all(result, duo=out.export_duo,
-                      minference=staged["--export-minference"] if "--export-minference" in staged else None,
-                      retrieval=staged["--export-retrieval"] if "--export-retrieval" in staged else None,
-                      staged=staged)
+    g = result.geometry
+    gates = policy_gates(result.costs, result.share, g)
+    sink, recent = result.restriction.sink, result.restriction.recent or result.restriction.window
+    if out.export_duo is not None:
+        exports.write_duo_attention(out.export_duo, gates, sink_size=sink, recent_size=recent, staged=staged,
+                                    extra={"model": result.model, "found_by": "attnviz ablate --rank",
+                                           "share": result.share})
+    if out.export_minference is not None:
+        exports.write_minference(out.export_minference, gates, heads=g.heads, sink_size=sink, recent_size=recent,
+                                 length=max(result.positions, result.longest + 1), staged=staged)
+    if out.export_retrieval is not None and result.retrieval is not None:
+        exports.write_retrieval_scores(out.export_retrieval, result.retrieval, staged=staged)
 
 
 ablate_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
