@@ -9,6 +9,8 @@ nor TensorFlow):
 * ``attnviz.capture(model, tokenizer)``: a context manager that records every attention site of a
   transformers or Keras model while it runs, into a capture file the other functions read;
 * ``attnviz.corpus(model, tokenizer, texts)``: per-head statistics over many texts, as sums and counts;
+* ``attnviz.ablate(model, tokenizer, texts, stream="18:2", answer=...)``: the model run as it is and with chosen
+  heads restricted (or every head ranked, ``rank=True``), what changed;
 * ``attnviz.inspect(weights, labels=None, mask=None, ...)`` for saved weights or a model's
   ``out.attentions``, ``attnviz.compare(a, b, ...)``, ``attnviz.rollout(weights, ...)`` and
   ``attnviz.load(spec)``.
@@ -37,9 +39,9 @@ __version__ = "0.1.0"
 #: the attention types, as the commands (``attnviz.variants.REGISTRY``; a test keeps the two equal)
 VARIANTS = ("scaled", "dot", "general", "additive", "multihead", "self", "pooling", "coattention", "local", "hard",
             "sparse", "structured", "hierarchical", "bidirectional")
-RUNS = ("compute", "inspect", "compare", "rollout", "load", "capture", "corpus")
+RUNS = ("compute", "inspect", "compare", "rollout", "load", "capture", "corpus", "ablate")
 ERRORS = ("AttnvizError", "UsageError", "InputError", "ShapeError", "ParamsError", "DeviceError", "OutputError")
-RESULTS = ("Computed", "Inspected", "Compared", "RolledOut")
+RESULTS = ("Computed", "Inspected", "Compared", "RolledOut", "Ablated")
 
 __all__ = ["__version__", *RUNS, *VARIANTS, *ERRORS, *RESULTS]
 

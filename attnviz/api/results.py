@@ -478,3 +478,58 @@ class RolledOut(_Result):
 
     def __repr__(self) -> str:
         return f"<attnviz {self.run.title}: {self.run.weights.source}, {self.run.how}>"
+
+
+@dataclass(repr=False)
+class Ablated(_Result):
+    """What ``attnviz.ablate`` found: ``result``, an ``attnviz.ablation.running.Comparison`` (the texts run plainly
+    and with the heads restricted: ``result.texts[i].runs[0]`` plain, ``[1]`` restricted, each with ``logprob``,
+    ``generated``, ``kl``) or a ``Ranking`` (``--rank``: ``result.costs``, ``result.statistics``,
+    ``result.policies``). ``document()``/``to_json()`` give the command's JSON, ``table()`` its tables,
+    ``figure()`` the ranking's layer x head picture of the costs."""
+
+    result: Any
+    command = "ablate"
+
+    @property
+    def ranked(self) -> bool:
+        from attnviz.ablation.running import Ranking
+
+        return isinstance(self.result, Ranking)
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(getattr(self.result, "warnings", []))
+
+    def document(self) -> dict[str, Any]:
+        from attnviz.render.ablation import comparison_document, ranking_document
+
+        return ranking_document(self.result) if self.ranked else comparison_document(self.result)
+
+    def table(self, precision: int = 3, max_rows: int = 40) -> Any:
+        """The command's tables (a rich renderable)."""
+        from rich.console import Group
+
+        from attnviz.render.ablation import comparison_table, policies_table, ranking_table
+
+        if self.ranked:
+            return Group(ranking_table(self.result, precision, max_rows), policies_table(self.result))
+        return comparison_table(self.result, precision)
+
+    def figure(self, **options: Any) -> Any:
+        """The ranking's layer x head picture of the costs (``title=``)."""
+        if not self.ranked:
+            raise UsageError("attnviz.ablate: a comparison has no picture; rank the heads (rank=True) for one.")
+        from attnviz.render.ablation import cost_figure
+
+        return cost_figure(self.result, options.get("title"))
+
+    def html(self, **options: Any) -> str:
+        raise UsageError("attnviz.ablate: no HTML report; save(json=...) or figure().")
+
+    def _repr_html_(self) -> str:  # type: ignore[override]
+        return ""
+
+    def __repr__(self) -> str:
+        what = "ranking" if self.ranked else "comparison"
+        return f"<attnviz.Ablated: a {what} of {self.result.model}>"

@@ -471,3 +471,51 @@ def load(spec: str, layout: str | None = None, generation: bool = False) -> Any:
 
     with python_words([InspectOptions]):
         return load_weights(spec, layout, generation=generation)
+
+
+def ablate(model: Any, tokenizer: Any = None, texts: Sequence[str] | str | None = None, **options: Any) -> Any:
+    """A model run as it is and with chosen heads restricted (``attnviz ablate``)::
+
+        done = attnviz.ablate("smollm2", texts=[prompt], stream="18:2", kv_heads=True, answer=" 5831")
+        done.result.texts[0].runs[1].logprob, done.to_json()
+        ranked = attnviz.ablate("smollm2", rank=True, share=0.25)   # every head ranked, policies checked
+
+    ``model``: a local model folder, or a transformers causal language model in hand with its ``tokenizer``.
+    Options are the command's, as keywords: ``stream``, ``window``, ``zero``, ``mean`` ("L:H,..."), ``kv_heads``,
+    ``sink``, ``recent``, ``answer``, ``generate``, ``kl_rows``, ``rank``, ``restrict``, ``calibration``,
+    ``needles``, ``tokens``, ``share``, ``random``, ``seed``, ``statistics``, ``batch``, ``device``, ``dtype``.
+    Returns an ``attnviz.api.results.Ablated``."""
+    from attnviz.ablation.options import AblateOptions
+    from attnviz.ablation.running import compare_run, rank_run
+    from attnviz.api.results import Ablated
+
+    known = {f.name for f in dataclasses.fields(AblateOptions)} - {"model", "text"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        from difflib import get_close_matches
+
+        near = get_close_matches(unknown[0], known, n=1)
+        raise UsageError(f"attnviz.ablate: no option {unknown[0]!r}{f'; did you mean {near[0]!r}?' if near else ''}")
+    listed = [texts] if isinstance(texts, str) else list(texts or [])
+    folder = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else "(model)"
+    settings = AblateOptions(model=folder, text=listed, **options)
+    loaded = None if folder != "(model)" else _loaded(model, tokenizer)
+    if settings.rank:
+        return Ablated(rank_run(settings, loaded=loaded))
+    return Ablated(compare_run(settings, listed, loaded=loaded))
+
+
+def _loaded(model: Any, tokenizer: Any) -> Any:
+    """A model in hand (and its tokenizer) as ``attnviz.ablation.runs.Loaded``."""
+    from attnviz.ablation.restrict import geometry
+    from attnviz.ablation.runs import Loaded
+    from attnviz.capturing.folder import position_limits, recorded_name
+
+    if tokenizer is None:
+        raise UsageError("attnviz.ablate: a model in hand needs its tokenizer (attnviz.ablate(model, tokenizer, ...)).")
+    if not hasattr(model, "generate") or not hasattr(model, "config"):
+        raise UsageError(f"attnviz.ablate: expected a transformers causal language model or a folder; received "
+                         f"{type(model).__name__}.")
+    device = str(next((p.device for p in model.parameters()), "cpu"))
+    learned, trained = position_limits(model, tokenizer)
+    return Loaded(model.eval(), tokenizer, device, geometry(model), recorded_name(model), learned or trained)
