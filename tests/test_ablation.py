@@ -31,7 +31,7 @@ LAYERS, HEADS, KV = 2, 4, 2
 
 def tiny_llama(seed: int = 0, vocab: int = 100) -> object:
     cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-                                   num_attention_heads=HEADS, num_key_value_heads=KV, max_position_embeddings=256,
+                                   num_attention_heads=HEADS, num_key_value_heads=KV, max_position_embeddings=1024,
                                    bos_token_id=0, eos_token_id=1, pad_token_id=0)
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(cfg).eval()

@@ -74,7 +74,7 @@ def head_costs(loaded: Loaded, texts: Sequence[str], answers: Sequence[str], res
     prefix = LayerPrefix(loaded.model, g) if reuse else None
     for t, (text, answer) in enumerate(zip(texts, answers)):
         answer_ids = encode_answer(loaded.tokenizer, answer)
-        ids = encode_text(loaded, text, len(answer_ids), f"text {t + 1}")
+        ids = encode_text(loaded, text, len(answer_ids), f"calibration text {t + 1}")
         tokens.append(len(ids) + len(answer_ids))
         drops: list[float] = []
         kl: list[float] = []

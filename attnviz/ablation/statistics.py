@@ -63,6 +63,7 @@ def needle_statistics(loaded: Loaded, needle: Any, *, sink: int, recent: int,
 
     from attnviz.capturing.session import Capture
     from attnviz.inspection.summary import analyse_summary, open_summary, read_summary
+    from attnviz.tokentext import one_line
 
     tok = loaded.tokenizer
     ids = torch.tensor([tok(needle.text)["input_ids"]], device=loaded.device)
@@ -87,7 +88,12 @@ def needle_statistics(loaded: Loaded, needle: Any, *, sink: int, recent: int,
         assert result.retrieval is not None
         values = {"sink_mass": heads["sink_mass"], "local_mass": heads["local_mass"], "middle": middle,
                   "retrieval": result.retrieval.scores}
-        return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}, list(result.warnings)
+        recall = float(result.retrieval.recall[0])
+        said = [] if recall > 0.5 else [
+            f"the model's own answer {one_line((read.generated or [''])[0], 40)!r} repeats {recall:.0%} of the "
+            "needle's tokens: its retrieval scores measure little (Wu et al. score answers that repeat more than "
+            "half)"]
+        return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}, said
     finally:
         try:
             os.unlink(name)

@@ -131,12 +131,13 @@ def ranking_table(r: Ranking, precision: int = 3, max_rows: int = 40) -> Any:
     """The units, dearest to restrict first; with more than ``max_rows`` the middle is left out (0: all)."""
     rows = ranking_rows(r)
     what = "key-value heads" if r.kv_heads else "heads"
-    caption = (f"cost: the drop of the answer's log-probability (nats) with that {what[:-1]} alone restricted "
+    caption = (f"rank 1: the dearest to restrict; cost: the drop of the answer's log-probability (nats) with that "
+               f"{what[:-1]} alone restricted "
                f"({r.restriction.describe()}), mean over {len(r.calibration)} calibration needles of "
                f"~{round(mean([float(n.tokens) for n in r.calibration]))} tokens; KL over the answer's rows")
     if r.statistics:
         caption += ("; sink, local: the weight on the first and last keys a streaming head keeps; middle: the "
-                    "attention the middle half of the keys receives; retrieval: Wu et al.'s score")
+                    "attention the middle half of the keys receives; retr.: Wu et al.'s retrieval score")
         if r.kv_heads:
             caption += f" (a key-value head: its {r.geometry.group} query heads' mean, their best retrieval score)"
     shown = rows
@@ -146,18 +147,24 @@ def ranking_table(r: Ranking, precision: int = 3, max_rows: int = 40) -> Any:
         shown = rows[:top] + rows[len(rows) - (max_rows - top):]
         elided = len(rows) - len(shown)
     table = _table(f"{r.model}: {len(rows)} {what} ranked by the cost of restricting each alone", caption)
-    names = ["rank", what[:-1], "cost (nats)", "KL"] + [_STAT_HEADERS[n] for n in r.statistics]
+    unit = "kv head" if r.kv_heads else "head"
+    names = ["rank", unit, *(["q heads"] if r.kv_heads else []), "cost", "KL",
+             *(_STAT_HEADERS[n] for n in r.statistics)]
     for name in names:
-        table.add_column(name, justify="left" if name == what[:-1] else "right", no_wrap=True)
+        table.add_column(name, justify="right", no_wrap=True)
     for i, row in enumerate(shown):
         if elided and i == max_rows // 2:
             table.add_row("…", f"{elided} more", *[""] * (len(names) - 2))
-        table.add_row(str(len(rows) - row["rank"]), row["label"], _num(row["logprob_drop"], precision),
-                      _num(row["kl"], precision + 1), *[_num(row[n], precision) for n in r.statistics])
+        cells = [str(len(rows) - row["rank"]), f"{row['layer']}:{row['head']}"]
+        if r.kv_heads:
+            qs = row["query_heads"]
+            cells.append(f"{qs[0]}-{qs[-1]}" if len(qs) > 1 else str(qs[0]))
+        table.add_row(*cells, _num(row["logprob_drop"], precision), _num(row["kl"], precision + 1),
+                      *[_num(row[n], precision) for n in r.statistics])
     return table
 
 
-_STAT_HEADERS = {"sink_mass": "sink", "local_mass": "local", "middle": "middle", "retrieval": "retrieval"}
+_STAT_HEADERS = {"sink_mass": "sink", "local_mass": "local", "middle": "middle", "retrieval": "retr."}
 
 
 def policies_table(r: Ranking, precision: int = 2) -> Any:
@@ -169,19 +176,31 @@ def policies_table(r: Ranking, precision: int = 2) -> Any:
     share = f"{r.share:.0%} of the {what}"
     table = _table(f"policies restricting {share} ({r.restriction.describe()}) on {n} held-out needles of "
                    f"~{tokens} tokens",
-                   "ranked: the units whose restriction cost least; random: the same number drawn at random; "
-                   "cache kept: the share of the full KV cache at the needles' mean length")
-    for name in ("policy", "restricted", "right", "mean logprob", "cache kept", "answers"):
-        table.add_column(name, justify="left" if name in ("policy", "answers") else "right", no_wrap=True)
+                   "ranked: the units whose restriction cost least; random: as many drawn at random; needles: each "
+                   "answer right (✓, it holds the code) or not (✗); logprob: of the answer, in nats; cache kept: the "
+                   "share of the full KV cache at the needles' mean length")
+    for name in ("policy", "heads", "right", "needles", "mean logprob", "cache kept"):
+        table.add_column(name, justify="left" if name in ("policy", "needles") else "right", no_wrap=True)
     for p in r.policies:
-        wrong = [f"{i + 1}: {_said(a)}" for i, (a, ok) in enumerate(zip(p.generated, p.right)) if not ok][:2]
-        table.add_row(p.name, str(len(p.units)), f"{p.correct}/{n}", _num(mean(p.logprob), precision),
-                      f"{p.cache_kept:.1%}", "all right" if not wrong else "wrong: " + "; ".join(wrong))
+        table.add_row(p.name, str(len(p.units)), f"{p.correct}/{n}", "".join("✓" if ok else "✗" for ok in p.right),
+                      _num(mean(p.logprob), precision), f"{p.cache_kept:.1%}")
     summary = policy_summary(r.policies)
     if summary["random_mean_correct"] is not None:
-        table.add_row("random (mean)", "", f"{summary['random_mean_correct']:.1f}/{n}",
-                      _num(summary["random_mean_logprob"], precision), "", "")
+        table.add_row("random, mean", "", f"{summary['random_mean_correct']:.1f}/{n}", "",
+                      _num(summary["random_mean_logprob"], precision), "")
     return table
+
+
+def policy_answers(r: Ranking) -> list[str]:
+    """The wrong answers of each policy, a line each (the full model's first)."""
+    from attnviz.tokentext import one_line
+
+    lines = []
+    for p in r.policies:
+        for i, (said, ok) in enumerate(zip(p.generated, p.right)):
+            if not ok:
+                lines.append(f"{p.name}, needle {i + 1} (code {r.held_out[i].code}): \"{one_line(said, 60)}\"")
+    return lines
 
 
 def ranking_document(r: Ranking, files: dict[str, str] | None = None) -> dict[str, Any]:

@@ -167,7 +167,7 @@ def _rank(options: AblateOptions, out: AblateOutputs) -> None:
     from attnviz.ablation.exports import duo_attention_targets
     from attnviz.ablation.running import rank_run
     from attnviz.io import check_outputs
-    from attnviz.render.ablation import cost_figure, policies_table, ranking_document, ranking_table
+    from attnviz.render.ablation import cost_figure, policies_table, policy_answers, ranking_document, ranking_table
     from attnviz.staging import staged_outputs
 
     outputs = {"--png": out.png, "--json-file": out.json_file, "--export-minference": out.export_minference,
@@ -203,6 +203,8 @@ def _rank(options: AblateOptions, out: AblateOutputs) -> None:
         console = out_console()
         console.print(ranking_table(result, out.precision, out.max_rows), crop=False)
         console.print(policies_table(result), crop=False)
+        for line in policy_answers(result):
+            console.print(f"wrong: {line}", markup=False, highlight=False)
     if not out.quiet:
         cost = result.costs
         err.print(f"ranked {len(cost.units)} units with {cost.forwards} forwards in {cost.seconds:.1f} s "
