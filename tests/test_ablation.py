@@ -314,10 +314,9 @@ def test_a_model_outside_the_interface_is_refused() -> None:
 def test_ranking_costs_by_their_definition() -> None:
     """Each unit's cost from the batched ranking (layers below each batch's taken from the plain run) equals the
     drop of the answer's log-probability with that unit alone restricted, run alone and whole."""
-    from tests.test_token_text import byte_level_tokenizer
-
     from attnviz.ablation.prefix import decoder_layers
     from attnviz.ablation.ranking import head_costs
+    from tests.test_token_text import byte_level_tokenizer
 
     tok = byte_level_tokenizer()
     model = tiny_llama(9, vocab=len(tok))

@@ -229,3 +229,63 @@ def test_sink_rate_equals_gu_et_al(which: str, tmp_path: Path) -> None:
     doc = json.loads(invoke("inspect", corpus, "--json").stdout)["sink_rate"]
     assert doc["value"] == pytest.approx(want, abs=1e-9) and doc["texts"] == 6
     assert f"sink rate (Gu et al. 2024): {want:.3f}" in " ".join(invoke("inspect", corpus).stdout.split())
+
+
+# -- attnviz ablate on SmolLM2: a key-value head the answer needs, against the model's own eager attention
+
+
+def _streamed_eager_logprob(model, ids: list[int], answer: list[int], layer: int, kv_head: int, sink: int,
+                            recent: int) -> float:
+    """The answer's log-probability with one key-value head of one layer streaming, computed by the model's own
+    eager attention: that layer's attention module handed a per-head additive mask built here (a forward pre-hook
+    swaps the mask the model built)."""
+    import torch
+
+    heads, kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    seq = torch.tensor([ids + answer])
+    n = seq.shape[1]
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    keep = np.repeat((j <= i)[None], heads, 0)
+    for q in range(kv_head * heads // kv, (kv_head + 1) * heads // kv):
+        keep[q] &= (j < sink) | (j > i - recent)
+    mask = torch.where(torch.from_numpy(keep)[None], 0.0, torch.finfo(torch.float32).min)
+
+    def swap(module, args, kwargs):
+        kwargs["attention_mask"] = mask
+        return args, kwargs
+
+    model.set_attn_implementation("eager")
+    hook = model.model.layers[layer].self_attn.register_forward_pre_hook(swap, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            logp = torch.log_softmax(model(seq).logits[0].double(), -1)
+    finally:
+        hook.remove()
+        model.set_attn_implementation("sdpa")
+    return float(sum(logp[len(ids) - 1 + k, t] for k, t in enumerate(answer)))
+
+
+def test_ablate_finds_the_key_value_head_smollm2_needs(smol: Path) -> None:
+    """Streaming layer 18's key-value head 2 (query heads 18:6-8, its best retrieval heads) costs the answer
+    nats of log-probability, layer 0's head 0 next to nothing, and the restricted log-probability is the eager
+    model's with that head's mask."""
+    import torch
+    import transformers
+
+    import attnviz
+    from attnviz.ablation.needles import needle_suite
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(smol))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(smol), dtype=torch.float32,
+                                                              attn_implementation="sdpa").eval()
+    needle = needle_suite(1, tokens=900, seed=3, depths=[0.5], tokenizer=tok)[0]
+    settings = dict(kv_heads=True, sink=16, recent=64, answer=needle.answer)
+    needed = attnviz.ablate(model, tok, needle.text, stream="18:2", generate=8, **settings).document()["texts"][0]
+    cheap = attnviz.ablate(model, tok, needle.text, stream="0:0", **settings).document()["texts"][0]
+    assert needle.code in needed["plain_generated"]
+    drops = (needed["logprob_drop"], cheap["logprob_drop"])
+    assert drops[0] > 1.0 and abs(drops[1]) < drops[0] / 5, drops
+    ids = tok(needle.text)["input_ids"]
+    answer = tok(needle.answer, add_special_tokens=False)["input_ids"]
+    want = _streamed_eager_logprob(model, ids, answer, 18, 2, 16, 64)
+    assert needed["restricted_logprob"] == pytest.approx(want, abs=2e-3)
