@@ -77,7 +77,7 @@ def test_a_prompt_longer_than_the_text_goes_on_from_its_start():
     n, = needle_suite(1, tokens=len(text) // 4 + 2000, seed=0)  # about 36,000 estimated tokens
     before, after = parts(n)
     assert len(before + after) > len(text)
-    assert (before + after) in text + text
+    assert (before + after) in text * 3
 
 
 def test_depths_are_spread_over_the_range_or_as_given_to_within_a_sentence():
@@ -97,16 +97,28 @@ def test_depths_are_spread_over_the_range_or_as_given_to_within_a_sentence():
         assert before and after  # a sentence on either side, even at 0 and 1
 
 
+def next_sentence(needle: needles.Needle) -> str:
+    """The filler's sentence after the last one the prompt holds."""
+    text = filler_text()
+    before, after = parts(needle)
+    at = (text * 3).find(before + after)  # a prompt longer than the rest of the text goes on from its start
+    assert at >= 0, "the filler is not a run of the shipped text"
+    end = (at + len(before + after)) % len(text)
+    starts = [0]
+    for sentence in needles.sentences():
+        starts.append(starts[-1] + len(sentence))
+    following = [s for s, at in zip(needles.sentences(), starts) if at >= end]
+    return (following or needles.sentences())[0]  # after the text's last sentence, its first
+
+
 def test_prompts_are_as_long_as_asked_measured_or_estimated():
-    longest_words = max(len(s.split()) for s in needles.sentences())
-    longest_chars = max(len(s) for s in needles.sentences())
-    for tokens in (300, 2000, 9000):
+    for tokens in (300, 2000, 9000, 40000):
         for n in needle_suite(3, tokens=tokens, seed=5, tokenizer=words):
-            assert n.tokens == len(n.text.split())
-            assert tokens - longest_words < n.tokens <= tokens
+            assert n.tokens == len(n.text.split()) <= tokens
+            assert n.tokens + len(next_sentence(n).split()) > tokens  # one more sentence would not fit
         for n in needle_suite(3, tokens=tokens, seed=5):
-            assert n.tokens == -(-len(n.text) // 4)
-            assert 4 * tokens - longest_chars < len(n.text) <= 4 * tokens
+            assert n.tokens == -(-len(n.text) // 4) and len(n.text) <= 4 * tokens
+            assert len(n.text) + len(next_sentence(n)) > 4 * tokens
 
 
 def test_the_same_arguments_give_the_same_needles_in_another_process_and_hash_seed():

@@ -55,7 +55,7 @@ DEPTH_RANGE = (0.1, 0.9)
 #: tokenizer reads the filler at 3.95)
 CHARS_PER_TOKEN = 4
 #: the most filler characters a token a prompt is given: English prose takes 3 to 6 a token in any tokenizer
-#: (a tokenizer that counts fewer tokens gets a shorter prompt than asked for)
+#: (one that counts fewer tokens gets a shorter prompt than asked for)
 CHAR_LIMIT = 16
 #: a sentence ends at . ! or ?, with the quotes and brackets that close on it, where whitespace and a capital
 #: (perhaps after an opening quote) follow; what follows the whitespace starts the next sentence
@@ -185,6 +185,13 @@ class _Run:
             self.ends.append(self.ends[-1] + len(piece))
         return self.ends[n]
 
+    def count(self, chars: float) -> int:
+        """The fewest sentences that hold ``chars`` characters."""
+        n = 0
+        while self.length(n) < chars:
+            n += 1
+        return n
+
     def prompt(self, n: int) -> tuple[str, tuple[int, int], float]:
         """The prompt with ``n`` sentences of filler (2 or more): its text, the needle's span in it and the
         share of the filler before the needle."""
@@ -203,32 +210,43 @@ class _Run:
 
 
 def _longest(run: _Run, measure: Callable[[str], int], tokens: int) -> int:
-    """The most sentences of filler whose prompt measures ``tokens`` or fewer (bisected: a prompt grows with
-    its filler); 2 at the least, or a usage error when even those are too long."""
+    """The most sentences of filler whose prompt measures ``tokens`` or fewer (a prompt grows with its filler);
+    2 at the least, or a usage error when even those are too long. A tokenizer's call on a long prompt costs
+    more than building it: the count is guessed from the characters, guessed again from what the first guess
+    measured, then found by galloping from there to a bracket and bisecting it, a handful of calls."""
+    sizes: dict[int, int] = {}
+
     def fits(n: int) -> bool:
-        return measure(run.prompt(n)[0]) <= tokens
+        if n not in sizes:
+            sizes[n] = measure(run.prompt(n)[0])
+        return sizes[n] <= tokens
 
     if not fits(2):
         raise UsageError(f"needles: {tokens} tokens cannot hold a needle's prompt (two sentences of filler, the "
-                         f"needle and the question: {measure(run.prompt(2)[0])} tokens); give more.")
-    # a first guess from the characters, doubled while it fits; no more filler than ``CHAR_LIMIT`` characters a
-    # token is ever taken, whatever the tokenizer says
-    n = 2
-    while run.length(n) < CHARS_PER_TOKEN * tokens:
-        n += 1
-    cap = n
-    while run.length(cap) < CHAR_LIMIT * tokens:
-        cap += 1
-    good = 2
-    bad = None
-    while bad is None:
-        if fits(n):
-            good = n
-            if n >= cap:
-                return n
-            n = min(2 * n, cap)
-        else:
-            bad = n
+                         f"needle and the question: {sizes[2]} tokens); give more.")
+    cap = run.count(CHAR_LIMIT * tokens)
+    n = min(max(run.count(CHARS_PER_TOKEN * tokens), 2), cap)
+    fits(n)
+    if sizes[n] > 0:  # the characters a token this text measured
+        n = min(max(run.count(run.length(n) * tokens / sizes[n]), 2), cap)
+    good, bad = 2, cap + 1  # the most sentences known to fit, the fewest known not to (or past the cap)
+    step = 1
+    if fits(n):
+        good = n
+        while good < cap:
+            probe = min(good + step, cap)
+            if not fits(probe):
+                bad = probe
+                break
+            good, step = probe, 2 * step
+    else:
+        bad = n
+        while bad - step > good:
+            probe = bad - step
+            if fits(probe):
+                good = probe
+                break
+            bad, step = probe, 2 * step
     while bad - good > 1:
         mid = (good + bad) // 2
         if fits(mid):
