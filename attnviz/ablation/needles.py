@@ -152,10 +152,10 @@ def needle_suite(count: int, *, tokens: int = 2000, seed: int = 0, depths: Seque
         else:
             depth = depths[index]
         run = _Run(pieces, start, code, depth)
-        n = _longest(run, measure, tokens)
+        n, size = _longest(run, measure, tokens)
         text, span, actual = run.prompt(n)
         suite.append(Needle(text=text, answer=ANSWER.format(code=code), code=code, depth=actual, span=span,
-                            tokens=measure(text), seed=seed, index=index))
+                            tokens=size, seed=seed, index=index))
     return suite
 
 
@@ -209,11 +209,12 @@ class _Run:
         return text, (len(before), len(before) + len(self.needle)), len(before) / total
 
 
-def _longest(run: _Run, measure: Callable[[str], int], tokens: int) -> int:
-    """The most sentences of filler whose prompt measures ``tokens`` or fewer (a prompt grows with its filler);
-    2 at the least, or a usage error when even those are too long. A tokenizer's call on a long prompt costs
-    more than building it: the count is guessed from the characters, guessed again from what the first guess
-    measured, then found by galloping from there to a bracket and bisecting it, a handful of calls."""
+def _longest(run: _Run, measure: Callable[[str], int], tokens: int) -> tuple[int, int]:
+    """The most sentences of filler whose prompt measures ``tokens`` or fewer (a prompt grows with its filler),
+    and what that prompt measures; 2 at the least, or a usage error when even those are too long. A tokenizer's
+    call on a long prompt costs more than building it: the count is guessed from the characters, guessed again
+    from what the first guess measured, then found by galloping from there to a bracket and bisecting it, a
+    handful of calls."""
     sizes: dict[int, int] = {}
 
     def fits(n: int) -> bool:
@@ -253,4 +254,4 @@ def _longest(run: _Run, measure: Callable[[str], int], tokens: int) -> int:
             good = mid
         else:
             bad = mid
-    return good
+    return good, sizes[good]
