@@ -10,13 +10,16 @@ A prompt is filler prose with the needle sentence put in after a sentence end at
     Answer: The secret code is
 
 and its answer, teacher-forced or generated, is `` 5831.``: the prompt starts the answer, so that the model has
-only the code left to say (SmolLM2-135M-Instruct, asked with "Answer:" alone, talks about the question instead:
-0 of 2 at 2,000 tokens; with the answer begun, every needle of ``benchmarks/needles.py``'s check), and the
-answer's log-probability is that of the code's tokens, the ones the needle must supply. The codes (four digits, none
-repeated within a suite), the depths (spread evenly over 0.1-0.9 with jitter, unless given) and where each
-needle's filler starts in the text are drawn by ``random.Random(seed)``, from its ``random()`` alone: Python
-promises that sequence for a seed on every version and machine (``randrange``, ``sample`` and ``shuffle`` it
-does not). No ``hash()`` and no set order enter the texts. The standard library only.
+only the code left to say, and the answer's log-probability is that of the code's tokens, the ones only the
+needle supplies. (SmolLM2-135M-Instruct, asked with "Answer:" alone, talked about the question instead: 0 of 2
+at 2,000 tokens; with the answer begun it gave the code for 10 of 10 needles at 1,000 and at 2,000 tokens, 8 of
+10 at 4,000: ``benchmarks/needles.py``, ``docs/ablation.md``.)
+
+The codes (four digits, none repeated within a suite), the depths (spread evenly over 0.1-0.9 with jitter,
+unless given) and where each needle's filler starts in the text are drawn by ``random.Random(seed)``, from its
+``random()`` alone: Python promises that sequence for a seed on every version and machine (``randrange``,
+``sample`` and ``shuffle`` it does not). No ``hash()`` and no set order enter the texts. The standard library
+only.
 
 The filler (``filler.txt`` beside this module, package data) is Lewis Carroll's *Alice's Adventures in
 Wonderland* (1865; Carroll died in 1898): in the public domain everywhere. The text is Project Gutenberg's
