@@ -8,7 +8,7 @@ Per query head, averaged over the needles:
 - ``local_mass``: the weight on the last ``recent`` keys (i - recent < j <= i);
 - ``middle``: the attention the middle half of the keys receives (positions L/4 to 3L/4), each key's received
   attention divided by the rows that see it (``received_profile``'s mean), averaged over those keys;
-- ``retrieval``: Wu et al.'s retrieval score of the needle sentence, the model's own greedy answer decoded
+- ``retrieval``: Wu et al.'s retrieval score of the needle's code (the tokens the answer copies), the model's own greedy answer decoded
   (``inspection.summary.retrieval_scores``).
 
 A key-value head (the ranking's unit in a grouped-query model) takes the mean of its query heads' values, and the
@@ -79,7 +79,7 @@ def needle_statistics(loaded: Loaded, needle: Any, *, sink: int, recent: int,
         assert opened is not None
         raw, capture, kind = opened
         read = read_summary(raw, capture, kind)
-        result = analyse_summary(read, needle=needle.needle)
+        result = analyse_summary(read, needle=needle.code)  # the tokens the answer copies
         heads = result.heads
         received = result.received["mean"][:, 0]  # [layers, heads, keys]
         length = received.shape[-1]
