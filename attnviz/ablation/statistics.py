@@ -8,8 +8,8 @@ Per query head, averaged over the needles:
 - ``local_mass``: the weight on the last ``recent`` keys (i - recent < j <= i);
 - ``middle``: the attention the middle half of the keys receives (positions L/4 to 3L/4), each key's received
   attention divided by the rows that see it (``received_profile``'s mean), averaged over those keys;
-- ``retrieval``: Wu et al.'s retrieval score of the needle's code (the tokens the answer copies), the model's own greedy answer decoded
-  (``inspection.summary.retrieval_scores``).
+- ``retrieval``: Wu et al.'s retrieval score of the needle's code (the tokens the answer copies), the model's own
+  greedy answer decoded (``inspection.summary.retrieval_scores``).
 
 A key-value head (the ranking's unit in a grouped-query model) takes the mean of its query heads' values, and the
 largest of their retrieval scores (it holds the cache its best retrieval head reads).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings as python_warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +45,9 @@ def unit_statistics(loaded: Loaded, needles: Sequence[Any], units: list[tuple[in
         warnings += [f"calibration needle {n + 1}: {w}" for w in said]
         if progress is not None:
             progress(n + 1, len(needles))
-    means = {name: np.nanmean(np.stack(per_needle[name]), axis=0) for name in NAMES}  # [layers, heads]
+    with python_warnings.catch_warnings():  # a head no needle scored (NaN everywhere) stays NaN
+        python_warnings.simplefilter("ignore", RuntimeWarning)
+        means = {name: np.nanmean(np.stack(per_needle[name]), axis=0) for name in NAMES}  # [layers, heads]
     g = loaded.geometry
     out: dict[str, list[float]] = {name: [] for name in NAMES}
     for layer, head in units:
@@ -90,7 +93,7 @@ def needle_statistics(loaded: Loaded, needle: Any, *, sink: int, recent: int,
                   "retrieval": result.retrieval.scores}
         recall = float(result.retrieval.recall[0])
         said = [] if recall > 0.5 else [
-            f"the model's own answer {one_line((read.generated or [''])[0], 40)!r} repeats {recall:.0%} of the "
+            f"the model's own answer \"{one_line((read.generated or [''])[0], 40)}\" repeats {recall:.0%} of the "
             "needle's tokens: its retrieval scores measure little (Wu et al. score answers that repeat more than "
             "half)"]
         return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}, said
