@@ -340,3 +340,61 @@ def test_ranking_costs_by_their_definition() -> None:
             assert whole.per_text[t][u] == pytest.approx(want, abs=2e-4)
     assert max(abs(d) for d in batched.drop) > 1e-3
     assert batched.order() == sorted(range(4), key=lambda u: (batched.drop[u], batched.kl[u], u))
+
+
+def test_cli_rank_exports_the_policy_it_checked(folder: Path, tmp_path: Path) -> None:
+    """--rank on a tiny model: the JSON's ranking and policies, and the exports read back to the policy checked
+    (DuoAttention's gates thresholded at 0.5, MInference's streaming heads, the retrieval scores' shape)."""
+    from attnviz.ablation.exports import read_duo_attention, read_minference
+
+    done = _cli("ablate", str(folder), "--rank", "--tokens", "500", "--calibration", "1", "--needles", "2",
+                "--random", "2", "--share", "0.5", "--sink", "4", "--recent", "32", "--json",
+                "--export-duo", str(tmp_path / "duo"), "--export-minference", str(tmp_path / "m.json"),
+                "--png", str(tmp_path / "costs.png"))
+    assert done.exit_code == 0, done.stderr
+    doc = json.loads(done.stdout)
+    ranking = doc["ranking"]
+    assert doc["units"] == "kv_heads" and len(ranking) == LAYERS * KV
+    assert sorted(r["rank"] for r in ranking) == list(range(LAYERS * KV))
+    assert all({"logprob_drop", "kl", "sink_mass", "local_mass", "middle", "retrieval"} <= set(r) for r in ranking)
+    policies = {p["name"]: p for p in doc["policies"]}
+    assert list(policies) == ["full model", "ranked", "random 1", "random 2"]
+    cheapest = sorted(ranking, key=lambda r: r["rank"])[:2]
+    assert sorted(policies["ranked"]["heads"]) == sorted([r["layer"], r["head"]] for r in cheapest)
+    tokens = np.mean([n["tokens"] for n in doc["held_out"]])
+    assert policies["ranked"]["cache_kept"] == pytest.approx((2 * tokens + 2 * 36) / (4 * tokens), rel=0.02)
+    duo = read_duo_attention(tmp_path / "duo")
+    assert (duo.sink_size, duo.recent_size) == (4, 32)
+    streamed = {(int(layer), int(head)) for layer, head in zip(*np.nonzero(duo.gates < 0.5))}
+    assert streamed == {tuple(h) for h in policies["ranked"]["heads"]}
+    pattern = read_minference(tmp_path / "m.json")
+    assert pattern.vertical.shape == (LAYERS, HEADS)
+    kv_streamed = {(layer, head // (HEADS // KV)) for layer, head in zip(*np.nonzero(pattern.vertical < 100))}
+    assert kv_streamed == streamed  # each key-value head's query heads stream in MInference's file too
+    assert (tmp_path / "costs.png").stat().st_size > 1000
+    assert doc["cost"]["forwards"] == 1 + LAYERS * KV  # the plain run, then one entry per key-value head
+
+
+def test_retrieval_runs_are_the_needles_with_scores() -> None:
+    """A calibration needle whose answer held no token of the code has no retrieval scores (NaN): its run is left
+    out of the export, and an export with none left is refused."""
+    from attnviz.cli.commands.ablate import retrieval_runs
+    from attnviz.errors import InputError
+
+    scores = np.zeros((2, 4, 3))
+    scores[..., 1] = np.nan
+    scores[0, 1, 2] = 0.5
+    kept = retrieval_runs(scores)
+    assert kept.shape == (2, 4, 2) and kept[0, 1, 1] == 0.5
+    with pytest.raises(InputError, match="no calibration answer"):
+        retrieval_runs(np.full((2, 4, 2), np.nan))
+
+
+def test_api_ablate_words() -> None:
+    import attnviz
+
+    with pytest.raises(attnviz.UsageError, match="did you mean 'stream'"):
+        attnviz.ablate("somewhere", texts=["x"], streem="0:0")
+    model = tiny_llama(10)
+    with pytest.raises(attnviz.UsageError, match="needs its tokenizer"):
+        attnviz.ablate(model, None, ["x"], stream="0:0")

@@ -232,7 +232,21 @@ def _exports(result: Any, out: AblateOutputs, staged: Any) -> None:
         exports.write_minference(out.export_minference, gates, heads=g.heads, sink_size=sink, recent_size=recent,
                                  length=max(result.positions, result.longest + 1), staged=staged)
     if out.export_retrieval is not None and result.retrieval is not None:
-        exports.write_retrieval_scores(out.export_retrieval, result.retrieval, staged=staged)
+        exports.write_retrieval_scores(out.export_retrieval, retrieval_runs(result.retrieval), staged=staged)
+
+
+def retrieval_runs(scores: Any) -> Any:
+    """The retrieval scores ``[layers, heads, needles]`` of the calibration needles whose answer held the code (a
+    needle whose answer held none has no score, NaN: no head can have copied from it); one error when none did."""
+    import numpy as np
+
+    from attnviz.errors import InputError
+
+    kept = [n for n in range(scores.shape[-1]) if np.isfinite(scores[..., n]).all()]
+    if not kept:
+        raise InputError("--export-retrieval: no calibration answer held the needle's code, so no head copied from "
+                         "it and there are no retrieval scores to write (the other outputs are not written either).")
+    return scores[..., kept]
 
 
 ablate_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
