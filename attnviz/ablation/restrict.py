@@ -173,17 +173,20 @@ def restricted_keep(keep: Any, wanted: list[dict[int, Restriction]], heads: int)
     j = torch.arange(lk, device=keep.device)
     i = torch.arange(lk - lq, lk, device=keep.device)[:, None]
     for b, entry in enumerate(wanted):
+        allowed: dict[Restriction, Any] = {}  # the keys each restriction keeps, made once an entry
+        rank = None
         for head, r in entry.items():
             if not r.masks:
                 continue
-            if r.kind == "window":
-                allowed = j[None, :] > i - r.window
-            else:
-                real = keep[b, 0]
-                # the rank of each key among the row's real keys: its first ``sink`` are the sinks
-                rank = torch.cumsum(real.to(torch.int32), dim=-1)
-                allowed = ((rank <= r.sink) & real) | (j[None, :] > i - r.recent)
-            out[b, head] &= allowed
+            if r not in allowed:
+                if r.kind == "window":
+                    allowed[r] = j[None, :] > i - r.window
+                else:
+                    real = keep[b, 0]
+                    if rank is None:  # the rank of each key among its row's real keys: the first ``sink`` sink
+                        rank = torch.cumsum(real.to(torch.int32), dim=-1)
+                    allowed[r] = ((rank <= r.sink) & real) | (j[None, :] > i - r.recent)
+            out[b, head] &= allowed[r]
     return out
 
 
