@@ -6,8 +6,8 @@ Per query head, averaged over the needles:
 
 - ``sink_mass``: the weight on the first ``sink`` real keys (mean over real rows);
 - ``local_mass``: the weight on the last ``recent`` keys (i - recent < j <= i);
-- ``middle``: the attention the middle half of the keys receives (positions L/4 to 3L/4), each key's received
-  attention divided by the rows that see it (``received_profile``'s mean), averaged over those keys;
+- ``middle``: the share of the head's attention, over every row, that the middle half of the keys receives
+  (positions L/4 to 3L/4; each row's weights sum to 1, so the shares of all keys sum to 1);
 - ``retrieval``: Wu et al.'s retrieval score of the needle's code (the tokens the answer copies), the model's own
   greedy answer decoded (``inspection.summary.retrieval_scores``).
 
@@ -84,10 +84,10 @@ def needle_statistics(loaded: Loaded, needle: Any, *, sink: int, recent: int,
         read = read_summary(raw, capture, kind)
         result = analyse_summary(read, needle=needle.code)  # the tokens the answer copies
         heads = result.heads
-        received = result.received["mean"][:, 0]  # [layers, heads, keys]
+        received = result.received["sum"][:, 0].astype(np.float64)  # [layers, heads, keys]: over every row
         length = received.shape[-1]
-        with np.errstate(invalid="ignore"):
-            middle = np.nanmean(received[..., length // 4: 3 * length // 4], axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            middle = received[..., length // 4: 3 * length // 4].sum(-1) / received.sum(-1)
         assert result.retrieval is not None
         values = {"sink_mass": heads["sink_mass"], "local_mass": heads["local_mass"], "middle": middle,
                   "retrieval": result.retrieval.scores}

@@ -136,8 +136,9 @@ def ranking_table(r: Ranking, precision: int = 3, max_rows: int = 40) -> Any:
                f"({r.restriction.describe()}), mean over {len(r.calibration)} calibration needles of "
                f"~{round(mean([float(n.tokens) for n in r.calibration]))} tokens; KL over the answer's rows")
     if r.statistics:
-        caption += ("; sink, local: the weight on the first and last keys a streaming head keeps; middle: the "
-                    "attention the middle half of the keys receives; retr.: Wu et al.'s retrieval score")
+        caption += ("; sink, local: the weight on the first and last keys a streaming head keeps; middle: the share "
+                    "of the head's attention on the middle half of the keys; retr.: Wu et al.'s retrieval score "
+                    "of the code")
         if r.kv_heads:
             caption += f" (a key-value head: its {r.geometry.group} query heads' mean, their best retrieval score)"
     shown = rows
