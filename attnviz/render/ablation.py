@@ -239,6 +239,5 @@ def cost_figure(r: Ranking, title: str | None = None) -> Any:
     for u, (layer, head) in enumerate(r.costs.units):
         values[layer, head] = r.costs.drop[u]
     what = "key-value head" if r.kv_heads else "head"
-    heading = title or (f"{r.model}: the cost of restricting each {what} alone (nats of the answer's "
-                        f"log-probability)")
-    return stat_figure(values, title=heading, stat="logprob drop")
+    heading = title or f"{r.model}, each {what} restricted alone"
+    return stat_figure(values, title=heading, stat="the answer's logprob drop (nats)", unit=what)

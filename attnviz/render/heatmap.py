@@ -370,7 +370,8 @@ def _panels_colour_bar(fig: Any, image: Any, axes: Sequence[Any], look: _PanelLo
 
 
 def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None = None,
-                layer_ids: Sequence[int] | None = None, head_ids: Sequence[int] | None = None) -> Any:
+                layer_ids: Sequence[int] | None = None, head_ids: Sequence[int] | None = None,
+                unit: str = "head") -> Any:
     """A layers x heads heatmap of one head statistic (one panel, its own colour bar from the lowest
     to the highest value), values written in the cells when few; ``layer_ids``/``head_ids`` are the
     real numbers of the rows and columns given."""
@@ -393,7 +394,7 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
            max(2, min(MAX_TICKS, int(width_px) // 24)), ids=True)
     _ticks(ax, layers, [str(x) for x in layer_ids] if layer_ids is not None else None, "y",
            max(2, min(MAX_TICKS, int(height_px) // 14)), ids=True)
-    ax.set_xlabel("head", **PLAIN)
+    ax.set_xlabel(unit, **PLAIN)
     ax.set_ylabel("layer", **PLAIN)
     if layers * heads <= 400:
         for i in range(layers):
@@ -405,8 +406,9 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
     bar = fig.colorbar(image, ax=ax)
     bar.set_label(inert.label(stat, PANEL_TITLE_WIDTH), **PLAIN)
     plain_bar_ticks(bar)
-    ranged = f" (from {low:.{digits}f} to {high:.{digits}f}; colours from {bottom:g})" if shown.size else ""
-    heading = fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per head{ranged}",
+    floor = "0" if bottom == 0 else f"{bottom:.{digits}f}"
+    ranged = f" (from {low:.{digits}f} to {high:.{digits}f}; colours from {floor})" if shown.size else ""
+    heading = fig.suptitle(f"{inert.title(title)}: {inert.label(stat, PANEL_TITLE_WIDTH)} per {unit}{ranged}",
                            fontsize=11, **PLAIN)
     wrap_text(heading, fig.get_figwidth() * DPI - 24, fig.canvas.get_renderer())
     return fig
