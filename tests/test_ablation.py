@@ -398,3 +398,21 @@ def test_api_ablate_words() -> None:
     model = tiny_llama(10)
     with pytest.raises(attnviz.UsageError, match="needs its tokenizer"):
         attnviz.ablate(model, None, ["x"], stream="0:0")
+
+
+def test_cli_refuses_a_model_outside_the_interface(tmp_path: Path) -> None:
+    """BLOOM computes its attention itself (not through transformers' attention interface): one line, exit 1,
+    nothing written."""
+    from tests.test_token_text import byte_level_tokenizer
+
+    where = tmp_path / "bloom"
+    tok = byte_level_tokenizer()
+    tok.save_pretrained(str(where))
+    cfg = transformers.BloomConfig(vocab_size=len(tok), hidden_size=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    transformers.BloomForCausalLM(cfg).save_pretrained(str(where))
+    done = _cli("ablate", str(where), "--text", "the cat sat", "--zero", "0:1", "--answer", " on", "--json-file",
+                str(tmp_path / "out.json"))
+    assert done.exit_code == 1, done.stderr
+    assert "attention interface" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.json").exists()
