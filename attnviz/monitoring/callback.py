@@ -108,7 +108,7 @@ class Monitor:
                 if self.log_dir is not None:
                     from attnviz.monitoring.tensorboard import write_record
 
-                    record = exact_record(str(capture.path))
+                    record = exact_record(str(capture.path), title=f"{self.per} {step}")
                     notes = [f"attnviz: {text}" for text in self._once([str(w.message) for w in said])]
                     write_record(self.log_dir, record, step, pictures=self.pictures, notes=notes)
             finally:

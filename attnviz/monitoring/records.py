@@ -48,20 +48,19 @@ def _rules(face: str, values: dict[str, Any], classes: tuple[str, ...] = ()) -> 
     return [r.tag for r in tag_rules(face, classes) if r.reads in values]
 
 
-def exact_record(spec: str, labels: Any = None) -> HeadRecord:
+def exact_record(spec: str, options: Any = None, title: str | None = None) -> HeadRecord:
     """The head statistics of exact weights (a capture file, or any file ``inspect`` reads as weights), as ``inspect``
-    computes them (``inspecting.prepare`` and ``analyse``): the mean over every batch entry's counted rows. The
-    pictures: the layer x head grid of batch entry 0 and one picture per layer. ``labels``: an ``InspectOptions``
-    ``labels`` value (the capture's own tokens otherwise)."""
+    computes them (``inspecting.prepare`` and ``analyse``) with ``options`` (``InspectOptions``: inspect's layout,
+    labels, masks, --batch; its defaults otherwise): the mean over every counted row of the batch entries. The
+    pictures: the layer x head grid of the shown batch entry and one picture per layer; ``title`` names the record
+    (the file's name otherwise)."""
     from dataclasses import replace
 
     from attnviz.inspection import inspecting
     from attnviz.inspection.options import InspectOptions
     from attnviz.render.summaries import head_stats_table
 
-    options = InspectOptions(weights=spec, received=False, row_stats=False)
-    if labels is not None:
-        options = replace(options, labels=labels)
+    options = replace(options or InspectOptions(), weights=spec, received=False, row_stats=False)
     opened = inspecting.prepare(options)
     result = inspecting.analyse(opened)
     if not result.finite:  # pragma: no cover - analyse raises on non-finite weights unless asked to locate them
@@ -73,25 +72,25 @@ def exact_record(spec: str, labels: Any = None) -> HeadRecord:
     table = head_stats_table(stats, sort="layer", reverse=False, top=None, padded=result.padded,
                              keys=opened.weights.shape[-1])
     layers = list(range(opened.weights.shape[0]))
-    return HeadRecord(WEIGHTS, opened.weights.source, columns, np.asarray(stats["tag"], dtype=object),
-                      _rules(WEIGHTS, stats), layers, table, _exact_pictures(opened), list(result.warnings))
+    return HeadRecord(WEIGHTS, title or opened.weights.source, columns, np.asarray(stats["tag"], dtype=object),
+                      _rules(WEIGHTS, stats), layers, table, _exact_pictures(opened, title), list(result.warnings))
 
 
-def _exact_pictures(opened: Any) -> list[Picture]:
-    """inspect's ``--png`` grid (batch entry 0), and each layer's heads in a row."""
+def _exact_pictures(opened: Any, title: str | None) -> list[Picture]:
+    """inspect's ``--png`` grid (the shown batch entry), and each layer's heads in a row."""
     from attnviz.inspection.masks import grid_masks
     from attnviz.render.figures import opened_grid_figure
     from attnviz.render.mosaic import model_grid_figure
     from attnviz.render.options import FigureOptions
 
-    fig = FigureOptions()
+    fig = FigureOptions(title=title)
     w = opened.weights
     bi = opened.index[1]
 
     def layer(li: int) -> Callable[[], Any]:
         def draw() -> Any:
             keep, real = grid_masks(opened.masks, w.shape, bi)
-            return model_grid_figure(w.data[:, bi], title=f"{w.source}, batch {bi}", cmap=fig.cmap,
+            return model_grid_figure(w.data[:, bi], title=f"{title or w.source}, batch {bi}", cmap=fig.cmap,
                                      reduce=fig.reduce, keep=keep, real_rows=real, layers=[li], scale=fig.scale(),
                                      tokens=(opened.q_labels, opened.k_labels), colorbar_label=w.unit)
 
@@ -139,8 +138,9 @@ def corpus_record(path: str) -> HeadRecord:
                       corpus_table(sums), [("strips", lambda: layer_strips_figure(sums, FigureOptions()))])
 
 
-def record_of(spec: str) -> HeadRecord:
-    """The record of any file ``inspect`` reads: a corpus file, a summary capture (or q and k alone), or weights."""
+def record_of(spec: str, options: Any = None) -> HeadRecord:
+    """The record of any file ``inspect`` reads: a corpus file, a summary capture (or q and k alone), or weights (read
+    with ``options``, ``InspectOptions``)."""
     from attnviz.inspection.corpus import corpus_meta_of
     from attnviz.inspection.summary import open_qk_capture, open_summary
 
@@ -149,4 +149,4 @@ def record_of(spec: str) -> HeadRecord:
     found = open_summary(spec) or open_qk_capture(spec)
     if found is not None:
         return summary_record(found)
-    return exact_record(spec)
+    return exact_record(spec, options)
