@@ -4,7 +4,8 @@ A 4-layer, 4-head Keras transformer of width 64 on sequences of 128 tokens (caus
 head), 100 steps of batches of 16 per epoch; the monitor records a probe batch of 8 every epoch, with its statistics
 and pictures (the grid and a picture per layer), and with pictures off. Each configuration trains its own model from
 the same seed; a first epoch (TensorFlow's tracing) is left out; the configurations take turns, ``--rounds`` times,
-and the fastest epoch time of each is compared.
+and the fastest epoch time of each is compared; beside it, each recording's own time (the callback's work, which
+a noisy machine's epoch times can hide) against the epoch without the monitor.
 
     python benchmarks/training_monitor.py [--rounds 3] [--epochs 2]
 """
@@ -89,8 +90,8 @@ def main() -> None:
           f"a probe of {PROBE} recorded every epoch; fastest of {args.rounds} rounds x {args.epochs} epochs")
     for name in configs:
         best = min(epoch[name])
-        one = (f", a recording {min(record[name]):.2f} s (median {np.median(record[name]):.2f} s)"
-               if record[name] else "")
+        one = (f", a recording {min(record[name]):.2f} s (median {np.median(record[name]):.2f} s, "
+               f"{np.median(record[name]) / base:.1%} of an epoch without it)" if record[name] else "")
         print(f"  {name:34s} {best:6.2f} s an epoch, {best / base:5.3f}x{one}")
 
 

@@ -2,7 +2,8 @@
 file): the event files, read back with TensorBoard's own reader, hold every head's statistics and tags as
 ``inspect --json`` reports them for the same file; the write is all or nothing (an unwritable folder, a full disk);
 and TensorBoard itself, served on the loopback, lists attnviz's tags in its data API and shows them on its Scalars
-and Images pages in headless Chromium (a screenshot of each is kept beside the test's files)."""
+and Images pages in headless Chromium (a screenshot of each is kept beside the test's files), and its attnviz
+dashboard (``attnviz.monitoring.plugin``) shows the offline report's head view of a run's step."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -142,14 +144,16 @@ def _get(url: str) -> dict:
 @pytest.fixture(scope="module")
 def served(weights_file, tmp_path_factory):
     """TensorBoard on the loopback over a log folder with two runs (weights at steps 0 and 1, a corpus file)."""
-    from tensorboard import program
+    from tensorboard import default, program
+
+    from attnviz.monitoring.plugin import AttnvizPluginLoader
 
     logs = tmp_path_factory.mktemp("logs")
     for step in (0, 1):
         _inspect(str(weights_file), "--tensorboard", str(logs / "weights"), "--tensorboard-step", str(step),
                  "--no-table")
     _inspect(str(SAMPLES / KINDS["corpus"]), "--tensorboard", str(logs / "corpus"), "--no-table")
-    board = program.TensorBoard()
+    board = program.TensorBoard(plugins=[*default.get_plugins(), AttnvizPluginLoader()])  # as the entry point loads it
     board.configure(argv=[None, "--logdir", str(logs), "--host", "127.0.0.1", "--port", "0", "--reload_interval",
                           "1", "--load_fast", "false"])
     url = board.launch()  # a server thread of this process: it ends with it
@@ -240,3 +244,49 @@ def test_tensorboard_s_pages_show_attnviz_s_tags_in_chromium(page, wanted, serve
         assert loaded >= 1
     time.sleep(1)  # the charts drawn
     assert chromium.save_screenshot(str(logs.parent / f"tensorboard-{page}.png"))
+
+
+def test_the_attnviz_dashboard_shows_the_head_view_of_a_step(served, chromium, weights_file):
+    """The plugin is listed and active; its runs route names the steps whose event files name a capture file of
+    exact weights (the weights run, not the corpus file); its report is inspect --html's page of that file, whose
+    scripts TensorBoard's Content-Security-Policy lets run (the page draws itself); the dashboard's tab shows it."""
+    url, logs = served
+    listing = _get(url + "data/plugins_listing")["attnviz"]
+    assert listing["enabled"] and listing["loading_mechanism"]["module_path"] == "/data/plugin/attnviz/index.js"
+    assert _get(url + "data/plugin/attnviz/runs") == {"weights": [0, 1]}
+    with urllib.request.urlopen(url + "data/plugin/attnviz/report?run=weights&step=1", timeout=60) as answer:
+        policy = answer.headers["Content-Security-Policy"]
+        page = answer.read().decode()
+    assert "weights, step 1" in page and "sha256-" in policy
+    try:
+        urllib.request.urlopen(url + "data/plugin/attnviz/report?run=corpus&step=0", timeout=30)
+        raise AssertionError("a corpus file has no head view")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404
+    chromium.get(url + "data/plugin/attnviz/report?run=weights&step=1")
+    deadline = time.monotonic() + 30
+    while chromium.execute_script("return document.body && document.body.dataset.ready") != "true":
+        assert time.monotonic() < deadline, "the report did not draw itself under TensorBoard's policy"
+        time.sleep(0.2)
+    chromium.get(url + "#attnviz")
+    deadline = time.monotonic() + 60
+    text = ""
+    while "weights, step 1" not in text and time.monotonic() < deadline:  # the dashboard's frame, then the report's
+        time.sleep(0.5)
+        text = chromium.execute_script(FRAMES_TEXT)
+    assert "weights, step 1" in text and "layer 0, head 0" in text
+    assert chromium.save_screenshot(str(logs.parent / "tensorboard-attnviz.png"))
+
+
+FRAMES_TEXT = """
+function walk(node, out) {
+  if (node.shadowRoot) walk(node.shadowRoot, out);
+  for (const child of node.childNodes) {
+    if (child.nodeName === 'IFRAME') { try { walk(child.contentDocument, out); } catch (e) {} }
+    else if (child.nodeType === 3) out.push(child.textContent);
+    else if (child.nodeName !== 'SCRIPT' && child.nodeName !== 'STYLE') walk(child, out);
+  }
+  return out;
+}
+return walk(document, []).join(' ');
+"""

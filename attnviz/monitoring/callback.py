@@ -110,7 +110,7 @@ class Monitor:
 
                     record = exact_record(str(capture.path), title=f"{self.per} {step}")
                     notes = [f"attnviz: {text}" for text in self._once([str(w.message) for w in said])]
-                    write_record(self.log_dir, record, step, pictures=self.pictures, notes=notes)
+                    write_record(self.log_dir, record, step, pictures=self.pictures, notes=notes, capture=kept)
             finally:
                 if kept is None and capture.path is not None:
                     _remove(capture.path)

@@ -10,7 +10,9 @@ What one recording writes, at TensorBoard's step ``step`` (``TAGS`` names them; 
 - scalars ``attnviz/tags/TAG``: how many heads earn each tag;
 - images ``attnviz/grid`` (the layer x head grid inspect's ``--png`` draws) and ``attnviz/layer_L`` (a layer's heads
   in a row) where the file has maps (a summary: its pooled grid; a corpus file: its layer strips, ``attnviz/strips``);
-- text ``attnviz/heads``: the head table as ``inspect`` prints it.
+- text ``attnviz/heads``: the head table as ``inspect`` prints it;
+- ``attnviz/capture`` (the attnviz plugin's own data, ``attnviz.monitoring.plugin``): where the capture file of
+  exact weights lies, for the head view of TensorBoard's attnviz dashboard.
 
 Each recording is one event file: written by ``tf.summary`` in a temporary folder, copied into the log directory
 under a hidden name TensorBoard does not read (no ``tfevents`` in it) and renamed into place, so that TensorBoard
@@ -38,7 +40,10 @@ TAGS = {"statistic": "attnviz/layer_{layer}/head_{head}/{stat}",
         "tag count": "attnviz/tags/{tag}",
         "grid": "attnviz/grid",
         "layer": "attnviz/layer_{layer}",
-        "table": "attnviz/heads"}
+        "table": "attnviz/heads",
+        "capture": "attnviz/capture"}
+#: the name of the plugin whose data ``attnviz/capture`` is (``attnviz.monitoring.plugin``)
+PLUGIN = "attnviz"
 #: the event files' names: TensorBoard reads a run's files in this order
 EVENT_FILE = "events.out.tfevents.{time:010d}.attnviz.{step:012d}.{pid}.v2"
 
@@ -69,13 +74,15 @@ def pixels(figure: Any) -> np.ndarray:
 
 
 def write_record(log_dir: str | os.PathLike[str], record: HeadRecord, step: int, *, pictures: bool = True,
-                 notes: list[str] | None = None) -> Path:
+                 notes: list[str] | None = None, capture: str | os.PathLike[str] | None = None) -> Path:
     """Write ``record`` at TensorBoard's ``step`` as one event file in ``log_dir`` (made if needed); return its path.
-    ``pictures=False`` writes the scalars and the table alone; ``notes`` are lines written under the table."""
+    ``pictures=False`` writes the scalars and the table alone; ``notes`` are lines written under the table;
+    ``capture``: the file of exact weights the record is of, named for the attnviz dashboard's head view."""
     folder = check_log_dir(log_dir)
     images = [(name, pixels(draw())) for name, draw in record.pictures] if pictures else []
     with tempfile.TemporaryDirectory(prefix="attnviz-tensorboard-") as staged:
-        _write_events(staged, record, step, images, notes or [])
+        where = None if capture is None else str(Path(capture).resolve())
+        _write_events(staged, record, step, images, notes or [], where)
         made = [name for name in os.listdir(staged) if "tfevents" in name]
         if len(made) != 1:  # pragma: no cover - tf.summary writes one file per writer
             raise OutputError(f"{folder}: TensorBoard's writer made {len(made)} event files.")
@@ -84,7 +91,7 @@ def write_record(log_dir: str | os.PathLike[str], record: HeadRecord, step: int,
 
 
 def _write_events(folder: str, record: HeadRecord, step: int, images: list[tuple[str, np.ndarray]],
-                  notes: list[str]) -> None:
+                  notes: list[str], capture: str | None = None) -> None:
     """The summaries of ``record`` through ``tf.summary``, into a new event file in ``folder``."""
     from attnviz.device import quiet_tensorflow
 
@@ -114,6 +121,12 @@ def _write_events(folder: str, record: HeadRecord, step: int, images: list[tuple
                 tag = TAGS["grid"] if name == "grid" else f"attnviz/{name}"
                 tf.summary.image(tag, rgb[None], max_outputs=1)
             tf.summary.text(TAGS["table"], _table_markdown(record, notes))
+            if capture is not None:
+                from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_TENSOR, SummaryMetadata
+
+                metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=PLUGIN),
+                                           data_class=DATA_CLASS_TENSOR)
+                tf.summary.write(TAGS["capture"], tf.constant(capture), metadata=metadata)
     finally:
         writer.close()
 

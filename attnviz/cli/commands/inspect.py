@@ -204,7 +204,9 @@ def write_tensorboard(path: str, board: str, step: int, options: InspectOptions,
     from attnviz.monitoring.records import record_of
     from attnviz.monitoring.tensorboard import write_record
 
-    written = write_record(board, record_of(path, options), step)
+    record = record_of(path, options)
+    local = record.face == "weights" and Path(path).is_file()  # (a URL, FILE:KEY: no head view)
+    written = write_record(board, record, step, capture=path if local else None)
     if not quiet:
         err_console().print(f"saved TensorBoard summaries (step {step}) to {written}", markup=False, style="dim")
 
