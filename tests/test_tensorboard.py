@@ -93,10 +93,34 @@ def test_inspect_tensorboard_writes_what_inspect_reports(kind, weights_file, tmp
     assert "head statistics" in text.item().decode() or "head" in text.item().decode()
     images = [t for t in events if t in ("attnviz/grid", "attnviz/strips")]
     assert len(images) == 1
-    if kind == "weights":
-        assert {"attnviz/layer_0", "attnviz/layer_1"} <= set(events)
+    if kind == "weights":  # each layer's picture is its row of the grid, as the grid drew it
+        grid = _png(events["attnviz/grid"][0][1])
+        tops = [_found_in(_png(events[f"attnviz/layer_{layer}"][0][1]), grid) for layer in (0, 1)]
+        assert None not in tops and tops[0] < tops[1]
         ((_, got),) = events[TAGS["statistic"].format(layer=1, head=2, stat="previous")]
         assert float(got) > 0.9  # the head made to attend the previous token
+
+
+def _png(value: np.ndarray) -> np.ndarray:
+    """The pixels of an image summary's PNG (its value: width, height, PNG bytes)."""
+    import io
+
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(value[2])).convert("RGB"))
+
+
+def _found_in(part: np.ndarray, whole: np.ndarray) -> int | None:
+    """The row at which ``part`` lies in ``whole`` (pixel for pixel, at some column), or None."""
+    h, w = part.shape[:2]
+    first = part[0].tobytes()
+    for y in range(whole.shape[0] - h + 1):
+        at = whole[y].tobytes().find(first)
+        while at >= 0:
+            if at % 3 == 0 and np.array_equal(whole[y:y + h, at // 3:at // 3 + w], part):
+                return y
+            at = whole[y].tobytes().find(first, at + 1)
+    return None
 
 
 def test_inspect_tensorboard_is_all_or_nothing(weights_file, tmp_path, monkeypatch):

@@ -35,6 +35,8 @@ class HeadRecord:
     table: Any
     pictures: list[Picture] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: the grid's rows of panels are the layers: each is also written as a picture of its own
+    layer_rows: bool = False
 
     @property
     def heads(self) -> int:
@@ -73,31 +75,17 @@ def exact_record(spec: str, options: Any = None, title: str | None = None) -> He
                              keys=opened.weights.shape[-1])
     layers = list(range(opened.weights.shape[0]))
     return HeadRecord(WEIGHTS, title or opened.weights.source, columns, np.asarray(stats["tag"], dtype=object),
-                      _rules(WEIGHTS, stats), layers, table, _exact_pictures(opened, title), list(result.warnings))
+                      _rules(WEIGHTS, stats), layers, table, _exact_pictures(opened, title), list(result.warnings),
+                      layer_rows=True)
 
 
 def _exact_pictures(opened: Any, title: str | None) -> list[Picture]:
-    """inspect's ``--png`` grid (the shown batch entry), and each layer's heads in a row."""
-    from attnviz.inspection.masks import grid_masks
+    """inspect's ``--png`` grid (the shown batch entry); its rows, the layers, are cut from it
+    (``HeadRecord.layer_rows``)."""
     from attnviz.render.figures import opened_grid_figure
-    from attnviz.render.mosaic import model_grid_figure
     from attnviz.render.options import FigureOptions
 
-    fig = FigureOptions(title=title)
-    w = opened.weights
-    bi = opened.index[1]
-
-    def layer(li: int) -> Callable[[], Any]:
-        def draw() -> Any:
-            keep, real = grid_masks(opened.masks, w.shape, bi)
-            return model_grid_figure(w.data[:, bi], title=f"{title or w.source}, batch {bi}", cmap=fig.cmap,
-                                     reduce=fig.reduce, keep=keep, real_rows=real, layers=[li], scale=fig.scale(),
-                                     tokens=(opened.q_labels, opened.k_labels), colorbar_label=w.unit)
-
-        return draw
-
-    return [("grid", lambda: opened_grid_figure(opened, fig)),
-            *((f"layer_{li}", layer(li)) for li in range(w.shape[0]))]
+    return [("grid", lambda: opened_grid_figure(opened, FigureOptions(title=title)))]
 
 
 def summary_record(found: tuple[Any, Any, str]) -> HeadRecord:

@@ -9,7 +9,8 @@ What one recording writes, at TensorBoard's step ``step`` (``TAGS`` names them; 
   tag (the table's ``tag`` column), else 0;
 - scalars ``attnviz/tags/TAG``: how many heads earn each tag;
 - images ``attnviz/grid`` (the layer x head grid inspect's ``--png`` draws) and ``attnviz/layer_L`` (a layer's heads
-  in a row) where the file has maps (a summary: its pooled grid; a corpus file: its layer strips, ``attnviz/strips``);
+  in a row, cut from the grid's pixels: one figure drawn, not one a layer) where the file has maps (a summary: its
+  pooled grid; a corpus file: its layer strips, ``attnviz/strips``);
 - text ``attnviz/heads``: the head table as ``inspect`` prints it;
 - ``attnviz/capture`` (the attnviz plugin's own data, ``attnviz.monitoring.plugin``): where the capture file of
   exact weights lies, for the head view of TensorBoard's attnviz dashboard.
@@ -73,13 +74,42 @@ def pixels(figure: Any) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
+def layer_bands(figure: Any, rgb: np.ndarray) -> list[np.ndarray]:
+    """Each row of panels of a mosaic figure (``render.mosaic``: a model's grid, a row a layer) cut from its pixels
+    ``rgb``: the row's panels with its number on the left, as drawn in the grid (one picture drawn, not one a
+    layer).
+    None for a figure that is not a mosaic (one map)."""
+    found = getattr(figure, "attnviz_mosaic", None)
+    if found is None:
+        return []
+    ax, layout = found
+    box = ax.get_window_extent()
+    height = rgb.shape[0]
+    top = int(round(height - box.y1))  # the picture's first row among the figure's (drawn a pixel a cell)
+    right = min(rgb.shape[1], int(round(box.x1)) + 4)
+    left = max(0, int(round(box.x0)) - 24)  # the row's number, not the axis's name beside it
+    half = layout.gap // 2
+    bands = []
+    for r in range(layout.rows):
+        y = top + layout.origin(r, 0)[0]
+        bands.append(np.ascontiguousarray(rgb[max(0, y - half):min(height, y + layout.panel[0] + layout.caption + half),
+                                              left:right]))
+    return bands
+
+
 def write_record(log_dir: str | os.PathLike[str], record: HeadRecord, step: int, *, pictures: bool = True,
                  notes: list[str] | None = None, capture: str | os.PathLike[str] | None = None) -> Path:
     """Write ``record`` at TensorBoard's ``step`` as one event file in ``log_dir`` (made if needed); return its path.
     ``pictures=False`` writes the scalars and the table alone; ``notes`` are lines written under the table;
     ``capture``: the file of exact weights the record is of, named for the attnviz dashboard's head view."""
     folder = check_log_dir(log_dir)
-    images = [(name, pixels(draw())) for name, draw in record.pictures] if pictures else []
+    images = []
+    for name, draw in record.pictures if pictures else []:
+        figure = draw()
+        rgb = pixels(figure)
+        images.append((name, rgb))
+        if name == "grid" and record.layer_rows:
+            images += [(f"layer_{record.layers[r]}", band) for r, band in enumerate(layer_bands(figure, rgb))]
     with tempfile.TemporaryDirectory(prefix="attnviz-tensorboard-") as staged:
         where = None if capture is None else str(Path(capture).resolve())
         _write_events(staged, record, step, images, notes or [], where)
