@@ -133,6 +133,8 @@ ONE_WORKER = {
     "test_serve": "one warm worker serves the module's tests, and counts the requests",
     "test_browser": "one Chromium for the module",
     "test_kerashub": "KerasHub's import (~6 s) paid once, and its backbones built once for the module",
+    "test_keras_monitor": "TensorFlow's import and the trained model with its event files made once for the module",
+    "test_tensorboard": "one TensorBoard served and one Chromium for the module",
     "test_docs": "the site built once for the module (mkdocs build, ~5 s)",
     "test_architecture": "the package's sources parsed once for the module (~2 s)",
     "test_real_models": "SmolLM2 converted from its GGUF file once (~35 s the first time) and loaded by one worker",

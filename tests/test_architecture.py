@@ -1,6 +1,7 @@
 """The package's layering, read from the source (every import statement, at module level or inside a
 function, as the AST has it): no import cycle anywhere; typer only in ``attnviz.cli``; TensorFlow and
-Keras only in ``attnviz.variants``, ``attnviz.device`` and Keras capture (``attnviz.capturing.keras``); no
+Keras only in ``attnviz.variants``, ``attnviz.device``, Keras capture (``attnviz.capturing.keras``) and the
+training monitor's callback and TensorBoard writer (``attnviz.monitoring``); no
 library module imports the command line; compute never imports ``attnviz.render``. See ARCHITECTURE.md."""
 
 from __future__ import annotations
@@ -133,12 +134,15 @@ def _offenders(rule: str) -> list[str]:
                 bad.append(where)
             if rule == "tensorflow" and top in ("tensorflow", "keras") and not (
                     name.startswith("attnviz.variants") or name in ("attnviz.device", "attnviz.capturing.keras",
-                                                             "attnviz.capturing.kerashub", "attnviz.capturing.preset")):
+                                                             "attnviz.capturing.kerashub", "attnviz.capturing.preset",
+                                                             "attnviz.monitoring.callback",
+                                                             "attnviz.monitoring.tensorboard")):
                 bad.append(where)
             if rule == "cli" and module.startswith("attnviz.cli") and not in_cli and name != "attnviz.__main__":
                 bad.append(where)
             if rule == "render" and module.startswith("attnviz.render") and not (
-                    in_cli or name.startswith(("attnviz.render", "attnviz.api", "attnviz.viewer"))):  # the faces draw
+                    in_cli or name.startswith(("attnviz.render", "attnviz.api", "attnviz.viewer",
+                                                 "attnviz.monitoring"))):  # the faces draw
                 bad.append(where)
     return bad
 

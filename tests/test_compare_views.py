@@ -114,3 +114,44 @@ def test_a_generation_against_a_forward_pass(tmp_path):
     with pytest.raises(attnviz.InputError, match="generation_a=True"):
         attnviz.compare(_generation(forward, 3), list(forward), generation=True)
     assert attnviz.compare(_generation(forward, 3), list(forward), generation_a=True).passed
+
+
+def test_compare_ranks_the_heads_that_changed_most(tmp_path):
+    """Two steps of a training (or any two files of one shape): compare's table and JSON rank the heads by the mean
+    Jensen-Shannon divergence of their rows (every batch entry), largest first, each with its mean and largest
+    |A - B|, as a NumPy transcription of the definition gives them."""
+    rng = np.random.default_rng(5)
+
+    def softmax(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    scores = rng.normal(size=(3, 2, 4, 6, 6))
+    changed = scores.copy()
+    changed[2, :, 1] += 6 * np.eye(6, k=-1)  # a previous-token head forms
+    changed[0, :, 3] += 2 * rng.normal(size=(2, 6, 6))  # another moves less
+    changed[1, :, 0] += 1e-3 * rng.normal(size=(2, 6, 6))
+    a, b = softmax(scores), softmax(changed)
+    np.save(tmp_path / "a.npy", a.astype(np.float32))
+    np.save(tmp_path / "b.npy", b.astype(np.float32))
+    a64, b64 = a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
+    m = (a64 + b64) / 2
+    js = 0.5 * ((a64 * np.log(a64 / m)).sum(-1) + (b64 * np.log(b64 / m)).sum(-1))  # [L, B, H, Lq]
+    mean_js = js.mean(axis=(1, 3))
+    order = sorted(((li, hi) for li in range(3) for hi in range(4)), key=lambda h: -mean_js[h])
+    doc = json.loads(CliRunner().invoke(app, ["compare", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                                              "--json"]).stdout)
+    ranked = doc["heads_changed"]
+    assert [(h["layer"], h["head"]) for h in ranked] == order
+    assert ranked[0]["layer"] == 2 and ranked[0]["head"] == 1 and ranked[1]["layer"] == 0
+    for h in ranked:
+        li, hi = h["layer"], h["head"]
+        np.testing.assert_allclose(h["mean_js"], mean_js[li, hi], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(h["max_js"], js[li, :, hi].max(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(h["mean_abs"], np.abs(a64 - b64)[li, :, hi].mean(), rtol=1e-9)
+        np.testing.assert_allclose(h["max_abs"], np.abs(a64 - b64)[li, :, hi].max(), rtol=1e-9)
+    text = CliRunner().invoke(app, ["compare", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")],
+                              env={"COLUMNS": "120"}).stdout
+    assert "the 5 heads that changed most" in text
+    lines = [line for line in text.splitlines() if "layer 2, head 1" in line]
+    assert lines and text.index("layer 2, head 1") < text.index("layer 0, head 3", text.index("heads that changed"))

@@ -47,6 +47,28 @@ class Comparison:
     rows: int = 0  # the rows compared (padded rows are left out)
     padded_rows: int = 0
     distributions: tuple[Distributions, Distributions] | None = None  # of A and of B
+    heads: list[dict[str, Any]] = field(default_factory=list)  # every head, those that changed most first
+
+
+def head_changes(diff: np.ndarray, js: np.ndarray) -> list[dict[str, Any]]:
+    """Every (layer, head) of ``diff [L, B, H, Lq, Lk]`` (A - B, 0 in padded rows) and ``js [L, B, H, Lq]`` (NaN in
+    padded rows), those that changed most first: the mean Jensen-Shannon divergence of its real rows over every
+    batch entry (``mean_js``; ties: layer and head order), the largest (``max_js``), and the mean and largest
+    |A - B| (``mean_abs``, ``max_abs``); a head without a real row has None and comes last. Two recordings of a
+    training: the heads whose attention moved most between them."""
+    layers, _, heads = diff.shape[:3]
+    real = ~np.isnan(js)
+    out: list[dict[str, Any]] = []
+    for li in range(layers):
+        for hi in range(heads):
+            d = np.abs(np.asarray(diff[li, :, hi], np.float64))
+            n = int(real[li, :, hi].sum())
+            j = js[li, :, hi][real[li, :, hi]]
+            out.append({"layer": li, "head": hi, "mean_js": float(j.mean()) if n else None,
+                        "max_js": float(j.max()) if n else None,
+                        "mean_abs": float(d.sum() / (n * d.shape[-1])) if n else None,
+                        "max_abs": float(d.max()) if d.size else 0.0})
+    return sorted(out, key=lambda h: (h["mean_js"] is None, -(h["mean_js"] or 0.0)))
 
 
 def compare(a: np.ndarray, b: np.ndarray, worst: int = 5, rows: np.ndarray | None = None,
@@ -77,7 +99,8 @@ def compare(a: np.ndarray, b: np.ndarray, worst: int = 5, rows: np.ndarray | Non
                       float(absd.sum() / (n * a64.shape[-1])) if n else 0.0, js,
                       float(agree.sum() / n) if n else 1.0, worst_rows,
                       float(np.nanmean(js)) if n else 0.0, float(np.nanmax(js)) if n else 0.0, n,
-                      real.size - n, (row_distributions(a64, live, tol[0]), row_distributions(b64, live, tol[1])))
+                      real.size - n, (row_distributions(a64, live, tol[0]), row_distributions(b64, live, tol[1])),
+                      head_changes(diff, js))
 
 
 def tolerance_check(a: np.ndarray, b: np.ndarray, atol: float, rtol: float,

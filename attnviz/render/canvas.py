@@ -120,6 +120,7 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
     # a map a cell a position, its tokens given, none written: its cells are too small (``figures.tokens_note``)
     fig.attnviz_tokens_left_out = (layout.blocks == (1, 1) and len(ax.texts) == written
                                    and (tokens[0] is not None or tokens[1] is not None))
+    fig.attnviz_mosaic = (ax, layout)  # where each panel is drawn (``attnviz.monitoring.tensorboard.layer_bands``)
     labels = _label_picture(ax, layout, row_labels, col_labels, row_name, col_name, renderer, beside)
     cax = _mosaic_colour_bar(fig, mappable, colorbar_label, extend, per_panel)
     labels.captions = _write_captions(ax, layout, captions, renderer)

@@ -447,8 +447,7 @@ def compare_stats_table(diff: np.ndarray, js: np.ndarray, precision: int = 3) ->
     """Per layer and head of ``diff [L, B, H, Lq, Lk]`` (A - B, 0 in padded rows) and ``js
     [L, B, H, Lq]`` (NaN in padded rows): largest and mean |A - B| and Jensen-Shannon divergence
     over every batch entry's real rows."""
-    layers, _, heads = diff.shape[:3]
-    real = ~np.isnan(js)
+    heads = diff.shape[2]
     table = StatsTable("differences per head (every batch entry, real query rows)",
                        [("layer", "int", "layer"), ("head", "int", "head"),
                         ("max |A-B|", "num", "largest |A - B|"), ("mean |A-B|", "num", "mean |A - B|"),
@@ -456,15 +455,11 @@ def compare_stats_table(diff: np.ndarray, js: np.ndarray, precision: int = 3) ->
                         ("max JS", "num", "largest Jensen-Shannon divergence of a row")],
                        caption="JS: Jensen-Shannon divergence of a query row of A and of B, in nats (at most ln 2)",
                        precision=precision)
-    for li in range(layers):
-        for hi in range(heads):
-            d = np.abs(np.asarray(diff[li, :, hi], np.float64))
-            n = int(real[li, :, hi].sum())
-            j = js[li, :, hi][real[li, :, hi]]
-            table.rows.append([li, hi, float(d.max()) if d.size else 0.0,
-                               float(d.sum() / (n * d.shape[-1])) if n else None,
-                               float(j.mean()) if n else None, float(j.max()) if n else None])
-            table.maps.append(li * heads + hi)
+    from attnviz.inspection.compare import head_changes
+
+    for h in sorted(head_changes(diff, js), key=lambda h: (h["layer"], h["head"])):
+        table.rows.append([h["layer"], h["head"], h["max_abs"], h["mean_abs"], h["mean_js"], h["max_js"]])
+        table.maps.append(h["layer"] * heads + h["head"])
     return table
 
 

@@ -170,6 +170,7 @@ def compare_report(a: Weights, b: Weights, result: Comparison, checks: list[Chec
         "js_divergence": {"mean": result.js_mean, "max": result.js_max, "per_row": result.js},
         "argmax_agreement": result.argmax_agree,
         "worst_rows": result.worst_rows,
+        "heads_changed": result.heads,
         "mask": mask or [],
         "rows_compared": result.rows,
         "padded_rows": result.padded_rows,

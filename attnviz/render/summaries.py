@@ -156,7 +156,8 @@ def received_table(summary: dict[str, Any], precision: int) -> Any:
 
 
 def compare_tables(result: CompareResult, precision: int) -> list[Table]:
-    """compare's tables: the summary measures, and the most different rows."""
+    """compare's tables: the summary measures, the most different rows, and the heads that changed most (as many as
+    rows: ``--worst``)."""
     from attnviz.text import label as inert_label
     from attnviz.text import title as inert_title
 
@@ -184,7 +185,14 @@ def compare_tables(result: CompareResult, precision: int) -> list[Table]:
 
         rows.add_row(where, f"{r['js']:.{max(p, 3)}g}", f"{r['max_abs']:.{max(p, 3)}g}", key(r["argmax_a"]),
                      key(r["argmax_b"]))
-    return [summary, rows]
+    shown = [h for h in c.heads if h["mean_js"] is not None][:len(c.worst_rows) or 5]
+    heads = Table(title=f"the {len(shown)} heads that changed most (mean Jensen-Shannon divergence of their rows)")
+    for column in ("where", "mean JS", "max JS", "mean |A - B|", "max |A - B|"):
+        heads.add_column(column, justify="left" if column == "where" else "right")
+    for h in shown:
+        heads.add_row(f"layer {h['layer']}, head {h['head']}",
+                      *(f"{h[k]:.{max(p, 3)}g}" for k in ("mean_js", "max_js", "mean_abs", "max_abs")))
+    return [summary, rows, heads]
 
 
 def batch_table(outcome: Any) -> Table:

@@ -43,7 +43,7 @@ SORT_HELP = ("order the head statistics by this column, its name or its header (
              "head, " + ", ".join(s.name if s.header.replace(" ", "_") == s.name else f"{s.name} or {s.header}"
                                  for s in STATISTICS) + "; a corpus file's token classes (--token-class NAME)")
 FILE_OUTPUTS = ("png", "map_png", "stats_png", "received_png", "overlay_png", "json_file", "html", "save_maps",
-                "heads_map")
+                "heads_map", "tensorboard")
 OVERLAY_HELP = ("the query's attention over the image's patches, blended over the picture (--image): a panel per "
                 "head of the layer (--layer; default the last) and their mean; .png, .svg or .pdf")
 
@@ -80,6 +80,13 @@ class InspectOutputs(TableOptions):
     heads_map: str | None = option(None, "a corpus file's heads placed by the Jensen-Shannon distances of their rows "
                                    "(classical multidimensional scaling), coloured by layer; .png, .svg or .pdf",
                                    panel=OUTPUT, metavar="FILE")
+    tensorboard: str | None = option(None, "write the head statistics as TensorBoard summaries into this folder (a "
+                                     "run; made if needed): per head attnviz/layer_L/head_H/STAT and its tags as "
+                                     "scalars, the grid and each layer as images, the head table as text "
+                                     "(docs/training.md); of weights, a summary or a corpus file", panel=OUTPUT,
+                                     metavar="DIR")
+    tensorboard_step: int = option(0, "TensorBoard's step of --tensorboard's summaries (an epoch, a checkpoint's "
+                                   "step)", panel=OUTPUT, min=0, metavar="N")
     save_maps: str | None = option(None, "save the maps inspected, [layers, batch, heads, Lq, Lk] (after --generation "
                                    "and --merge-subwords; without them the weights as read): .npy, .npz or "
                                    ".safetensors (key weights)", panel=OUTPUT, metavar="FILE")
@@ -97,7 +104,7 @@ ORDER = ("layout", "generation", "weigh_by",
          "check_mask", "mask", "key_padding_mask", "mask_convention", "mask_kind", "check_causal", "causal_align",
          "check_finite", "atol", "image", "patch_grid", "patch_size", "prefix_tokens", "image_tokens", "query",
          "upsample", "keep_mass", "png", "map_png", "stats_png", "stat", "received_png", "overlay_png", "html",
-         "save_maps", "heads_map", "title", "cmap",
+         "save_maps", "heads_map", "tensorboard", "tensorboard_step", "title", "cmap",
          "reduce", "vmin", "vmax", "norm", "scale_skip_keys", "scale_per_panel", "layers", "heads", "reduce_heads",
          "show", "graphics", "precision", "max_rows", "max_cols", "json", "json_file", "no_table", "quiet")
 
@@ -125,6 +132,21 @@ def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, An
     show: ShowOptions = build(ShowOptions, values)
 
     def one(path: str, names: dict[str, Any], source: str | None) -> bool:
+        board = names.get("tensorboard")
+        if board is not None:  # before any file is read or written
+            from attnviz.monitoring.tensorboard import check_log_dir
+
+            if path == "-":
+                from attnviz.errors import UsageError
+
+                raise UsageError("--tensorboard reads its file twice; give a file name, not '-' (standard input).")
+            check_log_dir(board)
+        failed = route(path, names, source)
+        if board is not None:
+            write_tensorboard(path, board, out.tensorboard_step, replace(options, weights=path), out.quiet)
+        return failed
+
+    def route(path: str, names: dict[str, Any], source: str | None) -> bool:
         from attnviz.inspection.corpus import corpus_meta_of
         from attnviz.inspection.summary import open_qk_capture, open_summary
 
@@ -174,6 +196,19 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
                                  help="a summary captured with --generate: each head's retrieval score (Wu et al. "
                                       "2024) for this span (a --span name) or text")]),
 ])
+
+
+def write_tensorboard(path: str, board: str, step: int, options: InspectOptions, quiet: bool) -> None:
+    """--tensorboard DIR: the head statistics inspect reported of ``path`` (weights read with ``options``, a summary,
+    a corpus file) as one event file in DIR, at TensorBoard's step ``step`` (``attnviz.monitoring``)."""
+    from attnviz.monitoring.records import record_of
+    from attnviz.monitoring.tensorboard import write_record
+
+    record = record_of(path, options)
+    local = record.face == "weights" and Path(path).is_file()  # (a URL, FILE:KEY: no head view)
+    written = write_record(board, record, step, capture=path if local else None)
+    if not quiet:
+        err_console().print(f"saved TensorBoard summaries (step {step}) to {written}", markup=False, style="dim")
 
 
 def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out: InspectOutputs,
