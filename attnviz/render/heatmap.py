@@ -38,14 +38,14 @@ from attnviz.render.scale import (
     ColourScale,
     Scaling,
     ValueRange,
-    _colormap,
-    _unit_norm,
+    colour_map,
     make_scaling,
     number,
     own_scale,
     per_panel_ticks,
     plain_bar_ticks,
     scale_label,
+    unit_norm,
 )
 from attnviz.render.table import slice_label
 
@@ -144,7 +144,9 @@ def wrap_text(text: Any, width: float, renderer: Any) -> None:
         chars = max(8, int(chars * 0.9))
 
 
-def _new_figure(width: float, height: float) -> Any:
+def new_figure(width: float, height: float) -> Any:
+    """A constrained-layout figure of ``width`` x ``height`` inches (each at most ``FIG_MAX``) at ``DPI``, on an
+    Agg canvas (``agg_canvas``), matplotlib's warnings quiet."""
     from matplotlib.figure import Figure
 
     quiet_matplotlib()
@@ -250,7 +252,7 @@ def heatmap_figure(
     values = ValueRange(histogram=scale.norm == "auto")
     for data, (_, fc) in reduced:
         values.add(data, diverging, scale.skipped_columns(fc))
-    colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
+    colormap = colour_map(cmap or ("RdBu_r" if diverging else "viridis"))
     look = _PanelLook(scale, make_scaling(scale, values, diverging), colormap, diverging, q_labels, k_labels,
                       xlabel, ylabel)
     fig, (nrows, ncols), look.size = _panels_figure(panels, max_side)
@@ -289,7 +291,7 @@ def _panels_figure(panels: Sequence[Panel], max_side: int) -> tuple[Any, tuple[i
     nrows = math.ceil(len(panels) / ncols)
     panel_w = min(10.0, max(3.2, 0.38 * lk + 1.6), (FIG_MAX - 1.4) / ncols)
     panel_h = min(10.0, max(2.6, 0.38 * lq + 1.2), (FIG_MAX - 1.2) / nrows)
-    fig = _new_figure(panel_w * ncols + 1.4, panel_h * nrows + 1.2)
+    fig = new_figure(panel_w * ncols + 1.4, panel_h * nrows + 1.2)
     return fig, (nrows, ncols), (panel_w, panel_h)
 
 
@@ -302,7 +304,7 @@ def _draw_panel(ax: Any, panel: Panel, data: np.ndarray, blocks: tuple[int, int]
     rows, cols = panel.full_shape or panel.data.shape
     if look.scale.per_panel:
         drawn, top = own_scale(data, look.scale, look.diverging, blocks[1])
-        norm: Any = _unit_norm()
+        norm: Any = unit_norm()
     else:
         drawn, top, norm = look.shared.clip(data), 0.0, look.shared.norm
     image = ax.imshow(np.ma.masked_invalid(drawn), cmap=look.colormap, norm=norm, aspect="auto",
@@ -378,7 +380,7 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
     from matplotlib.colors import Normalize
 
     layers, heads = values.shape
-    fig = _new_figure(min(16.0, 1.0 + 0.6 * heads + 1.5), min(16.0, 1.0 + 0.45 * layers + 1.2))
+    fig = new_figure(min(16.0, 1.0 + 0.6 * heads + 1.5), min(16.0, 1.0 + 0.45 * layers + 1.2))
     ax = fig.add_subplot(1, 1, 1)
     shown = values[np.isfinite(values)]
     low, high = (float(shown.min()), float(shown.max())) if shown.size else (0.0, 1.0)
@@ -388,7 +390,7 @@ def stat_figure(values: np.ndarray, *, title: str, stat: str, cmap: str | None =
     norm = Normalize(bottom, high if high > bottom else bottom + 1.0)
     spread = high - low
     digits = 2 if spread == 0 or spread >= 0.1 else int(min(5, 1 - math.floor(math.log10(spread))))
-    image = ax.imshow(values, cmap=_colormap(cmap or "magma"), norm=norm, aspect="auto", interpolation="nearest")
+    image = ax.imshow(values, cmap=colour_map(cmap or "magma"), norm=norm, aspect="auto", interpolation="nearest")
     width_px, height_px = fig.get_figwidth() * DPI * 0.7, fig.get_figheight() * DPI * 0.6
     _ticks(ax, heads, [str(h) for h in head_ids] if head_ids is not None else None, "x",
            max(2, min(MAX_TICKS, int(width_px) // 24)), ids=True)

@@ -33,12 +33,12 @@ from attnviz.render.scale import (
     ColourScale,
     Scaling,
     ValueRange,
-    _colormap,
-    _unit_norm,
+    colour_map,
     make_scaling,
     number,
     own_scale,
     scale_label,
+    unit_norm,
 )
 
 MOSAIC_PANELS = 5  # compute commands draw this many slices or more as one mosaic
@@ -120,7 +120,7 @@ def mosaic_figure(
     scaling = _scale_picture(picture, layout, scale, values, diverging)
     from matplotlib.cm import ScalarMappable
 
-    colormap = _colormap(cmap or ("RdBu_r" if diverging else "viridis"))
+    colormap = colour_map(cmap or ("RdBu_r" if diverging else "viridis"))
     # white between panels; dark grey where white is a colour of the scale (diverging maps' zero)
     picture_map = colormap.with_extremes(over="#595959" if diverging else "white", under="white")
     note = _mosaic_note(layout, blocks, reduce, scale, scaling, masked)
@@ -193,7 +193,7 @@ def _scale_picture(picture: np.ndarray, layout: MosaicLayout, scale: ColourScale
     made ready for it, in place: values beyond the scale clipped to its ends, separators and empty
     slots above it, the caption strips below it."""
     if scale.per_panel:
-        scaling = Scaling(_unit_norm(), 0.0, 1.0, "neither")
+        scaling = Scaling(unit_norm(), 0.0, 1.0, "neither")
     else:
         scaling = make_scaling(scale, values, diverging)
         # values beyond the scale take its end colours (a log scale's zeros too), never the colour of
@@ -288,7 +288,7 @@ def model_grid_figure(w: np.ndarray, *, title: str, cmap: str | None = None, red
     which = f" ({', '.join(chosen)})" if chosen else ""
     if reduce_heads:
         def get_reduced(_: int, c: int) -> tuple[np.ndarray, np.ndarray | None]:
-            return _reduced_layer(get_map, layers[c], heads, shape, reduce_heads or "mean", diverging), None
+            return reduced_layer(get_map, layers[c], heads, shape, reduce_heads or "mean", diverging), None
 
         of = "all heads" if len(heads) == n_heads else f"heads {spans(heads)} of {n_heads}"
         heading = (f"{inert.title(title)}: the {reduce_heads} of {of} in each layer{which}, "
@@ -321,8 +321,8 @@ def grid_getter(w: np.ndarray, keep: np.ndarray | None,
     return get
 
 
-def _reduced_layer(get_map: Callable[[int, int], tuple[np.ndarray, np.ndarray | None]], layer: int,
-                   heads: Sequence[int], shape: tuple[int, int], how: str, signed: bool) -> np.ndarray:
+def reduced_layer(get_map: Callable[[int, int], tuple[np.ndarray, np.ndarray | None]], layer: int,
+                  heads: Sequence[int], shape: tuple[int, int], how: str, signed: bool) -> np.ndarray:
     """The ``heads`` of ``layer`` reduced to one map (``reduce_heads_map``)."""
     maps = [get_map(layer, h) for h in heads]
     masks = None if all(k is None for _, k in maps) else np.stack(
@@ -352,7 +352,7 @@ def ranked_grid_figure(w: np.ndarray, ranked: Sequence[tuple[tuple[int, int | No
         layer, head = panels[n]
         if head is not None:
             return get_map(layer, head)
-        return _reduced_layer(get_map, layer, heads, shape, reduce_heads or "mean", diverging), None
+        return reduced_layer(get_map, layer, heads, shape, reduce_heads or "mean", diverging), None
 
     count = len(panels)
     cols = count if count <= 4 else math.ceil(math.sqrt(count))
@@ -389,7 +389,7 @@ def rank_panels(w: np.ndarray, panels: Sequence[tuple[int, int | None]], *, keep
             size = np.abs(np.asarray(data, dtype=np.float64))
             score = float(np.where(one, size, 0.0).max() if one is not None else size.max()) if size.size else 0.0
         else:
-            reduced = _reduced_layer(get_map, layer, heads, (w.shape[-2], w.shape[-1]), reduce_heads or "mean", True)
+            reduced = reduced_layer(get_map, layer, heads, (w.shape[-2], w.shape[-1]), reduce_heads or "mean", True)
             score = float(np.nanmax(np.abs(reduced), initial=0.0))
         scored.append(((layer, head), score))
     return sorted(scored, key=lambda item: -item[1])

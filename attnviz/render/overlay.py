@@ -23,9 +23,9 @@ import numpy as np
 
 from attnviz import text as inert
 from attnviz.inspection.images import upsample
-from attnviz.render.heatmap import DPI, PLAIN, _new_figure, wrap_text
+from attnviz.render.heatmap import DPI, PLAIN, new_figure, wrap_text
 from attnviz.render.options import FigureOptions
-from attnviz.render.scale import _colormap, number
+from attnviz.render.scale import colour_map, number
 
 if TYPE_CHECKING:
     from attnviz.inspection.inspecting import InspectResult
@@ -42,7 +42,7 @@ def colour_values(values: np.ndarray, top: float, cmap: str | None) -> np.ndarra
     """RGB in 0..1 (``[..., 3]``) of ``values`` on the linear scale from 0 to ``top`` (values above it
     take the top colour)."""
     t = np.clip(np.asarray(values, np.float64) / (top if top > 0 else 1.0), 0.0, 1.0)
-    return np.asarray(_colormap(cmap or OVERLAY_CMAP)(t))[..., :3]
+    return np.asarray(colour_map(cmap or OVERLAY_CMAP)(t))[..., :3]
 
 
 def blend(picture: np.ndarray | None, grid: np.ndarray, top: float, cmap: str | None, how: str = "nearest",
@@ -81,7 +81,7 @@ def overlay_figure(picture: np.ndarray | None, grids: Sequence[np.ndarray], titl
     height, width = panels[0].shape[:2]
     panel_w = PANEL_INCHES
     panel_h = PANEL_INCHES * height / width
-    figure = _new_figure(max(7.0, panel_w * cols + 1.6), panel_h * rows + 0.5 * rows + 1.2)
+    figure = new_figure(max(7.0, panel_w * cols + 1.6), panel_h * rows + 0.5 * rows + 1.2)
     axes = []
     for n, (pixels, title) in enumerate(zip(panels, titles)):
         ax = figure.add_subplot(rows, cols, n + 1)
@@ -99,7 +99,7 @@ def overlay_figure(picture: np.ndarray | None, grids: Sequence[np.ndarray], titl
         ax.set_yticks([])
         extra = f" (max {number(float(grids[n].max()))})" if per_panel else ""
         ax.set_title(inert.title(title, 60) + extra, fontsize=9, **PLAIN)
-    mappable = ScalarMappable(Normalize(0.0, 1.0 if per_panel else shared), _colormap(fig.cmap or OVERLAY_CMAP))
+    mappable = ScalarMappable(Normalize(0.0, 1.0 if per_panel else shared), colour_map(fig.cmap or OVERLAY_CMAP))
     bar = figure.colorbar(mappable, ax=axes, shrink=0.85)
     label = f"{colorbar_label}, share of each panel's largest" if per_panel else colorbar_label
     bar.set_label(inert.label(label, 80), **PLAIN)

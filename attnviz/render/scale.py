@@ -33,7 +33,9 @@ EFFECTIVE_ZERO = 2.0**-23
 _DECADE_EDGES = np.arange(-45.0, 45.25, 0.25)
 
 
-def _colormap(name: str) -> Any:
+def colour_map(name: str) -> Any:
+    """matplotlib's colour map ``name`` (``--cmap``), masked cells light grey; an unknown name is a usage
+    error (exit 2)."""
     from matplotlib import colormaps
 
     from attnviz.errors import UsageError
@@ -46,7 +48,7 @@ def _colormap(name: str) -> Any:
 def check_cmap(name: str | None) -> None:
     """Fail early (exit 2) on an unknown colour map; imports matplotlib's colour maps only."""
     if name is not None:
-        _colormap(name)
+        colour_map(name)
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,8 @@ def number(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _unit_norm() -> Any:
+def unit_norm() -> Any:
+    """The linear norm from 0 to 1: the scale of maps each scaled to its own largest value (``--scale-per-panel``)."""
     from matplotlib.colors import Normalize
 
     return Normalize(0.0, 1.0)

@@ -403,7 +403,7 @@ def rows_figure(result: SummaryResult, fig: Any, layer: int) -> Any:
     from matplotlib.figure import Figure
 
     from attnviz.render.heatmap import DPI, agg_canvas
-    from attnviz.render.scale import _colormap, plain_bar_ticks
+    from attnviz.render.scale import colour_map, plain_bar_ticks
 
     s = result.read
     assert s.chosen is not None
@@ -420,7 +420,7 @@ def rows_figure(result: SummaryResult, fig: Any, layer: int) -> Any:
     step = max(1, -(-h // max(1, int(panel_h * DPI) // 9)))
     for n in range(r):
         ax = axes[n][0]
-        image = ax.imshow(scaling.clip(rows[:, n]), norm=scaling.norm, cmap=_colormap(fig.cmap or "viridis"),
+        image = ax.imshow(scaling.clip(rows[:, n]), norm=scaling.norm, cmap=colour_map(fig.cmap or "viridis"),
                           aspect="auto", interpolation="nearest", extent=(-0.5, lk - 0.5, h - 0.5, -0.5))
         pos = s.chosen_positions[n]
         token = f" {labels[pos]!r}" if labels and pos < len(labels) else ""

@@ -208,9 +208,9 @@ class _Drawing:
         self.p = picture
         self.width = width
         self.height = picture.height or DEFAULT_HEIGHT
-        from attnviz.render.scale import _colormap
+        from attnviz.render.scale import colour_map
 
-        self.cmap = _colormap(picture.cmap or ("RdBu_r" if picture.diverging else "viridis"))
+        self.cmap = colour_map(picture.cmap or ("RdBu_r" if picture.diverging else "viridis"))
 
     # -- sizes ---------------------------------------------------------------------------------
     def margin(self) -> int:
@@ -639,7 +639,7 @@ def inspect_picture(result: InspectResult, fig: FigureOptions, plain: bool = Fal
     (masked cells and padded rows grey), one panel per layer with ``--reduce-heads``, or the one map."""
     from attnviz.inspection.masks import grid_masks
     from attnviz.render.figures import inspect_name
-    from attnviz.render.mosaic import _reduced_layer, grid_getter
+    from attnviz.render.mosaic import grid_getter, reduced_layer
 
     opened = result.opened
     w, (_, bi, _), grid = opened.weights, opened.index, opened.grid
@@ -653,7 +653,7 @@ def inspect_picture(result: InspectResult, fig: FigureOptions, plain: bool = Fal
 
         def reduced(_: int, c: int) -> TermPanel:
             layer = grid.layers[c]
-            return TermPanel(lambda: (_reduced_layer(get_map, layer, grid.heads, shape, how, False), None), shape)
+            return TermPanel(lambda: (reduced_layer(get_map, layer, grid.heads, shape, how, False), None), shape)
 
         return grid_picture(reduced, 1, len(grid.layers), title=f"{name}, batch {bi}: the {how} of the heads in each "
                             f"layer, maps {list(shape)}", row_labels=[how], col_labels=[str(x) for x in grid.layers],
@@ -677,7 +677,7 @@ def compare_picture(result: CompareResult, fig: FigureOptions, max_panels: int, 
     """compare's picture (``figures.compare_figure``): A - B on a scale symmetric around 0, the maps with
     the largest ``max |A - B|`` first (at most ``max_panels``), each captioned; one map alone with its axes."""
     from attnviz.inspection.masks import grid_masks
-    from attnviz.render.mosaic import _reduced_layer, grid_getter, rank_panels
+    from attnviz.render.mosaic import grid_getter, rank_panels, reduced_layer
 
     run = result.run
     _, bi, _ = run.index
@@ -707,7 +707,7 @@ def compare_picture(result: CompareResult, fig: FigureOptions, max_panels: int, 
         caption = (f"{layer}:{head}" if head is not None else f"{layer}:{how}") + f" {number(score)}"
         if head is not None:
             return TermPanel(lambda: get_map(layer, head), shape, caption)
-        return TermPanel(lambda: (_reduced_layer(get_map, layer, heads, shape, how or "mean", True), None), shape,
+        return TermPanel(lambda: (reduced_layer(get_map, layer, heads, shape, how or "mean", True), None), shape,
                          caption)
 
     shown = f"the {count} of {len(chosen)}" if count < len(chosen) else f"all {count}"
