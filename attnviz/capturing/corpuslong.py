@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnviz.capturing.divergence import divergence_sums
-from attnviz.capturing.summary import MASKED, BlockScores, _at, _run_blocks, threaded
+from attnviz.capturing.summary import MASKED, BlockScores, run_blocks, threaded, values_at
 from attnviz.inspection.corpus import CORPUS_STATS, SMOOTHING
 from attnviz.rowmath import entropy_of_rows, exp_rows, real_ends_torch, row_rule
 from attnviz.statistics import BY_NAME, POSITIONAL
@@ -194,8 +194,8 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
         where = {rule: row_rule(rule, rows, pos, first, last) for rule in POSITIONAL}
         sees_first = rows & scorer.keep(r0, r1, first, first + 1)[..., 0]
         values = {"first": got[..., 0], "last": got[..., 1], "punctuation": got[..., 2],
-                  "diagonal": _at(e, pos - lo, width) * inv, "previous": _at(e, pos - 1 - lo, width) * inv,
-                  "next": _at(e, pos + 1 - lo, width) * inv, "entropy": entropy,
+                  "diagonal": values_at(e, pos - lo, width) * inv, "previous": values_at(e, pos - 1 - lo, width) * inv,
+                  "next": values_at(e, pos + 1 - lo, width) * inv, "entropy": entropy,
                   "entropy_uniform": torch.log(seen.clamp_min(1).to(f32)), "max": top_w,
                   "top_previous": (arg == pos - 1).to(f32), "top_next": (arg == pos + 1).to(f32)}
         per_row = {name: (values[name], where[BY_NAME[name].rows]) for name in CORPUS_STATS if name in values}
@@ -210,7 +210,7 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
             own = (entropy[0, :, first - r0].to(wide), rows[0, :, first - r0].expand(h))
         found[r0] = (sums, counts, sink, own, rows.expand(b, h, -1).sum((0, 2)).to(wide))
 
-    _run_blocks(_without_grad(one_block), list(range(0, lq, step)), threads)
+    run_blocks(_without_grad(one_block), list(range(0, lq, step)), threads)
     blocks = [found[r0] for r0 in sorted(found)]
     sums = torch.stack([t[0] for t in blocks]).sum(0)  # [S', H]
     counts = torch.stack([t[1] for t in blocks]).sum(0)  # [S', H]
@@ -279,7 +279,7 @@ def _head_distances(_query: Any, calls: list[Call], real: Any, threads: int = 1)
         with lock:  # blocks run a few threads at a time; their sums meet here
             pairs.add_(got)
 
-    _run_blocks(_without_grad(one_block), list(range(0, lq, step)), threads)
+    run_blocks(_without_grad(one_block), list(range(0, lq, step)), threads)
     return pairs
 
 

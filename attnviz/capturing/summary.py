@@ -29,13 +29,13 @@ MASKED = -1e30  # masked scores: exp underflows to exactly 0, and 0 * MASKED is 
 
 def summarise(query: Any, key: Any, **options: Any) -> dict[str, Any]:
     """``_summarise`` (below); on the CPU its many small operations each on one thread of torch's, the blocks
-    of rows as many at once as torch had threads (``_run_blocks``)."""
+    of rows as many at once as torch had threads (``run_blocks``)."""
     return threaded(_summarise, query, key, **options)
 
 
 def threaded(run: Any, query: Any, *args: Any, **options: Any) -> Any:
     """``run(query, *args, threads=N, **options)``: on the CPU with N torch threads, torch set to one thread while
-    it runs (each block of rows on one thread: ``_run_blocks``); elsewhere N = 1."""
+    it runs (each block of rows on one thread: ``run_blocks``); elsewhere N = 1."""
     import torch
 
     threads = torch.get_num_threads()
@@ -221,7 +221,7 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
         distance = ((posf * aleft - jleft) + absmid + (jright - posf * aright)) * inv
         values = {"entropy": entropy, "max": maxw, "sink_mass": got[..., 1] * inv,
                   "local_mass": _band(e, pos, lo, hi, settings.local) * inv, "total": total, "distance": distance,
-                  "diagonal": _at(e, pos - lo, width) * inv, "previous": _at(e, pos - 1 - lo, width) * inv,
+                  "diagonal": values_at(e, pos - lo, width) * inv, "previous": values_at(e, pos - 1 - lo, width) * inv,
                   "first": got[..., 2] * inv, "last": got[..., 3] * inv}
         nan = torch.tensor(math.nan, device=dev)
         for name, value in values.items():
@@ -249,7 +249,7 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
             cells = sums.view(b, h, nj, bk).sum(-1)
             tops = cell_top[:, :, start:stop].amax(2)
             kept = None if keep is None else keep[:, :, start:stop] & row_real[:, :, start:stop, None]
-            with lock:  # blocks run a few threads at a time (``_run_blocks``); their sums meet here
+            with lock:  # blocks run a few threads at a time (``run_blocks``); their sums meet here
                 received[..., lo:hi] += sums
                 pooled_sum[:, :, qi, j0:j0 + nj] += cells
                 pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(pooled_max[:, :, qi, j0:j0 + nj], tops)
@@ -261,7 +261,7 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
             with lock:
                 on_rows(r)
 
-    _run_blocks(one_block, list(range(0, lq, step)), threads)
+    run_blocks(one_block, list(range(0, lq, step)), threads)
     if dense is None:
         seen_by, pooled_seen = _seen_from_parts(parts, counts, counted_rows[:, 0], realp, q_pos0, lk, qe, ke)
         seen_by, pooled_seen = seen_by[:, None], pooled_seen[:, None]
@@ -344,7 +344,7 @@ def _seen_from_parts(parts: MaskParts, counts: Any, counted: Any, realp: Any, q_
     return seen_by, seen
 
 
-def _run_blocks(run: Any, starts: list[int], threads: int) -> None:
+def run_blocks(run: Any, starts: list[int], threads: int) -> None:
     """``run`` on every block, ``threads`` Python threads at a time (torch lets go of the GIL in its
     operations, each on one thread of its own: OpenMP's count is per thread): a block's dozens of small
     operations never wait at a barrier for a thread the system has lent to another process, as torch's own
@@ -365,7 +365,7 @@ def _run_blocks(run: Any, starts: list[int], threads: int) -> None:
             done.result()
 
 
-def _at(p: Any, index: Any, width: int) -> Any:
+def values_at(p: Any, index: Any, width: int) -> Any:
     """``p[..., i, index[i]]`` for each row i (0 where the index is outside the block's keys)."""
     import torch
 
