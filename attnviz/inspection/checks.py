@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.inspection.heads import CHUNK, _real_rows, row_blocks
+from attnviz.inspection.heads import CHUNK, row_blocks
 
 
 @dataclass
@@ -29,6 +29,10 @@ class CheckResult:
 
 def locate(index: Sequence[Any], names: Sequence[str] = ("layer", "batch", "head", "row", "column")) -> str:
     return ", ".join(f"{n} {int(i)}" for n, i in zip(names, index))
+
+
+def _real_rows(rows: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
+    return None if rows is None else np.broadcast_to(rows, shape[:-1])
 
 
 def check_finite(w: np.ndarray, chunk: int = CHUNK, rows: np.ndarray | None = None) -> CheckResult:

@@ -51,10 +51,6 @@ def row_blocks(w: np.ndarray, chunk: int = CHUNK,
             release_pages(w)
 
 
-def _real_rows(rows: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
-    return None if rows is None else np.broadcast_to(rows, shape[:-1])
-
-
 def is_causal(w: np.ndarray, chunk: int = CHUNK) -> bool:
     """Nothing above the diagonal (top-left aligned), anywhere."""
     lk = w.shape[-1]
