@@ -27,7 +27,9 @@ PICTURES = (".png", ".svg", ".pdf")
 PICTURE_ONLY = ("kind", "stat", "max_panels")
 
 
-def _figure_options(options: dict[str, Any]) -> FigureOptions:
+def checked_figure_options(options: dict[str, Any]) -> FigureOptions:
+    """``FigureOptions`` of the API's figure keywords (``cmap="magma"``), each value checked by its field; an
+    unknown keyword a usage error with a did-you-mean."""
     import difflib
 
     from attnviz.fields import check_value, flat_fields
@@ -85,7 +87,7 @@ class _Result:
 
     def _fig(self, options: dict[str, Any]) -> FigureOptions:
         """The figure options of a call, over those the run was given."""
-        return _figure_options({**self.figure_defaults, **options})
+        return checked_figure_options({**self.figure_defaults, **options})
 
     def _tab(self, given: dict[str, Any]) -> dict[str, Any]:
         """The table keywords of a call: those given (not None), else the run's, else the method's defaults."""

@@ -65,7 +65,7 @@ def _outputs(command: str, options: dict[str, Any], classes: Sequence[type]) -> 
     """The keywords of ``options`` that are the command line's figure, table and file options rather than the
     run's: (figure keywords, table keywords, files to write, the run's own options). Where a name is both,
     the run's wins."""
-    from attnviz.api.results import _figure_options
+    from attnviz.api.results import checked_figure_options
     from attnviz.fields import flat_fields
     from attnviz.render.options import FigureOptions
 
@@ -85,7 +85,7 @@ def _outputs(command: str, options: dict[str, Any], classes: Sequence[type]) -> 
             files[name] = value
         else:
             rest[name] = value
-    _figure_options(figure)  # checked before the run
+    checked_figure_options(figure)  # checked before the run
     return figure, table, files, rest
 
 
