@@ -59,6 +59,15 @@ def visible(text: str, *, newlines: bool = False) -> str:
     return pattern.sub(_escape, text) if pattern.search(text) else text
 
 
+def user_text(text: str, limit: int | None = 40, keep: str = "") -> str:
+    """Text a user gave (an option's value, a command's name, a message quoting them) as a message shows it
+    (``visible``: control characters such as ESC, CR, BEL escaped; a line feed kept when ``keep`` has it),
+    shortened to ``limit`` characters and ``...``."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    return visible(text, newlines="\n" in keep)
+
+
 def shorten(text: str, width: int) -> str:
     """At most ``width`` characters, the last an ellipsis when some were cut; made visible first
     (escapes count), but only a prefix of a long text is ever looked at."""

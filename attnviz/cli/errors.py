@@ -15,16 +15,17 @@ from typing import Any
 
 import typer
 
-from attnviz.cli.parsers import OptionValueError, _inert, shown
+from attnviz.cli.parsers import OptionValueError, shown
 from attnviz.errors import AttnvizError
 from attnviz.streams import err_console, silence, stderr
+from attnviz.text import user_text
 
 
 def error_line(message: str, kind: str = "error") -> str:
     """An error as attnviz prints it on stderr: one line of inert text (control characters escaped,
     a line feed too: a file name holding one cannot forge a second message line), written as is (no
     markup, no emoji codes)."""
-    return f"attnviz: {kind}: {_inert(message, limit=None)}\n"
+    return f"attnviz: {kind}: {user_text(message, limit=None)}\n"
 
 
 
@@ -46,14 +47,14 @@ def _usage(ctx: Any) -> str:
 
 
 def _sentence(text: str) -> str:
-    text = _inert(" ".join(text.split()), limit=300)
+    text = user_text(" ".join(text.split()), limit=300)
     if len(text) > 1 and text[0].isupper() and text[1].islower():
         text = text[0].lower() + text[1:]
     return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def _either(names: list[str]) -> str:
-    names = [_inert(n) for n in names]
+    names = [user_text(n) for n in names]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
@@ -112,7 +113,7 @@ def usage_message(exc: Exception) -> str:
     unknown = re.fullmatch(r"No such command (.+?)\.(?: Did you mean (.+)\?)?", message)
     if unknown:
         hint = f"; did you mean {unknown.group(2)}?" if unknown.group(2) else f" (`{command} --help` lists them)."
-        return f"{_inert(unknown.group(1), 60)}: no such command{hint}"
+        return f"{user_text(unknown.group(1), 60)}: no such command{hint}"
     if message == "Missing command.":
         return (f"missing command: `{command} COMMAND ...`, e.g. `{command} scaled q.npy k.npy v.npy` or "
                 f"`{command} inspect attn.npz` (`{command} --help` lists the commands).")

@@ -16,21 +16,12 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
 
+from attnviz.text import user_text
+
 #: bounds of every whole-number option unless it says otherwise (no option needs more; sizes
 #: computed from them stay within NumPy's integers)
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 SEED_MAX = 2**63 - 1
-
-
-def _inert(text: str, limit: int | None = 40, keep: str = "") -> str:
-    """Text from the command line as a message shows it (``attnviz.text.visible``: control
-    characters such as ESC, CR, BEL escaped; a line feed kept when ``keep`` has it), shortened to
-    ``limit`` characters."""
-    from attnviz.text import visible
-
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + "..."
-    return visible(text, newlines="\n" in keep)
 
 
 _PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE | re.ASCII)
@@ -41,7 +32,7 @@ def shown(value: object) -> str:
     text = str(value)
     if _PLAIN_NUMBER.fullmatch(text.strip()) and len(text) <= 40:
         return text.strip()
-    return "'" + _inert(text).replace("'", "\\'") + "'"
+    return "'" + user_text(text).replace("'", "\\'") + "'"
 
 
 class OptionValueError(typer.BadParameter):
