@@ -15,15 +15,11 @@ import numpy as np
 from attnviz.errors import InputError, UsageError
 from attnviz.inspection.options import LabelOptions
 from attnviz.storage import Place
-from attnviz.text import visible
+from attnviz.text import user_text
 
 if TYPE_CHECKING:
     from attnviz.inspection.generation import Generation
     from attnviz.masks import Mask
-
-
-def _inert(text: str, limit: int = 40) -> str:
-    return visible(text[:limit] + "..." if len(text) > limit else text)
 
 
 def select_indices(text: str | None, size: int, option: str, what: str) -> list[int] | None:
@@ -38,18 +34,19 @@ def select_indices(text: str | None, size: int, option: str, what: str) -> list[
             continue
         found = re.fullmatch(r"(-?\d+)(?:-(-?\d+))?", part, re.ASCII)
         if found is None:
-            raise UsageError(f"{option} {_inert(text)}: expected numbers and ranges separated by commas, e.g. 0,3,5-7.")
+            raise UsageError(f"{option} {user_text(text)}: expected numbers and ranges separated by commas, "
+                             "e.g. 0,3,5-7.")
         low = int(found.group(1))
         high = int(found.group(2)) if found.group(2) is not None else low
         for value in (low, high):
             if not 0 <= value < size:
-                raise UsageError(f"{option} {_inert(text)}: {what} {value} is out of range; the weights have {size} "
+                raise UsageError(f"{option} {user_text(text)}: {what} {value} is out of range; the weights have {size} "
                                  f"{what}s (0-{size - 1}).")
         if high < low:
-            raise UsageError(f"{option} {_inert(text)}: the range {part} goes down; write it {high}-{low}.")
+            raise UsageError(f"{option} {user_text(text)}: the range {part} goes down; write it {high}-{low}.")
         chosen.extend(i for i in range(low, high + 1) if i not in chosen)
     if not chosen:
-        raise UsageError(f"{option} {_inert(text)}: chooses no {what}.")
+        raise UsageError(f"{option} {user_text(text)}: chooses no {what}.")
     return chosen
 
 
