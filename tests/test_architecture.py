@@ -2,7 +2,8 @@
 function, as the AST has it): no import cycle anywhere; typer only in ``attnviz.cli``; TensorFlow and
 Keras only in ``attnviz.variants``, ``attnviz.device``, Keras capture (``attnviz.capturing.keras``) and the
 training monitor's callback and TensorBoard writer (``attnviz.monitoring``); no
-library module imports the command line; compute never imports ``attnviz.render``. See ARCHITECTURE.md."""
+library module imports the command line; compute never imports ``attnviz.render``; no module takes another
+module's private names (a name another module needs is public where it lives). See ARCHITECTURE.md."""
 
 from __future__ import annotations
 
@@ -162,3 +163,75 @@ def test_architecture_names_every_package():
     packages = sorted({name.split(".")[1] for name in MODULES if name.count(".") >= 1
                        and (PACKAGE / name.split(".")[1]).is_dir()})
     assert packages and [p for p in packages if f"`{p}/`" not in text] == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(name: str, path: Path) -> list[str]:
+    """Every private name (``_x``, not a dunder) of another attnviz module that ``name`` takes, as the
+    AST has it, at module level or inside a function: ``from attnviz.x import _y`` (relative imports
+    resolved), and ``m._y`` or ``attnviz.x._y`` where ``m`` is bound to a module by an import. A
+    private module itself (``formats._base``) is a module, not a name, and is not counted here."""
+    tree = parsed(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    bound: dict[str, str] = {}  # a name an import binds to an attnviz module: the module's name
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "attnviz":
+                    bound[alias.asname or "attnviz"] = alias.name if alias.asname else "attnviz"
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base.split(".")[0] != "attnviz":
+                continue
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+                elif _private(alias.name) and base != name:
+                    found.append(f"{name} (line {node.lineno}) imports {base}.{alias.name}")
+
+    def module_of(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return bound.get(node.id)
+        if isinstance(node, ast.Attribute):
+            outer = module_of(node.value)
+            if outer and f"{outer}.{node.attr}" in MODULES:
+                return f"{outer}.{node.attr}"
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            module = module_of(node.value)
+            if module and module != name and f"{module}.{node.attr}" not in MODULES:
+                found.append(f"{name} (line {node.lineno}) uses {module}.{node.attr}")
+    return found
+
+
+def test_the_private_name_finder_sees_every_form(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("import attnviz.render.scale\nimport attnviz.render.heatmap as hm\nfrom attnviz import text\n"
+                      "from . import _base_name\nfrom .render.mosaic import grid_getter, _hidden\n"
+                      "def f():\n    from attnviz.inspection.heads import _rows\n"
+                      "    return attnviz.render.scale._cmap, hm._figure, text._escape, hm.wrap_text\n"
+                      "from attnviz.formats import _base\nfrom attnviz import __version__\n"
+                      "from attnviz.probe import _own\n_base._read\n")
+    found = sorted(private_uses("attnviz.probe", source))
+    assert found == sorted([
+        "attnviz.probe (line 4) imports attnviz._base_name",
+        "attnviz.probe (line 5) imports attnviz.render.mosaic._hidden",
+        "attnviz.probe (line 7) imports attnviz.inspection.heads._rows",
+        "attnviz.probe (line 8) uses attnviz.render.scale._cmap",
+        "attnviz.probe (line 8) uses attnviz.render.heatmap._figure",
+        "attnviz.probe (line 8) uses attnviz.text._escape",
+        "attnviz.probe (line 12) uses attnviz.formats._base._read"])
+
+
+def test_no_module_takes_another_modules_private_names():
+    """A name another module needs is not private: it is public where it lives, or it moves."""
+    assert [where for name, path in MODULES.items() for where in private_uses(name, path)] == []
