@@ -299,7 +299,7 @@ BASE = {"scaled": QKV, "dot": QKV, "general": QKV, "additive": QKV, "multihead":
         "batch": ["jobs.jsonl"], "variants": [], "serve": ["--status"], "rollout": ["weights.npy"],
         "capture": ["weights.npy", "--text", "a", "-o", "c.safetensors"],
         "repeat-test": ["5", "--vocab-size", "10"], "view": ["weights.npy"],
-        "merge": ["weights.npy", "w2.npy", "-o", "m.safetensors"]}
+        "merge": ["weights.npy", "w2.npy", "-o", "m.safetensors"], "ablate": ["model", "--text", "a", "--zero", "0:0"]}
 NUMERIC = _options(int) + _options(float)
 
 
