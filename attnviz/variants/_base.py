@@ -10,12 +10,14 @@ A variant module defines
   each (``given`` holds the arrays of ``--params``, or None, so that hyper-parameters such as the
   number of heads can be read off their shapes);
 * ``compute(ctx, arrays, mask, params, learned)`` (TensorFlow): returns NumPy arrays in a ``Result``;
-* one ``VARIANT = Variant(...)``, registered in ``attnviz/variants/__init__.py``.
+* one ``VARIANT = variant(__name__, ...)`` (``qkv_variant`` for a variant of ``QKV``), which reads
+  those three and the docstring off the module, registered in ``attnviz/variants/__init__.py``.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -133,6 +135,30 @@ class Variant:
     query_defaults: tuple[str, ...] = ()  # optional inputs that default to the whole query input
     #: inputs q, k, v as hooks capture them: --layout, grouped heads and --rope apply (attnviz.captured)
     captured_qkv: bool = False
+
+
+#: the inputs of the variants of queries, keys and values
+QKV = (
+    InputSpec("q", "queries [..., Lq, d_k], or one file holding q, k and v"),
+    InputSpec("k", "keys [..., Lk, d_k]"),
+    InputSpec("v", "values [..., Lk, d_v]"),
+)
+
+
+def variant(module: str, name: str, summary: str, formula: str, inputs: tuple[InputSpec, ...],
+            **options: Any) -> Variant:
+    """The ``Variant`` of the module named ``module`` (its ``__name__``): its docstring, ``Params``,
+    ``check`` and ``compute`` are read off the module, so that each is written once; ``options`` are
+    further fields of ``Variant``. Called last in the module, when all of them are defined."""
+    defined = sys.modules[module]
+    return Variant(name=name, summary=summary, formula=formula, doc=defined.__doc__ or "", inputs=inputs,
+                   params=defined.Params, check=defined.check, compute=defined.compute, **options)
+
+
+def qkv_variant(module: str, name: str, summary: str, formula: str, **options: Any) -> Variant:
+    """``variant`` for a variant of ``QKV``: it takes q, k and v as hooks capture them too
+    (``captured_qkv``)."""
+    return variant(module, name, summary, formula, QKV, captured_qkv=True, **options)
 
 
 @dataclass

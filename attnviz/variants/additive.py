@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING, Literal
 from attnviz.choices import MAX_WIDTH
 from attnviz.errors import UsageError
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import Context, Problem, Result, Variant, check_qkv, read_units, softmax_and_output
-from attnviz.variants.scaled import QKV
+from attnviz.variants._base import Context, Problem, Result, check_qkv, qkv_variant, read_units, softmax_and_output
 
 if TYPE_CHECKING:
     import numpy as np
@@ -104,16 +103,11 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params=used)
 
 
-VARIANT = Variant(
+VARIANT = qkv_variant(
+    __name__,
     name="additive",
     summary="additive attention, Bahdanau et al. 2015; Keras AdditiveAttention and Attention(concat)",
     formula="A = softmax(v^T tanh(Q W1 + K W2 + b)), O = A V",
-    doc=__doc__ or "",
-    inputs=QKV,
-    captured_qkv=True,
-    params=Params,
-    check=check,
-    compute=compute,
     learned=True,
     blockwise=True,
 )

@@ -29,11 +29,11 @@ from attnviz.variants._base import (
     InputSpec,
     Problem,
     Result,
-    Variant,
     View,
     broadcast_leading,
     masked_softmax,
     require_rank,
+    variant,
 )
 
 if TYPE_CHECKING:
@@ -97,16 +97,13 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params={"e": e}, maps=maps, views=views)
 
 
-VARIANT = Variant(
+VARIANT = variant(
+    __name__,
     name="bidirectional",
     summary="bidirectional attention flow (BiDAF, Seo et al. 2017): context-to-query and query-to-context",
     formula="S = w^T[h; u; h*u]; C2Q = softmax_j(S); Q2C = softmax_t(max_j S); G = [h; u~; h*u~; h*h~]",
-    doc=__doc__ or "",
     inputs=(InputSpec("context", "the context H [..., T, e], or one file holding context and query"),
             InputSpec("query", "the query U [..., J, e]")),
-    params=Params,
-    check=check,
-    compute=compute,
     query_input="context",
     key_input="query",
     learned=True,

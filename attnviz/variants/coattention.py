@@ -33,13 +33,13 @@ from attnviz.variants._base import (
     InputSpec,
     Problem,
     Result,
-    Variant,
     View,
     broadcast_leading,
+    check_scale,
     masked_softmax,
     require_rank,
+    variant,
 )
-from attnviz.variants.scaled import check_scale
 
 if TYPE_CHECKING:
     import numpy as np
@@ -125,15 +125,12 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params={"scale": scale, "dcn": params.dcn}, maps=maps, views=views)
 
 
-VARIANT = Variant(
+VARIANT = variant(
+    __name__,
     name="coattention",
     summary="co-attention between two sequences: row and column softmax of one affinity matrix",
     formula="L = A B^T / sqrt(d); A_r = softmax_rows(L), A_c = softmax_cols(L); O = A_r B",
-    doc=__doc__ or "",
     inputs=INPUTS,
-    params=Params,
-    check=check,
-    compute=compute,
     query_input="a",
     key_input="b",
     axis_names=("A", "B"),

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnviz.variants._base import Context, Problem, Result, Variant, attend, check_qkv, check_scale, scale_field
-from attnviz.variants.scaled import QKV
+from attnviz.variants._base import Context, Problem, Result, attend, check_qkv, check_scale, qkv_variant, scale_field
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,15 +43,10 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params={"scale": scale})
 
 
-VARIANT = Variant(
+VARIANT = qkv_variant(
+    __name__,
     name="dot",
     summary="dot-product attention, Luong 'dot' score, unscaled (= keras.layers.Attention)",
     formula="A = softmax(Q K^T), O = A V",
-    doc=__doc__ or "",
-    inputs=QKV,
-    captured_qkv=True,
-    params=Params,
-    check=check,
-    compute=compute,
     blockwise=True,
 )

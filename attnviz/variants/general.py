@@ -24,13 +24,12 @@ from attnviz.variants._base import (
     Context,
     Problem,
     Result,
-    Variant,
     check_qkv,
     check_scale,
+    qkv_variant,
     scale_field,
     softmax_and_output,
 )
-from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
     import numpy as np
@@ -76,16 +75,11 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
                                            else params.scale})
 
 
-VARIANT = Variant(
+VARIANT = qkv_variant(
+    __name__,
     name="general",
     summary="general (multiplicative) attention, Luong et al. 2015; --score location",
     formula="A = softmax(Q W_a K^T), O = A V",
-    doc=__doc__ or "",
-    inputs=QKV,
-    captured_qkv=True,
-    params=Params,
-    check=check,
-    compute=compute,
     learned=True,
     blockwise=True,
 )

@@ -32,17 +32,16 @@ from attnviz.variants._base import (
     Context,
     Problem,
     Result,
-    Variant,
     View,
     base_scores,
     check_qkv,
     check_scale,
     masked_softmax,
+    qkv_variant,
     scale_field,
     score_field_help,
     score_specs,
 )
-from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
     import numpy as np
@@ -153,16 +152,11 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
                                                 stats=True)])
 
 
-VARIANT = Variant(
+VARIANT = qkv_variant(
+    __name__,
     name="hard",
     summary="hard attention: one key per query, by argmax, sampling or Gumbel-softmax (Xu et al. 2015)",
     formula="p = softmax(score); A = onehot(argmax p | sample ~ p), O = A V",
-    doc=__doc__ or "",
-    inputs=QKV,
-    captured_qkv=True,
-    params=Params,
-    check=check,
-    compute=compute,
     learned=True,
     seeds_samples=True,
 )

@@ -36,11 +36,11 @@ from attnviz.variants._base import (
     InputSpec,
     Problem,
     Result,
-    Variant,
     View,
     masked_softmax,
     read_units,
     require_rank,
+    variant,
 )
 
 if TYPE_CHECKING:
@@ -143,16 +143,13 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params={"units": params.units}, maps=maps, views=views)
 
 
-VARIANT = Variant(
+VARIANT = variant(
+    __name__,
     name="hierarchical",
     summary="hierarchical attention (HAN, Yang et al. 2016): word weights per sentence, then sentence weights",
     formula="a_it = softmax_t(tanh(h_it W_w + b_w) u_w); b_i = softmax_i(tanh(s_i W_s + b_s) u_s)",
-    doc=__doc__ or "",
     inputs=(InputSpec("doc", "word annotations [..., n_sent, n_word, d], or JSON of tokenised sentences with "
                              "vectors", reader=read_tokenised),),
-    params=Params,
-    check=check,
-    compute=compute,
     query_input="",
     key_input="",
     learned=True,

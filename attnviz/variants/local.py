@@ -40,18 +40,17 @@ from attnviz.variants._base import (
     Context,
     Problem,
     Result,
-    Variant,
     View,
     base_scores,
     check_qkv,
     check_scale,
     masked_softmax,
+    qkv_variant,
     read_units,
     scale_field,
     score_field_help,
     score_specs,
 )
-from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
     import numpy as np
@@ -207,16 +206,11 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
                   views=[View("positions", "predicted positions p_t (1-based)", axis="q")], keep=in_window)
 
 
-VARIANT = Variant(
+VARIANT = qkv_variant(
+    __name__,
     name="local",
     summary="local attention: a window of keys per query (sliding window; Luong local-m and local-p)",
     formula="A = softmax over |i - j| <= D of score(q_i, k_j), O = A V",
-    doc=__doc__ or "",
-    inputs=QKV,
-    captured_qkv=True,
-    params=Params,
-    check=check,
-    compute=compute,
     learned=True,
     blockwise=True,
     row_maps={"positions": -1},

@@ -46,10 +46,10 @@ from attnviz.variants._base import (
     InputSpec,
     Problem,
     Result,
-    Variant,
     broadcast_leading,
     require_rank,
     softmax_and_output,
+    variant,
 )
 
 if TYPE_CHECKING:
@@ -313,15 +313,12 @@ def _walk(layer: object) -> list:
     return out
 
 
-VARIANT = Variant(
+VARIANT = variant(
+    __name__,
     name="multihead",
     summary="multi-head attention = keras.layers.MultiHeadAttention; --kv-heads for grouped/multi-query",
     formula="A_n = softmax((X_q W_q,n)(X_k W_k,n)^T / sqrt(key_dim)), O = sum_n A_n X_v W_v,n W_o,n",
-    doc=__doc__ or "",
     inputs=INPUTS,
-    params=Params,
-    check=check,
-    compute=compute,
     query_input="query",
     key_input="value",
     learned=True,

@@ -31,10 +31,10 @@ from attnviz.variants._base import (
     InputSpec,
     Problem,
     Result,
-    Variant,
     read_units,
     require_rank,
     softmax_and_output,
+    variant,
 )
 
 if TYPE_CHECKING:
@@ -90,15 +90,12 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params=used)
 
 
-VARIANT = Variant(
+VARIANT = variant(
+    __name__,
     name="pooling",
     summary="feed-forward attention pooling over time, Raffel & Ellis 2015",
     formula="a = softmax_t(v^T tanh(h_t W + b)), c = sum_t a_t h_t",
-    doc=__doc__ or "",
     inputs=(InputSpec("h", "the sequence to pool [..., L, d]"),),
-    params=Params,
-    check=check,
-    compute=compute,
     query_input="",
     key_input="h",
     learned=True,

@@ -19,20 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from attnviz.variants._base import Context, InputSpec, Problem, Result, Variant, attend, check_qkv, check_scale
+from attnviz.variants._base import Context, Problem, Result, attend, check_qkv, check_scale, qkv_variant
 
 if TYPE_CHECKING:
     import numpy as np
 
     from attnviz.io import Loaded
     from attnviz.masks import Mask
-
-QKV = (
-    InputSpec("q", "queries [..., Lq, d_k], or one file holding q, k and v"),
-    InputSpec("k", "keys [..., Lk, d_k]"),
-    InputSpec("v", "values [..., Lk, d_v]"),
-)
-
 
 @dataclass
 class Params:
@@ -56,15 +49,10 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params={"scale": scale, "d_k": d_k})
 
 
-VARIANT = Variant(
+VARIANT = qkv_variant(
+    __name__,
     name="scaled",
     summary="scaled dot-product attention (Vaswani et al. 2017)",
     formula="A = softmax(Q K^T / sqrt(d_k)), O = A V",
-    doc=__doc__ or "",
-    inputs=QKV,
-    captured_qkv=True,
-    params=Params,
-    check=check,
-    compute=compute,
     blockwise=True,
 )

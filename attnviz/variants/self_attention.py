@@ -41,10 +41,10 @@ from attnviz.variants._base import (
     InputSpec,
     Problem,
     Result,
-    Variant,
     read_units,
     require_rank,
     softmax_and_output,
+    variant,
 )
 
 if TYPE_CHECKING:
@@ -177,15 +177,12 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(weights, output, params=used, warnings=warnings)
 
 
-VARIANT = Variant(
+VARIANT = variant(
+    __name__,
     name="self",
     summary="self-attention from one sequence: W_Q, W_K, W_V projections, or SeqSelfAttention scores",
     formula="A = softmax((X W_Q)(X W_K)^T / sqrt(d_k)), O = A X W_V",
-    doc=__doc__ or "",
     inputs=(InputSpec("x", "the sequence [..., L, d]"),),
-    params=Params,
-    check=check,
-    compute=compute,
     query_input="x",
     key_input="x",
     learned=True,

@@ -33,15 +33,14 @@ from attnviz.variants._base import (
     Context,
     Problem,
     Result,
-    Variant,
     base_scores,
     check_qkv,
     check_scale,
+    qkv_variant,
     scale_field,
     score_field_help,
     score_specs,
 )
-from attnviz.variants.scaled import QKV
 
 if TYPE_CHECKING:
     import numpy as np
@@ -240,16 +239,11 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(w.astype(dtype), output, params=used)
 
 
-VARIANT = Variant(
+VARIANT = qkv_variant(
+    __name__,
     name="sparse",
     summary="sparse attention: sparsemax, entmax, top-k, Sparse Transformer strided/fixed patterns",
     formula="A = sparsemax(Q K^T / sqrt(d)) (or entmax, top-k, a pattern mask), O = A V",
-    doc=__doc__ or "",
-    inputs=QKV,
-    captured_qkv=True,
-    params=Params,
-    check=check,
-    compute=compute,
     learned=True,
     lead_names=(),
     blockwise=True,

@@ -41,7 +41,6 @@ from attnviz.variants._base import (
     NumericError,
     Problem,
     Result,
-    Variant,
     base_scores,
     broadcast_leading,
     check_scale,
@@ -49,6 +48,7 @@ from attnviz.variants._base import (
     require_rank,
     scale_field,
     softmax_and_output,
+    variant,
 )
 
 if TYPE_CHECKING:
@@ -241,15 +241,12 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     return Result(marginals.astype(dtype), output, params=used)
 
 
-VARIANT = Variant(
+VARIANT = variant(
+    __name__,
     name="structured",
     summary="structured attention: along the edges of a graph (dot product or GAT), or CRF segmentation marginals",
     formula="graph: A = softmax over edges; crf: A_ij = p(z_j = 1 | q_i) in a linear-chain CRF",
-    doc=__doc__ or "",
     inputs=INPUTS,
-    params=Params,
-    check=check,
-    compute=compute,
     learned=True,
 )
 
