@@ -40,6 +40,7 @@ from attnviz.variants._base import (
     scale_field,
     score_field_help,
     score_specs,
+    softmax_and_output,
 )
 
 if TYPE_CHECKING:
@@ -201,7 +202,6 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     import numpy as np
 
     from attnviz.masks import Mask
-    from attnviz.variants._base import softmax_and_output
 
     tf = ctx.tf
     used: dict[str, object] = {"method": params.method, "score": params.score}
