@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attnviz.choices import MAX_WIDTH
 from attnviz.device import Device, softmax_dtype, tensorflow
 from attnviz.errors import AttnvizError, ShapeError, shape_str
 from attnviz.storage import Place
@@ -258,8 +259,21 @@ def broadcast_leading(inputs: Mapping[str, Loaded], names: tuple[str, ...], core
         ) from None
 
 
-def read_units(given: Mapping[str, np.ndarray] | None, key: str, requested: int | None, default: int,
-               also: Mapping[str, int] | None = None, option: str = "--units", name: str = "units") -> int:
+#: the width of a variant's learned layer that neither ``--params`` nor ``--units`` gives
+DEFAULT_UNITS = 32
+
+
+def units_field(what: str, when: str = "") -> Any:
+    """The ``--units`` option of a variant with a learned layer (``read_units`` reads it): ``what``
+    says which width it is, ``when`` when the option applies, if not always."""
+    default = f"{when}; default" if when else "default"
+    return field(default=None, metadata={"help": f"{what} ({default}: from --params, else {DEFAULT_UNITS})",
+                                         "min": 1, "max": MAX_WIDTH})
+
+
+def read_units(given: Mapping[str, np.ndarray] | None, key: str, requested: int | None,
+               default: int = DEFAULT_UNITS, also: Mapping[str, int] | None = None, option: str = "--units",
+               name: str = "units") -> int:
     """The width of a learned layer: read off the last axis of ``given[key]`` when a parameter file
     has that kernel (``--units`` must then agree), else ``--units``, else ``default``. ``also`` names
     further arrays of the file and the axis that holds the same width (``{"v": 0}``): when they

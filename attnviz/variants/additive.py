@@ -30,18 +30,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from attnviz.choices import MAX_WIDTH
 from attnviz.errors import UsageError
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import Context, Problem, Result, check_qkv, qkv_variant, read_units, softmax_and_output
+from attnviz.variants._base import (
+    Context,
+    Problem,
+    Result,
+    check_qkv,
+    qkv_variant,
+    read_units,
+    softmax_and_output,
+    units_field,
+)
 
 if TYPE_CHECKING:
     import numpy as np
 
     from attnviz.io import Loaded
     from attnviz.masks import Mask
-
-DEFAULT_UNITS = 32
 
 
 @dataclass
@@ -51,11 +57,7 @@ class Params:
         metadata={"help": "bahdanau: v^T tanh(q W1 + k W2 + b); keras: keras.layers.AdditiveAttention; "
                           "keras-concat: keras.layers.Attention(score_mode='concat')"},
     )
-    units: int | None = field(
-        default=None,
-        metadata={"help": f"d_a, the width of the tanh layer (bahdanau; default: from --params, else "
-                          f"{DEFAULT_UNITS})", "min": 1, "max": MAX_WIDTH},
-    )
+    units: int | None = units_field("d_a, the width of the tanh layer", when="bahdanau")
     normalize: bool = field(default=False, metadata={"help": "bahdanau: use g v/|v| for v (weight normalisation)"})
 
 
@@ -69,7 +71,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
     if params.style == "keras-concat":
         return Problem(shape, {"scale": ParamSpec((), init="ones", optional=True),
                                "concat_score_weight": ParamSpec((), init="ones")})
-    units = read_units(given, "W1", params.units, DEFAULT_UNITS, also={"W2": 1, "v": 0, "b": 0})
+    units = read_units(given, "W1", params.units, also={"W2": 1, "v": 0, "b": 0})
     specs = {"W1": ParamSpec((d_q, units)), "W2": ParamSpec((d_k, units)), "v": ParamSpec((units,)),
              "b": bias(units)}
     if params.normalize:

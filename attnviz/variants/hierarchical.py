@@ -26,10 +26,9 @@ I, u_w = [1, 0], u_s = [0, 1]: word weights [[0.371568, 0.173493, 0.454939], [0.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnviz.choices import MAX_WIDTH
 from attnviz.params import ParamSpec, bias
 from attnviz.variants._base import (
     Context,
@@ -40,6 +39,7 @@ from attnviz.variants._base import (
     masked_softmax,
     read_units,
     require_rank,
+    units_field,
     variant,
 )
 
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
     from attnviz.io import Loaded
     from attnviz.masks import Mask
-
-DEFAULT_UNITS = 32
 
 
 def read_tokenised(opened: Any) -> dict[str, Loaded] | None:
@@ -98,17 +96,15 @@ def read_tokenised(opened: Any) -> dict[str, Loaded] | None:
 
 @dataclass
 class Params:
-    units: int | None = field(default=None, metadata={"help": f"d_a = d_s, the width of the attention layers "
-                                                              f"(default: from --params, else {DEFAULT_UNITS})",
-                                                      "min": 1, "max": MAX_WIDTH})
+    units: int | None = units_field("d_a = d_s, the width of the attention layers")
 
 
 def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.ndarray] | None) -> Problem:
     doc = inputs["doc"]
     require_rank(doc, "DOC", 3, "[..., n_sent, n_word, d]")
     lead, (n_sent, n_word, d) = doc.data.shape[:-3], doc.data.shape[-3:]
-    d_a = read_units(given, "W_w", params.units, DEFAULT_UNITS, also={"b_w": 0, "u_w": 0})
-    d_s = read_units(given, "W_s", params.units, DEFAULT_UNITS, also={"b_s": 0, "u_s": 0})
+    d_a = read_units(given, "W_w", params.units, also={"b_w": 0, "u_w": 0})
+    d_s = read_units(given, "W_s", params.units, also={"b_s": 0, "u_s": 0})
     specs = {"W_w": ParamSpec((d, d_a)), "b_w": bias(d_a), "u_w": ParamSpec((d_a,)),
              "W_s": ParamSpec((d, d_s)), "b_s": bias(d_s), "u_s": ParamSpec((d_s,))}
     params.units = d_a

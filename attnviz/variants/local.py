@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from attnviz.choices import MAX_WIDTH
 from attnviz.errors import UsageError
 from attnviz.params import ParamSpec
 from attnviz.variants._base import (
@@ -51,6 +50,7 @@ from attnviz.variants._base import (
     score_field_help,
     score_specs,
     softmax_and_output,
+    units_field,
 )
 
 if TYPE_CHECKING:
@@ -58,8 +58,6 @@ if TYPE_CHECKING:
 
     from attnviz.io import Loaded
     from attnviz.masks import Mask
-
-DEFAULT_UNITS = 32
 
 
 @dataclass
@@ -81,9 +79,7 @@ class Params:
                                                                         "everywhere, e.g. 0,5", "metavar": "I,J"})
     score: Literal["scaled", "dot", "general"] = field(default="scaled", metadata={"help": score_field_help()})
     scale: float | None = scale_field("the --score's (1/sqrt(d) for scaled, 1 otherwise)")
-    units: int | None = field(default=None, metadata={"help": f"local-p: d_p of W_p (default: from --params, "
-                                                               f"else {DEFAULT_UNITS})", "min": 1,
-                                                      "max": MAX_WIDTH})
+    units: int | None = units_field("local-p: d_p of W_p")
     renormalize: bool = field(default=False, metadata={"help": "local-p: rescale each row to sum to 1"})
     align_over: Literal["window", "all"] = field(
         default="window", metadata={"help": "local-p: the softmax before the Gaussian runs over the window or all "
@@ -158,7 +154,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
         raise UsageError("--units, --renormalize and --align-over belong to --mode local-p.")
     specs = score_specs(params.score, d_q, d_k)
     if params.mode == "local-p":
-        params.units = read_units(given, "W_p", params.units, DEFAULT_UNITS, also={"v_p": 0})
+        params.units = read_units(given, "W_p", params.units, also={"v_p": 0})
         specs.update({"W_p": ParamSpec((d_q, params.units)), "v_p": ParamSpec((params.units,))})
         return Problem(shape, specs)
     keep = window_keep(lq, lk, params)

@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from attnviz.choices import MAX_WIDTH
 from attnviz.errors import UsageError
 from attnviz.params import ParamSpec, bias
 from attnviz.variants._base import (
@@ -34,6 +33,7 @@ from attnviz.variants._base import (
     read_units,
     require_rank,
     softmax_and_output,
+    units_field,
     variant,
 )
 
@@ -43,14 +43,10 @@ if TYPE_CHECKING:
     from attnviz.io import Loaded
     from attnviz.masks import Mask
 
-DEFAULT_UNITS = 32
-
 
 @dataclass
 class Params:
-    units: int | None = field(
-        default=None, metadata={"help": f"d_a, the width of the tanh layer (default: from --params, else "
-                                        f"{DEFAULT_UNITS})", "min": 1, "max": MAX_WIDTH})
+    units: int | None = units_field("d_a, the width of the tanh layer")
     no_tanh: bool = field(default=False, metadata={"help": "linear scores h W + b, W [d, 1] "
                                                              "(SeqWeightedAttention)"})
 
@@ -64,7 +60,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
         if params.units is not None:
             raise UsageError("--units belongs to the tanh form, not --no-tanh.")
         return Problem(shape, {"W": ParamSpec((d, 1)), "b": bias(1)})
-    params.units = read_units(given, "W", params.units, DEFAULT_UNITS, also={"b": 0, "v": 0})
+    params.units = read_units(given, "W", params.units, also={"b": 0, "v": 0})
     return Problem(shape, {"W": ParamSpec((d, params.units)), "b": bias(params.units),
                            "v": ParamSpec((params.units,))})
 

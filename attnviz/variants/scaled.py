@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from attnviz.io import Loaded
     from attnviz.masks import Mask
 
+
 @dataclass
 class Params:
     scale: float | None = field(

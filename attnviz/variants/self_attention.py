@@ -44,6 +44,7 @@ from attnviz.variants._base import (
     read_units,
     require_rank,
     softmax_and_output,
+    units_field,
     variant,
 )
 
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
 
     from attnviz.io import Loaded
     from attnviz.masks import Mask
-
-DEFAULT_UNITS = 32
 
 
 @dataclass
@@ -66,9 +65,7 @@ class Params:
                                                         "min": 1, "max": MAX_WIDTH})
     value_dim: int | None = field(default=None, metadata={"help": "d_v when the parameters are drawn (default d)",
                                                           "min": 1, "max": MAX_WIDTH})
-    units: int | None = field(
-        default=None, metadata={"help": f"additive: units of the tanh layer (default: from --params, else "
-                                        f"{DEFAULT_UNITS})", "min": 1, "max": MAX_WIDTH})
+    units: int | None = units_field("additive: units of the tanh layer")
     width: int | None = field(default=None, metadata={"help": "attend only within a window of this many keys "
                                                                  "(SeqSelfAttention attention_width)",
                                                       "min": 1})
@@ -131,8 +128,7 @@ def check(inputs: Mapping[str, Loaded], params: Params, given: Mapping[str, np.n
             specs = {"W_Q": ParamSpec((d, d_k)), "W_K": ParamSpec((d, d_k)), "W_V": ParamSpec((d, d_v)),
                      "b_Q": bias(d_k), "b_K": bias(d_k), "b_V": bias(d_v)}
     elif params.score == "additive":
-        units = params.units = read_units(given, "Wt", params.units, DEFAULT_UNITS,
-                                                   also={"Wx": 1, "bh": 0, "Wa": 0})
+        units = params.units = read_units(given, "Wt", params.units, also={"Wx": 1, "bh": 0, "Wa": 0})
         specs = {"Wt": ParamSpec((d, units)), "Wx": ParamSpec((d, units)), "bh": bias(units),
                  "Wa": ParamSpec((units, 1)), "ba": bias(1)}
     else:
