@@ -189,3 +189,19 @@ def test_permuting_keys_permutes_weights(case, rnd):
     b = compute("scaled", q, k[perm], v[perm], keep=keep[:, perm])
     np.testing.assert_allclose(b.weights, a.weights[:, perm], atol=1e-6)
     np.testing.assert_allclose(b.output, a.output, atol=1e-5)
+
+
+def test_each_variant_is_made_of_its_own_module():
+    """``variant(__name__, ...)`` reads the docstring, ``Params``, ``check`` and ``compute`` off the module
+    that calls it; ``qkv_variant``'s variants, and only they, take the inputs q, k, v as hooks capture them."""
+    import importlib
+
+    from attnviz.variants import REGISTRY
+    from attnviz.variants._base import QKV
+
+    for v in REGISTRY.values():
+        module = importlib.import_module(v.compute.__module__)
+        assert module.VARIANT is v
+        assert (v.doc, v.params, v.check) == (module.__doc__, module.Params, module.check)
+        assert v.captured_qkv == (v.inputs == QKV)
+    assert sum(v.inputs == QKV for v in REGISTRY.values()) == 7
