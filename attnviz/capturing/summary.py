@@ -19,7 +19,7 @@ import math
 import threading
 from typing import Any
 
-from attnviz.rowmath import entropy_of_rows, exp_rows, masked_softmax_torch, real_ends_torch
+from attnviz.rowmath import entropy_of_rows, exp_rows, real_ends_torch, softmax_of_scores_torch
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
 
 #: scores held at a time per block (float32 values, all heads): the block's rows follow from it
@@ -506,8 +506,4 @@ def step_row(query: Any, key: Any, *, scale: float, dense: Any = None, softcap: 
     hkv, lk = key.shape[1], key.shape[-2]
     s = torch.matmul(query.to(torch.float32).reshape(b, hkv, (h // hkv) * r, -1),
                      key.to(torch.float32).transpose(-1, -2)).reshape(b, h, r, lk) * scale
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    if bias is not None:
-        s = s + bias.to(torch.float32)
-    return masked_softmax_torch(s, dense, None if sinks is None else sinks.reshape(1, h, 1, 1))
+    return softmax_of_scores_torch(s, dense, softcap=softcap, bias=bias, sinks=sinks)
