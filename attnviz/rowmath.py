@@ -197,6 +197,17 @@ def exp_rows(s: Any, top: Any, *, sink: Any = None, live: Any = None, inplace: b
     return ExpRows(e, shift, total, denom, inv)
 
 
+def softmax_block(s: Any, top: Any, *, sink: Any = None, live: Any = None) -> tuple[ExpRows, Any, Any]:
+    """A block's rows as the blockwise paths sum them (``exp_rows``, ``s`` shifted in place), with each row's
+    entropy (``entropy_of_rows``) and its largest weight (``[..., r]``: ``1 / Z``, or ``exp(top - sink) / Z``
+    where the sink logit is the larger and so the shift): ``(rows, entropy, largest)``."""
+    import torch
+
+    rows = exp_rows(s, top, sink=sink, live=live)
+    largest = rows.inv if sink is None else torch.exp(top - rows.shift) * rows.inv
+    return rows, entropy_of_rows(rows, s), largest
+
+
 def entropy_of_rows(rows: ExpRows, shifted: Any) -> Any:
     """Each row's entropy from its exponentials (``exp_rows``) and its scores less the shift: with the weights
     ``p = e / Z``, ``-sum p log p = (total / Z) log Z - sum_j e (s - shift) / Z``; 0 log 0 = 0 as the masked keys'
