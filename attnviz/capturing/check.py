@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.capturing.fileformat import open_capture, site_keep
-from attnviz.rowmath import masked_softmax
+from attnviz.rowmath import softmax_of_scores
 
 #: the default tolerance of --check by the dtype the model computed in (its weights carry that rounding)
 TOLERANCE = {"float32": 1e-5, "float64": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
@@ -37,11 +37,7 @@ def recompute(q: np.ndarray, k: np.ndarray, keep: np.ndarray, scale: float, soft
     groups = q.shape[2] // k.shape[2]
     k64 = np.repeat(k64, groups, axis=2)
     scores = _rounded(_rounded(np.einsum("bqhd,bkhd->bhqk", q64, k64), dtype) * scale, dtype)
-    if softcap is not None:
-        scores = np.tanh(scores / softcap) * softcap
-    if bias is not None:
-        scores = scores + bias.astype(np.float64)
-    return masked_softmax(scores, keep, None if sinks is None else sinks.astype(np.float64)[None, :, None, None])
+    return softmax_of_scores(scores, keep, softcap=softcap, bias=bias, sinks=sinks)
 
 
 def check_capture(path: str | Path) -> dict[str, float]:

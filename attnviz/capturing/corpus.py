@@ -36,9 +36,9 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from attnviz.capturing.blame import raised_by_attnviz
+from attnviz.capturing.blame import run_forward
 from attnviz.capturing.divergence import divergence_sums, sum_dtype
-from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
+from attnviz.errors import AttnvizError, InputError, UsageError
 from attnviz.inspection.corpus import (
     CORPUS_STATS,
     PUNCTUATION,
@@ -734,18 +734,8 @@ def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, 
             acc.begin_blocked(real, token_classes.masks(ids), distance_budget)
         else:
             acc.begin(real, token_classes.masks(ids))
-        try:
-            runner(**inputs)
-        except AttnvizError:
-            raise
-        except torch.cuda.OutOfMemoryError:
-            raise DeviceError(f"{where}: the GPU ran out of memory; a smaller --batch-size, --dtype bfloat16, "
-                              "or --device cpu.") from None
-        except Exception as exc:  # noqa: BLE001
-            if raised_by_attnviz(exc):
-                raise  # attnviz's own code inside the forward (the accumulator): an internal error, not the model's
-            span = f"line {lines[0]}" if len(lines) == 1 else f"the texts of lines {lines[0]}..{lines[-1]}"
-            raise InputError(f"{where}: the model failed on {span} ({_reason(exc)}).") from None
+        span = f"line {lines[0]}" if len(lines) == 1 else f"the texts of lines {lines[0]}..{lines[-1]}"
+        run_forward(runner, inputs, where=where, smaller="a smaller --batch-size", failed_on=span)
         if blocked:
             acc.end_blocked()
         else:

@@ -30,7 +30,7 @@ from typing import Any
 from attnviz.capturing.divergence import divergence_sums
 from attnviz.capturing.summary import MASKED, BlockScores, run_blocks, threaded, values_at
 from attnviz.inspection.corpus import CORPUS_STATS, SMOOTHING
-from attnviz.rowmath import entropy_of_rows, exp_rows, real_ends_torch, row_rule
+from attnviz.rowmath import exp_rows, real_ends_torch, row_rule, softmax_block
 from attnviz.statistics import BY_NAME, POSITIONAL
 
 #: a text runs alone, a block of rows at a time, when its exact weights over every site (sites x H x L x L
@@ -184,10 +184,8 @@ def _site_sums(query: Any, key: Any, *, scale: float, parts: Any, real: Any, cla
         s, _, seen, live = scorer.scores(r0, r1, lo, hi)  # seen, live: [1, M, r] (M: 1, or H with a mask per head)
         top, arg = s.max(-1)  # ties: the lower index, as the exact path's
         arg = arg + lo
-        x = exp_rows(s, top, sink=sink_logit, live=live)  # live: [1, M, r], broadcast over the heads
+        x, entropy, top_w = softmax_block(s, top, sink=sink_logit, live=live)  # live: [1, M, r], over the heads
         e, inv = x.e, x.inv
-        entropy = entropy_of_rows(x, s)
-        top_w = inv if sink_logit is None else torch.exp(top - x.shift) * inv
         got = torch.matmul(e, feats[:, :, lo:hi]) * inv[..., None]  # [1, H, r, 2 + C]
         rows = real[:, None, r0:r1] & live  # [1, M, r]: each head's rows where the mask differs per head
         # the rows each statistic is a mean over (its rule in attnviz.statistics)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnviz.capturing.blame import raised_by_attnviz
+from attnviz.capturing.blame import run_forward
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "tf_model.h5", "model*.safetensors.index.json")
@@ -386,24 +386,14 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
 
     with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
                        target=target_value, progress=told, **settings) as rec:
-        try:
-            if generate:
-                if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
-                    raise UsageError(f"--generate: {type(model).__name__} has no language-model head to generate "
-                                     "with.")
-                model.generate(**inputs, max_new_tokens=generate, do_sample=False,
-                               pad_token_id=tokenizer.pad_token_id)
-            else:
-                model(**inputs)
-        except AttnvizError:
-            raise
-        except torch.cuda.OutOfMemoryError:
-            raise DeviceError(f"{folder}: the GPU ran out of memory; fewer or shorter texts, --dtype bfloat16, or "
-                              "--device cpu.") from None
-        except Exception as exc:  # noqa: BLE001
-            if raised_by_attnviz(exc):
-                raise  # attnviz's own code inside the forward: an internal error, not the model's
-            raise InputError(f"{folder}: the model failed on the texts ({_reason(exc)}).") from None
+        if generate:
+            if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
+                raise UsageError(f"--generate: {type(model).__name__} has no language-model head to generate with.")
+            run_forward(model.generate, {**inputs, "max_new_tokens": generate, "do_sample": False,
+                                         "pad_token_id": tokenizer.pad_token_id}, where=str(folder),
+                        smaller="fewer or shorter texts")
+        else:
+            run_forward(model, inputs, where=str(folder), smaller="fewer or shorter texts")
     assert rec.path is not None
     meta = rec.metadata
     first = rec.sites[0]

@@ -19,7 +19,7 @@ import math
 import threading
 from typing import Any
 
-from attnviz.rowmath import entropy_of_rows, exp_rows, masked_softmax_torch, real_ends_torch
+from attnviz.rowmath import real_ends_torch, softmax_block, softmax_of_scores_torch
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
 
 #: scores held at a time per block (float32 values, all heads): the block's rows follow from it
@@ -190,14 +190,11 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
         top, which = block_max.max(-1)
         inside = blocks.gather(3, which[..., None, None].expand(b, h, r, 1, bk))[..., 0, :].argmax(-1)
         arg = (which + j0) * bk + inside
-        key_top = top
         alive = live.expand(b, h, r)  # live: [B, M, r] (M: 1, or H with a mask per head)
-        x = exp_rows(s, key_top, sink=sink_logit, live=alive)  # a row that sees nothing: no weights
+        x, entropy, maxw = softmax_block(s, top, sink=sink_logit, live=alive)  # a row that sees nothing: no weights
         e, top, total_e, inv = x.e, x.shift, x.total, x.inv
         got = torch.matmul(e, features[:, :, lo:hi])  # [B, H, r, 4]: sums of e times position, sink, first, last
         total = total_e * inv
-        entropy = entropy_of_rows(x, s)
-        maxw = inv if sink_logit is None else torch.exp(key_top - top) * inv
         # distance: sum A |pos - j|: the keys left of the block's first row and right of its last are on one side
         # of every row's diagonal; the keys in between are summed exactly
         posf = pos.to(f32)
@@ -506,8 +503,4 @@ def step_row(query: Any, key: Any, *, scale: float, dense: Any = None, softcap: 
     hkv, lk = key.shape[1], key.shape[-2]
     s = torch.matmul(query.to(torch.float32).reshape(b, hkv, (h // hkv) * r, -1),
                      key.to(torch.float32).transpose(-1, -2)).reshape(b, h, r, lk) * scale
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    if bias is not None:
-        s = s + bias.to(torch.float32)
-    return masked_softmax_torch(s, dense, None if sinks is None else sinks.reshape(1, h, 1, 1))
+    return softmax_of_scores_torch(s, dense, softcap=softcap, bias=bias, sinks=sinks)
