@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnviz.ablation.heads import Geometry, Plan, Restriction
-from attnviz.errors import AttnvizError, InputError, UsageError
+from attnviz.errors import InputError, UsageError
 
 #: without an answer, the KL is taken over this many of the text's last rows
 KL_ROWS = 16
@@ -141,21 +141,10 @@ def teacher_forced(loaded: Loaded, ids: list[int], answer: list[int] | None, pla
 
 
 def _forward(loaded: Loaded, tensor: Any, keep_rows: int) -> Any:
-    import torch
+    from attnviz.capturing.blame import run_forward
 
-    from attnviz.capturing.blame import raised_by_attnviz
-
-    try:
-        return loaded.model(input_ids=tensor, logits_to_keep=keep_rows, use_cache=False).logits
-    except AttnvizError:
-        raise
-    except torch.cuda.OutOfMemoryError:
-        raise AttnvizError("attnviz ablate: the GPU ran out of memory; shorter texts, --batch 1, --dtype bfloat16 "
-                           "or --device cpu.") from None
-    except Exception as exc:  # noqa: BLE001
-        if raised_by_attnviz(exc):
-            raise
-        raise InputError(f"{loaded.name}: the model failed on the text ({type(exc).__name__}: {exc}).") from None
+    return run_forward(loaded.model, {"input_ids": tensor, "logits_to_keep": keep_rows, "use_cache": False},
+                       where=loaded.name, smaller="shorter texts or a smaller --batch", failed_on="the text").logits
 
 
 def greedy(loaded: Loaded, ids: list[int], new_tokens: int, plan: Plan) -> list[str]:
@@ -168,9 +157,13 @@ def greedy(loaded: Loaded, ids: list[int], new_tokens: int, plan: Plan) -> list[
     tensor = torch.tensor([ids] * batch, device=loaded.device)
     tok = loaded.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    from attnviz.capturing.blame import run_forward
+
     with torch.no_grad(), restricted(loaded.model, plan, loaded.geometry):
-        out = loaded.model.generate(input_ids=tensor, attention_mask=torch.ones_like(tensor),
-                                    max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)
+        out = run_forward(loaded.model.generate, {"input_ids": tensor, "attention_mask": torch.ones_like(tensor),
+                                                  "max_new_tokens": new_tokens, "do_sample": False,
+                                                  "pad_token_id": pad},
+                          where=loaded.name, smaller="shorter texts or a smaller --batch", failed_on="the text")
     texts = []
     for row in out[:, len(ids):].cpu().tolist():
         if tok.eos_token_id is not None and tok.eos_token_id in row:
