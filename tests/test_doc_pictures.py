@@ -55,7 +55,7 @@ def test_every_input_list_names_every_format():
     checked = 0
     for name, command in commands.items():
         arguments = [p for p in command.params if p.param_type_name == "argument"]
-        if name in ("batch", "capture", "merge", "serve", "variants", "repeat-test") or not arguments:
+        if name in ("batch", "capture", "ablate", "merge", "serve", "variants", "repeat-test") or not arguments:
             continue
         first = " ".join(getattr(arguments[0], "help", "") .split())
         assert INPUT_FORMATS in first, f"attnviz {name} {arguments[0].name}: {first}"

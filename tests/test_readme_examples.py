@@ -139,7 +139,14 @@ EXAMPLES = docs_examples()
 # the long-context page's retrieval example runs a real LLM (SmolLM2, converted from its GGUF file): the real-model
 # tier runs those lines as the page prints them and checks the page's table (tests/test_real_models.py)
 SKIP.update({line: "needs SmolLM2: tests/test_real_models.py runs it and checks the page's table" for line in EXAMPLES
-             if " smollm2 " in line or line.startswith("attnviz inspect needle.safetensors --needle \"The best")})
+             if (" smollm2 " in line and not line.startswith("attnviz ablate "))
+             or line.startswith("attnviz inspect needle.safetensors --needle \"The best")})
+# attnviz ablate's examples run SmolLM2 on needles of 2,000 tokens (--rank: half an hour on 2 cores): the same command
+# lines run on a tiny Llama in tests/test_ablation.py, and tests/test_real_models.py checks SmolLM2's key-value head
+# 18:2 against the model's own eager attention
+SKIP.update({line: "runs SmolLM2 on 2,000-token needles: tests/test_ablation.py runs these command lines on a tiny "
+             "model, tests/test_real_models.py checks SmolLM2" for line in EXAMPLES
+             if line.startswith("attnviz ablate smollm2 ")})
 
 
 def short(line: str, width: int = 70) -> str:
@@ -319,6 +326,15 @@ def make_inputs(d: Path) -> Path:
         invoke(["capture", str(d / "my-model"), "--text", "The cat sat on the mat.", "--text", "A dog ran.", "-o",
                 str(d / "run.safetensors")])
         _gradient_capture(d / "grads.safetensors")
+        # docs/training.md: recordings a training kept (attnviz.keras.AttentionMonitor's keep=, a capture file an
+        # epoch; tests/test_keras_monitor.py makes real ones), here two captures of the model on other texts
+        for kept in ("runs/kept", "logs/kept"):
+            (d / kept).mkdir(parents=True, exist_ok=True)
+            for epoch, text in ((0, "A dog sat on the mat."), (19, "The dog ran to the cat.")):
+                invoke(["capture", str(d / "my-model"), "--text", text, "-o",
+                        str(d / kept / f"epoch_{epoch:06d}.safetensors")])
+        for name in ("epoch_000000", "epoch_000019"):
+            shutil.copy(d / "runs" / "kept" / f"{name}.safetensors", d / "runs" / f"{name}.safetensors")
         # corpus files (docs/corpus.md, docs/commands/merge.md): a whole run and two shards of a short text file
         (d / "corpus.txt").write_text("The cat sat on the mat.\nA dog ran.\n\nThe dog sat, the cat ran.\nThe cat ran.\n"
                                        "A dog sat on the mat.\n")
@@ -454,6 +470,20 @@ def test_the_readme_tour_shows_examples_the_documentation_runs():
     assert [line for line in tour if line not in EXAMPLES and line not in run_elsewhere] == []
 
 
+def _globbed(argv: list[str], folder: Path) -> list[str]:
+    """The arguments as the shell hands them over: a file pattern (``runs/*.safetensors``; not a key glob after
+    ``:``) that matches files becomes those files, in order."""
+    out: list[str] = []
+    for arg in argv:
+        if any(c in arg for c in "*?[") and ":" not in arg and not arg.startswith("-"):
+            found = sorted(str(p.relative_to(folder)) for p in folder.glob(arg))
+            if found:
+                out.extend(found)
+                continue
+        out.append(arg)
+    return out
+
+
 @pytest.mark.parametrize("line", EXAMPLES, ids=[short(x) for x in EXAMPLES])
 def test_readme_example_runs(line, folder, monkeypatch):
     if line in SKIP:
@@ -461,7 +491,7 @@ def test_readme_example_runs(line, folder, monkeypatch):
     monkeypatch.chdir(folder)
     argv, rest = split_shell(line)
     assert argv[0] == "attnviz"
-    argv = argv[1:]
+    argv = _globbed(argv[1:], folder)
     outputs = [folder / argv[i + 1] for i, a in enumerate(argv[:-1]) if a in OUTPUT_OPTIONS]
     for path in outputs:
         path.unlink(missing_ok=True)
