@@ -268,24 +268,29 @@ def _streamed_eager_logprob(model, ids: list[int], answer: list[int], layer: int
 def test_ablate_finds_the_key_value_head_smollm2_needs(smol: Path) -> None:
     """Streaming layer 18's key-value head 2 (query heads 18:6-8, its best retrieval heads) costs the answer
     nats of log-probability, layer 0's head 0 next to nothing, and the restricted log-probability is the eager
-    model's with that head's mask."""
+    model's with that head's mask. The plain run and the two restricted ones are entries of one batch, as the
+    ranking runs them."""
     import torch
     import transformers
 
-    import attnviz
+    from attnviz.ablation.heads import Plan, Restriction, restricted
     from attnviz.ablation.needles import needle_suite
+    from attnviz.ablation.restrict import geometry
+    from attnviz.ablation.runs import Loaded, greedy, teacher_forced
 
     tok = transformers.AutoTokenizer.from_pretrained(str(smol))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(smol), dtype=torch.float32,
                                                               attn_implementation="sdpa").eval()
     needle = needle_suite(1, tokens=900, seed=3, depths=[0.5], tokenizer=tok)[0]
-    settings = dict(kv_heads=True, sink=16, recent=64, answer=needle.answer)
-    needed = attnviz.ablate(model, tok, needle.text, stream="18:2", generate=8, **settings).document()["texts"][0]
-    cheap = attnviz.ablate(model, tok, needle.text, stream="0:0", **settings).document()["texts"][0]
-    assert needle.code in needed["plain_generated"]
-    drops = (needed["logprob_drop"], cheap["logprob_drop"])
-    assert drops[0] > 1.0 and abs(drops[1]) < drops[0] / 5, drops
+    g = geometry(model)
+    loaded = Loaded(model, tok, "cpu", g, "smollm2")
+    stream = Restriction("stream", sink=16, recent=64)
     ids = tok(needle.text)["input_ids"]
     answer = tok(needle.answer, add_special_tokens=False)["input_ids"]
+    plan = Plan([{}, restricted([(18, 2)], stream, g, kv_heads=True), restricted([(0, 0)], stream, g, kv_heads=True)])
+    assert needle.code in greedy(loaded, ids, 6, Plan([{}]))[0]  # the model answers
+    plain, needed, cheap = teacher_forced(loaded, ids, answer, plan)[0]
+    drops = (plain.logprob - needed.logprob, plain.logprob - cheap.logprob)
+    assert drops[0] > 1.0 and abs(drops[1]) < drops[0] / 5, drops
     want = _streamed_eager_logprob(model, ids, answer, 18, 2, 16, 64)
-    assert needed["restricted_logprob"] == pytest.approx(want, abs=2e-3)
+    assert needed.logprob == pytest.approx(want, abs=2e-3)
