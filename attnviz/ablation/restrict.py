@@ -16,34 +16,24 @@ torch and transformers are imported inside the functions.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from attnviz.ablation.heads import Geometry, Plan, Restriction
 from attnviz.capturing.blame import model_call
-from attnviz.capturing.hf import attention_modules, eager_of, implementation
+from attnviz.capturing.hf import attention_modules, eager_of, implementation, register_implementation
 from attnviz.errors import InputError
 
 IMPLEMENTATION = "attnviz_ablate"
-_registered = False
-_lock = threading.Lock()
 #: the open runs, by id of each attention module of their models
 _owners: dict[int, Restricting] = {}
 
 
 def _register() -> None:
-    global _registered
-    with _lock:
-        if _registered:
-            return
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import sdpa_mask
 
-        AttentionInterface.register(IMPLEMENTATION, _attention)
-        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-        _registered = True
+    register_implementation(IMPLEMENTATION, _attention, sdpa_mask)
 
 
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:

@@ -36,7 +36,8 @@ PROGRESS_EVERY = 0.1
 #: attribute names of an attention module's output projection, by family
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "o", "c_proj", "dense", "wo", "out", "proj")
 CROSS_NAMES = ("encoder_attn", "crossattention", "cross_attn", "encdecattention", "cross_attention")
-_registered = False
+#: the implementations registered with transformers in this process
+_registered: set[str] = set()
 _lock = threading.Lock()
 #: the open captures, by id of each attention module they own
 _owners: dict[int, HFCapture] = {}
@@ -44,17 +45,22 @@ _owners: dict[int, HFCapture] = {}
 _config_owners: dict[int, HFCapture] = {}
 
 
-def _register() -> None:
-    global _registered
+def register_implementation(name: str, attention: Any, mask: Any) -> None:
+    """``attention`` and ``mask`` registered under ``name`` with transformers' ``AttentionInterface`` and
+    ``AttentionMaskInterface``, once a process (a capture's, ``attnviz ablate``'s)."""
     with _lock:
-        if _registered:
+        if name in _registered:
             return
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
 
-        AttentionInterface.register(IMPLEMENTATION, _attention)
-        AttentionMaskInterface.register(IMPLEMENTATION, _mask)
-        _registered = True
+        AttentionInterface.register(name, attention)
+        AttentionMaskInterface.register(name, mask)
+        _registered.add(name)
+
+
+def _register() -> None:
+    register_implementation(IMPLEMENTATION, _attention, _mask)
 
 
 def _mask(*args: Any, **kwargs: Any) -> Any:
