@@ -177,7 +177,10 @@ def served(weights_file, tmp_path_factory):
         _inspect(str(weights_file), "--tensorboard", str(logs / "weights"), "--tensorboard-step", str(step),
                  "--no-table")
     _inspect(str(SAMPLES / KINDS["corpus"]), "--tensorboard", str(logs / "corpus"), "--no-table")
-    board = program.TensorBoard(plugins=[*default.get_plugins(), AttnvizPluginLoader()])  # as the entry point loads it
+    plugins = default.get_plugins()  # an installed attnviz brings its dashboard by its tensorboard_plugins entry point
+    if not any(p is AttnvizPluginLoader or isinstance(p, AttnvizPluginLoader) for p in plugins):
+        plugins = [*plugins, AttnvizPluginLoader()]  # a checkout installed before the entry point: as it loads it
+    board = program.TensorBoard(plugins=plugins)
     board.configure(argv=[None, "--logdir", str(logs), "--host", "127.0.0.1", "--port", "0", "--reload_interval",
                           "1", "--load_fast", "false"])
     url = board.launch()  # a server thread of this process: it ends with it
