@@ -52,8 +52,9 @@ def _missing() -> list[str]:
     return missing
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def start_chromium(tmp_path_factory, *flags: str, logs: bool = False):
+    """Headless Chromium driven by chromedriver (skipped without them, failed when ATTNVIZ_REQUIRE_BROWSER=1), with
+    a profile of its own and ``flags`` besides; ``logs``: the browser's console and network logs kept."""
     missing = _missing()
     if missing:
         if REQUIRED:
@@ -66,14 +67,21 @@ def browser(tmp_path_factory):
     options.binary_location = _find("chromium", "chromium-browser")
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-default-apps", "--disable-extensions", "--disable-domain-reliability",
-                 "--no-first-run", "--no-default-browser-check", "--window-size=1400,1100",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-                 f"--proxy-server={NOWHERE}", "--proxy-bypass-list=<-loopback>"):
+                 "--disable-extensions", "--no-first-run",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}", *flags):
         options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    if logs:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(_find("chromedriver")), options=options)
     driver.set_page_load_timeout(60)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = start_chromium(tmp_path_factory, "--disable-default-apps", "--disable-domain-reliability",
+                            "--no-default-browser-check", "--window-size=1400,1100", f"--proxy-server={NOWHERE}",
+                            "--proxy-bypass-list=<-loopback>", logs=True)
     driver.execute_cdp_cmd("Network.enable", {})
     driver.execute_cdp_cmd("Network.emulateNetworkConditions", {
         "offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0})

@@ -222,25 +222,9 @@ return walk(document, []).join(' ');
 def chromium(tmp_path_factory):
     """Headless Chromium (skipped without it, as tests/test_browser), every address but the loopback's sent to a
     proxy that does not exist: TensorBoard's pages are served whole by TensorBoard."""
-    from tests.test_browser import REQUIRED, _find, _missing
+    from tests.test_browser import start_chromium
 
-    missing = _missing()
-    if missing:
-        if REQUIRED:
-            pytest.fail("ATTNVIZ_REQUIRE_BROWSER=1, but " + "; ".join(missing))
-        pytest.skip("; ".join(missing))
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = _find("chromium", "chromium-browser")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-extensions", "--window-size=1400,1000", "--proxy-server=127.0.0.1:9",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(_find("chromedriver")), options=options)
-    driver.set_page_load_timeout(60)
+    driver = start_chromium(tmp_path_factory, "--window-size=1400,1000", "--proxy-server=127.0.0.1:9")
     yield driver
     driver.quit()
 
