@@ -153,10 +153,6 @@ class Plan:
     def touches(self, layer: int) -> bool:
         return any(layer in entry for entry in self.entries)
 
-    @property
-    def empty(self) -> bool:
-        return not any(self.entries)
-
 
 def restricted(heads: list[tuple[int, int]], restriction: Restriction, geometry: Geometry, *,
                kv_heads: bool = False) -> dict[int, dict[int, Restriction]]:

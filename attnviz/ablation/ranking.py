@@ -204,10 +204,5 @@ def evaluate(loaded: Loaded, needles: Sequence[Any], policies: list[tuple[str, l
             for p in range(len(plans))]
 
 
-def statistic_order(values: list[float], units: list[tuple[int, int]], lowest_first: bool = True) -> list[int]:
-    """Unit indices ordered by a statistic (for a policy chosen by it)."""
-    return sorted(range(len(units)), key=lambda u: (values[u] if lowest_first else -values[u], u))
-
-
-__all__ = ["Costs", "Geometry", "PolicyResult", "cache_kept", "evaluate", "head_costs", "policy", "random_policies",
-           "statistic_order"]
+__all__ = ["Costs", "Geometry", "PolicyResult", "cache_kept", "evaluate", "head_costs", "policy", "policy_gates",
+           "random_policies"]

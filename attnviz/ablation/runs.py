@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnviz.ablation.heads import Geometry, Plan, Restriction
+from attnviz.ablation.heads import Geometry, Plan
 from attnviz.errors import InputError, UsageError
 
 #: without an answer, the KL is taken over this many of the text's last rows
@@ -191,11 +191,6 @@ def compare(loaded: Loaded, texts: Sequence[str], plan_of: Callable[[int], Plan]
     return results
 
 
-def with_plain(restriction: dict[int, dict[int, Restriction]]) -> Plan:
-    """A plan of two entries: the plain run, then ``restriction``."""
-    return Plan([{}, restriction])
-
-
 def holds(generated: str | None, code: str) -> bool:
     """Whether a generated answer holds ``code`` (the needle's answer)."""
     return generated is not None and code in generated
@@ -207,4 +202,4 @@ def mean(values: Sequence[float]) -> float:
 
 
 __all__ = ["KL_ROWS", "Loaded", "Outcome", "TextRuns", "compare", "encode_answer", "encode_text", "greedy", "holds",
-           "load", "mean", "teacher_forced", "with_plain"]
+           "load", "mean", "teacher_forced"]
