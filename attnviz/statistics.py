@@ -1,6 +1,6 @@
 """The one table of attention statistics: each statistic's name, the header the tables print, its formula, which
 rows count and where it is reported. Every list of statistics (``inspection.heads.HEAD_STATS``,
-``summarystats.PER_ROW``, ``inspection.summary.HEAD_FIELDS``, ``inspection.corpus.CORPUS_STATS``, the tables'
+``summarystats.PER_ROW``, ``inspection.summary.HEAD_FIELDS``, ``corpusfile.CORPUS_STATS``, the tables'
 ``COLUMNS``, what ``inspect --sort`` takes: ``sort_key``) is derived from it; ``attnviz.rowmath`` holds the
 arithmetic they share (the masked softmax, the entropy of a row, the first and last real position, the row rules
 below), NumPy and torch side by side. Standard library only: the command line reads it without loading NumPy.
@@ -79,7 +79,7 @@ WEIGHTS, SUMMARY, CORPUS = "weights", "summary", "corpus"
 #: where a statistic is reported
 FACES = {WEIGHTS: "inspect's head statistics of exact weights (attnviz.inspection.heads)",
          SUMMARY: "a summary capture's head table (attnviz.inspection.summary)",
-         CORPUS: "a corpus file's per-text means (attnviz.inspection.corpus)"}
+         CORPUS: "a corpus file's per-text means (attnviz.corpusfile)"}
 
 #: which query rows a statistic is a mean over (each a subset of the counted rows: real, attending some key)
 ROWS = {

@@ -38,7 +38,7 @@ real row or no key its rows may see; ``pool_q_edges [Pq + 1]`` and ``pool_k_edge
 edges in positions (block I covers ``edges[I]`` to ``edges[I + 1] - 1``). ``rows [B, H, R, Lk]``: the
 chosen rows' weights over every key, ``row_positions [R]`` which rows.
 
-The three paths that compute these (the capture's torch blocks, ``attnviz.capturing.summary``; this
+The three paths that compute these (the capture's torch blocks, ``attnviz.summarytorch``; this
 module's ``summarise`` in NumPy; ``attnviz.inspection.heads`` on exact weights for the head means) are
 tested against each other on the same q and k (``tests/test_summary.py``), and with the corpus's paths
 (``tests/test_statistics.py``). A new statistic is added to the table of ``attnviz.statistics`` first, then
@@ -186,7 +186,7 @@ def summarise(q: np.ndarray, k: np.ndarray, *, scale: float, settings: SummarySe
               bias: np.ndarray | None = None, block: int = 256) -> dict[str, np.ndarray]:
     """Every statistic above by its definition, in NumPy, a block of ``block`` query rows at a time:
     ``q [B, H, Lq, d]``, ``k [B, Hkv, Lk, d]``, ``dense`` a keep mask ``[B or 1, 1 or H, Lq, Lk]`` or None (then
-    ``parts``). The arrays ``attnviz.capturing.summary.summarise`` returns, as NumPy: with a mask per head, each
+    ``parts``). The arrays ``attnviz.summarytorch.summarise`` returns, as NumPy: with a mask per head, each
     head's weights over its own keys, and ``keys_seen`` ``[B, H, Lq]`` and ``seen_by`` ``[B, H, Lk]`` per head."""
     b, h, lq, _ = q.shape
     lk = k.shape[-2]

@@ -77,7 +77,7 @@ def _real(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _keep(path: Path, site: str) -> np.ndarray:
     """A site's keep mask as the file describes it (its parts, or a dense array)."""
-    from attnviz.capturing.fileformat import open_capture, site_keep
+    from attnviz.capturefile import open_capture, site_keep
 
     with open_capture(path) as (raw, capture):
         keep = site_keep(raw, capture, site)
@@ -700,7 +700,7 @@ def test_two_runs_in_one_block_keep_the_last_whole(tmp_path: Path) -> None:
 
 
 def test_npz_capture_is_whole_or_nothing_and_saves_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnviz.capturing import fileformat
+    from attnviz import capturefile as fileformat
 
     model, _ = _pair("GPT2Config", DECODERS["gpt2"][1])
     ids, mask = _ids()

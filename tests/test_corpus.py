@@ -20,12 +20,8 @@ from safetensors import safe_open
 
 from attnviz.capturing.corpus import CorpusAccumulator
 from attnviz.capturing.session import Capture
-from attnviz.inspection.corpus import (
-    CorpusSums,
-    classical_mds,
-    merge_corpora,
-    read_corpus,
-)
+from attnviz.corpusfile import CorpusSums, merge_corpora, read_corpus
+from attnviz.inspection.corpus import classical_mds
 from tests.conftest import LazyModule
 
 torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
@@ -402,7 +398,7 @@ def test_long_texts_run_alone_and_distances_keep_their_rows(bert_folder: Path, t
     with pytest.warns(UserWarning):
         attnviz.corpus(model, tok, lines, batch_size=3, token_class=["the=the"], path=other)
     # two shards' counts add: a file without the count (written before long texts ran blocked) holds every text
-    from attnviz.inspection.corpus import write_corpus
+    from attnviz.corpusfile import write_corpus
 
     older = read_corpus(str(other))
     del older.meta["corpus"]["distance_texts"]

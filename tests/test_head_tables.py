@@ -102,7 +102,7 @@ def test_a_corpus_column_of_small_weights_reads_its_values() -> None:
     """A corpus file's table: over texts of 10,000 tokens (uniform attention's weight 1e-4), a class column of 2.5e-4
     and 1.2e-4 (per-text means, then over texts) reads so; over texts of 10 tokens such weights are negligible
     (below 1% of uniform attention's 0.1) and read 0."""
-    from attnviz.inspection.corpus import CORPUS_STATS, CorpusSums
+    from attnviz.corpusfile import CORPUS_STATS, CorpusSums
     from attnviz.render.corpus import corpus_table
 
     names = [*CORPUS_STATS, "class:rare"]
@@ -268,7 +268,7 @@ def test_exact_weights_sink_by_gu_et_al() -> None:
 def test_corpus_token_class_tag_and_the_table_golden() -> None:
     """A corpus whose head 1 puts 0.6 on a token class is tagged with the class's name; the table, its tag column
     and the lines under it, as a terminal of 100 columns shows them."""
-    from attnviz.inspection.corpus import CORPUS_STATS, CorpusSums
+    from attnviz.corpusfile import CORPUS_STATS, CorpusSums
     from attnviz.render.corpus import corpus_table
 
     names = [*CORPUS_STATS, "class:rare"]

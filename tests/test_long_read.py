@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz.capturing.fileformat import write_safetensors
+from attnviz.capturefile import write_safetensors
 
 
 def _weights(rng: np.random.Generator, layers: int, batches: int, heads: int, n: int, real: np.ndarray) -> np.ndarray:

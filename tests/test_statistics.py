@@ -1,5 +1,5 @@
 """One definition per statistic (``attnviz.statistics``): every path that computes one (the summary's NumPy form
-``summarystats.summarise`` and its torch blocks ``capturing.summary``, the summary's head table, the head
+``summarystats.summarise`` and its torch blocks ``summarytorch``, the summary's head table, the head
 statistics of exact weights ``inspection.heads``, the corpus's exact path from weights and its blocked path from q
 and k) gives, on the same q and k, what a transcription of the statistic's formula gives over the rows its rule
 in the table names: a causal case with left padding and a bidirectional one with right padding. A word (a name
@@ -112,7 +112,7 @@ def _corpus_exact(c: dict, a: np.ndarray, threshold: float) -> dict[str, np.ndar
 def _corpus_blocked(c: dict, threshold: float) -> dict[str, np.ndarray]:
     """The corpus's blocked path (a long text: alone, its real tokens only, a few rows a block), from q and k."""
     from attnviz.capturing.corpuslong import site_sums
-    from attnviz.inspection.corpus import CORPUS_STATS
+    from attnviz.corpusfile import CORPUS_STATS
     from attnviz.summarystats import MaskParts
 
     out: dict[str, list] = {}
@@ -145,11 +145,11 @@ def _summary_read(got: dict[str, np.ndarray], entry: int):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal, left padding", "bidirectional, right padding"])
 def test_every_path_follows_the_table(causal: bool) -> None:
-    from attnviz.capturing.summary import summarise as in_torch
     from attnviz.inspection.heads import head_statistics
     from attnviz.inspection.summary import head_table, sink_rate
     from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings
     from attnviz.summarystats import summarise as in_numpy
+    from attnviz.summarytorch import summarise as in_torch
 
     c = _case(causal)
     a = _weights(c)
@@ -172,7 +172,7 @@ def test_every_path_follows_the_table(causal: bool) -> None:
         torch.tensor(c["q"]), torch.tensor(c["k"]), scale=SCALE, settings=settings,
         parts=MaskParts(causal=causal, padding=torch.tensor(c["real"])), row_budget=H * L * 3).items()}
     counted = rules["counted"][:, None]
-    for path, got in (("summarystats.summarise", by_numpy), ("capturing.summary", by_torch)):
+    for path, got in (("summarystats.summarise", by_numpy), ("summarytorch", by_torch)):
         for name in PER_ROW:
             if name in per_row:
                 np.testing.assert_allclose(np.where(counted, got[name], 0.0), np.where(counted, per_row[name], 0.0),
@@ -212,7 +212,7 @@ def test_one_word_one_statistic() -> None:
     ``sink`` column (the weight on its first keys); the corpus's ``diagonal`` was headed ``self``, its entropy
     ``entropy``."""
     from attnviz.cli.commands.inspect import SORTABLE, SUMMARY_ONLY
-    from attnviz.inspection.corpus import CORPUS_STATS
+    from attnviz.corpusfile import CORPUS_STATS
     from attnviz.inspection.heads import HEAD_STATS
     from attnviz.inspection.summary import HEAD_FIELDS
     from attnviz.render import corpus, summaries, summary
@@ -244,7 +244,7 @@ def test_one_word_one_statistic() -> None:
 def test_a_corpus_file_of_the_names_before_reads_as_today(tmp_path) -> None:
     """A corpus file written when ``sink_rate`` was ``sink``, in that release's order of statistics, reads with
     today's names and order, and merges with a file written today."""
-    from attnviz.inspection.corpus import CORPUS_STATS, CorpusSums, merge_corpora, read_corpus, write_corpus
+    from attnviz.corpusfile import CORPUS_STATS, CorpusSums, merge_corpora, read_corpus, write_corpus
 
     before = ["first", "last", "punctuation", "diagonal", "previous", "next", "entropy", "entropy_uniform",
               "first_row_entropy", "max", "top_previous", "top_next", "sink", "class:odd"]

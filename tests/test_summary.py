@@ -217,8 +217,8 @@ def test_encoder_both_directions_and_cross_attention(tmp_path: Path) -> None:
 def test_three_paths_of_one_definition() -> None:
     """The torch blocks, the NumPy form and (for the head means) the head statistics of exact weights, on the
     same q and k: grouped heads, a window, a softcap and sinks, left padding, blocks smaller than the map."""
-    from attnviz.capturing.summary import summarise as in_torch
     from attnviz.summarystats import summarise as in_numpy
+    from attnviz.summarytorch import summarise as in_torch
 
     rng = np.random.default_rng(0)
     q, k = rng.normal(size=(2, 4, 37, 8)).astype(np.float32), rng.normal(size=(2, 2, 37, 8)).astype(np.float32)
@@ -265,9 +265,9 @@ def test_a_mask_that_differs_per_head_masks_each_head() -> None:
     each head's statistics over its own keys (a row live where its head's mask keeps a key; keys seen and rows
     seeing a key per head), equal to the definition transcribed from the weights; and the capture keeps such
     a mask whole, not as the parts of its heads' union."""
-    from attnviz.capturing.summary import mask_parts
-    from attnviz.capturing.summary import summarise as in_torch
     from attnviz.summarystats import summarise as in_numpy
+    from attnviz.summarytorch import mask_parts
+    from attnviz.summarytorch import summarise as in_torch
 
     rng = np.random.default_rng(5)
     b, h, n = 2, 4, 11
@@ -388,7 +388,7 @@ def test_generate_under_a_summary_keeps_every_decode_row_and_token(llama_folder:
     random model are zeros; tests/test_real_models.py scores SmolLM2's retrieval heads.)"""
     import transformers
 
-    from attnviz.capturing.fileformat import open_capture
+    from attnviz.capturefile import open_capture
     from attnviz.inspection.summary import decode_rows, read_summary
 
     text = _text(200, "the secret code is magic blue")
@@ -622,7 +622,7 @@ def test_the_tensorflow_blockwise_statistics_follow_the_same_definition() -> Non
     """The variants' per-row statistics, computed by TensorFlow a block of rows at a time (a long scaled
     dot-product run under --max-memory), equal the summary's on the same q and k: entropy, largest weight and
     its key, over a causal map."""
-    from attnviz.capturing.summary import summarise as in_torch
+    from attnviz.summarytorch import summarise as in_torch
 
     rng = np.random.default_rng(3)
     lq, d = 300, 16

@@ -91,7 +91,7 @@ def test_stats_png_of_a_summary_draws_its_columns(tmp_path: Path) -> None:
 
 
 def test_stats_png_of_a_corpus_file_draws_its_columns(tmp_path: Path) -> None:
-    from attnviz.inspection.corpus import read_corpus
+    from attnviz.corpusfile import read_corpus
     from attnviz.render.corpus import stat_grid
 
     doc = json.loads(invoke("inspect", CORPUS, "--json").stdout)
@@ -255,7 +255,8 @@ def test_received_profile_shades_a_short_span_visibly_and_names_it_clear_of_the_
 
 
 def test_heads_map_labels_do_not_overlap_and_write_heads_as_layer_colon_head() -> None:
-    from attnviz.inspection.corpus import closest_pairs, read_corpus
+    from attnviz.corpusfile import read_corpus
+    from attnviz.inspection.corpus import closest_pairs
     from attnviz.render.corpus import closest_pairs_table, heads_map_figure
 
     sums = read_corpus(str(CORPUS))
@@ -281,7 +282,7 @@ def test_heads_map_labels_do_not_overlap_and_write_heads_as_layer_colon_head() -
 
 def test_corpus_pictures_are_titled_by_the_model_s_name(bert_folder: Path, tmp_path: Path) -> None:  # noqa: F811
     """The model's name (its folder's, as titles name a model: capturing.folder.model_name), not its type."""
-    from attnviz.inspection.corpus import read_corpus
+    from attnviz.corpusfile import read_corpus
     from attnviz.render.corpus import heads_map_figure, layer_strips_figure
 
     folder = tmp_path / "tiny-encoder"

@@ -173,7 +173,7 @@ def test_a_capture_shows_its_tokens_as_text(folder: Path, tmp_path: Path) -> Non
     """Exact weights: the JSON labels, the tables, the map's tick labels and the viewer's labels are the text, the
     file keeps the tokens; a file without the recorded convention reads the same."""
     import attnviz
-    from attnviz.capturing.fileformat import open_capture
+    from attnviz.capturefile import open_capture
 
     path = tmp_path / "run.safetensors"
     done = invoke("capture", folder, "--text", TEXT, "-o", path)
@@ -207,7 +207,7 @@ def test_a_capture_shows_its_tokens_as_text(folder: Path, tmp_path: Path) -> Non
 def test_a_summary_shows_its_tokens_as_text(folder: Path, tmp_path: Path) -> None:
     """A summary: the chosen row's label (``row N '⏎'`` read ``row N 'Ċ'``), the top receivers in the JSON and the
     viewer's labels."""
-    from attnviz.capturing.fileformat import open_capture
+    from attnviz.capturefile import open_capture
     from attnviz.inspection.summary import analyse_summary, read_summary
     from attnviz.render.options import FigureOptions
     from attnviz.render.summary import rows_figure

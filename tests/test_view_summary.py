@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz.capturing.fileformat import write_safetensors
+from attnviz.capturefile import write_safetensors
 from attnviz.summarystats import MaskParts, SummarySettings, summarise
 
 LAYERS, BATCH, HEADS, N, D = 2, 2, 3, 40, 8

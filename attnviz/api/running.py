@@ -230,11 +230,11 @@ def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None
     weights over every site (sites x heads x L x L float32) would take more than ``blocked_from`` bytes (256 MiB)
     runs alone, a block of query rows at a time (the same sums); its head distances need every layer's q and k within
     ``distance_budget`` bytes (1 GiB), else it is left out of the distances only, with a warning. Returns an
-    ``attnviz.inspection.corpus.CorpusSums``."""
+    ``attnviz.corpusfile.CorpusSums``."""
     import hashlib
 
     from attnviz.capturing.corpus import CorpusText, compile_classes, run_corpus
-    from attnviz.inspection.corpus import write_corpus
+    from attnviz.corpusfile import write_corpus
 
     if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
         raise UsageError("attnviz.corpus: texts is a list of strings, one per text.")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.capturing.fileformat import open_capture, site_keep
+from attnviz.capturefile import open_capture, site_keep
 from attnviz.rowmath import softmax_of_scores
 
 #: the default tolerance of --check by the dtype the model computed in (its weights carry that rounding)

@@ -4,9 +4,9 @@ heads and rows: no loop over texts), and the run of a local model folder over a 
 (``attnviz capture MODEL_DIR --text-file corpus.txt --corpus``).
 
 The definitions (which rows count, which keys, the averaging over texts) are those of
-``attnviz.inspection.corpus``, which turns the sums into means, merges shards and writes the file. Per
-text, each statistic is a mean over the text's real query rows (padding left out); the sums over texts
-and the number of texts that had such rows are kept, so that batches and shards add up exactly (to float
+``attnviz.corpusfile``, which writes the file and merges shards (``attnviz.inspection.corpus`` turns the
+sums into means). Per text, each statistic is a mean over the text's real query rows (padding left out); the
+sums over texts and the number of texts that had such rows are kept, so that batches and shards add up exactly (to float
 rounding). The Jensen-Shannon divergences between heads (Clark et al. 2019, ``head_distances``) are summed
 over every real query row. Of the divergence only ``sum t log t`` (``t`` the sum of two heads' smoothed rows)
 needs the pairs, and summed over rows it is a sum over the batch's real (row, key) elements: those are
@@ -38,13 +38,8 @@ import numpy as np
 
 from attnviz.capturing.blame import run_forward
 from attnviz.capturing.divergence import divergence_sums, sum_dtype
+from attnviz.corpusfile import CORPUS_STATS, PUNCTUATION, SMOOTHING, CorpusSums
 from attnviz.errors import AttnvizError, InputError, UsageError
-from attnviz.inspection.corpus import (
-    CORPUS_STATS,
-    PUNCTUATION,
-    SMOOTHING,
-    CorpusSums,
-)
 from attnviz.rowmath import entropy_torch, real_ends_torch, row_rule
 from attnviz.statistics import BY_NAME, POSITIONAL
 
@@ -68,7 +63,7 @@ class CorpusAccumulator:
 
     ``begin(real, classes)`` before each forward pass, ``add(site, weights, mask)`` for each attention
     call (the capture's ``attend`` calls it), ``end()`` after the forward (the head distances of the batch);
-    ``result()`` hands the sums over as NumPy (``attnviz.inspection.corpus.CorpusSums``).
+    ``result()`` hands the sums over as NumPy (``attnviz.corpusfile.CorpusSums``).
     """
 
     def __init__(self, sink_threshold: float = 0.3, classes: Sequence[str] = (), distances: bool = True) -> None:
@@ -609,12 +604,12 @@ def capture_corpus(folder: str, corpus: CorpusText | CorpusFile, out: Any, *, de
                    progress: Callable[[int, int], None] | None = None, blocked_from: int | None = None,
                    distance_budget: int | None = None) -> CorpusRun:
     """Run a local model folder over ``corpus`` in mini-batches of ``batch_size`` texts and write the
-    per-head sums to ``out`` (a corpus file: ``attnviz.inspection.corpus``). ``progress(done, total)`` is
+    per-head sums to ``out`` (a corpus file: ``attnviz.corpusfile``). ``progress(done, total)`` is
     called after each batch. ``long``: ``truncate`` (texts past the model's positions keep their first
     tokens, and the dropped tokens are counted) or ``refuse``. ``blocked_from`` and ``distance_budget``: see
     ``run_corpus``."""
     from attnviz.capturing.folder import check_folder, choose_device, import_torch, load_model
-    from attnviz.inspection.corpus import write_corpus
+    from attnviz.corpusfile import write_corpus
 
     path = check_folder(folder)
     torch, transformers = import_torch()

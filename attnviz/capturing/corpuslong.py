@@ -5,7 +5,7 @@ of query rows at a time, never holding the site's ``[H, L, L]`` weights, and equ
 A text whose exact weights over every site, ``sites x H x L x L`` float32 values, would take more than
 ``BLOCKED_FROM`` bytes runs alone (a batch of one: no padding) and its sites hand their q and k here
 (``CorpusAccumulator.add_blocked``). The scores are the family's own, as the summary computes them
-(``capturing.summary.BlockScores``: scale, softcap, position bias, grouped-query heads, the mask as its parts or
+(``summarytorch.BlockScores``: scale, softcap, position bias, grouped-query heads, the mask as its parts or
 the boolean mask the model built) and gpt-oss's sinks in the denominator. Per block of rows: the row maximum
 and its key, ``e = exp(s - max)``, the row sum, one matrix product for the weights on the first and last real
 tokens and on each key class (punctuation, the user's classes), one row dot for the entropy, and the weights on
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnviz.capturing.divergence import divergence_sums
-from attnviz.capturing.summary import MASKED, BlockScores, run_blocks, threaded, values_at
-from attnviz.inspection.corpus import CORPUS_STATS, SMOOTHING
+from attnviz.corpusfile import CORPUS_STATS, SMOOTHING
 from attnviz.rowmath import exp_rows, real_ends_torch, row_rule, softmax_block
 from attnviz.statistics import BY_NAME, POSITIONAL
+from attnviz.summarytorch import MASKED, BlockScores, run_blocks, threaded, values_at
 
 #: a text runs alone, a block of rows at a time, when its exact weights over every site (sites x H x L x L
 #: float32) would take more than this many bytes (256 MiB: past 964 tokens of a 6 x 12 encoder, 682 of a 12 x 12

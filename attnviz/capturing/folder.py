@@ -397,7 +397,7 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
     assert rec.path is not None
     meta = rec.metadata
     first = rec.sites[0]
-    from attnviz.capturing.fileformat import open_capture, site_lengths
+    from attnviz.capturefile import open_capture, site_lengths
 
     with open_capture(rec.path) as (raw, capture):
         if raw.has(f"{first}.weights"):

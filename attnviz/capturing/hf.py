@@ -545,7 +545,7 @@ class HFCapture:
         """The site's mask as parts (``attnviz.summarystats.MaskParts``) and its real keys, or (None, real keys)
         when it is not made of them; worked out once per mask tensor the model hands its layers (``given``, kept
         while the forward runs so that its id stays its own)."""
-        from attnviz.capturing.summary import mask_parts
+        from attnviz.summarytorch import mask_parts
 
         found = _number(kwargs.get("sliding_window"))
         window = None if found is None else int(found)
@@ -562,12 +562,12 @@ class HFCapture:
 
     def _summarise(self, site: Site, module: Any, query: Any, key: Any, keep: Any, parts: Any,
                    kwargs: dict[str, Any], step: bool, arrays: dict[str, HostArray]) -> None:
-        """A site's summary (``attnviz.capturing.summary``) into ``arrays``; a step of generate() keeps its
+        """A site's summary (``attnviz.summarytorch``) into ``arrays``; a step of generate() keeps its
         row of weights whole ([B, H, 1, Lk]: what the retrieval probe reads)."""
         import torch
 
-        from attnviz.capturing.summary import step_row, summarise
         from attnviz.summarystats import MaskParts
+        from attnviz.summarytorch import step_row, summarise
 
         scale, softcap, sinks, bias = _scoring(module, query, key, kwargs)
         self._check_family(site, module, query, key, keep, parts, kwargs, scale, softcap, sinks, bias)
@@ -631,7 +631,7 @@ class HFCapture:
         cross attention are ``BartAttention``), and each is checked the first time it is met."""
         import torch
 
-        from attnviz.capturing.summary import step_row
+        from attnviz.summarytorch import step_row
 
         family = type(module).__name__
         kind = (family, _number(kwargs.get("sliding_window")), softcap, sinks is not None, bias is not None,

@@ -110,7 +110,7 @@ def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str
             raise InputError(f"{path}: the model failed on the texts ({_reason(exc)}).") from None
     assert rec.path is not None
     first = rec.sites[0]
-    from attnviz.capturing.fileformat import open_capture
+    from attnviz.capturefile import open_capture
 
     with open_capture(rec.path) as (raw, _):
         shape = tuple(raw.entry(f"{first}.weights")["shape"]) if raw.has(f"{first}.weights") else \

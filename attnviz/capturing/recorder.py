@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.capturing.fileformat import (
+from attnviz.capturefile import (
     FORMAT,
     Entry,
     Source,

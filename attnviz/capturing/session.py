@@ -1,6 +1,6 @@
 """``attnviz.capture(model, ...)``: the context manager around a model's run, for transformers models
 (``attnviz.capturing.hf``) and Keras models (``attnviz.capturing.keras``); the file it writes is described
-in ``attnviz.capturing.fileformat``."""
+in ``attnviz.capturefile``."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ class Capture:
         done = rec.finish(rec.stream.path, self.metadata)
         self.metadata = rec.metadata  # as the file has it (the target's ids and positions included)
         if self.target_path is not None and self.target_path.suffix.lower() == ".npz":
-            from attnviz.capturing.fileformat import convert
+            from attnviz.capturefile import convert
 
             try:  # written whole next to the target, then renamed into place
                 convert(done, self.target_path)
@@ -259,7 +259,7 @@ class Capture:
         if target.resolve() == self.path.resolve():
             return target
         if target.suffix.lower() != self.path.suffix.lower():
-            from attnviz.capturing.fileformat import convert
+            from attnviz.capturefile import convert
 
             convert(self.path, target)
             return target

@@ -145,7 +145,8 @@ def inspect_corpus(path: str, meta: dict[str, Any], out: Any, fig: Any, heads_ma
     """``attnviz inspect heads.safetensors``: the per-head table (sorted, ``--top``) or ``--json``; with
     ``--png`` the layer strips, with ``--heads-map`` the heads placed by their distances, with ``--stats-png`` the
     layers x heads heatmap of ``--stat``."""
-    from attnviz.inspection.corpus import closest_pairs, corpus_document, read_corpus
+    from attnviz.corpusfile import read_corpus
+    from attnviz.inspection.corpus import closest_pairs, corpus_document
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 

@@ -112,7 +112,7 @@ class SummaryRead:
 
 def read_summary(raw: Any, capture: Any, kind: str) -> SummaryRead:
     """The summary arrays of the sites of ``kind``, stacked as layers."""
-    from attnviz.capturing.fileformat import array_shape, mask_parts_of
+    from attnviz.capturefile import array_shape, mask_parts_of
 
     sites = capture.sites(kind)
     missing = [s for s in sites if not capture.has(s, "entropy")]
@@ -632,7 +632,7 @@ def _opened_capture(spec: str) -> tuple[Any, Any]:
     """``(opened, capture)`` of a capture file (``attnviz.io.open_spec``'s, ``fileformat.Capture``), or
     ``(None, None)`` for any other input: stdin and arrays in memory are never opened here (stdin is read
     once, by the reader of weights), nor files a capture cannot be (.safetensors and .npz only)."""
-    from attnviz.capturing.fileformat import as_capture
+    from attnviz.capturefile import as_capture
     from attnviz.formats import Container
     from attnviz.io import MEMORY, STDIN, open_spec, split_spec
 
@@ -761,7 +761,7 @@ def summarise_qk(raw: Any, capture: Any, kind: str, settings: Any = None) -> tup
     sinks, position bias and mask: ``(arrays, capture)`` as ``read_summary`` takes them."""
     from dataclasses import replace
 
-    from attnviz.capturing.fileformat import mask_parts_of
+    from attnviz.capturefile import mask_parts_of
     from attnviz.summarystats import MaskParts, SummarySettings
 
     settings = settings or SummarySettings()
@@ -815,7 +815,7 @@ def _summarised(q: np.ndarray, k: np.ndarray, **options: Any) -> dict[str, np.nd
         return summarise(q, k, **options)
     from dataclasses import replace
 
-    from attnviz.capturing.summary import summarise as in_torch
+    from attnviz.summarytorch import summarise as in_torch
 
     def tensor(value: Any) -> Any:  # a copy of a read-only array (mapped from the file): torch warns of those
         return None if value is None else torch.from_numpy(np.require(value, requirements=("C", "W")))

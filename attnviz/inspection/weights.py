@@ -21,7 +21,7 @@ from attnviz.io import StdinReader, open_spec, validate_array
 from attnviz.storage import Place
 
 if TYPE_CHECKING:
-    from attnviz.capturing.fileformat import Capture
+    from attnviz.capturefile import Capture
     from attnviz.inspection.generation import Generation
 
 AXES = ("layer", "batch", "head", "q", "k")
@@ -180,7 +180,7 @@ def load_weights(spec: str, layout: str | None = None, stdin: StdinReader | None
 def _captured(opened: Any, layout: str | None) -> Weights | None:
     """The weights of a capture file (``attnviz capture``), every site of one kind stacked as layers; None
     for any other file, or when the spec names an array of the capture (``run.safetensors:layers.3.q``)."""
-    from attnviz.capturing.fileformat import as_capture
+    from attnviz.capturefile import as_capture
     from attnviz.formats import Container
 
     if not isinstance(opened.raw, Container):
@@ -310,7 +310,7 @@ def capture_mask(w: Weights) -> np.ndarray | None:
     layers where every site has the same)."""
     if w.capture is None or w.kind is None:
         return None
-    from attnviz.capturing.fileformat import site_keep
+    from attnviz.capturefile import site_keep
 
     sites = w.capture.sites(w.kind)
     # as the file holds them (a dense mask: bool, memory-mapped, not copied; or built from its parts), one for all

@@ -108,7 +108,8 @@ def summary_record(found: tuple[Any, Any, str]) -> HeadRecord:
 def corpus_record(path: str) -> HeadRecord:
     """The head table of a corpus file (its means over texts), as ``inspect`` prints it; the picture: its layer
     strips."""
-    from attnviz.inspection.corpus import corpus_tags, read_corpus
+    from attnviz.corpusfile import read_corpus
+    from attnviz.inspection.corpus import corpus_tags
     from attnviz.render.corpus import corpus_table, layer_strips_figure, stat_columns
     from attnviz.render.options import FigureOptions
 
@@ -129,7 +130,7 @@ def corpus_record(path: str) -> HeadRecord:
 def record_of(spec: str, options: Any = None) -> HeadRecord:
     """The record of any file ``inspect`` reads: a corpus file, a summary capture (or q and k alone), or weights (read
     with ``options``, ``InspectOptions``)."""
-    from attnviz.inspection.corpus import corpus_meta_of
+    from attnviz.corpusfile import corpus_meta_of
     from attnviz.inspection.summary import open_qk_capture, open_summary
 
     if corpus_meta_of(spec) is not None:

@@ -10,14 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from attnviz.corpusfile import CorpusSums
 from attnviz.errors import UsageError
-from attnviz.inspection.corpus import (
-    CorpusSums,
-    classical_mds,
-    closest_pairs,
-    model_sink_rate,
-    shown_tokens,
-)
+from attnviz.inspection.corpus import classical_mds, closest_pairs, model_sink_rate, shown_tokens
 from attnviz.statistics import CORPUS, columns
 
 #: the table's columns: statistic -> header (``attnviz.statistics``)

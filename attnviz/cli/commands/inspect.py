@@ -147,7 +147,7 @@ def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, An
         return failed
 
     def route(path: str, names: dict[str, Any], source: str | None) -> bool:
-        from attnviz.inspection.corpus import corpus_meta_of
+        from attnviz.corpusfile import corpus_meta_of
         from attnviz.inspection.summary import open_qk_capture, open_summary
 
         corpus = corpus_meta_of(path)

@@ -34,8 +34,8 @@ def _merge(files: list[str], output: str | None, json_out: bool) -> None:
     import json
 
     from attnviz import storage
+    from attnviz.corpusfile import merge_corpora, read_corpus, write_corpus
     from attnviz.errors import UsageError
-    from attnviz.inspection.corpus import merge_corpora, read_corpus, write_corpus
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
     from attnviz.storage.urls import place
