@@ -124,6 +124,83 @@ def test_no_import_cycles():
     assert cycles(graph()) == []
 
 
+ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
+
+
+def unit_of(module: str) -> str:
+    """The unit of the layers a module belongs to: its package under ``attnviz/``, or the top-level module itself
+    (``attnviz`` for the package's ``__init__.py``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def allowed_imports(text: str) -> list[tuple[str, set[str]]]:
+    """ARCHITECTURE.md's "Allowed imports" block: ``UNIT: UNIT UNIT ...`` a line, lowest first; ``#`` comments."""
+    section = text.split("### Allowed imports", 1)[1]
+    block = section.split("```text\n", 1)[1].split("```", 1)[0]
+    rows = []
+    for line in block.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            unit, _, allowed = line.partition(":")
+            rows.append((unit.strip(), set(allowed.split())))
+    return rows
+
+
+def layer_violations(rows: list[tuple[str, set[str]]], edges: dict[str, dict[str, str]], units: set[str]) -> list[str]:
+    """What breaks the block: a unit named twice or missing, an arrow to a unit not listed above its own line, an
+    import no arrow allows (``edges``: unit -> {imported unit: where}), an arrow no import uses."""
+    listed = [unit for unit, _ in rows]
+    found = [f"{unit}: listed {listed.count(unit)} times" for unit in sorted(set(listed)) if listed.count(unit) > 1]
+    above: set[str] = set()
+    for unit, allowed in rows:
+        for target in sorted(allowed - above):
+            found.append(f"{unit}: allows {target}, which is not on a line above it" if target in listed else
+                         f"{unit}: allows {target}, which is not a unit")
+        for target, where in sorted(edges.get(unit, {}).items()):
+            if target not in allowed:
+                found.append(f"{where}: {unit} -> {target} is not an allowed import (ARCHITECTURE.md)")
+        for target in sorted(allowed - set(edges.get(unit, {}))):
+            found.append(f"{unit}: allows {target}, and no module of {unit} imports it (take it off its line)")
+        above.add(unit)
+    found += [f"{unit}: a unit missing from ARCHITECTURE.md's allowed imports" for unit in sorted(units - set(listed))]
+    found += [f"{unit}: listed in ARCHITECTURE.md's allowed imports, not a unit" for unit in sorted(set(listed) - units)]
+    return found
+
+
+def unit_edges() -> dict[str, dict[str, str]]:
+    """Every import between two units, each with the first place it is made."""
+    edges: dict[str, dict[str, str]] = {}
+    for name, found in sorted(imports().items()):
+        for module, line in found:
+            if module in MODULES and unit_of(module) != unit_of(name):
+                edges.setdefault(unit_of(name), {}).setdefault(unit_of(module), f"{name} (line {line})")
+    return edges
+
+
+def test_every_import_is_an_arrow_architecture_allows():
+    """The layers are data: ARCHITECTURE.md's allowed imports, enforced."""
+    rows = allowed_imports(ARCHITECTURE.read_text())
+    assert layer_violations(rows, unit_edges(), {unit_of(name) for name in MODULES}) == []
+
+
+def test_the_layer_check_finds_each_kind_of_break():
+    rows = allowed_imports("### Allowed imports\n\n```text\n# low\nerrors:\nio: errors  # files\n"
+                           "pipeline: io errors render\nrender: io\nio: errors\nghost:\n```\n")
+    assert rows[1] == ("io", {"errors"})
+    edges = {"io": {"errors": "attnviz.io (line 3)"}, "pipeline": {"io": "attnviz.pipeline (line 9)",
+                                                                 "stats": "attnviz.pipeline (line 12)"},
+             "render": {"io": "attnviz.render.x (line 1)"}}
+    assert layer_violations(rows, edges, {"errors", "io", "pipeline", "render", "stats"}) == [
+        "io: listed 2 times",
+        "pipeline: allows render, which is not on a line above it",
+        "attnviz.pipeline (line 12): pipeline -> stats is not an allowed import (ARCHITECTURE.md)",
+        "pipeline: allows errors, and no module of pipeline imports it (take it off its line)",
+        "pipeline: allows render, and no module of pipeline imports it (take it off its line)",
+        "stats: a unit missing from ARCHITECTURE.md's allowed imports",
+        "ghost: listed in ARCHITECTURE.md's allowed imports, not a unit"]
+
+
 def _offenders(rule: str) -> list[str]:
     bad = []
     for name, found in imports().items():
