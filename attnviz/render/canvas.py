@@ -24,7 +24,7 @@ import numpy as np
 
 from attnviz import text as inert
 from attnviz.blocks import block_factors
-from attnviz.render.heatmap import DPI, PANEL_TITLE_WIDTH, PLAIN, agg_canvas, quiet_matplotlib
+from attnviz.render.heatmap import DPI, PANEL_TITLE_WIDTH, PLAIN, agg_canvas, quiet_matplotlib, wrap_text
 from attnviz.render.scale import ColourScale, per_panel_ticks, plain_bar_ticks
 
 MOSAIC_SIDE = 1600  # a mosaic picture is at most about this many pixels a side ...
@@ -133,7 +133,7 @@ def mosaic_canvas(picture: np.ndarray, layout: MosaicLayout, heading: str, mappa
     one_line = text.get_window_extent(renderer).width
     fig_w = max(content_w, min(math.ceil(one_line), max(content_w, 900))) + 2 * PAD
     if one_line > fig_w - 2 * PAD:  # wrap the heading to the figure's width (a long path breaks too)
-        _wrap_heading(text, heading, fig_w - 2 * PAD, one_line, renderer)
+        wrap_text(text, fig_w - 2 * PAD, renderer, fewest=10)
     title_h = math.ceil(text.get_window_extent(renderer).height)
     fig_h = PAD + title_h + 10 + content_h + PAD
     x0 = round((fig_w - content_w) / 2 + left)  # the picture starts on a whole pixel: no resampling
@@ -336,16 +336,3 @@ def _margins(ax: Any, cax: Any, renderer: Any, spare: int, shape: tuple[int, int
     below = spare - min(b.y0 for b in boxes)
     above = max(b.y1 for b in boxes) - spare - height
     return left, right, below, above
-
-
-def _wrap_heading(text: Any, heading: str, width: int, one_line: float, renderer: Any) -> None:
-    """The heading (``one_line`` pixels wide on one line) wrapped to at most ``width`` pixels, a long
-    path broken too."""
-    import textwrap
-
-    chars = max(10, int(len(heading) * width / one_line))
-    while True:
-        text.set_text(textwrap.fill(heading, chars, break_long_words=True, break_on_hyphens=False))
-        if text.get_window_extent(renderer).width <= width or chars <= 10:
-            break
-        chars = max(10, int(chars * 0.9))

@@ -128,20 +128,21 @@ def quiet_matplotlib() -> None:
     logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
 
-def wrap_text(text: Any, width: float, renderer: Any) -> None:
-    """Wrap a matplotlib text artist to at most ``width`` pixels (a long path breaks too)."""
+def wrap_text(text: Any, width: float, renderer: Any, fewest: int = 8) -> None:
+    """Wrap a matplotlib text artist to at most ``width`` pixels (a long path breaks too), its lines never
+    narrower than ``fewest`` characters."""
     import textwrap
 
     content = text.get_text()
     wide = text.get_window_extent(renderer).width
     if wide <= width or not content:
         return
-    chars = max(8, int(len(content) * width / wide))
+    chars = max(fewest, int(len(content) * width / wide))
     while True:
         text.set_text(textwrap.fill(content, chars, break_long_words=True, break_on_hyphens=False))
-        if text.get_window_extent(renderer).width <= width or chars <= 8:
+        if text.get_window_extent(renderer).width <= width or chars <= fewest:
             return
-        chars = max(8, int(chars * 0.9))
+        chars = max(fewest, int(chars * 0.9))
 
 
 def new_figure(width: float, height: float) -> Any:
