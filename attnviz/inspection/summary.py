@@ -24,7 +24,7 @@ HEAD_FIELDS = tuple(n for n in names(SUMMARY) if BY_NAME[n].rows != "decode")
 
 
 def is_summary(capture: Any) -> bool:
-    """Whether a capture file (``fileformat.Capture``) holds summaries instead of weights."""
+    """Whether a capture file (``capturefile.Capture``) holds summaries instead of weights."""
     return isinstance(capture.metadata.get("summary"), dict)
 
 
@@ -629,7 +629,7 @@ def summary_tags(read: SummaryRead, heads: dict[str, np.ndarray], sinks: SinkRat
 
 
 def _opened_capture(spec: str) -> tuple[Any, Any]:
-    """``(opened, capture)`` of a capture file (``attnviz.io.open_spec``'s, ``fileformat.Capture``), or
+    """``(opened, capture)`` of a capture file (``attnviz.io.open_spec``'s, ``capturefile.Capture``), or
     ``(None, None)`` for any other input: stdin and arrays in memory are never opened here (stdin is read
     once, by the reader of weights), nor files a capture cannot be (.safetensors and .npz only)."""
     from attnviz.capturefile import as_capture
