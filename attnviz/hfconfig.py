@@ -86,8 +86,8 @@ def read_json_config(spec: str, paths: list[Place]) -> tuple[dict[str, Any], str
     """The config object of ``spec`` (a ``config.json`` or the folder holding it; a URL of either: one that
     does not end in ``.json`` is a folder) and its name."""
     from attnviz import storage
-    from attnviz.formats._base import loads_json
     from attnviz.io import MEMORY, memory_value
+    from attnviz.jsontext import loads_json
 
     if spec.startswith(MEMORY):  # a config dict handed over in memory (the Python API)
         value = memory_value(spec)
