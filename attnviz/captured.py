@@ -84,7 +84,7 @@ def rope_scaling(text: str | None, paths: list[Place]) -> dict[str, Any] | None:
     if text is None:
         return None
     from attnviz import storage
-    from attnviz.formats._base import loads_json
+    from attnviz.jsontext import loads_json
 
     stripped = text.strip()
     source = "--rope-scaling"

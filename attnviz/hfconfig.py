@@ -86,8 +86,8 @@ def read_json_config(spec: str, paths: list[Place]) -> tuple[dict[str, Any], str
     """The config object of ``spec`` (a ``config.json`` or the folder holding it; a URL of either: one that
     does not end in ``.json`` is a folder) and its name."""
     from attnviz import storage
-    from attnviz.formats._base import loads_json
     from attnviz.io import MEMORY, memory_value
+    from attnviz.jsontext import loads_json
 
     if spec.startswith(MEMORY):  # a config dict handed over in memory (the Python API)
         value = memory_value(spec)
@@ -253,29 +253,22 @@ def _unknown(kind: str, cfg: Mapping[str, Any], source: str) -> UsageError:
                       "--softcap, --alibi, --sinks, --relative-bias-table.")
 
 
-def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None, head_dim: int,
-                 paths: list[Place]) -> ConfigReading:
-    """Read ``opts.hf_config`` for layer ``opts.model_layer`` and merge it with ``opts``: an option
-    given explicitly (not its default) wins over the config."""
-    assert opts.hf_config is not None
-    cfg, source = read_json_config(opts.hf_config, paths)
+def _model_config(spec: str, paths: list[Place]) -> tuple[dict[str, Any], str, str]:
+    """The config of the model that holds the attention (a composite's text model), its family and its file's
+    name; a family attnviz does not know is an error saying what the config holds."""
+    cfg, source = read_json_config(spec, paths)
     kind = str(cfg.get("model_type", ""))
     if kind in COMPOSITE and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"]}
         kind = str(cfg.get("model_type") or COMPOSITE[kind])
     if kind not in KNOWN:
         raise _unknown(kind, cfg, source)
-    attention = opts.model_attention
-    if kind in ENCODER_DECODERS:
-        if attention is None:
-            raise UsageError(f"{source}: {kind} has encoder and decoder self-attention and cross-attention; say "
-                             "which with --model-attention encoder|decoder|cross.")
-    elif attention is not None:
-        raise UsageError(f"--model-attention: {kind} has one kind of attention; leave it out.")
-    layers = _layers(kind, cfg, attention)
-    layer = opts.model_layer
-    if layer is not None and layers is not None and layer >= int(layers):
-        raise UsageError(f"--model-layer {layer}: {source} has {layers} layers (0..{int(layers) - 1}).")
+    return cfg, kind, source
+
+
+def _checked_heads(kind: str, cfg: Mapping[str, Any], attention: str | None, source: str, q_heads: int | None,
+                   kv_heads: int | None, head_dim: int) -> tuple[int, int | None, int]:
+    """(query heads, key/value heads, head size) the config gives, checked against the arrays' axes."""
     heads, kv, size = _heads(kind, cfg, attention)
     if heads is None or size is None:
         raise InputError(f"{source}: no head count or head size ({kind}); give --scale and the other options "
@@ -286,56 +279,67 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
         raise ShapeError(f"{source}: {kind} has {kv} key/value heads, but K has {kv_heads} (axis -3 after --layout).")
     if head_dim != size:
         raise ShapeError(f"{source}: {kind} has heads of {size}, but Q's last axis is {head_dim}.")
+    return heads, kv, size
 
-    def pick(n: int | None) -> int:
-        if n is not None:
-            return n
-        varies = {(_layer_type(kind, cfg, i), _uses_rope(kind, cfg, i)) for i in range(int(layers or 1))}
-        if kind == "gpt2" and cfg.get("scale_attn_by_inverse_layer_idx"):
-            varies.add(("scale", True))
-        if len(varies) > 1:
-            raise UsageError(f"{source}: the layers of this {kind} differ (sliding, chunked, full or NoPE); say which "
-                             "layer the q/k/v come from with --model-layer N.")
-        return 0
 
-    layer = pick(layer)
+def _chosen_layer(kind: str, cfg: Mapping[str, Any], layers: int | None, layer: int | None, source: str) -> int:
+    """The layer the q/k/v come from: ``--model-layer``, or any layer (0) when all of them are alike."""
+    if layer is not None:
+        return layer
+    varies = {(_layer_type(kind, cfg, i), _uses_rope(kind, cfg, i)) for i in range(int(layers or 1))}
+    if kind == "gpt2" and cfg.get("scale_attn_by_inverse_layer_idx"):
+        varies.add(("scale", True))
+    if len(varies) > 1:
+        raise UsageError(f"{source}: the layers of this {kind} differ (sliding, chunked, full or NoPE); say which "
+                         "layer the q/k/v come from with --model-layer N.")
+    return 0
+
+
+def _rope_values(kind: str, cfg: Mapping[str, Any], layer_type: str) -> dict[str, Any]:
+    """The RoPE options of a layer that rotates q and k: theta, the dimensions rotated and which part, the style,
+    and the scaling as JSON (left out when it is plain, all dimensions rotated)."""
+    rope = _rope_object(kind, cfg, layer_type)
+    values: dict[str, Any] = {"rope": True, "rope_theta": float(rope.pop("rope_theta"))}
+    if kind in ("gptj", "codegen") and cfg.get("rotary_dim"):
+        values["rope_dim"] = int(cfg["rotary_dim"])
+        rope.pop("partial_rotary_factor", None)
+    if kind == "deepseek_v3":
+        values["rope_dim"], values["rope_part"] = int(cfg.get("qk_rope_head_dim", 64)), "last"
+        rope.pop("partial_rotary_factor", None)
+    if cfg.get("max_position_embeddings") is not None:
+        rope["max_position_embeddings"] = int(cfg["max_position_embeddings"])
+    interleaved = kind in INTERLEAVED or (kind == "deepseek_v3" and cfg.get("rope_interleave", True))
+    values["rope_style"] = "interleaved" if interleaved else "half"
+    if rope.get("rope_type") != "default" or rope.get("partial_rotary_factor") is not None:
+        values["rope_scaling"] = json.dumps(rope, sort_keys=True)
+    return values
+
+
+def _window_values(kind: str, cfg: Mapping[str, Any], layer_type: str,
+                   causal: bool) -> tuple[dict[str, Any], int | None]:
+    """A sliding or chunked layer's window as options (a sliding window for causal layers only), and ModernBERT's
+    local band (half its window on each side) or None."""
     values: dict[str, Any] = {}
-    notes: list[str] = []
-    self_attention = attention != "cross"
-    layer_type = _layer_type(kind, cfg, layer) if self_attention else "full_attention"
-    reading = ConfigReading(opts)
-    reading.scale = _scale(kind, cfg, layer, size)
-    decoder = kind in ROPE_DECODERS or kind in OTHER_DECODERS or attention == "decoder"
-    reading.causal = decoder and not cfg.get("use_bidirectional_attention", False) and self_attention
-    if self_attention and _uses_rope(kind, cfg, layer):
-        rope = _rope_object(kind, cfg, layer_type)
-        values["rope"] = True
-        values["rope_theta"] = float(rope.pop("rope_theta"))
-        if kind in ("gptj", "codegen") and cfg.get("rotary_dim"):
-            values["rope_dim"] = int(cfg["rotary_dim"])
-            rope.pop("partial_rotary_factor", None)
-        if kind == "deepseek_v3":
-            values["rope_dim"], values["rope_part"] = int(cfg.get("qk_rope_head_dim", 64)), "last"
-            rope.pop("partial_rotary_factor", None)
-        if cfg.get("max_position_embeddings") is not None:
-            rope["max_position_embeddings"] = int(cfg["max_position_embeddings"])
-        interleaved = kind in INTERLEAVED or (kind == "deepseek_v3" and cfg.get("rope_interleave", True))
-        values["rope_style"] = "interleaved" if interleaved else "half"
-        if rope.get("rope_type") != "default" or rope.get("partial_rotary_factor") is not None:
-            values["rope_scaling"] = json.dumps(rope, sort_keys=True)
-    softcap = cfg.get("attn_logit_softcapping")
-    if softcap is not None and self_attention:
-        values["softcap"] = float(softcap)
+    band = None
     if layer_type == "sliding_attention" and cfg.get("sliding_window") is not None:
         if kind == "modernbert":
-            reading.bidirectional_band = int(cfg["local_attention"]) // 2 if cfg.get("local_attention") else \
-                int(cfg["sliding_window"])
-        elif reading.causal:
+            band = int(cfg["local_attention"]) // 2 if cfg.get("local_attention") else int(cfg["sliding_window"])
+        elif causal:
             values["sliding_window"] = int(cfg["sliding_window"])
     elif kind == "modernbert" and layer_type == "sliding_attention":
-        reading.bidirectional_band = int(cfg.get("local_attention", 128)) // 2
+        band = int(cfg.get("local_attention", 128)) // 2
     if layer_type == "chunked_attention" and cfg.get("attention_chunk_size") is not None:
         values["chunk_size"] = int(cfg["attention_chunk_size"])
+    return values, band
+
+
+def _bias_values(kind: str, cfg: Mapping[str, Any], attention: str | None, opts: CaptureOptions,
+                 source: str) -> tuple[dict[str, Any], list[str]]:
+    """Position biases as options (ALiBi: BLOOM, MPT, Falcon; T5's relative buckets), with the notes where
+    attnviz follows transformers rather than the config. T5's bias table and gpt-oss's sinks are arrays of the
+    model, not of its config: a run without the option that names their file is refused."""
+    values: dict[str, Any] = {}
+    notes: list[str] = []
     if kind == "bloom":
         values["alibi"] = True
     if kind == "mpt" and (cfg.get("attn_config") or {}).get("alibi", True):
@@ -346,8 +350,7 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
                          "--alibi-max-bias overrides)")
     if kind == "falcon" and cfg.get("alibi"):
         values["alibi"] = True
-        reading.falcon_alibi = True
-    if kind in ("t5", "mt5") and self_attention:
+    if kind in ("t5", "mt5") and attention != "cross":
         values["relative_buckets"] = int(cfg.get("relative_attention_num_buckets", 32))
         values["relative_max_distance"] = int(cfg.get("relative_attention_max_distance", 128))
         values["relative_bidirectional"] = attention == "encoder"
@@ -358,36 +361,28 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
     if kind == "gpt_oss" and opts.sinks is None:
         raise UsageError(f"{source}: gpt-oss attention has learned sinks; pass the layer's self_attn.sinks [heads] "
                          "with --sinks FILE.")
-    if kind == "llama4_text" and cfg.get("attn_temperature_tuning", True) and not _uses_rope(kind, cfg, layer):
-        reading.query_temperature = (float(cfg.get("floor_scale", 8192)), float(cfg.get("attn_scale", 0.1)))
-    if kind == "llama4_text" and cfg.get("use_qk_norm", True) and _uses_rope(kind, cfg, layer):
-        reading.qk_norm_after_rope = float(cfg.get("rms_norm_eps", 1e-5))
-    if kind in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2", "olmo3") or \
-            (kind in ("phi", "persimmon", "stablelm") and cfg.get("qk_layernorm")):
-        notes.append("q/k after the model's QK-norm")
+    return values, notes
+
+
+def _given_win(opts: CaptureOptions, values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The config's values of the options not given explicitly (an option at its default is not given), and the
+    options given that win over the config's (as their flags are spelled, without ``--``)."""
     defaults = CaptureOptions()
     chosen: dict[str, Any] = {}
     overridden = []
-    temperature = reading.query_temperature
     for name, value in values.items():
         given = getattr(opts, name)
         if given != getattr(defaults, name):
             overridden.append(name.replace("_", "-"))
             continue
         chosen[name] = value
-    reading.options = dataclasses.replace(opts, **chosen)
-    applied = {k: (json.loads(v) if k == "rope_scaling" else v) for k, v in chosen.items()}
-    reading.described = {"file": source, "model_type": kind, "layer": layer, "layer_type": layer_type,
-                         **({"attention": attention} if attention else {}), "heads": heads,
-                         "kv_heads": kv if kv is not None else heads, "head_dim": size, "scale": reading.scale,
-                         "causal": reading.causal, "applied": applied,
-                         **({"local_window": reading.bidirectional_band} if reading.bidirectional_band else {}),
-                         **({"falcon_alibi": True} if reading.falcon_alibi else {}),
-                         **({"qk_norm_after_rope": {"eps": reading.qk_norm_after_rope}}
-                            if reading.qk_norm_after_rope is not None else {}),
-                         **({"query_temperature": {"floor_scale": temperature[0], "attn_scale": temperature[1]}}
-                            if temperature else {}),
-                         **({"notes": notes} if notes else {}), **({"overridden_by": overridden} if overridden else {})}
+    return chosen, overridden
+
+
+def _summary_parts(reading: ConfigReading, chosen: dict[str, Any], applied: dict[str, Any], nope: bool,
+                   notes: list[str], overridden: list[str]) -> list[str]:
+    """What the one-line summary says the config gave: the scale, causality, each position encoding, window and
+    bias applied (``nope``: a NoPE layer of a RoPE family), the notes, and the options given that win."""
     parts = [f"scale {reading.scale:.6g}", "causal" if reading.causal else "not causal"]
     if chosen.get("rope"):
         scaling = applied.get("rope_scaling", {})
@@ -396,7 +391,7 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
                      + (f" partial {scaling['partial_rotary_factor']:g}" if scaling.get("partial_rotary_factor")
                         else "") + (f" dims {chosen['rope_dim']}" if chosen.get("rope_dim") else "")
                      + (" (the last)" if chosen.get("rope_part") == "last" else ""))
-    elif self_attention and kind in ROPE_DECODERS and not _uses_rope(kind, cfg, layer):
+    elif nope:
         parts.append("no RoPE (NoPE layer)")
     for name, label in (("softcap", "softcap"), ("sliding_window", "sliding window"), ("chunk_size", "chunks of")):
         if name in chosen:
@@ -408,13 +403,77 @@ def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None
         parts.append(("Falcon's ALiBi" if reading.falcon_alibi else "ALiBi") + bias)
     if "relative_buckets" in chosen:
         parts.append(f"T5 bias {chosen['relative_buckets']} buckets")
-    if temperature:
+    if reading.query_temperature:
         parts.append("attention temperature")
     if reading.qk_norm_after_rope is not None:
         parts.append("L2 QK-norm after RoPE")
     parts.extend(notes)
     if overridden:
         parts.append(f"options given win: {', '.join('--' + o for o in overridden)}")
+    return parts
+
+
+def apply_config(opts: CaptureOptions, q_heads: int | None, kv_heads: int | None, head_dim: int,
+                 paths: list[Place]) -> ConfigReading:
+    """Read ``opts.hf_config`` for layer ``opts.model_layer`` and merge it with ``opts``: an option
+    given explicitly (not its default) wins over the config. In steps: the model's config, the layer and its
+    heads checked against the arrays, the values of the options it gives (RoPE, softcap, windows, biases), those
+    of options given explicitly dropped, and what was read described (``ConfigReading.described``)."""
+    assert opts.hf_config is not None
+    cfg, kind, source = _model_config(opts.hf_config, paths)
+    attention = opts.model_attention
+    if kind in ENCODER_DECODERS:
+        if attention is None:
+            raise UsageError(f"{source}: {kind} has encoder and decoder self-attention and cross-attention; say "
+                             "which with --model-attention encoder|decoder|cross.")
+    elif attention is not None:
+        raise UsageError(f"--model-attention: {kind} has one kind of attention; leave it out.")
+    layers = _layers(kind, cfg, attention)
+    if opts.model_layer is not None and layers is not None and opts.model_layer >= int(layers):
+        raise UsageError(f"--model-layer {opts.model_layer}: {source} has {layers} layers (0..{int(layers) - 1}).")
+    heads, kv, size = _checked_heads(kind, cfg, attention, source, q_heads, kv_heads, head_dim)
+    layer = _chosen_layer(kind, cfg, layers, opts.model_layer, source)
+
+    self_attention = attention != "cross"
+    layer_type = _layer_type(kind, cfg, layer) if self_attention else "full_attention"
+    reading = ConfigReading(opts)
+    reading.scale = _scale(kind, cfg, layer, size)
+    decoder = kind in ROPE_DECODERS or kind in OTHER_DECODERS or attention == "decoder"
+    reading.causal = decoder and not cfg.get("use_bidirectional_attention", False) and self_attention
+    rotates = self_attention and _uses_rope(kind, cfg, layer)
+    values = _rope_values(kind, cfg, layer_type) if rotates else {}
+    softcap = cfg.get("attn_logit_softcapping")
+    if softcap is not None and self_attention:
+        values["softcap"] = float(softcap)
+    windows, reading.bidirectional_band = _window_values(kind, cfg, layer_type, reading.causal)
+    biases, notes = _bias_values(kind, cfg, attention, opts, source)
+    values.update({**windows, **biases})
+    reading.falcon_alibi = kind == "falcon" and bool(cfg.get("alibi"))
+    if kind == "llama4_text" and cfg.get("attn_temperature_tuning", True) and not _uses_rope(kind, cfg, layer):
+        reading.query_temperature = (float(cfg.get("floor_scale", 8192)), float(cfg.get("attn_scale", 0.1)))
+    if kind == "llama4_text" and cfg.get("use_qk_norm", True) and _uses_rope(kind, cfg, layer):
+        reading.qk_norm_after_rope = float(cfg.get("rms_norm_eps", 1e-5))
+    if kind in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2", "olmo3") or \
+            (kind in ("phi", "persimmon", "stablelm") and cfg.get("qk_layernorm")):
+        notes.append("q/k after the model's QK-norm")
+
+    chosen, overridden = _given_win(opts, values)
+    reading.options = dataclasses.replace(opts, **chosen)
+    applied = {k: (json.loads(v) if k == "rope_scaling" else v) for k, v in chosen.items()}
+    temperature = reading.query_temperature
+    reading.described = {"file": source, "model_type": kind, "layer": layer, "layer_type": layer_type,
+                         **({"attention": attention} if attention else {}), "heads": heads,
+                         "kv_heads": kv if kv is not None else heads, "head_dim": size, "scale": reading.scale,
+                         "causal": reading.causal, "applied": applied,
+                         **({"local_window": reading.bidirectional_band} if reading.bidirectional_band else {}),
+                         **({"falcon_alibi": True} if reading.falcon_alibi else {}),
+                         **({"qk_norm_after_rope": {"eps": reading.qk_norm_after_rope}}
+                            if reading.qk_norm_after_rope is not None else {}),
+                         **({"query_temperature": {"floor_scale": temperature[0], "attn_scale": temperature[1]}}
+                            if temperature else {}),
+                         **({"notes": notes} if notes else {}), **({"overridden_by": overridden} if overridden else {})}
+    nope = self_attention and kind in ROPE_DECODERS and not _uses_rope(kind, cfg, layer)
+    parts = _summary_parts(reading, chosen, applied, nope, notes, overridden)
     shown = source if source.startswith("/dev/fd/") else Path(source).name  # <(...): the pipe's whole name
     reading.described["summary"] = (f"{shown}: {kind} layer {layer} ({layer_type.replace('_', ' ')}"
                                     f"{', ' + attention if attention else ''}): " + ", ".join(parts))

@@ -12,10 +12,11 @@ matches come in natural order. A single file (or JSON object) holding one array 
 Nothing here unpickles: every ``numpy.load`` passes ``allow_pickle=False``, and ``torch.load`` is
 called with ``weights_only=True``. NumPy only at import time.
 
-Limits (``attnviz.formats._base``, docs/inputs.md): only regular files are opened (a directory, device,
-FIFO or socket, also behind a symbolic link, is a usage error, exit 2); array sizes are judged from
-headers before anything is allocated; JSON (a file or standard input) is read in pieces, at most
-``MAX_TEXT_BYTES``, must be UTF-8, and may nest at most ``MAX_JSON_DEPTH`` deep.
+Limits (docs/inputs.md): only regular files are opened (``storage.local``: a directory, device, FIFO or
+socket, also behind a symbolic link, is a usage error, exit 2); array sizes are judged from headers before
+anything is allocated (``attnviz.sizes``); JSON (a file or standard input) is read in pieces, at most
+``MAX_TEXT_BYTES``, must be UTF-8 (``storage.textfiles``), and may nest at most ``MAX_JSON_DEPTH`` deep
+(``attnviz.jsontext``).
 """
 
 from __future__ import annotations
@@ -34,20 +35,12 @@ import numpy as np
 from attnviz import formats
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError, shape_str
 from attnviz.formats import CONTAINER_SUFFIXES, Container, is_glob, listing, natural
-from attnviz.formats._base import (
-    MAX_TEXT_BYTES,
-    PIPED_ARRAY,
-    BinaryText,
-    decode_text,
-    is_pipe,
-    loads_json,
-    read_limited,
-    read_text_file,
-    regular_file,
-)
 from attnviz.formats.npz import NpzArchive as NpzArchive  # re-exported for callers that import it from here
+from attnviz.jsontext import loads_json
 from attnviz.staging import forget, hidden_file, umask
 from attnviz.storage import Place, Url, check_url, is_url
+from attnviz.storage.local import PIPED_ARRAY, is_pipe, read_text_file, regular_file
+from attnviz.storage.textfiles import MAX_TEXT_BYTES, BinaryText, decode_text, read_limited
 
 ARRAY_SUFFIXES = (*formats.BY_SUFFIX, ".json")
 #: a spec that starts with NUL (never in a file name) names a value handed over in memory (``in_memory``)

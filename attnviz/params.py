@@ -82,8 +82,8 @@ def read(spec: str) -> tuple[dict[str, np.ndarray], Place]:
     from attnviz import storage
     from attnviz.errors import InputError
     from attnviz.formats import CONTAINER_SUFFIXES, Container, describe, open_file
-    from attnviz.formats._base import regular_file
     from attnviz.io import MEMORY, open_spec, validate_array
+    from attnviz.storage.local import regular_file
 
     if spec.startswith(MEMORY):  # parameters handed over in memory (the Python API)
         container = open_spec(spec).raw

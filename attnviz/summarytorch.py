@@ -136,106 +136,126 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
     sums, one small matrix product for the per-row sums over key functions (sink keys, the first and last
     real key, positions),
     one row dot for the entropy, and one matrix product per query block for the received attention and the
-    pooled sums; every per-row quantity is divided by the row's sum at the end, not each weight."""
-    import torch
+    pooled sums; every per-row quantity is divided by the row's sum at the end, not each weight. The steps are
+    ``_Summary``'s: the sums made ready, each block of rows (``block``: its per-row statistics, the rows kept,
+    its share of the sums over rows), then the sums over rows as the summary's arrays (``result``)."""
+    lq = query.shape[2]
+    qe, ke = pool_edges(lq, settings.pool), pool_edges(key.shape[-2], settings.pool)
+    scorer = BlockScores(query, key, scale=scale, parts=parts, dense=dense, softcap=softcap, bias=bias,
+                         key_block=ke[1] - ke[0])
+    summary = _Summary(scorer, settings, qe, ke, sinks, row_budget, on_rows)
+    run_blocks(summary.block, list(range(0, lq, summary.step)), threads)
+    return summary.result()
 
-    dev = query.device
-    b, h, lq, _ = query.shape
-    lk = key.shape[-2]
-    f32 = torch.float32
-    qe, ke = pool_edges(lq, settings.pool), pool_edges(lk, settings.pool)
-    bq, bk = qe[1] - qe[0], ke[1] - ke[0]
-    pq, pk = len(qe) - 1, len(ke) - 1
-    scorer = BlockScores(query, key, scale=scale, parts=parts, dense=dense, softcap=softcap, bias=bias, key_block=bk)
-    lkp = scorer.lkp  # the keys padded to whole pooled blocks (the padding is masked): pk * bk
-    q_pos0 = parts.q_offset
-    real_keys, realp, counts = scorer.real_keys, scorer.realp, scorer.counts  # [B, Lk], [B, Lkp] bool
-    hm = scorer.mask_heads  # 1, or H: the keys seen, the rows counted and the cells seen are per head
-    real_rows = real_keys[:, lk - lq:] if parts.self_attention and lq <= lk else _rows_seeing(parts, dense, b, lq, lk,
-                                                                                              dev)
-    first_key, last_key = real_ends_torch(real_keys)  # [B]
-    key_pos = torch.arange(lkp, device=dev)
-    features = torch.zeros((b, 1, lkp, 4), dtype=f32, device=dev)  # per key: position, sink, first, last
-    features[..., 0] = key_pos.to(f32)
-    features[..., 1] = _first_real(realp, settings.sinks)[:, None]
-    features[..., 2] = (key_pos[None] == first_key[:, None]).to(f32)[:, None]
-    features[..., 3] = (key_pos[None] == last_key[:, None]).to(f32)[:, None]
-    out = {name: torch.full((b, h, lq), math.nan, dtype=f32, device=dev) for name in PER_ROW}
-    out["argmax"] = torch.full((b, h, lq), -1, dtype=torch.int64, device=dev)
-    keys_seen = torch.zeros((b, hm, lq), dtype=torch.int64, device=dev)
-    counted_rows = torch.zeros((b, hm, lq), dtype=torch.bool, device=dev)
-    received = torch.zeros((b, h, lkp), dtype=torch.float64, device=dev)
-    seen_by = torch.zeros((b, hm, lkp), dtype=torch.int64, device=dev)
-    pooled_sum = torch.zeros((b, h, pq, pk), dtype=torch.float64, device=dev)
-    pooled_max = torch.zeros((b, h, pq, pk), dtype=f32, device=dev)
-    pooled_seen = torch.zeros((b, hm, pq, pk), dtype=torch.bool, device=dev)  # a kept (real row, key) in the cell
-    positions = settings.row_positions(lq)
-    rows_out = torch.zeros((b, h, len(positions), lk), dtype=f32, device=dev) if positions else None
-    wanted = {p: n for n, p in enumerate(positions)}
-    sink_logit = None if sinks is None else sinks.to(f32).reshape(1, h, 1).to(dev)
-    step = max(1, min(lq, row_budget // max(1, b * h * lkp)))
-    lock = threading.Lock()
 
-    def one_block(r0: int) -> None:
-        r1 = min(lq, r0 + step)
+class _Summary:
+    """One call's summary while its blocks of query rows are summed (``_summarise``): the per-row statistics are
+    written into each block's rows, the sums over rows (received attention, the pooled map, the rows and keys
+    seen) added under a lock, as blocks run a few threads at a time (``run_blocks``)."""
+
+    def __init__(self, scorer: BlockScores, settings: SummarySettings, qe: list[int], ke: list[int], sinks: Any,
+                 row_budget: int, on_rows: Any) -> None:
+        import torch
+
+        parts, dense = scorer.parts, scorer.dense
+        dev = scorer.query.device
+        b, h, lq, lk, lkp = scorer.b, scorer.h, scorer.lq, scorer.lk, scorer.lkp
+        f32 = torch.float32
+        pq, pk = len(qe) - 1, len(ke) - 1
+        hm = scorer.mask_heads  # 1, or H: the keys seen, the rows counted and the cells seen are per head
+        self.scorer, self.settings, self.qe, self.ke, self.on_rows = scorer, settings, qe, ke, on_rows
+        self.dev, self.hm = dev, hm
+        self.bq, self.bk = qe[1] - qe[0], ke[1] - ke[0]
+        self.step = max(1, min(lq, row_budget // max(1, b * h * lkp)))  # the rows of a block: row_budget scores
+        real_keys, realp = scorer.real_keys, scorer.realp  # [B, Lk], [B, Lkp] bool
+        self.real_rows = real_keys[:, lk - lq:] if parts.self_attention and lq <= lk else \
+            _rows_seeing(parts, dense, b, lq, lk, dev)
+        first_key, last_key = real_ends_torch(real_keys)  # [B]
+        self.key_pos = key_pos = torch.arange(lkp, device=dev)
+        self.features = features = torch.zeros((b, 1, lkp, 4), dtype=f32, device=dev)  # position, sink, first, last
+        features[..., 0] = key_pos.to(f32)
+        features[..., 1] = _first_real(realp, settings.sinks)[:, None]
+        features[..., 2] = (key_pos[None] == first_key[:, None]).to(f32)[:, None]
+        features[..., 3] = (key_pos[None] == last_key[:, None]).to(f32)[:, None]
+        self.out = {name: torch.full((b, h, lq), math.nan, dtype=f32, device=dev) for name in PER_ROW}
+        self.out["argmax"] = torch.full((b, h, lq), -1, dtype=torch.int64, device=dev)
+        self.keys_seen = torch.zeros((b, hm, lq), dtype=torch.int64, device=dev)
+        self.counted_rows = torch.zeros((b, hm, lq), dtype=torch.bool, device=dev)
+        self.received = torch.zeros((b, h, lkp), dtype=torch.float64, device=dev)
+        self.seen_by = torch.zeros((b, hm, lkp), dtype=torch.int64, device=dev)
+        self.pooled_sum = torch.zeros((b, h, pq, pk), dtype=torch.float64, device=dev)
+        self.pooled_max = torch.zeros((b, h, pq, pk), dtype=f32, device=dev)
+        #: whether a kept (real row, key) lies in the cell
+        self.pooled_seen = torch.zeros((b, hm, pq, pk), dtype=torch.bool, device=dev)
+        self.positions = positions = settings.row_positions(lq)
+        self.rows_out = torch.zeros((b, h, len(positions), lk), dtype=f32, device=dev) if positions else None
+        self.wanted = {p: n for n, p in enumerate(positions)}
+        self.sink_logit = None if sinks is None else sinks.to(f32).reshape(1, h, 1).to(dev)
+        self.lock = threading.Lock()
+
+    def block(self, r0: int) -> None:
+        """The rows ``r0`` to ``r0 + step``: their scores and weights, each row's statistics, the rows kept whole,
+        and their share of the sums over rows."""
+        import torch
+
+        scorer, dev, bk, out = self.scorer, self.dev, self.bk, self.out
+        b, h, lq, lkp = scorer.b, scorer.h, scorer.lq, scorer.lkp
+        r1 = min(lq, r0 + self.step)
         r = r1 - r0
-        pos = torch.arange(r0, r1, device=dev) + q_pos0  # the rows' positions among the keys
+        pos = torch.arange(r0, r1, device=dev) + scorer.q_pos0  # the rows' positions among the keys
         lo, hi = scorer.key_range(r0, r1)
         lo, hi = lo // bk * bk, min(lkp, -(-hi // bk) * bk)  # whole key blocks of the pooled map
         width, nj, j0 = hi - lo, (hi - lo) // bk, lo // bk
         s, keep, seen, live = scorer.scores(r0, r1, lo, hi)  # live: [B, M, r], the rows that may see a key
-        row_real = real_rows[:, None, r0:r1] & live  # [B, M, r]: the rows that count in sums over rows
+        row_real = self.real_rows[:, None, r0:r1] & live  # [B, M, r]: the rows that count in sums over rows
         blocks = s.view(b, h, r, nj, bk)
         block_max = blocks.amax(-1)  # [B, H, r, nj]
         top, which = block_max.max(-1)
         inside = blocks.gather(3, which[..., None, None].expand(b, h, r, 1, bk))[..., 0, :].argmax(-1)
         arg = (which + j0) * bk + inside
         alive = live.expand(b, h, r)  # live: [B, M, r] (M: 1, or H with a mask per head)
-        x, entropy, maxw = softmax_block(s, top, sink=sink_logit, live=alive)  # a row that sees nothing: no weights
+        x, entropy, maxw = softmax_block(s, top, sink=self.sink_logit, live=alive)  # a row that sees nothing: none
         e, top, total_e, inv = x.e, x.shift, x.total, x.inv
-        got = torch.matmul(e, features[:, :, lo:hi])  # [B, H, r, 4]: sums of e times position, sink, first, last
+        got = torch.matmul(e, self.features[:, :, lo:hi])  # [B, H, r, 4]: sums of e times position, sink, first, last
         total = total_e * inv
-        # distance: sum A |pos - j|: the keys left of the block's first row and right of its last are on one side
-        # of every row's diagonal; the keys in between are summed exactly
-        posf = pos.to(f32)
-        c0, c1 = max(lo, int(pos[0])), min(hi, int(pos[-1]) + 1)
-        jsum = got[..., 0]
-        if c1 > c0:
-            mid = e[..., c0 - lo:c1 - lo]
-            jm = key_pos[c0:c1].to(f32)
-            dmid = torch.matmul(mid, jm[:, None])[..., 0]
-            amid = mid.sum(-1)
-            absmid = (mid * (posf[:, None] - jm[None]).abs()).sum(-1)
-        else:
-            dmid = amid = absmid = torch.zeros_like(total_e)
-        if c0 > lo:
-            left = e[..., :c0 - lo]
-            aleft = left.sum(-1)
-            jleft = torch.matmul(left, key_pos[lo:c0].to(f32)[:, None])[..., 0]
-        else:
-            aleft = jleft = torch.zeros_like(total_e)
-        aright, jright = total_e - aleft - amid, jsum - jleft - dmid
-        distance = ((posf * aleft - jleft) + absmid + (jright - posf * aright)) * inv
+        distance = _distance(e, got[..., 0], total_e, inv, pos, lo, hi, self.key_pos)
         values = {"entropy": entropy, "max": maxw, "sink_mass": got[..., 1] * inv,
-                  "local_mass": _band(e, pos, lo, hi, settings.local) * inv, "total": total, "distance": distance,
+                  "local_mass": _band(e, pos, lo, hi, self.settings.local) * inv, "total": total, "distance": distance,
                   "diagonal": values_at(e, pos - lo, width) * inv, "previous": values_at(e, pos - 1 - lo, width) * inv,
                   "first": got[..., 2] * inv, "last": got[..., 3] * inv}
         nan = torch.tensor(math.nan, device=dev)
         for name, value in values.items():
             out[name][:, :, r0:r1] = torch.where(alive, value, nan)
         out["argmax"][:, :, r0:r1] = torch.where(alive, arg, -1)
-        keys_seen[..., r0:r1] = seen
-        counted_rows[..., r0:r1] = row_real
+        self.keys_seen[..., r0:r1] = seen
+        self.counted_rows[..., r0:r1] = row_real
+        self._keep_rows(e, inv, r0, r1, lo, hi)
+        self._add_sums(e, inv, row_real, block_max, top, keep, r0, r1, lo, hi)
+        if self.on_rows is not None:
+            with self.lock:
+                self.on_rows(r)
+
+    def _keep_rows(self, e: Any, inv: Any, r0: int, r1: int, lo: int, hi: int) -> None:
+        """The weights of the rows ``--rows`` chose among ``r0:r1``, whole (keys ``lo:hi``; the others are 0)."""
+        rows_out, wanted, lk = self.rows_out, self.wanted, self.scorer.lk
         for pos_wanted in range(r0, r1):
             if pos_wanted in wanted and rows_out is not None:
                 n = wanted[pos_wanted]
                 end = min(hi, lk)
                 rows_out[:, :, n, lo:end] = e[:, :, pos_wanted - r0, :end - lo] * inv[:, :, pos_wanted - r0, None]
-        # per query block of the pooled map: the weights of its real rows summed per key (one matrix product),
-        # which give the received attention and the pooled sums; the pooled maxima from the block maxima
+
+    def _add_sums(self, e: Any, inv: Any, row_real: Any, block_max: Any, top: Any, keep: Any, r0: int, r1: int,
+                  lo: int, hi: int) -> None:
+        """Per query block of the pooled map: the weights of its real rows summed per key (one matrix product),
+        which give the received attention and the pooled sums; the pooled maxima from the block maxima; the keys
+        and cells a counted row sees, where the mask is dense (a mask of parts gives them at the end)."""
+        import torch
+
+        b, h, hm, bk = self.scorer.b, self.scorer.h, self.hm, self.bk
+        r, nj, j0 = r1 - r0, (hi - lo) // bk, lo // bk
         weight = inv * row_real  # [B, H, r]
         cell_top = torch.exp(block_max - top[..., None]) * weight[..., None]  # [B, H, r, nj]
-        qb = (torch.arange(r0, r1) // bq).tolist()
+        qb = (torch.arange(r0, r1) // self.bq).tolist()
         start = 0
         while start < r:
             qi = qb[start]
@@ -246,41 +266,75 @@ def _summarise(query: Any, key: Any, *, scale: float, settings: SummarySettings,
             cells = sums.view(b, h, nj, bk).sum(-1)
             tops = cell_top[:, :, start:stop].amax(2)
             kept = None if keep is None else keep[:, :, start:stop] & row_real[:, :, start:stop, None]
-            with lock:  # blocks run a few threads at a time (``run_blocks``); their sums meet here
-                received[..., lo:hi] += sums
-                pooled_sum[:, :, qi, j0:j0 + nj] += cells
-                pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(pooled_max[:, :, qi, j0:j0 + nj], tops)
+            with self.lock:  # blocks run a few threads at a time (``run_blocks``); their sums meet here
+                self.received[..., lo:hi] += sums
+                self.pooled_sum[:, :, qi, j0:j0 + nj] += cells
+                self.pooled_max[:, :, qi, j0:j0 + nj] = torch.maximum(self.pooled_max[:, :, qi, j0:j0 + nj], tops)
                 if kept is not None:
-                    seen_by[..., lo:hi] += kept.sum(2)
-                    pooled_seen[:, :, qi, j0:j0 + nj] |= kept.view(b, hm, stop - start, nj, bk).any(-1).any(2)
+                    self.seen_by[..., lo:hi] += kept.sum(2)
+                    self.pooled_seen[:, :, qi, j0:j0 + nj] |= kept.view(b, hm, stop - start, nj, bk).any(-1).any(2)
             start = stop
-        if on_rows is not None:
-            with lock:
-                on_rows(r)
 
-    run_blocks(one_block, list(range(0, lq, step)), threads)
-    if dense is None:
-        seen_by, pooled_seen = _seen_from_parts(parts, counts, counted_rows[:, 0], realp, q_pos0, lk, qe, ke)
-        seen_by, pooled_seen = seen_by[:, None], pooled_seen[:, None]
-    pooled_rows = torch.stack([counted_rows[..., qe[i]:qe[i + 1]].sum(-1) for i in range(pq)], -1)  # [B, M, Pq]
-    widths = torch.tensor([ke[i + 1] - ke[i] for i in range(pk)], dtype=torch.float64, device=dev)
-    cells = pooled_rows[..., None].to(torch.float64) * widths
-    ok = pooled_seen & (pooled_rows[..., None] > 0)
-    result = dict(out)
-    result["pooled_mean"] = torch.where(ok, pooled_sum / cells.clamp_min(1), math.nan).to(f32)
-    result["pooled_max"] = torch.where(ok, pooled_max, torch.tensor(math.nan, device=dev))
-    result["received"] = received[..., :lk].to(f32)
-    one = (lambda t: t[:, 0]) if hm == 1 else (lambda t: t)  # one mask for every head: [B, Lk], [B, Lq]
-    result["seen_by"] = one(seen_by[..., :lk]).to(torch.int32)
-    result["keys_seen"] = one(keys_seen).to(torch.int32)
-    result["argmax"] = out["argmax"].to(torch.int32)
-    result["real_keys"] = real_keys
-    result["pool_q_edges"] = torch.tensor(qe, dtype=torch.int64, device=dev)
-    result["pool_k_edges"] = torch.tensor(ke, dtype=torch.int64, device=dev)
-    if rows_out is not None:
-        result["rows"] = rows_out
-        result["row_positions"] = torch.tensor(positions, dtype=torch.int64, device=dev)
-    return result
+    def result(self) -> dict[str, Any]:
+        """The summary's arrays once every block is summed: the per-row statistics, the pooled map's means (over
+        the cells' kept elements) and maxima, the received attention, the keys and rows seen."""
+        import torch
+
+        scorer, qe, ke, dev, out = self.scorer, self.qe, self.ke, self.dev, self.out
+        lk, parts = scorer.lk, scorer.parts
+        pq, pk = len(qe) - 1, len(ke) - 1
+        f32 = torch.float32
+        seen_by, pooled_seen, counted_rows = self.seen_by, self.pooled_seen, self.counted_rows
+        if scorer.dense is None:
+            seen_by, pooled_seen = _seen_from_parts(parts, scorer.counts, counted_rows[:, 0], scorer.realp,
+                                                    scorer.q_pos0, lk, qe, ke)
+            seen_by, pooled_seen = seen_by[:, None], pooled_seen[:, None]
+        pooled_rows = torch.stack([counted_rows[..., qe[i]:qe[i + 1]].sum(-1) for i in range(pq)], -1)  # [B, M, Pq]
+        widths = torch.tensor([ke[i + 1] - ke[i] for i in range(pk)], dtype=torch.float64, device=dev)
+        cells = pooled_rows[..., None].to(torch.float64) * widths
+        ok = pooled_seen & (pooled_rows[..., None] > 0)
+        result = dict(out)
+        result["pooled_mean"] = torch.where(ok, self.pooled_sum / cells.clamp_min(1), math.nan).to(f32)
+        result["pooled_max"] = torch.where(ok, self.pooled_max, torch.tensor(math.nan, device=dev))
+        result["received"] = self.received[..., :lk].to(f32)
+        one = (lambda t: t[:, 0]) if self.hm == 1 else (lambda t: t)  # one mask for every head: [B, Lk], [B, Lq]
+        result["seen_by"] = one(seen_by[..., :lk]).to(torch.int32)
+        result["keys_seen"] = one(self.keys_seen).to(torch.int32)
+        result["argmax"] = out["argmax"].to(torch.int32)
+        result["real_keys"] = scorer.real_keys
+        result["pool_q_edges"] = torch.tensor(qe, dtype=torch.int64, device=dev)
+        result["pool_k_edges"] = torch.tensor(ke, dtype=torch.int64, device=dev)
+        if self.rows_out is not None:
+            result["rows"] = self.rows_out
+            result["row_positions"] = torch.tensor(self.positions, dtype=torch.int64, device=dev)
+        return result
+
+
+def _distance(e: Any, jsum: Any, total_e: Any, inv: Any, pos: Any, lo: int, hi: int, key_pos: Any) -> Any:
+    """Each row's mean distance to the keys it attends, sum A |pos - j|, from the block's exponentials ``e`` (keys
+    ``lo:hi``), their sums ``total_e`` and times the key's position ``jsum``: the keys left of the block's first
+    row and right of its last are on one side of every row's diagonal; the keys in between are summed exactly."""
+    import torch
+
+    f32 = torch.float32
+    posf = pos.to(f32)
+    c0, c1 = max(lo, int(pos[0])), min(hi, int(pos[-1]) + 1)
+    if c1 > c0:
+        mid = e[..., c0 - lo:c1 - lo]
+        jm = key_pos[c0:c1].to(f32)
+        dmid = torch.matmul(mid, jm[:, None])[..., 0]
+        amid = mid.sum(-1)
+        absmid = (mid * (posf[:, None] - jm[None]).abs()).sum(-1)
+    else:
+        dmid = amid = absmid = torch.zeros_like(total_e)
+    if c0 > lo:
+        left = e[..., :c0 - lo]
+        aleft = left.sum(-1)
+        jleft = torch.matmul(left, key_pos[lo:c0].to(f32)[:, None])[..., 0]
+    else:
+        aleft = jleft = torch.zeros_like(total_e)
+    aright, jright = total_e - aleft - amid, jsum - jleft - dmid
+    return ((posf * aleft - jleft) + absmid + (jright - posf * aright)) * inv
 
 
 def _mask_parts_block(s: Any, parts: MaskParts, realp: Any, counts: Any, pos: Any, lo: int, hi: int,

@@ -250,7 +250,7 @@ def private_uses(name: str, path: Path) -> list[str]:
     """Every private name (``_x``, not a dunder) of another attnviz module that ``name`` takes, as the
     AST has it, at module level or inside a function: ``from attnviz.x import _y`` (relative imports
     resolved), and ``m._y`` or ``attnviz.x._y`` where ``m`` is bound to a module by an import. A
-    private module itself (``formats._base``) is a module, not a name, and is not counted here."""
+    private module itself (``variants._base``) is a module, not a name, and is not counted here."""
     tree = parsed(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     bound: dict[str, str] = {}  # a name an import binds to an attnviz module: the module's name
@@ -296,7 +296,7 @@ def test_the_private_name_finder_sees_every_form(tmp_path):
                       "from . import _base_name\nfrom .render.mosaic import grid_getter, _hidden\n"
                       "def f():\n    from attnviz.inspection.heads import _rows\n"
                       "    return attnviz.render.scale._cmap, hm._figure, text._escape, hm.wrap_text\n"
-                      "from attnviz.formats import _base\nfrom attnviz import __version__\n"
+                      "from attnviz.variants import _base\nfrom attnviz import __version__\n"
                       "from attnviz.probe import _own\n_base._read\n")
     found = sorted(private_uses("attnviz.probe", source))
     assert found == sorted([
@@ -306,7 +306,7 @@ def test_the_private_name_finder_sees_every_form(tmp_path):
         "attnviz.probe (line 8) uses attnviz.render.scale._cmap",
         "attnviz.probe (line 8) uses attnviz.render.heatmap._figure",
         "attnviz.probe (line 8) uses attnviz.text._escape",
-        "attnviz.probe (line 12) uses attnviz.formats._base._read"])
+        "attnviz.probe (line 12) uses attnviz.variants._base._read"])
 
 
 def test_no_module_takes_another_modules_private_names():

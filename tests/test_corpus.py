@@ -612,8 +612,8 @@ def test_corpus_text_is_read_a_batch_of_lines_at_a_time(tmp_path: Path, monkeypa
     from attnviz.capturing.corpus import read_corpus_text
     from attnviz.errors import InputError
 
-    monkeypatch.setattr("attnviz.formats._base.MAX_TEXT_BYTES", 1024)
-    monkeypatch.setattr("attnviz.formats._base.LINE_BLOCK", 4096)
+    monkeypatch.setattr("attnviz.storage.textfiles.MAX_TEXT_BYTES", 1024)
+    monkeypatch.setattr("attnviz.storage.textfiles.LINE_BLOCK", 4096)
     rnd = random.Random(5)
     words = ["the", "cat", "sat", "café", "日本", "", " ", "a\u2028b"]
     text = "\ufeff" + "".join(" ".join(rnd.choices(words, k=rnd.randrange(12))) + rnd.choice(["\n", "\r\n", "\r"])
@@ -671,8 +671,8 @@ def test_cli_corpus_past_the_text_limit_in_shards(bert_folder: Path, tmp_path: P
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """capture --corpus reads a text file past the limit of other text inputs (lowered here to 512 bytes), its lines
     cut across the reader's blocks (of 64 bytes here); three shards of it merged equal the unsharded run."""
-    monkeypatch.setattr("attnviz.formats._base.MAX_TEXT_BYTES", 512)
-    monkeypatch.setattr("attnviz.formats._base.LINE_BLOCK", 64)
+    monkeypatch.setattr("attnviz.storage.textfiles.MAX_TEXT_BYTES", 512)
+    monkeypatch.setattr("attnviz.storage.textfiles.LINE_BLOCK", 64)
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes((TEXT * 4).replace("\n", "\r\n").encode())
     assert corpus.stat().st_size > 512

@@ -33,9 +33,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from attnviz import sizes
 from attnviz.cli import app
 from attnviz.errors import AttnvizError, InputError, UsageError
-from attnviz.formats import _base
 from attnviz.io import StdinReader, load_labels, open_spec
 from tests.conftest import ROOT, LazyModule
 
@@ -321,8 +321,8 @@ def test_memory_limit_refuses_what_must_be_held_in_memory(tmp_path, monkeypatch)
     with h5py.File(tmp_path / "c.h5", "w") as f:
         f.create_dataset("attn", data=big, chunks=(64, 64), compression="gzip")
     safetensors_numpy.save_file({"attn": big.astype(np.float16)}, str(tmp_path / "h.safetensors"))
-    assert _base.memory_limit() >= _base.MIN_MEMORY_LIMIT
-    monkeypatch.setattr(_base, "memory_limit", lambda: 2**20)
+    assert sizes.memory_limit() >= sizes.MIN_MEMORY_LIMIT
+    monkeypatch.setattr(sizes, "memory_limit", lambda: 2**20)
     for spec, words in [(tmp_path / "c.npz", "c.npz:attn: the array of shape [1024, 1024] would take 4.0 MiB"),
                         (f"{tmp_path / 'c.h5'}:attn", "c.h5:attn: the array of shape [1024, 1024] would take"),
                         (tmp_path / "h.safetensors", "as float32 (float16 widened)")]:
@@ -363,7 +363,7 @@ def test_hdf5_data_outside_the_file_is_refused(tmp_path):
 @pytest.mark.skipif(not TORCH, reason="torch is not installed")
 def test_torch_expanded_views_nesting_and_cycles(tmp_path, monkeypatch):
     torch.save({"attn": torch.ones(1).expand(4096, 4096)}, tmp_path / "view.pt")  # 64 MiB from 4 bytes
-    monkeypatch.setattr(_base, "memory_limit", lambda: 2**20)
+    monkeypatch.setattr(sizes, "memory_limit", lambda: 2**20)
     with pytest.raises(InputError, match=r"view.pt:attn: the array of shape \[4096, 4096\] would take 64.0 MiB"):
         open_spec(str(tmp_path / "view.pt")).array()
     nested: dict = {"attn": torch.ones(2, 2)}
@@ -523,7 +523,7 @@ def _every_array(spec: str) -> None:
 def small_memory(monkeypatch):
     """A 64 MiB memory limit: a mutated header that claims a little less than the machine's limit is not
     allocated in the test either."""
-    monkeypatch.setattr(_base, "memory_limit", lambda: 64 * 2**20)
+    monkeypatch.setattr(sizes, "memory_limit", lambda: 64 * 2**20)
 
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

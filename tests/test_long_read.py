@@ -265,14 +265,14 @@ def test_rollout_of_maps_that_would_not_fit_is_refused_in_one_line(capture: tupl
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
+    from attnviz import sizes
     from attnviz.cli import app
-    from attnviz.formats import _base
 
     path, _, _ = capture
     out = tmp_path / "r.png"
     assert CliRunner().invoke(app, ["rollout", str(path), "--png", str(out), "--quiet"]).exit_code == 0
     out.unlink()
-    monkeypatch.setattr(_base, "memory_limit", lambda: 24 * 24 * 8 * 5)  # less than (2 heads + 4) maps
+    monkeypatch.setattr(sizes, "memory_limit", lambda: 24 * 24 * 8 * 5)  # less than (2 heads + 4) maps
     r = CliRunner().invoke(app, ["rollout", str(path), "--png", str(out), "--quiet"])
     assert r.exit_code == 1 and not out.exists()
     assert len(r.stderr.strip().splitlines()) == 1 and "attnviz view" in r.stderr and "[24, 24]" in r.stderr

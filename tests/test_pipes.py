@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnviz.cli import app
-from attnviz.formats._base import MAX_TEXT_BYTES
+from attnviz.storage.textfiles import MAX_TEXT_BYTES
 from attnviz.worker import client
 
 runner = CliRunner()

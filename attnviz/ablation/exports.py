@@ -379,7 +379,7 @@ def read_retrieval_scores(path: str | os.PathLike[str]) -> np.ndarray:
     Every head of every layer must be there, with as many runs as the others, and the object on one line (its
     consumers read the first line only)."""
     from attnviz import storage
-    from attnviz.formats._base import loads_json
+    from attnviz.jsontext import loads_json
 
     source = os.fspath(path)
     text = storage.read_text(source, source)
@@ -424,7 +424,7 @@ def read_retrieval_scores(path: str | os.PathLike[str]) -> np.ndarray:
 
 def _read_json(source: str, what: str) -> Any:
     from attnviz import storage
-    from attnviz.formats._base import loads_json
+    from attnviz.jsontext import loads_json
 
     try:
         return loads_json(storage.read_text(source, source))

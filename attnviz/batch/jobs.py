@@ -126,7 +126,7 @@ def job_from_line(number: int, line: str, base: str | Path, commands: set[str], 
     those a job may run; ``takes_quiet`` says whether a command has --quiet, which the job gets unless
     it says otherwise (the batch's ``Runner.takes_quiet``; by default every command has it)."""
     from attnviz import storage
-    from attnviz.formats._base import loads_json
+    from attnviz.jsontext import loads_json
 
     base = str(base)
     job = Job(number)
@@ -266,7 +266,8 @@ def _jobs_bytes(spec: str) -> tuple[bytes, str, str]:
     import sys
 
     from attnviz import storage
-    from attnviz.formats._base import is_pipe, read_limited
+    from attnviz.storage.local import is_pipe
+    from attnviz.storage.textfiles import read_limited
 
     if spec == "-":
         source = "'-' (<stdin>)"
@@ -312,7 +313,7 @@ def read_jobs(spec: str, runner: Runner) -> tuple[list[Job], str]:
 def _stdin_bytes(what: str) -> bytes:
     import sys
 
-    from attnviz.formats._base import read_limited
+    from attnviz.storage.textfiles import read_limited
 
     stream = sys.stdin
     if stream is None:

@@ -74,6 +74,6 @@ def run_forward(function: Callable[..., T], inputs: dict[str, Any], *, where: st
     except Exception as exc:  # noqa: BLE001
         if raised_by_attnviz(exc):
             raise  # attnviz's own code inside the forward (a recorder, an accumulator): an internal error
-        from attnviz.formats._base import reason
+        from attnviz.quoting import reason
 
         raise InputError(f"{where}: the model failed on {failed_on} ({reason(exc)}).") from None

@@ -524,7 +524,7 @@ def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusFile:
     from pathlib import Path
 
     from attnviz import storage
-    from attnviz.formats._base import is_pipe
+    from attnviz.storage.local import is_pipe
 
     if not storage.is_url(path) and not Path(path).exists():
         raise UsageError(f"--text-file {path}: no such file.")
@@ -553,11 +553,11 @@ def read_corpus_text(path: str, shard: tuple[int, int] = (0, 1)) -> CorpusFile:
 
 def _text_lines(path: str, digest: Any, spool: IO[bytes] | None = None,
                 copy: IO[bytes] | None = None) -> Iterator[str]:
-    """The lines of a corpus's text file, read a block at a time (``formats._base.text_lines``): from ``spool``
+    """The lines of a corpus's text file, read a block at a time (``storage.textfiles.text_lines``): from ``spool``
     (a named pipe's copy) when given, else from the file (``storage.open_input``'s stream: a local file or a URL;
     a named pipe opened as it is, its bytes written to ``copy``)."""
     from attnviz import storage
-    from attnviz.formats._base import text_lines
+    from attnviz.storage.textfiles import text_lines
 
     try:
         if spool is not None:
@@ -780,7 +780,7 @@ def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, 
         warnings.append(f"{truncated} text(s) were longer than the model's {limit} positions: their first {limit} "
                         f"tokens were used ({dropped} tokens dropped)")
     if acc.distance_left_out:
-        from attnviz.formats._base import size_str
+        from attnviz.sizes import size_str
 
         warnings.append(f"{acc.distance_left_out} long text(s) (up to {longest_blocked} tokens) were left out of the "
                         f"head distances: every layer's q and k would take more than "
@@ -829,7 +829,7 @@ def _forward_names(model: Any) -> set[str]:
 
 
 def _reason(exc: BaseException) -> str:
-    from attnviz.formats._base import reason
+    from attnviz.quoting import reason
 
     return reason(exc)
 

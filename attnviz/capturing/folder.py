@@ -131,7 +131,7 @@ def check_size(model: Any, batch: int, length: int, steps: int, weights_dtype: s
     """Refuse, before the model runs, an exact capture whose weights exceed ``max_file`` or the free disk."""
     import shutil
 
-    from attnviz.formats._base import size_str
+    from attnviz.sizes import size_str
 
     itemsize = 4 if weights_dtype == "float32" else 2
     size = weights_size(model, batch, length, steps, itemsize, layers)
@@ -210,7 +210,7 @@ def load_model(path: Path, torch: Any, transformers: Any, device: str, dtype: st
         model = model.to(device).eval()
     except Exception as exc:  # noqa: BLE001 - a missing file, a file that is not weights ...
         raise InputError(f"{path}: cannot load the model ({_reason(exc)}).") from None
-    from attnviz.formats._base import natural_key
+    from attnviz.formats import natural_key
 
     mismatched = sorted((info or {}).get("mismatched_keys") or [], key=lambda m: natural_key(str(m[0])))
     if mismatched:
@@ -444,6 +444,6 @@ def _target(text: str, tokenizer: Any) -> Any:
 
 
 def _reason(exc: BaseException) -> str:
-    from attnviz.formats._base import reason
+    from attnviz.quoting import reason
 
     return reason(exc)

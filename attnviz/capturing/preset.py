@@ -174,6 +174,6 @@ def _device(device: str) -> Any:
 
 
 def _reason(exc: BaseException) -> str:
-    from attnviz.formats._base import reason
+    from attnviz.quoting import reason
 
     return reason(exc)

@@ -1,8 +1,13 @@
 """Readers for the array files users hold: the one place a file format is added.
 
-Each module reads one format and has ``SUFFIXES`` and ``open_file(path, source)``, which returns a
+Each reader module reads one format and has ``SUFFIXES`` and ``open_file(path, source)``, which returns a
 NumPy array (a file of one array) or a ``Container`` of named arrays (``FILE:KEY`` picks one; a key
-may be a glob). A reader asks ``attnviz.storage.open_input`` for the file (a local file, or an object of a
+may be a glob). What the readers share is in ``container`` (``Container``, natural key order, key globs,
+key listings, half precision widened; modules outside take them from this package) and ``zipfiles``
+(zip directories checked before they are read); the limits every input is held to are below, in
+``attnviz.sizes`` (memory), ``attnviz.storage`` (regular files, text) and ``attnviz.jsontext`` (JSON).
+
+A reader asks ``attnviz.storage.open_input`` for the file (a local file, or an object of a
 store named by a URL) and reads what it needs through it. ``attnviz.io.open_spec`` is the single entrance
 that uses them; JSON and ``-`` (standard input) are read there. Readers import NumPy only at module level:
 h5py, safetensors, ml_dtypes and torch are imported when a file of theirs is read.
@@ -16,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.formats import hdf5, npy, npz, pytorch, safetensor
-from attnviz.formats._base import Container, is_glob, listing, natural, natural_key
+from attnviz.formats.container import Container, is_glob, listing, natural, natural_key
 
 __all__ = ["FORMATS", "BY_SUFFIX", "CONTAINER_SUFFIXES", "Container", "Format", "describe", "is_glob", "listing",
            "natural", "natural_key", "open_file"]

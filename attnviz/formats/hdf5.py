@@ -19,14 +19,9 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import (
-    Container,
-    array_bytes,
-    check_memory,
-    check_stored,
-    natural,
-    reason,
-)
+from attnviz.formats.container import Container, natural
+from attnviz.quoting import reason
+from attnviz.sizes import array_bytes, check_memory, check_stored
 
 SUFFIXES = (".h5", ".hdf5")
 #: what one element of a variable-length (string) dataset is counted as in memory

@@ -16,7 +16,8 @@ from typing import IO, Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import array_bytes, check_stored, describe_array, reason
+from attnviz.quoting import reason
+from attnviz.sizes import array_bytes, check_stored, describe_array
 
 SUFFIXES = (".npy",)
 MAGIC = b"\x93NUMPY"

@@ -17,17 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import (
-    Container,
-    array_bytes,
-    check_memory,
-    check_stored,
-    check_zip_members,
-    reason,
-    short,
-    zip_data_offset,
-)
+from attnviz.formats.container import Container
 from attnviz.formats.npy import MAGIC, pickled, read_header
+from attnviz.formats.zipfiles import check_zip_members, zip_data_offset
+from attnviz.quoting import reason, short
+from attnviz.sizes import array_bytes, check_memory, check_stored
 
 SUFFIXES = (".npz",)
 #: stored members at least this large are memory-mapped rather than read

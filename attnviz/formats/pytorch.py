@@ -27,14 +27,10 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import (
-    Container,
-    check_memory,
-    check_zip_members,
-    reason,
-    size_str,
-    upcast_half,
-)
+from attnviz.formats.container import Container, upcast_half
+from attnviz.formats.zipfiles import check_zip_members
+from attnviz.quoting import reason
+from attnviz.sizes import check_memory, size_str
 
 SUFFIXES = (".pt", ".pth", ".bin")
 #: the deepest nesting of dicts, lists and tuples read

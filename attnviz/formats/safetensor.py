@@ -23,7 +23,11 @@ from typing import Any
 import numpy as np
 
 from attnviz.errors import InputError
-from attnviz.formats._base import Container, check_memory, decode_text, loads_json, natural, reason, short
+from attnviz.formats.container import Container, natural
+from attnviz.jsontext import loads_json
+from attnviz.quoting import reason, short
+from attnviz.sizes import check_memory
+from attnviz.storage.textfiles import decode_text
 
 SUFFIXES = (".safetensors",)
 #: the longest header read (the safetensors library's own limit)

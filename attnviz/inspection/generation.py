@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
-from attnviz.formats import listing
-from attnviz.formats._base import Container, memory_limit, size_str
+from attnviz.formats import Container, listing
 from attnviz.io import StdinReader, open_spec, validate_array
+from attnviz.sizes import memory_limit, size_str
 from attnviz.storage import Place
 
 STEP_LAYER = re.compile(r"^(?P<prefix>(?:.*\.)?)(?P<step>\d+)\.(?P<layer>\d+)$")

@@ -201,7 +201,7 @@ def _check_memory(w: Weights, options: RolloutOptions) -> None:
     """A rollout of long maps refused in one line where its ``[L, L]`` maps (a layer's heads, the product, the
     step, and with --all-layers one per layer, in float64) would not fit in the memory attnviz allows."""
     from attnviz.errors import InputError
-    from attnviz.formats._base import memory_limit, size_str
+    from attnviz.sizes import memory_limit, size_str
 
     layers, _, heads, lq, lk = w.shape
     held = (heads + 4 + (layers if options.all_layers else 0)) * lq * lk * 8

@@ -16,8 +16,8 @@ import numpy as np
 
 from attnviz.errors import InputError, ShapeError, UsageError, shape_str
 from attnviz.formats import Container, is_glob, listing
-from attnviz.formats._base import memory_limit, size_str
 from attnviz.io import StdinReader, open_spec, validate_array
+from attnviz.sizes import memory_limit, size_str
 from attnviz.storage import Place
 
 if TYPE_CHECKING:

@@ -8,14 +8,17 @@ at a scheme themselves:
   seekable stream, a range of bytes and an array at an offset (memory-mapped from a local file; fetched
   with one ranged request from a store, so that a key of a large file costs its own bytes only), and a
   stream read once from start to end (``stream()``: a corpus's text file, a block held at a time);
-- ``read_text_bytes``: a text input (labels, jobs files, configs, JSON) whole, within a limit;
+- ``read_text_bytes``: a text input (labels, jobs files, configs, JSON) whole, within a limit (``local``: a
+  regular file, what kind of file a path names, a named pipe read once; ``textfiles``: text read within its
+  limits, UTF-8, and a text file line by line);
 - ``exists``, ``size``, ``identity``, ``glob``, ``join``, ``folder_of``, ``same_place``: what batch asks;
 - ``place`` and ``check_output``: an output's target, a ``Path`` or a ``Url``; ``attnviz.staging`` writes
   every output through a staged file and, for a URL, an upload that is completed only when the whole
   run succeeded (``remote.Upload``).
 
-A local path never imports fsspec: this module is the standard library only, and ``attnviz.storage.remote``
-(fsspec and the store's own package, such as s3fs) is imported the first time a URL is met.
+A local path never imports fsspec: this module, ``local`` and ``textfiles`` are the standard library only, and
+``attnviz.storage.remote`` (fsspec and the store's own package, such as s3fs) is imported the first time a URL
+is met.
 
 Endpoint and credentials come from where the store's package looks (for S3: the AWS environment, including
 ``AWS_ENDPOINT_URL``, ``~/.aws``, instance roles), from fsspec's own configuration, and from storage options
@@ -32,6 +35,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from attnviz.storage import textfiles
+from attnviz.storage.local import read_text_bytes as read_local
+from attnviz.storage.local import regular_file
 from attnviz.storage.options import OPTIONS_ENV, options_for, parse_options, set_options, using
 from attnviz.storage.urls import BUCKET_SCHEMES, Place, Url, check_url, is_url, place
 
@@ -52,8 +58,6 @@ class LocalFile:
     stream, ranges and memory-mapped arrays."""
 
     def __init__(self, path: str | os.PathLike[str], source: str) -> None:
-        from attnviz.formats._base import regular_file
-
         self.path: Path | None = Path(path)
         self.local = Path(path)
         self.source = source
@@ -94,11 +98,8 @@ def open_input(path: str | os.PathLike[str], source: str) -> Any:
 def read_text_bytes(path: str | os.PathLike[str], source: str, limit: int | None = None,
                     what: str = "JSON") -> bytes:
     """The bytes of a text input, at most ``limit``: a local regular file or named pipe
-    (``formats._base.read_text_bytes``), or an object of a store."""
-    from attnviz.formats._base import MAX_TEXT_BYTES
-    from attnviz.formats._base import read_text_bytes as read_local
-
-    limit = MAX_TEXT_BYTES if limit is None else limit
+    (``local.read_text_bytes``), or an object of a store."""
+    limit = textfiles.MAX_TEXT_BYTES if limit is None else limit
     text = os.fspath(path)
     if is_url(text):
         from attnviz.storage.remote import read_text
@@ -109,9 +110,7 @@ def read_text_bytes(path: str | os.PathLike[str], source: str, limit: int | None
 
 def read_text(path: str | os.PathLike[str], source: str, limit: int | None = None, what: str = "JSON") -> str:
     """A text input's text: ``read_text_bytes``, UTF-8."""
-    from attnviz.formats._base import decode_text
-
-    return decode_text(read_text_bytes(path, source, limit, what), source, what)
+    return textfiles.decode_text(read_text_bytes(path, source, limit, what), source, what)
 
 
 def is_file(path: str) -> bool:

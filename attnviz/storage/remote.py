@@ -30,7 +30,8 @@ from typing import IO, Any
 import numpy as np
 
 from attnviz.errors import AttnvizError, InputError, OutputError, UsageError
-from attnviz.formats._base import check_memory, reason, size_str
+from attnviz.quoting import reason
+from attnviz.sizes import check_memory, size_str
 from attnviz.storage.options import options_for
 from attnviz.storage.urls import Url, check_url
 
@@ -223,7 +224,7 @@ class Stream:
 
 def read_text(url: Url, source: str, limit: int, what: str) -> bytes:
     """A text object whole, at most ``limit`` bytes."""
-    from attnviz.formats._base import TOO_MUCH
+    from attnviz.storage.textfiles import TOO_MUCH
 
     fs, path = filesystem(url)
     try:

@@ -258,7 +258,7 @@ def _capture(model: str, texts: list[str], text_file: str | None, output: str | 
         out.write(f"captured {kind}{len(done.sites)} attention sites of {done.model_type} ({what}) on {done.device} "
                   f"in {done.seconds:.1f} s\n")
         if done.dense_mask_bytes:
-            from attnviz.formats._base import size_str
+            from attnviz.sizes import size_str
 
             out.write(f"masks: not made of padding, causal and a window: kept whole ("
                       f"{size_str(done.dense_mask_bytes)})\n")
