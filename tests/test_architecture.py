@@ -164,7 +164,8 @@ def layer_violations(rows: list[tuple[str, set[str]]], edges: dict[str, dict[str
             found.append(f"{unit}: allows {target}, and no module of {unit} imports it (take it off its line)")
         above.add(unit)
     found += [f"{unit}: a unit missing from ARCHITECTURE.md's allowed imports" for unit in sorted(units - set(listed))]
-    found += [f"{unit}: listed in ARCHITECTURE.md's allowed imports, not a unit" for unit in sorted(set(listed) - units)]
+    found += [f"{unit}: listed in ARCHITECTURE.md's allowed imports, not a unit"
+              for unit in sorted(set(listed) - units)]
     return found
 
 
