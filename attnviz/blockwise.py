@@ -30,7 +30,7 @@ from attnviz.errors import OutputError
 from attnviz.masks import Mask
 from attnviz.staging import forget, hidden_file
 from attnviz.stats import RowStats, fused_row_stats
-from attnviz.variants._base import Context, NumericError, Result, Variant
+from attnviz.variants.base import Context, NumericError, Result, Variant
 
 PREVIEW_ROWS = 32
 MAX_PANELS = 16

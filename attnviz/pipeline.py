@@ -41,7 +41,7 @@ from attnviz.scoring import Logits, ModelScoring
 from attnviz.stats import RowStats, fused_row_stats
 from attnviz.storage import Place
 from attnviz.subwords import Words
-from attnviz.variants._base import Context, NumericError, Result, Variant, overflow_advice
+from attnviz.variants.base import Context, NumericError, Result, Variant, overflow_advice
 
 #: leading (batch) axes passed to a variant as they are; more are folded into one ([batch, heads, L, d] is 2)
 MAX_LEAD = 2
@@ -279,7 +279,7 @@ def prepare(variant: Variant, specs: Sequence[str | None], options: RunOptions, 
                     learned, learned_source, param_options.seed or 0, captured, magnitudes, scoring.logits, words)
 
 
-#: the variants whose scores go through the softmax of ``attnviz.variants._base`` as they are: a
+#: the variants whose scores go through the softmax of ``attnviz.variants.base`` as they are: a
 #: softcap and sinks (``Logits``) act there
 SOFTMAX_SCORES = ("scaled", "dot", "general", "local")
 

@@ -51,7 +51,7 @@ def main() -> None:
     from attnviz.pipeline import Prepared, RunOptions, execute
     from attnviz.stats import fused_row_stats, row_stats, workers
     from attnviz.variants import REGISTRY
-    from attnviz.variants._base import Context
+    from attnviz.variants.base import Context
 
     tf = tensorflow()
     variant = REGISTRY["scaled"]

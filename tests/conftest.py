@@ -12,7 +12,7 @@ from attnviz.masks import build_mask
 from attnviz.params import check as check_params
 from attnviz.params import draw
 from attnviz.variants import REGISTRY
-from attnviz.variants._base import Context
+from attnviz.variants.base import Context
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_inputs"

@@ -251,7 +251,7 @@ def private_uses(name: str, path: Path) -> list[str]:
     """Every private name (``_x``, not a dunder) of another attnviz module that ``name`` takes, as the
     AST has it, at module level or inside a function: ``from attnviz.x import _y`` (relative imports
     resolved), and ``m._y`` or ``attnviz.x._y`` where ``m`` is bound to a module by an import. A
-    private module itself (``variants._base``) is a module, not a name, and is not counted here."""
+    private module itself (``pkg/_x.py``) is a module, not a name: ``private_modules_used_outside`` counts those."""
     tree = parsed(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     bound: dict[str, str] = {}  # a name an import binds to an attnviz module: the module's name
@@ -297,8 +297,8 @@ def test_the_private_name_finder_sees_every_form(tmp_path):
                       "from . import _base_name\nfrom .render.mosaic import grid_getter, _hidden\n"
                       "def f():\n    from attnviz.inspection.heads import _rows\n"
                       "    return attnviz.render.scale._cmap, hm._figure, text._escape, hm.wrap_text\n"
-                      "from attnviz.variants import _base\nfrom attnviz import __version__\n"
-                      "from attnviz.probe import _own\n_base._read\n")
+                      "from attnviz.variants import base\nfrom attnviz import __version__\n"
+                      "from attnviz.probe import _own\nbase._read\n")
     found = sorted(private_uses("attnviz.probe", source))
     assert found == sorted([
         "attnviz.probe (line 4) imports attnviz._base_name",
@@ -307,9 +307,22 @@ def test_the_private_name_finder_sees_every_form(tmp_path):
         "attnviz.probe (line 8) uses attnviz.render.scale._cmap",
         "attnviz.probe (line 8) uses attnviz.render.heatmap._figure",
         "attnviz.probe (line 8) uses attnviz.text._escape",
-        "attnviz.probe (line 12) uses attnviz.variants._base._read"])
+        "attnviz.probe (line 12) uses attnviz.variants.base._read"])
 
 
 def test_no_module_takes_another_modules_private_names():
     """A name another module needs is not private: it is public where it lives, or it moves."""
     assert [where for name, path in MODULES.items() for where in private_uses(name, path)] == []
+
+
+def private_modules_used_outside(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a private module (``pkg._x``) from outside its package ``pkg``: what other packages use is public."""
+    return sorted(f"{name} imports {module}" for name, targets in graph.items() for module in targets
+                  if _private(module.rpartition(".")[2])
+                  and not (name + ".").startswith(module.rpartition(".")[0] + "."))
+
+
+def test_a_private_module_is_imported_only_inside_its_package():
+    assert private_modules_used_outside({"attnviz.a.b": {"attnviz.a._c"}, "attnviz.d": {"attnviz.a._c", "attnviz.a"},
+                                         "attnviz.a": {"attnviz.a._c"}}) == ["attnviz.d imports attnviz.a._c"]
+    assert private_modules_used_outside(graph()) == []

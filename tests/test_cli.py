@@ -262,7 +262,7 @@ def test_gpu_matches_cpu():
     from attnviz.device import Device
     from attnviz.masks import Mask
     from attnviz.variants import REGISTRY as R
-    from attnviz.variants._base import Context
+    from attnviz.variants.base import Context
 
     gpu = R["scaled"].compute(Context(Device("GPU:0", "/GPU:0"), "float32"), {"q": q, "k": k, "v": v}, Mask(),
                               R["scaled"].params(), {})

@@ -197,7 +197,7 @@ def test_each_variant_is_made_of_its_own_module():
     import importlib
 
     from attnviz.variants import REGISTRY
-    from attnviz.variants._base import QKV
+    from attnviz.variants.base import QKV
 
     for v in REGISTRY.values():
         module = importlib.import_module(v.compute.__module__)

@@ -22,7 +22,7 @@ from attnviz.variants import (
     sparse,
     structured,
 )
-from attnviz.variants._base import Variant
+from attnviz.variants.base import Variant
 
 REGISTRY: dict[str, Variant] = {
     v.name: v

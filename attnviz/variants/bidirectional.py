@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from attnviz.errors import ShapeError, shape_str
 from attnviz.params import ParamSpec
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     InputSpec,
     Problem,
@@ -65,7 +65,7 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     import numpy as np
 
     from attnviz.masks import Mask
-    from attnviz.variants._base import check_finite_result
+    from attnviz.variants.base import check_finite_result
 
     tf = ctx.tf
     e = arrays["context"].shape[-1]

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnviz.variants._base import Context, Problem, Result, attend, check_qkv, check_scale, qkv_variant, scale_field
+from attnviz.variants.base import Context, Problem, Result, attend, check_qkv, check_scale, qkv_variant, scale_field
 
 if TYPE_CHECKING:
     import numpy as np

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from attnviz.params import ParamSpec
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     Problem,
     Result,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from attnviz.errors import UsageError, shape_str
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     Problem,
     Result,
@@ -121,7 +121,7 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
             learned: Mapping[str, np.ndarray]) -> Result:
     import numpy as np
 
-    from attnviz.variants._base import check_finite_result
+    from attnviz.variants.base import check_finite_result
 
     tf = ctx.tf
     rng = np.random.default_rng(ctx.seed)

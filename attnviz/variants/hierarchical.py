@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     InputSpec,
     Problem,
@@ -116,7 +116,7 @@ def compute(ctx: Context, arrays: Mapping[str, np.ndarray], mask: Mask, params: 
     import numpy as np
 
     from attnviz.masks import Mask
-    from attnviz.variants._base import check_finite_result
+    from attnviz.variants.base import check_finite_result
 
     tf = ctx.tf
     p = {name: ctx.tensor(value) for name, value in learned.items()}

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 
 from attnviz.errors import UsageError
 from attnviz.params import ParamSpec
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     Problem,
     Result,

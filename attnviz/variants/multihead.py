@@ -41,7 +41,7 @@ from attnviz.choices import MAX_HEADS, MAX_WIDTH
 from attnviz.errors import ParamsError, ShapeError, UsageError, shape_str
 from attnviz.params import ParamSpec
 from attnviz.storage import Place
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     InputSpec,
     Problem,

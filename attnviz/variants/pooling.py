@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from attnviz.errors import UsageError
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     InputSpec,
     Problem,

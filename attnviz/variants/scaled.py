@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from attnviz.variants._base import Context, Problem, Result, attend, check_qkv, check_scale, qkv_variant
+from attnviz.variants.base import Context, Problem, Result, attend, check_qkv, check_scale, qkv_variant
 
 if TYPE_CHECKING:
     import numpy as np

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal
 from attnviz.choices import MAX_WIDTH
 from attnviz.errors import ParamsError, UsageError, shape_str
 from attnviz.params import ParamSpec, bias
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     InputSpec,
     Problem,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from attnviz.errors import UsageError
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     Problem,
     Result,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from attnviz.choices import MAX_WIDTH
 from attnviz.errors import ShapeError, UsageError, shape_str
 from attnviz.params import ParamSpec
-from attnviz.variants._base import (
+from attnviz.variants.base import (
     Context,
     InputSpec,
     NumericError,

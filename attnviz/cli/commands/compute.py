@@ -24,7 +24,7 @@ from attnviz.render.options import FigureOptions, ShowOptions
 from attnviz.run_options import CaptureOptions, ParamOptions, RunOptions
 from attnviz.staging import StagedOutputs, staged_outputs
 from attnviz.streams import err_console, out_console, stdout
-from attnviz.variants._base import Variant
+from attnviz.variants.base import Variant
 
 if TYPE_CHECKING:  # the pipeline loads NumPy: imported when a command runs, not for --help
     from attnviz.pipeline import Outcome
