@@ -29,8 +29,8 @@ def _cli(*args: object) -> str:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A file of each kind from one tiny model: ``exact``, ``summary`` (with chosen rows), ``no-weights``, ``other``
-    (a summary of the same text, pooled otherwise) and ``corpus``."""
+    """A file of each kind from one tiny model (``folder``): ``exact``, ``summary`` (with chosen rows), ``no-weights``,
+    ``other`` (a summary of the same text, pooled otherwise) and ``corpus``."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from models import llama_folder, long_text
 
@@ -44,7 +44,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(long_text(20 + 5 * n, seed=n) for n in range(4)) + "\n")
     _cli("capture", folder, "--text-file", corpus, "--corpus", "--batch-size", "2", "-o", made["corpus"])
-    return made
+    return {**made, "folder": folder}
 
 
 #: (kind, the command line's options, the same as the API's keywords)
@@ -80,6 +80,26 @@ def test_inspect_of_every_kind_gives_the_command_s_document(files: dict[str, Pat
         assert api.head_stats["entropy"].shape == (2, 4) and api.head_stats["tag"].shape == (2, 4)
     else:
         assert type(api).__name__ == "Inspected"
+
+
+def test_a_recording_of_summaries_is_inspected_as_its_message_says(files: dict[str, Path]) -> None:
+    """``attnviz.capture(model, tokenizer, summary=True)``: the recording's own message says attnviz.inspect reads it;
+    a recording without weights is summarised from its q and k, and the two agree."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(files["folder"]))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(files["folder"])).eval()
+    batch = tokenizer(["the magic code is blue . what is the code ?"], return_tensors="pt")
+    recordings = []
+    for options in ({"summary": True}, {"weights": False}):
+        with attnviz.capture(model, tokenizer, **options) as rec, torch.no_grad():
+            model(**batch)
+        recordings.append(rec)
+    summary, summarised = (attnviz.inspect(rec, span="doc=0:4") for rec in recordings)
+    assert summary.kind == "summary" and summarised.kind == "no-weights"
+    assert summary.document()["file"] == "llama (captured)" and list(summary.spans) == ["doc"]
+    assert attnviz.compare(*recordings, atol=1e-4).passed
 
 
 def test_compare_of_summaries_gives_the_command_s_document(files: dict[str, Path]) -> None:
