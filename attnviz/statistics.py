@@ -74,6 +74,7 @@ broad            entropy_norm (a corpus: H over uniform), no other    >= 0.9    
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 WEIGHTS, SUMMARY, CORPUS = "weights", "summary", "corpus"
 #: where a statistic is reported
@@ -239,6 +240,17 @@ def sort_key(word: str, face: str, source: str, classes: tuple[str, ...] | list[
     guess = f" (did you mean {close[0]}?)" if close else ""
     raise UsageError(f"--sort {word}: not a column of {source}{guess}; its table has {columns}.")
 
+
+
+def check_stat(columns: Any, stat: str, what: str, hints: dict[str, str] | None = None) -> None:
+    """``--stat STAT`` must name a column of the file's head table (``columns``): a usage error (exit 2) naming
+    those it has otherwise; ``hints``, what would give a column the file could have (retrieval: --needle)."""
+    if stat in columns:
+        return
+    from attnviz.errors import UsageError
+
+    hint = (hints or {}).get(stat)
+    raise UsageError(f"--stat {stat}: {hint + '; ' if hint else ''}{what}'s head table has {', '.join(columns)}.")
 
 #: Gu et al. 2024's epsilon: a head whose mean weight on the first token (alpha) passes it is a sink in that text
 SINK_EPSILON = 0.3

@@ -18,6 +18,7 @@ from attnviz.errors import UsageError, shape_str
 if TYPE_CHECKING:
     from attnviz.inspection.compare import CompareResult, CompareRun
     from attnviz.inspection.inspecting import InspectResult
+    from attnviz.inspection.kinds import CorpusInspection, SummariesCompared, SummaryInspection
     from attnviz.inspection.rollout import RolloutRun
     from attnviz.pipeline import Outcome
     from attnviz.render.options import FigureOptions
@@ -321,6 +322,164 @@ class Inspected(_Result):
         return f"<attnviz inspect: {w.source}, weights {shape_str(w.shape)}{checks}>"
 
 
+class _Kind(_Result):
+    """What the results of a summary and a corpus file share: the command's JSON as the command writes it, no HTML
+    report (their pictures are ``figure``'s), nothing inline but the repr."""
+
+    command = "inspect"
+
+    def to_json(self) -> str:
+        """The same text as the command's ``--json``."""
+        import json
+
+        return json.dumps(self.document())
+
+    def html(self, **options: Any) -> str:
+        raise UsageError(f"{self._what()}: no HTML report; table(), figure() or save(png=..., json=...).")
+
+    def _repr_html_(self) -> str:  # type: ignore[override]
+        return ""
+
+    def _what(self) -> str:  # pragma: no cover - each kind says what it is
+        raise NotImplementedError
+
+
+@dataclass(repr=False)
+class InspectedSummary(_Kind):
+    """A summary capture inspected (``attnviz.inspect`` of a ``capture --summary`` file, or of a ``--no-weights``
+    capture, summarised from its q and k): ``head_stats`` (each column of the head table ``[layers, heads]``, with
+    ``tag``), ``received`` (the attention each key receives), ``spans``, ``retrieval`` (with ``needle=``), ``sinks``;
+    ``result``, the whole ``attnviz.inspection.summary.SummaryResult``."""
+
+    inspection: SummaryInspection
+
+    @property
+    def result(self) -> Any:
+        return self.inspection.result
+
+    @property
+    def kind(self) -> str:
+        """``summary``, or ``no-weights`` (summarised here from the capture's q and k)."""
+        return self.inspection.found.kind
+
+    @property
+    def head_stats(self) -> dict[str, np.ndarray]:
+        from attnviz.inspection.summary import stat_columns
+
+        return {**stat_columns(self.result), "tag": np.asarray(self.result.tags, dtype=object)}
+
+    @property
+    def received(self) -> dict[str, np.ndarray]:
+        return dict(self.result.received)
+
+    @property
+    def spans(self) -> dict[str, dict[str, Any]]:
+        return dict(self.result.spans)
+
+    @property
+    def retrieval(self) -> Any:
+        return self.result.retrieval
+
+    @property
+    def sinks(self) -> Any:
+        return self.result.sinks
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.inspection.warnings
+
+    def document(self) -> dict[str, Any]:
+        from attnviz.render.summary import inspection_document
+
+        return inspection_document(self.inspection, {})
+
+    def table(self, precision: int | None = None, sort: str | None = None, reverse: bool | None = None,
+              top: int | None = None, **_: Any) -> Any:
+        """The head table the command prints: ``precision`` (3) and the order: ``sort`` (a column), ``reverse``,
+        ``top`` (the first N)."""
+        from attnviz.render.summary import head_table
+        from attnviz.statistics import SUMMARY, sort_key
+
+        got = self._tab({"precision": precision, "sort": sort, "reverse": reverse, "top": top})
+        order = sort_key(str(_or(got["sort"], "layer")), SUMMARY, self.inspection.source,
+                         absent=() if self.result.retrieval is not None else ("retrieval",))
+        return head_table(self.result, _or(got["precision"], 3), order, bool(got["reverse"]), got["top"])
+
+    def figure(self, kind: str = "grid", stat: str = "entropy", **options: Any) -> Any:
+        """The pooled maps' layer x head grid (``kind="grid"``, ``--png``), the received attention by position
+        (``"received"``), the chosen rows (``"map"``, ``--map-png``) or a column of the head table per layer and
+        head (``"stats"``, ``--stats-png``; ``stat``)."""
+        from attnviz.render.summary import inspection_figure
+
+        if kind == "map" and self.result.read.chosen is None:
+            raise UsageError(f"kind=\"map\": {self.inspection.source} holds no chosen rows (capture with rows=).")
+        return inspection_figure(self.inspection, self._fig(options), kind, stat)
+
+    def _what(self) -> str:
+        return f"{self.inspection.source} holds summaries"
+
+    def __repr__(self) -> str:
+        layers, b, h, lq, lk = self.result.read.shape
+        return f"<attnviz inspect: {self.inspection.source}, a summary of {layers} sites x {h} heads, {lk} keys>"
+
+
+@dataclass(repr=False)
+class InspectedCorpus(_Kind):
+    """A corpus file inspected (``attnviz.inspect`` of a ``capture --corpus`` file): ``head_stats`` (each statistic's
+    means over texts ``[sites, heads]``, NaN where a site has fewer heads; ``class:NAME`` for each token class),
+    ``sums`` (the file's ``attnviz.corpusfile.CorpusSums``: ``means()``, ``distances()``)."""
+
+    inspection: CorpusInspection
+
+    @property
+    def sums(self) -> Any:
+        return self.inspection.sums
+
+    @property
+    def head_stats(self) -> dict[str, np.ndarray]:
+        from attnviz.inspection.corpus import stat_columns
+
+        return stat_columns(self.sums)
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.inspection.warnings)
+
+    def document(self) -> dict[str, Any]:
+        from attnviz.render.corpus import inspection_document
+
+        return inspection_document(self.inspection, {})
+
+    def table(self, precision: int | None = None, sort: str | None = None, reverse: bool | None = None,
+              top: int | None = None, **_: Any) -> Any:
+        """The tables the command prints: the head table (``precision``, 3; ``sort``, ``reverse``, ``top``) and the
+        closest pairs of heads."""
+        from dataclasses import replace
+
+        from rich.console import Group
+
+        from attnviz.render.corpus import inspection_tables
+        from attnviz.statistics import CORPUS, sort_key
+
+        got = self._tab({"precision": precision, "sort": sort, "reverse": reverse, "top": top})
+        order = sort_key(str(_or(got["sort"], "layer")), CORPUS, self.inspection.source, self.sums.classes)
+        ordered = replace(self.inspection, sort=order, reverse=bool(got["reverse"]), top=got["top"])
+        return Group(*inspection_tables(ordered, _or(got["precision"], 3)))
+
+    def figure(self, kind: str = "grid", stat: str = "entropy", **options: Any) -> Any:
+        """The layer strips (``kind="grid"``, ``--png``), the heads placed by their distances (``"heads_map"``,
+        ``--heads-map``) or a statistic per layer and head (``"stats"``, ``--stats-png``; ``stat``)."""
+        from attnviz.render.corpus import inspection_figure
+
+        return inspection_figure(self.inspection, self._fig(options), kind, stat)
+
+    def _what(self) -> str:
+        return f"{self.inspection.source} is a corpus file"
+
+    def __repr__(self) -> str:
+        return f"<attnviz inspect: {self.inspection.read_as()}>"
+
+
 def _inspect_overlay(result: Any, fig: Any) -> Any:
     from attnviz.render.overlay import inspect_overlay_figure
 
@@ -404,6 +563,51 @@ class Compared(_Result):
     def __repr__(self) -> str:
         return f"<attnviz compare: {self.run.a.source} vs {self.run.b.source}, max |A - B| " \
                f"{float(self.result.comparison.max_abs):.3g}>"
+
+
+@dataclass(repr=False)
+class ComparedSummaries(_Kind):
+    """Two summary captures compared (``attnviz.compare``; or ``--no-weights`` captures, summarised): ``comparison``
+    (each head statistic of A and B, ``row_diff`` the largest difference of each per-row statistic, ``head_diff``
+    B - A of the head means), ``passed`` (``atol=``'s check)."""
+
+    compared: SummariesCompared
+    command = "compare"
+
+    @property
+    def comparison(self) -> Any:
+        return self.compared.comparison
+
+    @property
+    def passed(self) -> bool:
+        return not self.compared.failed
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.compared.warnings)
+
+    def document(self) -> dict[str, Any]:
+        from attnviz.render.summary import compared_document
+
+        return compared_document(self.compared)
+
+    def table(self, **_: Any) -> Any:
+        """The table the command prints."""
+        from attnviz.render.summary import compared_table
+
+        return compared_table(self.compared)
+
+    def figure(self, **options: Any) -> Any:
+        raise UsageError("attnviz.compare: comparing summaries gives a table and JSON; draw each with "
+                         "attnviz.inspect(...).figure().")
+
+    def _what(self) -> str:
+        return "attnviz.compare of summaries"
+
+    def __repr__(self) -> str:
+        a, b = self.compared.reads
+        return f"<attnviz compare: summaries {a.source} vs {b.source}, largest per-row difference " \
+               f"{self.compared.worst:.3g}>"
 
 
 @dataclass(repr=False)

@@ -11,7 +11,15 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from attnviz.api.results import Compared, Computed, Inspected, RolledOut
+from attnviz.api.results import (
+    Compared,
+    ComparedSummaries,
+    Computed,
+    Inspected,
+    InspectedCorpus,
+    InspectedSummary,
+    RolledOut,
+)
 from attnviz.api.values import option_values, to_value
 from attnviz.api.wording import python_words
 from attnviz.errors import UsageError
@@ -44,7 +52,7 @@ TABLE_KEYWORDS = {"inspect": ("precision", "max_rows", "max_cols", "sort", "reve
 FILE_KEYWORDS: dict[str, dict[str, Any]] = {
     "inspect": {"png": {}, "map_png": {"kind": "map"}, "stats_png": {"kind": "stats"},
                 "received_png": {"kind": "received"}, "overlay_png": {"kind": "overlay"}, "html": "html",
-                "json_file": "json", "save_maps": "maps"},
+                "json_file": "json", "save_maps": "maps", "heads_map": {"kind": "heads_map"}},
     "compare": {"png": {}, "html": "html", "json_file": "json"},
     "rollout": {"png": {}, "overlay_png": {"kind": "overlay"}, "html": "html", "json_file": "json"},
     "compute": {"png": {}, "html": "html", "json_file": "json", "save_weights": "weights", "save_output": "output"},
@@ -381,7 +389,7 @@ def _options_doc(variant: Any) -> str:
 
 
 @_stores
-def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> Inspected:
+def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) -> Any:
     """Inspect saved attention weights: an array ``[..., Lq, Lk]`` (read as ``[layers, batch, heads, Lq,
     Lk]`` by rank, or name the axes with ``layout="batch,q,k"``), a model's ``out.attentions`` (a tuple of
     layers ``[batch, heads, L, L]``; with ``generation=True`` generate()'s tuple of steps), or a file spec.
@@ -389,34 +397,65 @@ def inspect(weights: Any, labels: Any = None, mask: Any = None, **options: Any) 
     >>> report = attnviz.inspect(out.attentions, labels=tokens, mask=batch["attention_mask"])
     >>> report.head_stats["entropy"].shape
     (12, 12)
-    """
+
+    Every file ``attnviz inspect`` reads: a summary capture (``capture --summary``, or ``summary=True``) and a
+    ``--no-weights`` capture (summarised from its q and k) give an ``InspectedSummary`` (``span=``,
+    ``span_text=``, ``needle=`` as the command's --span, --span-text and --needle), a corpus file an
+    ``InspectedCorpus``; each result's ``to_json()`` is the command's ``--json``."""
     from dataclasses import replace
 
-    from attnviz.inspection import inspecting
-    from attnviz.inspection.options import InspectOptions
+    from attnviz.inspection import inspecting, kinds
+    from attnviz.inspection.options import InspectOptions, SpanOptions
     from attnviz.io import in_memory, named
 
     memory: dict[str, Any] = {}
     shown = described(weights)
-    with python_words([InspectOptions], {shown: "weights"}):
-        figure, table, files, options = _outputs("inspect", options, [InspectOptions])
-        options = option_values({**options, "labels": labels, "mask": mask}, memory, [InspectOptions])
-        (built,) = _split("inspect", options, [InspectOptions])
+    classes = [InspectOptions, SpanOptions]
+    with python_words(classes, {shown: "weights"}, ("save_maps", "heads_map", "stat")):
+        figure, table, files, options = _outputs("inspect", options, classes)
+        options = option_values({**options, "labels": labels, "mask": mask}, memory, classes)
+        built, asked = _split("inspect", options, classes)
+        spans = SpanOptions.of(asked.span, asked.span_text, asked.needle)
         spec = _spec(weights, "weights", memory, shown)
         with in_memory(memory), named(recordings(weights)):
-            opened = inspecting.prepare(replace(built, weights=spec))
-            result = inspecting.analyse(opened)
-        _warn(result.warnings, [InspectOptions], {shown: "weights"})
-        return _finish(Inspected(result), "inspect", figure, table, files)
+            found = kinds.kind_of(spec)  # exact weights, a summary, q and k to summarise, or a corpus file
+            kinds.refuse_spans(found, spans)
+            result: Any
+            if found.kind == kinds.CORPUS:
+                result = InspectedCorpus(kinds.inspect_corpus(found, **_order(table), **_asked(files)))
+            elif found.summarised:
+                result = InspectedSummary(kinds.inspect_summary(found, built, spans, **_order(table), **_asked(files),
+                                                                map_rows=files.get("map_png") is not None))
+            else:
+                kinds.refuse_outputs(kinds.WEIGHTS, spec, files)
+                opened = inspecting.prepare(replace(built, weights=spec))
+                result = Inspected(inspecting.analyse(opened))
+        _warn(result.warnings, classes, {shown: "weights"})
+        return _finish(result, "inspect", figure, table, files)
+
+
+def _order(table: dict[str, Any]) -> dict[str, Any]:
+    """The head table's order among the table keywords (``sort``, ``reverse``, ``top``): a summary's and a corpus
+    file's JSON lists the heads in it, as the command's does."""
+    return {name: table[name] for name in ("sort", "reverse", "top") if table.get(name) is not None}
+
+
+def _asked(files: dict[str, Any]) -> dict[str, Any]:
+    """The files asked for, as the readers of a summary and a corpus file check them: ``stat`` where a picture of it
+    is asked for, and the ``outputs`` (what that kind of file cannot write is refused)."""
+    return {"stat": files.get("stat", "entropy") if files.get("stats_png") is not None else None,
+            "outputs": {name: path for name, path in files.items() if name != "stat"}}
 
 
 @_stores
-def compare(a: Any, b: Any, **options: Any) -> Compared:
+def compare(a: Any, b: Any, **options: Any) -> Any:
     """Compare two sets of attention weights (arrays, layer tuples or file specs), e.g. attnviz's against
-    a model's own: ``attnviz.compare(ours.weights, out.attentions, atol=1e-5).passed``."""
+    a model's own: ``attnviz.compare(ours.weights, out.attentions, atol=1e-5).passed``. Two summary captures (or
+    ``--no-weights`` captures) give a ``ComparedSummaries``, as ``attnviz compare`` compares them."""
     from dataclasses import replace
 
     from attnviz.inspection import compare as comparing
+    from attnviz.inspection import kinds
     from attnviz.inspection.options import CompareOptions
     from attnviz.io import in_memory, named
 
@@ -428,6 +467,11 @@ def compare(a: Any, b: Any, **options: Any) -> Compared:
         (built,) = _split("compare", options, [CompareOptions])
         specs = [_spec(a, "a", memory, described(a, "a")), _spec(b, "b", memory, described(b, "b"))]
         with in_memory(memory), named(recordings(a, b)):
+            found = kinds.compared_kinds(specs[0], specs[1])
+            if any(f.summarised for f in found):
+                summaries = ComparedSummaries(kinds.compare_summary_files(found[0], found[1], atol=built.atol,
+                                                                              outputs=files))
+                return _finish(summaries, "compare", figure, table, files)
             run = comparing.prepare_compare(replace(built, a=specs[0], b=specs[1]))
             result = comparing.run_compare(run)
         _warn(result.warnings, [CompareOptions], names)

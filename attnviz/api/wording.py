@@ -96,12 +96,15 @@ def for_python(message: str, known: Mapping[str, Keyword], memory: Mapping[str, 
 
 
 @contextmanager
-def python_words(classes: Sequence[type], memory: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Errors raised inside worded for the API (``for_python``), their class and attributes kept."""
+def python_words(classes: Sequence[type], memory: Mapping[str, str] | None = None,
+                 outputs: Sequence[str] = ()) -> Iterator[None]:
+    """Errors raised inside worded for the API (``for_python``), their class and attributes kept; ``outputs``, the
+    run's output keywords its messages may name (``save_maps``: ``--save-maps`` is ``save_maps=…``)."""
     try:
         yield
     except AttnvizError as exc:
         worded = copy.copy(exc)
-        worded.message = for_python(exc.message, keywords(classes), memory)
+        known = {**{name.replace("_", "-"): Keyword(name) for name in outputs}, **keywords(classes)}
+        worded.message = for_python(exc.message, known, memory)
         worded.args = (worded.message,)
         raise worded from None

@@ -1,8 +1,7 @@
-"""The command line's corpus faces: ``attnviz capture MODEL_DIR --text-file FILE --corpus -o heads.safetensors``
-(per-head statistics over every text, a progress bar on stderr) and ``attnviz inspect heads.safetensors`` on a
-corpus file (the per-head table, JSON, the layer strips, the heads map and a statistic's layers x heads heatmap).
-The work is in ``attnviz.capturing.corpus`` and ``attnviz.inspection.corpus``; the pictures in
-``attnviz.render.corpus``."""
+"""The command line's corpus face: ``attnviz capture MODEL_DIR --text-file FILE --corpus -o heads.safetensors``
+(per-head statistics over every text, a progress bar on stderr). The work is in ``attnviz.capturing.corpus``.
+``attnviz inspect heads.safetensors`` reads such a file through ``attnviz.inspection.kinds.inspect_corpus``
+(``cli/commands/inspect.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.errors import UsageError
-from attnviz.streams import err_console, out_console, stdout
+from attnviz.streams import err_console, stdout
 
 LONG = ("truncate", "refuse")
 
@@ -135,85 +134,3 @@ def capture_corpus_command(model: str, texts: list[str], text_file: str | None, 
                        f"{done.seconds:.1f} s\n")
     if not quiet:
         err.print(f"saved corpus statistics to {done.path}", markup=False, style="dim")
-
-
-# ---------------------------------------------------------------------------------------------------
-# inspect on a corpus file
-
-
-def inspect_corpus(path: str, meta: dict[str, Any], out: Any, fig: Any, heads_map: str | None) -> None:
-    """``attnviz inspect heads.safetensors``: the per-head table (sorted, ``--top``) or ``--json``; with
-    ``--png`` the layer strips, with ``--heads-map`` the heads placed by their distances, with ``--stats-png`` the
-    layers x heads heatmap of ``--stat``."""
-    from attnviz.corpusfile import read_corpus
-    from attnviz.inspection.corpus import closest_pairs, corpus_document
-    from attnviz.io import check_outputs
-    from attnviz.staging import staged_outputs
-
-    del meta
-    unsupported = [flag for flag, value in (("--map-png", out.map_png), ("--received-png", out.received_png),
-                                            ("--overlay-png", out.overlay_png), ("--html", out.html),
-                                            ("--save-maps", out.save_maps)) if value]
-    if unsupported:
-        raise UsageError(f"{unsupported[0]}: {path} is a corpus file (per-head statistics, no maps); it draws "
-                         "--png, --heads-map and --stats-png.")
-    sums = read_corpus(path)
-    from attnviz.statistics import CORPUS, sort_key
-
-    sort = sort_key(out.sort, CORPUS, path, sums.classes)  # before any file is written
-    from attnviz.cli.options import check_png_path
-
-    check_png_path(out.png, "--png")
-    check_png_path(heads_map, "--heads-map")
-    check_png_path(out.stats_png, "--stats-png")
-    if out.stats_png:  # before any file is written
-        from attnviz.render.corpus import stat_columns
-        from attnviz.render.figures import check_stat
-
-        check_stat(stat_columns(sums), out.stat, path)
-    targets = check_outputs({"--png": out.png, "--heads-map": heads_map, "--stats-png": out.stats_png,
-                             "--json-file": out.json_file}, [Path(path)])
-    files: dict[str, str] = {}
-    err = err_console()
-    with staged_outputs(targets) as staged:
-        from attnviz.render.heatmap import save_figure
-
-        if "--png" in staged:
-            from attnviz.render.corpus import layer_strips_figure
-
-            save_figure(layer_strips_figure(sums, fig), staged["--png"])
-            files["png"] = out.png
-        if "--heads-map" in staged:
-            from attnviz.render.corpus import heads_map_figure
-
-            save_figure(heads_map_figure(sums, fig), staged["--heads-map"])
-            files["heads_map"] = heads_map or ""
-        if "--stats-png" in staged:
-            from attnviz.render.corpus import stat_grid
-
-            save_figure(stat_grid(sums, fig, out.stat, path), staged["--stats-png"])
-            files["stats_png"] = out.stats_png
-        document = json.dumps(corpus_document(sums, path, files))
-        if "--json-file" in staged:
-            from attnviz.io import save_text
-
-            save_text(staged["--json-file"], document + "\n")
-            files["json"] = out.json_file
-        staged.commit()
-    if not out.quiet:
-        from attnviz.inspection.corpus import corpus_sites_text
-
-        err.print(f"inspect: corpus file: {corpus_sites_text(sums)}", markup=False, style="dim")
-        for what, where in files.items():
-            err.print(f"saved {what} to {where}", markup=False, style="dim")
-    if out.json:
-        stdout().write(document + "\n")
-        return
-    if not out.tables:
-        return
-    from attnviz.inspection.corpus import distances_note
-    from attnviz.render.corpus import closest_pairs_table, corpus_table
-
-    console = out_console()
-    console.print(corpus_table(sums, out.precision, sort=sort, reverse=out.reverse, top=out.top), crop=False)
-    console.print(closest_pairs_table(closest_pairs(sums), note=distances_note(sums)), crop=False)

@@ -260,7 +260,7 @@ def typed(annotation: Any, *decls: str, **kwargs: Any) -> Any:
 class StatName:
     """``--stat``: a column of the file's head table, which only the file can tell (a statistic's name, ``on:SPAN``
     for a summary's span, ``class:NAME`` for a corpus file's token class); a word, checked against the file when
-    it is read (``attnviz.render.figures.check_stat``)."""
+    it is read (``attnviz.statistics.check_stat``)."""
 
     def __call__(self, value: Any) -> str:
         text = str(value).strip()

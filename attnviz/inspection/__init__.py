@@ -12,5 +12,7 @@ NumPy only, no TensorFlow; nothing here prints or draws.
 * ``tokens``: induction and duplicate-token scores, the repeated-sequence probe
 * ``received``: the attention each token receives
 * ``rollout``: attention rollout, and the run of ``rollout``
-* ``inspecting``: the run of ``inspect``
+* ``inspecting``: the run of ``inspect`` on exact weights
+* ``kinds``: the kind of a file ``inspect`` reads (weights, a summary, q and k to summarise, a corpus file), and
+  one function per kind
 """

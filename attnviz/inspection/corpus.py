@@ -153,3 +153,20 @@ def distances_note(sums: CorpusSums) -> str | None:
         return None
     return (f"head distances over {held} of {total} texts ({total - held} long text(s) left out: their q and k did "
             "not fit the distance budget)")
+
+
+def stat_columns(sums: CorpusSums) -> dict[str, np.ndarray]:
+    """The columns of the head table a layers x heads picture draws (``--stats-png --stat NAME``): every statistic
+    of the file (``CORPUS_STATS``, then ``class:NAME`` for each token class), its means over texts as
+    ``[sites, most heads]``, NaN where a site has fewer heads."""
+    means = sums.means()
+    width = max(sums.heads, default=0)
+    columns = {}
+    for name in sums.names:
+        grid = np.full((len(sums.sites), width), np.nan)
+        start = 0
+        for row, n in enumerate(sums.heads):
+            grid[row, :n] = means[name][start:start + n]
+            start += n
+        columns[name] = grid
+    return columns

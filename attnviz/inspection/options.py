@@ -6,7 +6,7 @@ heads. The standard library only: the command line builds its options from these
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from attnviz.choices import (
     CAUSAL_ALIGNS,
@@ -220,3 +220,34 @@ class RolloutOptions:
                                   "0.9)", panel=ROLLOUT, min=0, max=1, metavar="R")
     masks: MaskOptions = field(default_factory=MaskOptions)
     images: ImageOptions = field(default_factory=ImageOptions)
+
+
+SUMMARY = "Summary (long inputs)"
+
+
+@dataclass(frozen=True)
+class SpanOptions:
+    """What inspect reads in a summary capture alone (``attnviz.inspection.kinds.inspect_summary``): spans of key
+    positions (``--span``), spans found by their text (``--span-text``) and the needle whose retrieval scores are
+    asked for (``--needle``). The command line declares them as repeatable options of their own; the Python API
+    takes them as keywords (``span=["doc=10:50"]``, ``needle="doc"``)."""
+
+    span: tuple[str, ...] = option((), "a summary: each head's attention on the key positions START..END-1 (a "
+                                   "document of a retrieval prompt, a needle); repeatable", panel=SUMMARY,
+                                   metavar="NAME=START:END")
+    span_text: tuple[str, ...] = option((), "a summary: a span found by its text in the tokens; repeatable",
+                                        panel=SUMMARY, metavar="NAME=TEXT")
+    needle: str | None = option(None, "a summary captured with --generate: each head's retrieval score (Wu et al. "
+                                "2024) for this span (a --span name) or text", panel=SUMMARY, metavar="NAME|TEXT")
+
+    @property
+    def given(self) -> bool:
+        return bool(self.span or self.span_text or self.needle)
+
+    @classmethod
+    def of(cls, span: Any = None, span_text: Any = None, needle: str | None = None) -> SpanOptions:
+        """From the command line's values (lists, or None) or the API's (a string or a sequence of them)."""
+        def listed(value: Any) -> tuple[str, ...]:
+            return (value,) if isinstance(value, str) else tuple(value or ())
+
+        return cls(listed(span), listed(span_text), needle)

@@ -869,3 +869,23 @@ def compare_summaries(a: SummaryRead, b: SummaryRead) -> SummaryComparison:
         row_diff[name] = float(diff[both].max()) if both.any() else 0.0
     head_diff = {name: right.heads[name] - left.heads[name] for name in HEAD_FIELDS}
     return SummaryComparison(left, right, row_diff, head_diff)
+
+
+#: what --stat says of a column a summary could have but this run lacks
+STAT_HINTS = {"retrieval": "retrieval scores need --needle NAME|TEXT (the needle's span) and a capture made with "
+                           "--summary --generate N"}
+
+
+def stat_columns(result: SummaryResult) -> dict[str, np.ndarray]:
+    """The columns of the head table a layers x heads picture draws (``--stats-png --stat NAME``), each
+    ``[layers, H]``: the head means (``HEAD_FIELDS``), the retrieval score where ``--needle`` scored it, the sink
+    rate's share of texts in which each head is a sink (``sink_rate``, Gu et al. 2024) and each span's received
+    attention (``on:NAME``, the table's ``on NAME``)."""
+    columns = {name: np.asarray(result.heads[name], dtype=np.float64) for name in HEAD_FIELDS}
+    if result.sinks is not None:
+        columns["sink_rate"] = np.asarray(result.sinks.per_head, dtype=np.float64)
+    if result.retrieval is not None:
+        columns["retrieval"] = np.asarray(result.retrieval.scores, dtype=np.float64)
+    for name, got in result.spans.items():
+        columns[f"on:{name}"] = np.asarray(got["received"], dtype=np.float64)
+    return columns

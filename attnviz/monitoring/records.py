@@ -88,32 +88,32 @@ def _exact_pictures(opened: Any, title: str | None) -> list[Picture]:
     return [("grid", lambda: opened_grid_figure(opened, FigureOptions(title=title)))]
 
 
-def summary_record(found: tuple[Any, Any, str]) -> HeadRecord:
-    """The head table of a summary capture (or of a capture of q and k alone, summarised: ``open_summary``'s or
-    ``open_qk_capture``'s ``found``), as ``inspect`` prints it; the picture: its pooled grid."""
-    from attnviz.inspection.summary import analyse_summary, read_summary
+def summary_record(found: Any) -> HeadRecord:
+    """The head table of a summary capture (or of a capture of q and k alone, summarised: ``found``,
+    ``attnviz.inspection.kinds.kind_of``'s), as ``inspect`` prints it; the picture: its pooled grid."""
+    from attnviz.inspection.kinds import inspect_summary
+    from attnviz.inspection.summary import stat_columns
     from attnviz.render import summary as drawn
     from attnviz.render.options import FigureOptions
 
-    raw, capture, kind = found
-    read = read_summary(raw, capture, kind)
-    result = analyse_summary(read)
-    columns = {name: value for name, value in drawn.stat_columns(result).items() if not name.startswith("on:")}
+    result = inspect_summary(found).result
+    columns = {name: value for name, value in stat_columns(result).items() if not name.startswith("on:")}
     tags = np.asarray(result.tags, dtype=object)
-    return HeadRecord(SUMMARY, str(capture.source), columns, tags, _rules(SUMMARY, columns),
-                      list(range(read.shape[0])), drawn.head_table(result),
+    return HeadRecord(SUMMARY, str(result.read.source), columns, tags, _rules(SUMMARY, columns),
+                      list(range(result.read.shape[0])), drawn.head_table(result),
                       [("grid", lambda: drawn.pooled_grid_figure(result, FigureOptions()))], list(result.warnings))
 
 
-def corpus_record(path: str) -> HeadRecord:
-    """The head table of a corpus file (its means over texts), as ``inspect`` prints it; the picture: its layer
-    strips."""
-    from attnviz.corpusfile import read_corpus
-    from attnviz.inspection.corpus import corpus_tags
-    from attnviz.render.corpus import corpus_table, layer_strips_figure, stat_columns
+def corpus_record(found: Any) -> HeadRecord:
+    """The head table of a corpus file (its means over texts; ``found``, ``attnviz.inspection.kinds.kind_of``'s), as
+    ``inspect`` prints it; the picture: its layer strips."""
+    from attnviz.inspection.corpus import corpus_tags, stat_columns
+    from attnviz.inspection.kinds import inspect_corpus
+    from attnviz.render.corpus import corpus_table, layer_strips_figure
     from attnviz.render.options import FigureOptions
 
-    sums = read_corpus(path)
+    inspected = inspect_corpus(found)
+    sums = inspected.sums
     columns = stat_columns(sums)  # every statistic of the file, its token classes' (class:NAME) included
     flat = corpus_tags(sums)
     width = max(sums.heads, default=0)
@@ -123,19 +123,20 @@ def corpus_record(path: str) -> HeadRecord:
         tags[row, :n] = flat[start:start + n]
         start += n
     values = {**columns, "entropy_norm": None, "sink_rate": None}
-    return HeadRecord(CORPUS, path, columns, tags, _rules(CORPUS, values, tuple(sums.classes)), list(sums.layers),
-                      corpus_table(sums), [("strips", lambda: layer_strips_figure(sums, FigureOptions()))])
+    return HeadRecord(CORPUS, inspected.source, columns, tags, _rules(CORPUS, values, tuple(sums.classes)),
+                      list(sums.layers), corpus_table(sums),
+                      [("strips", lambda: layer_strips_figure(sums, FigureOptions()))])
 
 
 def record_of(spec: str, options: Any = None) -> HeadRecord:
-    """The record of any file ``inspect`` reads: a corpus file, a summary capture (or q and k alone), or weights (read
-    with ``options``, ``InspectOptions``)."""
-    from attnviz.corpusfile import corpus_meta_of
-    from attnviz.inspection.summary import open_qk_capture, open_summary
+    """The record of any file ``inspect`` reads (``attnviz.inspection.kinds.kind_of`` tells which): a corpus file, a
+    summary capture (or q and k alone), or weights (read with ``options``, ``InspectOptions``)."""
+    from attnviz.inspection.kinds import CORPUS as CORPUS_FILE
+    from attnviz.inspection.kinds import kind_of
 
-    if corpus_meta_of(spec) is not None:
-        return corpus_record(spec)
-    found = open_summary(spec) or open_qk_capture(spec)
-    if found is not None:
+    found = kind_of(spec)
+    if found.kind == CORPUS_FILE:
+        return corpus_record(found)
+    if found.summarised:
         return summary_record(found)
     return exact_record(spec, options)

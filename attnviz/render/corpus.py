@@ -12,7 +12,7 @@ import numpy as np
 
 from attnviz.corpusfile import CorpusSums
 from attnviz.errors import UsageError
-from attnviz.inspection.corpus import classical_mds, closest_pairs, model_sink_rate, shown_tokens
+from attnviz.inspection.corpus import classical_mds, closest_pairs, model_sink_rate, shown_tokens, stat_columns
 from attnviz.statistics import CORPUS, columns
 
 #: the table's columns: statistic -> header (``attnviz.statistics``)
@@ -269,23 +269,6 @@ def _label_heads(figure: Any, ax: Any, points: np.ndarray, names: list[str], fir
     return shown
 
 
-def stat_columns(sums: CorpusSums) -> dict[str, np.ndarray]:
-    """The columns of the head table a layers x heads picture draws (``--stats-png --stat NAME``): every statistic
-    of the file (``CORPUS_STATS``, then ``class:NAME`` for each token class), its means over texts as
-    ``[sites, most heads]``, NaN where a site has fewer heads."""
-    means = sums.means()
-    width = max(sums.heads, default=0)
-    columns = {}
-    for name in sums.names:
-        grid = np.full((len(sums.sites), width), np.nan)
-        start = 0
-        for row, n in enumerate(sums.heads):
-            grid[row, :n] = means[name][start:start + n]
-            start += n
-        columns[name] = grid
-    return columns
-
-
 def stat_grid(sums: CorpusSums, fig: Any, stat: str, source: str) -> Any:
     """``--stats-png`` of a corpus file: the layers x heads heatmap of the column ``stat`` (``stat_columns``), its
     rows named by their layers."""
@@ -309,3 +292,35 @@ def _layer_axis(ax: Any, layers: list[int]) -> None:
     ax.set_xlabel("layer", fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
     ax.grid(axis="y", color="0.92", lw=0.6)
+
+
+def inspection_document(inspection: Any, files: dict[str, str]) -> dict[str, Any]:
+    """The JSON document of ``inspect`` of a corpus file (``attnviz.inspection.kinds.CorpusInspection``)."""
+    from attnviz.inspection.corpus import corpus_document
+
+    return corpus_document(inspection.sums, inspection.source, files)
+
+
+def inspection_tables(inspection: Any, precision: int = 3) -> list[Any]:
+    """The tables ``inspect`` prints of a corpus file: the head table in the order asked for, the closest pairs."""
+    from attnviz.inspection.corpus import distances_note
+
+    sums = inspection.sums
+    return [corpus_table(sums, precision, sort=inspection.sort, reverse=inspection.reverse, top=inspection.top),
+            closest_pairs_table(closest_pairs(sums), note=distances_note(sums))]
+
+
+#: the pictures of a corpus file, by the name the API's ``figure(kind=...)`` takes, and inspect's option for each
+CORPUS_PICTURES = {"grid": "--png", "heads_map": "--heads-map", "stats": "--stats-png"}
+
+
+def inspection_figure(inspection: Any, fig: Any, kind: str = "grid", stat: str = "entropy") -> Any:
+    """A picture of a corpus file, inspected: the layer strips (``grid``, --png), the heads placed by their distances
+    (``heads_map``) or the layers x heads heatmap of ``stat`` (``stats``)."""
+    if kind == "grid":
+        return layer_strips_figure(inspection.sums, fig)
+    if kind == "heads_map":
+        return heads_map_figure(inspection.sums, fig)
+    if kind == "stats":
+        return stat_grid(inspection.sums, fig, stat, inspection.source)
+    raise UsageError(f"kind={kind!r}: expected one of {', '.join(CORPUS_PICTURES)}.")

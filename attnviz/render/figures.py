@@ -134,22 +134,12 @@ def inspect_stat_figure(result: InspectResult, fig: FigureOptions, stat: str) ->
                             fig=fig, layer_ids=grid.layers, head_ids=grid.heads)
 
 
-def check_stat(columns: dict[str, Any], stat: str, what: str, hints: dict[str, str] | None = None) -> None:
-    """``--stat STAT`` must name a column of the file's head table (``columns``): a usage error (exit 2) naming
-    those it has otherwise; ``hints``, what would give a column the file could have (retrieval: --needle)."""
-    if stat in columns:
-        return
-    from attnviz.errors import UsageError
-
-    hint = (hints or {}).get(stat)
-    raise UsageError(f"--stat {stat}: {hint + '; ' if hint else ''}{what}'s head table has {', '.join(columns)}.")
-
-
 def stat_grid_figure(columns: dict[str, Any], stat: str, *, title: str, what: str, fig: FigureOptions,
                      layer_ids: Any = None, head_ids: Any = None, hints: dict[str, str] | None = None) -> Any:
     """--stats-png of any kind of file: the layers x heads heatmap of the column ``stat`` of ``columns`` (each
     ``[layers, heads]``; NaN where a layer has fewer heads), checked by ``check_stat``."""
     from attnviz.render.heatmap import stat_figure
+    from attnviz.statistics import check_stat
 
     check_stat(columns, stat, what, hints)
     return stat_figure(np.asarray(columns[stat], dtype=np.float64), title=title, stat=stat, cmap=fig.cmap,

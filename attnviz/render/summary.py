@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from attnviz.inspection.summary import HEAD_FIELDS, Retrieval, SummaryResult
+from attnviz.inspection.summary import HEAD_FIELDS, STAT_HINTS, Retrieval, SummaryResult, stat_columns
 from attnviz.statistics import SUMMARY, columns
 
 #: the head table's columns: statistic -> header (``attnviz.statistics``)
@@ -196,6 +196,73 @@ def summary_document(result: SummaryResult, files: dict[str, str], sort: str = "
     return doc
 
 
+def inspection_document(inspection: Any, files: dict[str, str]) -> dict[str, Any]:
+    """The JSON document of ``inspect`` of a summary capture, inspected (``attnviz.inspection.kinds.SummaryInspection``:
+    its head table in the order asked for)."""
+    return summary_document(inspection.result, files, inspection.sort, inspection.reverse, inspection.top)
+
+
+#: the pictures of a summary capture, by the name the API's ``figure(kind=...)`` takes, and inspect's option for each
+SUMMARY_PICTURES = {"grid": "--png", "received": "--received-png", "map": "--map-png", "stats": "--stats-png"}
+
+
+def inspection_figure(inspection: Any, fig: Any, kind: str = "grid", stat: str = "entropy") -> Any:
+    """A picture of a summary capture, inspected: the pooled grid (``grid``, --png), the received attention by
+    position (``received``), the chosen rows (``map``; of --layer, default the last site) or the layers x heads
+    heatmap of ``stat`` (``stats``)."""
+    result, layer = inspection.result, inspection.layer
+    if kind == "grid":
+        return pooled_grid_figure(result, fig)
+    if kind == "received":
+        return received_profile_figure(result, fig, layer)
+    if kind == "map":
+        return rows_figure(result, fig, result.read.shape[0] - 1 if layer is None else layer)
+    if kind == "stats":
+        return stat_grid(result, fig, stat)
+    from attnviz.errors import UsageError
+
+    raise UsageError(f"kind={kind!r}: expected one of {', '.join(SUMMARY_PICTURES)}.")
+
+
+def compared_document(compared: Any) -> dict[str, Any]:
+    """The JSON document of ``compare`` of two summaries (``attnviz.inspection.kinds.SummariesCompared``): each head
+    statistic of A and B, the largest difference of each per-row statistic, --atol's check."""
+    reads, result = compared.reads, compared.comparison
+    return {"command": "compare", "a": reads[0].source, "b": reads[1].source, "summaries": True,
+            "max_abs_diff": result.row_diff,
+            "heads": [{"layer": li, "head": hi, **{name: {"a": _num(result.a.heads[name][li, hi]),
+                                                       "b": _num(result.b.heads[name][li, hi])}
+                                                for name in HEAD_FIELDS}}
+                      for li in range(reads[0].shape[0]) for hi in range(reads[0].shape[2])],
+            "check": None if compared.atol is None else {"atol": compared.atol, "passed": not compared.failed}}
+
+
+def compared_table(compared: Any) -> Any:
+    """``compare``'s table of two summaries: per statistic, the largest per-row difference and the largest
+    difference of head means."""
+    from rich import box
+    from rich.table import Table
+
+    reads, result = compared.reads, compared.comparison
+    table = Table(title=f"summaries: {reads[0].source} (A) against {reads[1].source} (B)", box=box.SIMPLE_HEAD,
+                  caption="per-row statistics over the real rows of both; heads: the mean of B less the mean of "
+                          "A, the largest over heads", caption_justify="left")
+    for name in ("statistic", "max |A - B| / max(1, |B|) per row", "max |B - A| of head means"):
+        table.add_column(name, justify="right")
+    for name in HEAD_FIELDS:
+        per_row = result.row_diff.get(name)
+        head = float(np.nanmax(np.abs(result.head_diff[name]))) if np.isfinite(result.head_diff[name]).any() \
+            else float("nan")
+        table.add_row(name, "–" if per_row is None else f"{per_row:.3g}", f"{head:.3g}")
+    return table
+
+
+def check_line(compared: Any) -> str:
+    """--atol's verdict on two summaries, one line."""
+    return (f"check: {'FAILED' if compared.failed else 'passed'}: largest per-row difference {compared.worst:.3g} "
+            f"(atol {compared.atol:g})")
+
+
 def retrieval_document(r: Retrieval) -> dict[str, Any]:
     """The retrieval scores in JSON: ``scores`` [layers, H] (the mean over batch entries), ``per_entry``, the
     retrieval ``heads`` past the threshold best first, each entry's ``needle`` span and answer ``recall``."""
@@ -243,26 +310,6 @@ def received_document(result: SummaryResult) -> dict[str, Any]:
     return {"causal": causal, "layers": list(range(len(s.sites))), "mean": listed(mean),
             "per_layer": listed(per_layer), "per_head": listed(per_head), "top": top,
             "note": "per key: the attention it receives from the real rows that see it, divided by their number"}
-
-
-#: what --stat says of a column a summary could have but this run lacks
-STAT_HINTS = {"retrieval": "retrieval scores need --needle NAME|TEXT (the needle's span) and a capture made with "
-                           "--summary --generate N"}
-
-
-def stat_columns(result: SummaryResult) -> dict[str, np.ndarray]:
-    """The columns of the head table a layers x heads picture draws (``--stats-png --stat NAME``), each
-    ``[layers, H]``: the head means (``HEAD_FIELDS``), the retrieval score where ``--needle`` scored it, the sink
-    rate's share of texts in which each head is a sink (``sink_rate``, Gu et al. 2024) and each span's received
-    attention (``on:NAME``, the table's ``on NAME``)."""
-    columns = {name: np.asarray(result.heads[name], dtype=np.float64) for name in HEAD_FIELDS}
-    if result.sinks is not None:
-        columns["sink_rate"] = np.asarray(result.sinks.per_head, dtype=np.float64)
-    if result.retrieval is not None:
-        columns["retrieval"] = np.asarray(result.retrieval.scores, dtype=np.float64)
-    for name, got in result.spans.items():
-        columns[f"on:{name}"] = np.asarray(got["received"], dtype=np.float64)
-    return columns
 
 
 def stat_grid(result: SummaryResult, fig: Any, stat: str) -> Any:

@@ -65,7 +65,7 @@ class SummarySource:
 
 
 def summary_source(found: tuple[Any, Any, str], options: Any) -> SummarySource:
-    """``found`` (``open_summary``'s or ``open_qk_capture``'s ``(raw, capture, kind)``) read for the viewer with
+    """``found`` (``attnviz.inspection.kinds.Found.summary``: ``(raw, capture, kind)``) read for the viewer with
     ``options`` (``InspectOptions``): ``--layer``, ``--head``, ``--batch``, ``--layers``, ``--heads`` and the
     labels (``--labels``, else the capture's tokens); options that have no meaning for a summary are usage
     errors naming them."""

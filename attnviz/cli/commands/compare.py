@@ -12,6 +12,7 @@ import typer
 
 from attnviz.choices import INPUT_FORMATS
 from attnviz.cli.checked import report_checks, run_checked
+from attnviz.cli.commands.inspect import save_json
 from attnviz.cli.options import FIGURE, OUTPUT, TableOptions, build, check_html_path, check_png_path, parameters
 from attnviz.fields import option
 from attnviz.inspection.options import CompareOptions
@@ -70,16 +71,14 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
                   show: ShowOptions | None = None) -> bool:
     """Returns whether the tolerance check failed."""
     from attnviz.cli import show as shown
-    from attnviz.cli.commands.inspect import save_json
     from attnviz.inspection import compare
-    from attnviz.inspection.summary import open_qk_capture, open_summary
+    from attnviz.inspection.kinds import compared_kinds
     from attnviz.io import check_outputs
     from attnviz.staging import staged_outputs
 
-    found = [open_summary(options.a) or open_qk_capture(options.a), open_summary(options.b) or
-             open_qk_capture(options.b)]
-    if any(found):
-        return compare_summary_files(found, options, out)
+    found = compared_kinds(options.a, options.b)
+    if any(f.summarised for f in found):
+        return compare_summaries(found, options, out)
     check_png_path(out.png)
     check_html_path(out.html)
     fig.check(diverging=True)
@@ -141,67 +140,27 @@ def compare_files(options: CompareOptions, fig: FigureOptions, out: CompareOutpu
     return failed
 
 
-def compare_summary_files(found: list[Any], options: CompareOptions, out: CompareOutputs) -> bool:
-    """Two summary captures (or ``--no-weights`` captures, summarised from their q and k): each head statistic
-    of A and B and their difference, the largest difference of each per-row statistic; --atol checks them."""
+def compare_summaries(found: tuple[Any, Any], options: CompareOptions, out: CompareOutputs) -> bool:
+    """Two summary captures (or ``--no-weights`` captures, summarised from their q and k;
+    ``attnviz.inspection.kinds.compare_summary_files``): each head statistic of A and B and their difference, the
+    largest difference of each per-row statistic; --atol checks them."""
     import json
 
-    import numpy as np
-
-    from attnviz.errors import UsageError
-    from attnviz.inspection.summary import HEAD_FIELDS, compare_summaries, read_summary
+    from attnviz.inspection.kinds import compare_summary_files
     from attnviz.io import check_outputs
+    from attnviz.render import summary as drawn
     from attnviz.staging import staged_outputs
 
-    if not all(found):
-        plain = options.b if found[0] else options.a
-        raise UsageError(f"{plain}: holds attention weights, the other file a summary; compare two summaries, or "
-                         "two captures with weights.")
-    for flag in ("png", "html"):
-        if getattr(out, flag):
-            raise UsageError(f"--{flag}: comparing summaries prints a table and JSON; draw each with inspect --png.")
-    reads = [read_summary(*f) for f in found]
-    result = compare_summaries(*reads)
-    worst = max(result.row_diff.values(), default=0.0)
-    failed = options.atol is not None and worst > options.atol
-    doc = {"command": "compare", "a": reads[0].source, "b": reads[1].source, "summaries": True,
-           "max_abs_diff": result.row_diff,
-           "heads": [{"layer": li, "head": hi, **{name: {"a": _num(result.a.heads[name][li, hi]),
-                                                      "b": _num(result.b.heads[name][li, hi])}
-                                               for name in HEAD_FIELDS}}
-                     for li in range(reads[0].shape[0]) for hi in range(reads[0].shape[2])],
-           "check": None if options.atol is None else {"atol": options.atol, "passed": not failed}}
+    compared = compare_summary_files(found[0], found[1], atol=options.atol, outputs={"png": out.png, "html": out.html})
     targets = check_outputs({"--json-file": out.json_file}, [])
     with staged_outputs(targets) as staged:
-        text = json.dumps(doc)
-        if "--json-file" in staged:
-            from attnviz.io import save_text
-
-            save_text(staged["--json-file"], text + "\n")
+        text = json.dumps(drawn.compared_document(compared))
+        save_json(text, staged)
         staged.commit()
     if out.json:
         stdout().write(text + "\n")
     elif out.tables:
-        from rich import box
-        from rich.table import Table
-
-        table = Table(title=f"summaries: {reads[0].source} (A) against {reads[1].source} (B)", box=box.SIMPLE_HEAD,
-                      caption="per-row statistics over the real rows of both; heads: the mean of B less the mean of "
-                              "A, the largest over heads", caption_justify="left")
-        for name in ("statistic", "max |A - B| / max(1, |B|) per row", "max |B - A| of head means"):
-            table.add_column(name, justify="right")
-        for name in HEAD_FIELDS:
-            per_row = result.row_diff.get(name)
-            head = float(np.nanmax(np.abs(result.head_diff[name]))) if np.isfinite(result.head_diff[name]).any() \
-                else float("nan")
-            table.add_row(name, "–" if per_row is None else f"{per_row:.3g}", f"{head:.3g}")
-        out_console().print(table, crop=False)
+        out_console().print(drawn.compared_table(compared), crop=False)
     if options.atol is not None:
-        err_console().print(f"check: {'FAILED' if failed else 'passed'}: largest per-row difference {worst:.3g} "
-                            f"(atol {options.atol:g})", markup=False, style="red" if failed else "green")
-    return failed
-
-
-def _num(value: Any) -> float | None:
-    v = float(value)
-    return v if v == v else None
+        err_console().print(drawn.check_line(compared), markup=False, style="red" if compared.failed else "green")
+    return compared.failed

@@ -6,6 +6,7 @@ prints and saves what it gets back. No TensorFlow here.
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,18 +26,16 @@ from attnviz.cli.options import (
     parameters,
 )
 from attnviz.fields import option
-from attnviz.inspection.options import InspectOptions
+from attnviz.inspection.options import InspectOptions, SpanOptions
 from attnviz.render.options import FigureOptions, ShowOptions
-from attnviz.statistics import CORPUS, STATISTICS, SUMMARY, WEIGHTS, names, sort_key
+from attnviz.statistics import STATISTICS, SUMMARY, WEIGHTS, names, sort_key
 from attnviz.streams import err_console, out_console, stdout
 
 #: the head statistics of exact weights, then a summary's own (the table of attnviz.statistics): --stat's choices
 SORTABLE = ("layer", "head", *names(WEIGHTS), *(n for n in names(SUMMARY) if n not in names(WEIGHTS)))
-SUMMARY_PANEL = "Summary (long inputs)"
 SUMMARY_ONLY = tuple(n for n in names(SUMMARY) if n not in names(WEIGHTS))
-#: the statistics of a corpus file alone, and what --stat says of them (and of a summary's) on another kind of file
-CORPUS_ONLY = tuple(n for n in names(CORPUS) if n not in names(WEIGHTS))
-STAT_ELSEWHERE = "a column of a summary capture's or a corpus file's head table"
+#: --span, --span-text and --needle: declared with their help in attnviz.inspection.options.SpanOptions
+SPAN_FIELDS = SpanOptions.__dataclass_fields__
 #: what --sort takes: a column by its statistic's name or its header (attnviz.statistics.sort_key checks it against
 #: the file's kind), a corpus file's token class
 SORT_HELP = ("order the head statistics by this column, its name or its header (statistics: largest first): layer, "
@@ -116,11 +115,9 @@ def inspect_command(**values: Any) -> None:
 
     asked = {name: values.pop(name) for name in ("span", "span_text", "needle")}
     with user_errors():
-        if values.get("sort") == "retrieval" and not asked["needle"]:  # before any file is read or model run
-            from attnviz.errors import UsageError
+        from attnviz.inspection.kinds import check_retrieval_sort
 
-            raise UsageError("--sort retrieval: retrieval scores need --needle NAME|TEXT (the needle's span) and a "
-                             "capture made with --summary --generate N.")
+        check_retrieval_sort(values.get("sort") or "layer", SpanOptions.of(**asked))  # before any file is read
         with captured_input(values.pop("weights") or [], values) as files:
             _inspect_files(files, values, asked)
 
@@ -130,6 +127,7 @@ def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, An
     fig: FigureOptions = build(FigureOptions, values)
     out: InspectOutputs = build(InspectOutputs, values)
     show: ShowOptions = build(ShowOptions, values)
+    spans = SpanOptions.of(**(asked or {}))
 
     def one(path: str, names: dict[str, Any], source: str | None) -> bool:
         board = names.get("tensorboard")
@@ -141,37 +139,34 @@ def _inspect_files(files: list[str], values: dict[str, Any], asked: dict[str, An
 
                 raise UsageError("--tensorboard reads its file twice; give a file name, not '-' (standard input).")
             check_log_dir(board)
-        failed = route(path, names, source)
+        failed = route(path, replace(out, **names), source)
         if board is not None:
             write_tensorboard(path, board, out.tensorboard_step, replace(options, weights=path), out.quiet)
         return failed
 
-    def route(path: str, names: dict[str, Any], source: str | None) -> bool:
-        from attnviz.corpusfile import corpus_meta_of
-        from attnviz.inspection.summary import open_qk_capture, open_summary
+    def route(path: str, out: InspectOutputs, source: str | None) -> bool:
+        from attnviz.inspection.kinds import CORPUS, kind_of, refuse_spans
 
-        corpus = corpus_meta_of(path)
-        if corpus is not None:  # per-head statistics over many texts (attnviz capture --corpus)
-            from attnviz.cli.corpus import inspect_corpus
-
-            if asked and any(asked.values()):
-                from attnviz.errors import UsageError
-
-                raise UsageError("--span, --span-text and --needle read a summary capture (attnviz capture "
-                                 "--summary); a corpus file holds per-head statistics.")
-            inspect_corpus(path, corpus, replace(out, **names), fig, names.get("heads_map"))
+        found = kind_of(path)  # exact weights, a summary, q and k to summarise, or a corpus file
+        refuse_spans(found, spans)
+        if found.kind == CORPUS:  # per-head statistics over many texts (attnviz capture --corpus)
+            inspect_corpus(found, out, fig)
             return False
-        found = open_summary(path) or open_qk_capture(path)
-        if found is not None:
-            return inspect_summary(found, options, fig, replace(out, **names), asked or {})
-        if asked and any(asked.values()):
-            from attnviz.errors import UsageError
-
-            raise UsageError("--span, --span-text and --needle read a summary capture (attnviz capture --summary).")
-        return inspect_file(replace(options, weights=path), fig, replace(out, **names), source, show)
+        if found.summarised:
+            return inspect_summary(found, options, fig, out, spans)
+        return inspect_file(replace(options, weights=path), fig, out, source, show)
 
     run_each(files, {"--" + o.replace("_", "-"): getattr(out, o) for o in FILE_OUTPUTS}, lambda path, plan, source:
              one(path, {o: plan["--" + o.replace("_", "-")] for o in FILE_OUTPUTS}, source), "WEIGHTS", out.tables)
+
+
+def _span_parameter(name: str, hint: Any) -> inspect.Parameter:
+    """--span, --span-text or --needle: a parameter of its own (repeatable, or one text), declared in
+    ``SpanOptions``."""
+    meta = SPAN_FIELDS[name].metadata
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        hint, typer.Option("--" + name.replace("_", "-"), metavar=meta["metavar"], rich_help_panel=meta["panel"],
+                           help=meta["help"])])
 
 
 inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
@@ -184,17 +179,9 @@ inspect_command.__signature__ = inspect.Signature([  # type: ignore[attr-defined
     *parameters(InspectOptions, FigureOptions, InspectOutputs, ShowOptions, order=ORDER, overrides={"cmap": {
         "help": "a matplotlib colour map for heatmaps (default viridis; magma for --received-png)"}}),
     *model_parameters(),
-    inspect.Parameter("span", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        list[str] | None, typer.Option("--span", metavar="NAME=START:END", rich_help_panel=SUMMARY_PANEL,
-                                       help="a summary: each head's attention on the key positions START..END-1 "
-                                            "(a document of a retrieval prompt, a needle); repeatable")]),
-    inspect.Parameter("span_text", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        list[str] | None, typer.Option("--span-text", metavar="NAME=TEXT", rich_help_panel=SUMMARY_PANEL,
-                                       help="a summary: a span found by its text in the tokens; repeatable")]),
-    inspect.Parameter("needle", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        str | None, typer.Option("--needle", metavar="NAME|TEXT", rich_help_panel=SUMMARY_PANEL,
-                                 help="a summary captured with --generate: each head's retrieval score (Wu et al. "
-                                      "2024) for this span (a --span name) or text")]),
+    _span_parameter("span", list[str] | None),
+    _span_parameter("span_text", list[str] | None),
+    _span_parameter("needle", str | None),
 ])
 
 
@@ -212,40 +199,21 @@ def write_tensorboard(path: str, board: str, step: int, options: InspectOptions,
 
 
 def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out: InspectOutputs,
-                    asked: dict[str, Any]) -> bool:
+                    spans: SpanOptions) -> bool:
     """A summary capture: the per-head table (sortable, --top), the pooled grid (--png), the received
-    attention by position (--received-png), the chosen rows (--map-png), JSON; spans and retrieval heads."""
-    import json
-
-    from attnviz.errors import UsageError
-    from attnviz.inspection.summary import analyse_summary, read_summary
+    attention by position (--received-png), the chosen rows (--map-png), JSON; spans and retrieval heads
+    (``attnviz.inspection.kinds.inspect_summary`` reads and checks it)."""
+    from attnviz.inspection import kinds
     from attnviz.io import check_outputs
     from attnviz.render import summary as drawn
     from attnviz.staging import staged_outputs
 
-    raw, capture, kind = found
-    out = replace(out, sort=sort_key(out.sort, SUMMARY, str(capture.source),
-                                     absent=() if asked.get("needle") else ("retrieval",)))
     for name in ("png", "map_png", "stats_png", "received_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
-    for name in ("overlay_png", "html", "save_maps"):
-        if getattr(out, name):
-            raise UsageError(f"--{name.replace('_', '-')}: {capture.source} holds summaries, not weights; it draws "
-                             "--png (pooled maps), --received-png, --map-png (the chosen rows) and --stats-png.")
     fig.check()
-    read = read_summary(raw, capture, kind)
-    layers = read.shape[0]
-    if options.selection.layer is not None and not -layers <= options.selection.layer < layers:
-        raise UsageError(f"--layer {options.selection.layer}: {capture.source} holds {layers} sites (0..{layers - 1}).")
-    layer = None if options.selection.layer is None else options.selection.layer % layers
-    if out.map_png and read.chosen is None:
-        raise UsageError(f"--map-png: {capture.source} holds no chosen rows (capture with --rows).")
-    result = analyse_summary(read, batch=options.selection.batch, spans=asked.get("span"),
-                             span_texts=asked.get("span_text"), needle=asked.get("needle"))
-    if out.stats_png:  # before any file is written
-        from attnviz.render.figures import check_stat
-
-        check_stat(drawn.stat_columns(result), out.stat, capture.source, drawn.STAT_HINTS)
+    inspected = kinds.inspect_summary(found, options, spans, sort=out.sort, reverse=out.reverse, top=out.top,
+                                      stat=out.stat if out.stats_png else None, map_rows=bool(out.map_png),
+                                      outputs=_asked(out))
     targets = check_outputs({"--png": out.png, "--map-png": out.map_png, "--stats-png": out.stats_png,
                              "--received-png": out.received_png, "--json-file": out.json_file}, [])
     err = err_console()
@@ -253,47 +221,88 @@ def inspect_summary(found: Any, options: InspectOptions, fig: FigureOptions, out
     with staged_outputs(targets) as staged:
         from attnviz.render.heatmap import save_figure
 
-        for flag, name, make in (("--png", "png", lambda: drawn.pooled_grid_figure(result, fig)),
-                                 ("--received-png", "received_png",
-                                  lambda: drawn.received_profile_figure(result, fig, layer)),
-                                 ("--map-png", "map_png",
-                                  lambda: drawn.rows_figure(result, fig, layers - 1 if layer is None else layer)),
-                                 ("--stats-png", "stats_png", lambda: drawn.stat_grid(result, fig, out.stat))):
+        for kind, flag in drawn.SUMMARY_PICTURES.items():
             if flag in staged:
-                save_figure(make(), staged[flag])
-                files[name] = getattr(out, name)
+                save_figure(drawn.inspection_figure(inspected, fig, kind, out.stat), staged[flag])
+                files[flag[2:].replace("-", "_")] = getattr(out, flag[2:].replace("-", "_"))
         document = None
         if out.document:
             if out.json_file:
                 files["json"] = out.json_file
-            document = json.dumps(drawn.summary_document(result, files, out.sort, out.reverse, out.top))
+            document = json.dumps(drawn.inspection_document(inspected, files))
             save_json(document, staged)
         staged.commit()
     if not out.quiet:
-        b, h, lq, lk = read.shape[1:]
-        what = "sites" if kind == "layers" else f"{kind} sites"
-        err.print(f"inspect: {capture.source}: summaries of {layers} {what} x {h} heads, {lq} queries x {lk} keys, "
-                  f"batch {b}", markup=False, style="dim")
-        _say_generated(read.generated, err)
+        err.print(f"inspect: {inspected.read_as()}", markup=False, style="dim")
+        _say_generated(inspected.read.generated, err)
         for what, path in files.items():
             err.print(f"saved {what} to {path}", markup=False, style="dim")
-    for text in result.warnings:  # said under --quiet too
+    for text in inspected.warnings:  # said under --quiet too
         err.print(f"warning: {text}", markup=False, style="yellow")
     if out.json and document is not None:
         stdout().write(document + "\n")
     elif out.tables or out.head_table:  # its one table: the head table, which --sort and --top ask for
-        out_console().print(drawn.head_table(result, out.precision, out.sort, out.reverse, out.top), crop=False)
+        out_console().print(drawn.head_table(inspected.result, out.precision, inspected.sort, out.reverse, out.top),
+                            crop=False)
     return False
+
+
+def inspect_corpus(found: Any, out: InspectOutputs, fig: FigureOptions) -> None:
+    """``attnviz inspect heads.safetensors``: the per-head table (sorted, ``--top``) or ``--json``; with
+    ``--png`` the layer strips, with ``--heads-map`` the heads placed by their distances, with ``--stats-png`` the
+    layers x heads heatmap of ``--stat`` (``attnviz.inspection.kinds.inspect_corpus`` reads and checks it)."""
+    from pathlib import Path
+
+    from attnviz.inspection import kinds
+    from attnviz.io import check_outputs
+    from attnviz.render import corpus as drawn
+    from attnviz.staging import staged_outputs
+
+    inspected = kinds.inspect_corpus(found, sort=out.sort, reverse=out.reverse, top=out.top,
+                                     stat=out.stat if out.stats_png else None, outputs=_asked(out))
+    for name in ("png", "heads_map", "stats_png"):
+        check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
+    targets = check_outputs({"--png": out.png, "--heads-map": out.heads_map, "--stats-png": out.stats_png,
+                             "--json-file": out.json_file}, [Path(inspected.source)])
+    files: dict[str, str] = {}
+    err = err_console()
+    with staged_outputs(targets) as staged:
+        from attnviz.render.heatmap import save_figure
+
+        for kind, flag in drawn.CORPUS_PICTURES.items():
+            if flag in staged:
+                save_figure(drawn.inspection_figure(inspected, fig, kind, out.stat), staged[flag])
+                files[flag[2:].replace("-", "_")] = getattr(out, flag[2:].replace("-", "_")) or ""
+        document = json.dumps(drawn.inspection_document(inspected, files))
+        if "--json-file" in staged:
+            from attnviz.io import save_text
+
+            save_text(staged["--json-file"], document + "\n")
+            files["json"] = out.json_file or ""
+        staged.commit()
+    if not out.quiet:
+        err.print(f"inspect: {inspected.read_as()}", markup=False, style="dim")
+        for what, where in files.items():
+            err.print(f"saved {what} to {where}", markup=False, style="dim")
+    if out.json:
+        stdout().write(document + "\n")
+    elif out.tables:
+        console = out_console()
+        for table in drawn.inspection_tables(inspected, out.precision):
+            console.print(table, crop=False)
+
+
+def _asked(out: InspectOutputs) -> dict[str, Any]:
+    """The files inspect was asked to write, by output name (what a kind of file cannot write is refused)."""
+    return {name: getattr(out, name) for name in FILE_OUTPUTS}
 
 
 def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutputs, source: str | None,
                  show: ShowOptions | None = None) -> bool:
     """One file of weights: returns whether a check failed."""
-    if out.heads_map is not None:
-        from attnviz.errors import UsageError
+    from attnviz.inspection import kinds
 
-        raise UsageError(f"--heads-map: a picture of corpus files (attnviz capture --corpus); {options.weights} holds "
-                         "weights.")
+    kinds.refuse_outputs(kinds.WEIGHTS, str(options.weights), {"heads_map": out.heads_map})
     out = replace(out, sort=sort_key(out.sort, WEIGHTS, str(options.weights)))
     from attnviz.cli import show as shown
     from attnviz.inspection import inspecting
@@ -301,10 +310,7 @@ def inspect_file(options: InspectOptions, fig: FigureOptions, out: InspectOutput
     from attnviz.staging import staged_outputs
 
     if out.stats_png:  # before the weights are read: what exact weights have is known
-        from attnviz.render.figures import check_stat
-
-        check_stat(dict.fromkeys(names(WEIGHTS)), out.stat, options.weights or "WEIGHTS",
-                   dict.fromkeys((*SUMMARY_ONLY, *CORPUS_ONLY), STAT_ELSEWHERE))
+        kinds.check_weights_stat(out.stat, options.weights or "WEIGHTS")
     for name in ("png", "map_png", "stats_png", "received_png", "overlay_png"):
         check_png_path(getattr(out, name), "--" + name.replace("_", "-"))
     check_html_path(out.html)

@@ -71,16 +71,16 @@ def view(options: InspectOptions, fig: FigureOptions, *, run: bool = True) -> An
     tests drive it)."""
 
     from attnviz.inspection import inspecting
-    from attnviz.inspection.summary import open_qk_capture, open_summary
+    from attnviz.inspection.kinds import kind_of
 
     fig.check()
     if run:
         need_terminal()
-    found = open_summary(options.weights) or open_qk_capture(options.weights)
-    if found is not None:  # pooled maps and the head table instead of weights
+    found = kind_of(options.weights)
+    if found.summary is not None:  # pooled maps and the head table instead of weights
         from attnviz.viewer.summary import SummaryViewerModel, summary_source
 
-        source = summary_source(found, options)
+        source = summary_source(found.summary, options)
         from attnviz.viewer.app import ViewerApp
 
         app = ViewerApp(SummaryViewerModel(source, fig), source.heading())
