@@ -6,6 +6,7 @@ words through ``attnviz.capture`` and ``attnviz.corpus``. No model is loaded: ev
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from typer.testing import CliRunner
@@ -25,13 +26,14 @@ from attnviz.fields import flat_fields
 
 SUMMARY = "Summary (long inputs)"
 CORPUS = "Corpus (--corpus)"
-#: what ``attnviz capture --help`` showed before the options became one object: each option's names, the word after
-#: them, its default, its panel (None: Options) and whether the help hides it
+#: what ``attnviz capture --help`` showed before the options became one object (and --no-qkv, added since): each
+#: option's names, the word after them, its default, its panel (None: Options) and whether the help hides it
 HELP = [
     (("--text",), "TEXT", None, None, False), (("--text-file",), "FILE", None, None, False),
     (("-o", "--output"), "FILE", None, None, False), (("--device",), None, "auto", None, False),
     (("--dtype",), None, "auto", None, False), (("--layers",), "N,N,...", None, None, False),
     (("--generate",), "N", 0, None, False), (("--no-weights",), None, False, None, False),
+    (("--no-qkv",), None, False, None, False),
     (("--weights-dtype",), None, "float32", None, False), (("--target",), "next|TOKEN|ID", None, None, False),
     (("--decoder-text",), "TEXT", None, None, False), (("--check",), None, False, None, False),
     (("--atol",), None, None, None, False),
@@ -150,3 +152,50 @@ def test_the_api_checks_a_corpus_as_the_command_line_does(keywords, message):
     with pytest.raises(UsageError) as raised:
         attnviz.corpus(object(), None, ["a text"], **keywords)
     assert raised.value.message == message
+
+
+# -- a capture option added as ARCHITECTURE.md's recipe says: --no-qkv
+
+
+def test_no_qkv_keeps_the_weights_and_masks_only(tmp_path, tmp_path_factory):
+    """``--no-qkv``: the weights (the model's own eager ``output_attentions``) and the masks, no q, k or v; the file
+    inspects as the full capture does; what reads q, k or v is refused in one line."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors import safe_open
+
+    from tests.test_capture import _cli, bert_folder  # noqa: F401
+
+    folder = bert_folder.__wrapped__(tmp_path_factory)  # type: ignore[attr-defined]
+    texts = ["the cat sat on the mat", "a dog ran"]
+    files = {}
+    for name, extra in (("full", []), ("weights", ["--no-qkv"])):
+        files[name] = tmp_path / f"{name}.safetensors"
+        done = _cli("capture", str(folder), *(w for t in texts for w in ("--text", t)), "-o", str(files[name]),
+                    "--quiet", *extra)
+        assert done.exit_code == 0, done.stderr
+    with safe_open(str(files["weights"]), "np") as f:
+        kept = {k: f.get_tensor(k) for k in f.keys()}
+    assert not [k for k in kept if k.rsplit(".", 1)[-1] in ("q", "k", "v")]
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    model = transformers.AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    with torch.no_grad():
+        eager = model(**tok(texts, return_tensors="pt", padding=True), output_attentions=True).attentions
+    for layer, want in enumerate(eager):
+        np_want = want.numpy()
+        real = kept[f"layers.{layer}.real_keys"]  # padded keys: weights of rows that are not the model's own
+        got = kept[f"layers.{layer}.weights"]
+        for b in range(len(texts)):
+            n = int(real[b].sum())
+            assert abs(got[b, :, :n, :n] - np_want[b, :, :n, :n]).max() < 1e-5
+    inspected = [json.loads(_cli("inspect", str(files[n]), "--json").stdout) for n in ("full", "weights")]
+    assert [d["head_stats"] for d in inspected] == [inspected[0]["head_stats"]] * 2 and inspected[0]["head_stats"]
+    refused = _cli("inspect", str(files["weights"]), "--weigh-by", "value-norms")
+    assert refused.exit_code == 1 and "captured without its values" in refused.stderr
+    for extra, words in ((["--check"], "--check recomputes each site from its q and k; drop --no-qkv."),
+                         (["--no-weights"], "--no-qkv and --no-weights would keep the masks alone; drop one."),
+                         (["--summary"], "--summary keeps no q, k and v anyway: drop --no-qkv."),
+                         (["--corpus"], "--no-qkv: a corpus run (--corpus) keeps per-head statistics, not the weights "
+                                        "of one batch; drop it.")):
+        done = _cli("capture", str(folder), "--text", "a", "-o", str(tmp_path / "x.safetensors"), "--no-qkv", *extra)
+        assert (done.exit_code, done.stderr) == (2, f"attnviz: error: {words}\n")

@@ -421,7 +421,8 @@ def _record(model: Any, tokenizer: Any, inputs: dict[str, Any], options: Capture
 
     grad = torch.enable_grad() if target is not None else torch.no_grad()
     with grad, Capture(model, tokenizer, run.sites, path=out, weights=not run.no_weights and summary is None,
-                       weights_dtype=run.weights_dtype, target=target, summary=summary, progress=told) as rec:
+                       qkv=False if run.no_qkv else None, weights_dtype=run.weights_dtype, target=target,
+                       summary=summary, progress=told) as rec:
         if run.generate:
             if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
                 raise UsageError(f"--generate: {type(model).__name__} has no language-model head to generate with.")

@@ -43,6 +43,8 @@ class CaptureRun:
     generate: int = option(0, "generate N tokens (greedy); each site's steps are stitched into one map", min=0,
                            metavar="N")
     no_weights: bool = option(False, "keep q, k, v and masks only (long inputs: no [L, L] maps)")
+    no_qkv: bool = option(False, "keep the weights and masks only, not q, k and v (a smaller file; --check and "
+                          "inspect --weigh-by value-norms read them)")
     weights_dtype: str = option("float32", "store the weights as this (reduced where the model runs)",
                                 choices=WEIGHT_DTYPES)
     target: str | None = option(None, "also save d(logit of TARGET at the last position)/d(weights) of every site "
@@ -215,18 +217,26 @@ class CaptureSettings:
                             ("--check", run.check)):
             if given:
                 raise UsageError(f"--summary records no weights: drop {flag}.")
+        if run.no_qkv:
+            raise UsageError("--summary keeps no q, k and v anyway: drop --no-qkv.")
         s.settings()  # the spelling of --rows
 
     def check_weights(self) -> None:
-        """``--target`` and ``--check`` read the weights ``--no-weights`` leaves out."""
+        """``--target`` and ``--check`` read the weights ``--no-weights`` leaves out; ``--check`` the q and k
+        ``--no-qkv`` leaves out, and the two together would keep nothing but the masks."""
         run = self.run
         if run.no_weights and (run.target is not None or run.check):
             raise UsageError(f"{'--target' if run.target else '--check'} needs the weights; drop --no-weights.")
+        if run.no_qkv and run.no_weights:
+            raise UsageError("--no-qkv and --no-weights would keep the masks alone; drop one.")
+        if run.no_qkv and run.check:
+            raise UsageError("--check recomputes each site from its q and k; drop --no-qkv.")
 
     def _check_corpus(self) -> None:
         """What a corpus run does not take, and the texts and file it needs."""
         run, s = self.run, self.summary
         for flag, given in (("--layers", run.layers), ("--generate", run.generate), ("--no-weights", run.no_weights),
+                            ("--no-qkv", run.no_qkv),
                             ("--weights-dtype", run.weights_dtype != "float32"), ("--target", run.target),
                             ("--decoder-text", run.decoder_text), ("--check", run.check),
                             ("--summary", s.summary), ("--max-file", run.max_file),

@@ -81,6 +81,8 @@ def capture_preset(path: Path, texts: list[str], out: str | Path, options: Captu
         raise UsageError("--target takes gradients through PyTorch; a KerasHub preset is captured without it.")
     if decoder_text is not None:
         raise UsageError("--decoder-text: attnviz captures a KerasHub preset's text backbone (one sequence).")
+    if run.no_qkv:
+        raise UsageError("--no-qkv: a KerasHub preset is captured with its q, k and v.")
     check_preset(path)
     keras_hub = import_keras_hub()
     started = time.perf_counter()

@@ -21,9 +21,10 @@ from attnviz.cli.options import build, parameters, write_through
 from attnviz.streams import err_console, stdout
 
 #: the order of capture's options in its help
-ORDER = ("text", "text_file", "output", "device", "dtype", "layers", "generate", "no_weights", "weights_dtype",
-         "target", "decoder_text", "check", "atol", "summary", "sinks", "local", "pool", "rows", "max_file", "json",
-         "quiet", "truncate", "long", "corpus", "batch_size", "shard", "token_class", "sink_threshold")
+ORDER = ("text", "text_file", "output", "device", "dtype", "layers", "generate", "no_weights", "no_qkv",
+         "weights_dtype", "target", "decoder_text", "check", "atol", "summary", "sinks", "local", "pool", "rows",
+         "max_file", "json", "quiet", "truncate", "long", "corpus", "batch_size", "shard", "token_class",
+         "sink_threshold")
 
 
 def capture_command(model: str, **values: Any) -> None:
