@@ -7,6 +7,8 @@ The work is in ``attnviz.capturing.corpus`` and ``attnviz.inspection.corpus``; t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,34 +35,11 @@ def capture_corpus_command(options: CaptureSettings) -> None:
     err = err_console()
 
     def run(path: Any) -> Any:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        bar = Progress(TextColumn("corpus"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                       TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False)
-        task = None
-
-        def progress(done: int, total: int) -> None:  # the bar starts with the first batch done
-            nonlocal task
-            if task is None:
-                bar.start()
-                task = bar.add_task("texts", total=total, rate="")
-            bar.update(task, completed=done)
-            speed = bar.tasks[0].speed
-            bar.update(task, rate=f"{speed:.1f} texts/s" if speed else "")
-
         try:
-            return capture_corpus(options, corpus, path, progress=None if quiet else progress)
+            with corpus_bar(quiet) as progress:
+                return capture_corpus(options, corpus, path, progress=progress)
         finally:
             corpus.close()  # a named pipe's copy
-            if task is not None:
-                bar.stop()
 
     done = write_through("-o", str(options.output.output), run, options.model_files())
     if corpus.empty and not quiet:
@@ -68,27 +47,67 @@ def capture_corpus_command(options: CaptureSettings) -> None:
                   style="dim")
     for text in done.warnings:
         err.print(f"warning: {text}", markup=False, style="yellow")
-    meta = done.sums.corpus
-    shard_text = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
     if options.output.json:
-        from attnviz import __version__
-
-        doc = {"attnviz": __version__, "command": "capture", "corpus": True, "model": options.model,
-               "model_type": done.model_type, "device": done.device, "file": str(done.path), "texts": done.texts,
-               "empty_lines": corpus.empty, "truncated_texts": meta.get("truncated_texts"),
-               "dropped_tokens": meta.get("dropped_tokens"), "blocked_texts": meta.get("blocked_texts"),
-               "distance_texts": meta.get("distance_texts"), "shard": list(shard),
-               "sites": list(done.sums.sites), "heads": sum(done.sums.heads), "seconds": round(done.seconds, 3),
-               "warnings": done.warnings}
-        stdout().write(json.dumps(doc) + "\n")
+        stdout().write(json.dumps(_corpus_document(options, done, corpus.empty, shard)) + "\n")
     elif not quiet:
+        meta = done.sums.corpus
         blocked = int(meta.get("blocked_texts") or 0)
         blocked_text = f" ({blocked} long, a block of rows at a time)" if blocked else ""
+        shard_text = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
         stdout().write(f"corpus statistics of {len(done.sums.sites)} layers x {max(done.sums.heads)} heads of "
                        f"{done.model_type} over {done.texts} texts{shard_text}{blocked_text} on {done.device} in "
                        f"{done.seconds:.1f} s\n")
     if not quiet:
         err.print(f"saved corpus statistics to {done.path}", markup=False, style="dim")
+
+
+@contextmanager
+def corpus_bar(quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr while a corpus runs, told after each batch (the texts done, texts a second, the
+    time spent and left); it starts with the first batch done and stays when the run ends. None with --quiet."""
+    if quiet:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn("corpus"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console(), transient=False)
+    task = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("texts", total=total, rate="")
+        bar.update(task, completed=done)
+        speed = bar.tasks[0].speed
+        bar.update(task, rate=f"{speed:.1f} texts/s" if speed else "")
+
+    try:
+        yield progress
+    finally:
+        if task is not None:
+            bar.stop()
+
+
+def _corpus_document(options: CaptureSettings, done: Any, empty: int, shard: tuple[int, int]) -> dict[str, Any]:
+    """``capture --corpus --json``: what the run did, as one object."""
+    from attnviz import __version__
+
+    meta = done.sums.corpus
+    return {"attnviz": __version__, "command": "capture", "corpus": True, "model": options.model,
+            "model_type": done.model_type, "device": done.device, "file": str(done.path), "texts": done.texts,
+            "empty_lines": empty, "truncated_texts": meta.get("truncated_texts"),
+            "dropped_tokens": meta.get("dropped_tokens"), "blocked_texts": meta.get("blocked_texts"),
+            "distance_texts": meta.get("distance_texts"), "shard": list(shard), "sites": list(done.sums.sites),
+            "heads": sum(done.sums.heads), "seconds": round(done.seconds, 3), "warnings": done.warnings}
 
 
 # ---------------------------------------------------------------------------------------------------
