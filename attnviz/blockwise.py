@@ -38,13 +38,12 @@ MAX_PANELS = 16
 #: temporaries and NumPy copies, float64 statistics (measured, with some room)
 BYTES_PER_WEIGHT = 40
 DEFAULT_MAX_MEMORY = 512 * 2**20
-UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-         "g": 2**30, "gb": 2**30, "gib": 2**30}
 
 
 def parse_size(text: str | None) -> int:
     """``512M``, ``2G``, ``1.5GiB``, ``300000000`` as bytes; None for the default."""
     from attnviz.errors import UsageError
+    from attnviz.sizes import SIZE_UNITS
 
     if text is None:
         return default_max_memory()
@@ -52,7 +51,7 @@ def parse_size(text: str | None) -> int:
     number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = t[len(number):]
     try:
-        value = float(number) * UNITS[unit]
+        value = float(number) * SIZE_UNITS[unit]
     except (ValueError, KeyError):
         raise UsageError(f"--max-memory {text!r}: expected a size such as 512M, 2G or 300000000.") from None
     if not math.isfinite(value):

@@ -16,6 +16,12 @@ HEAD_COMBINE = ("mean", "max", "min")  # how attention rollout combines a layer'
 ROLLOUT_METHODS = ("rollout", "flow", "grad")
 WEIGH_BY = ("weights", "value-norms")  # what inspect and rollout analyse (--weigh-by)
 UPSAMPLING = ("nearest", "bilinear")  # how a patch grid is brought to the image's pixels (--upsample)
+#: a live model's run (attnviz capture, --model): where it runs, its dtype, the dtype its weights are stored in,
+#: and what becomes of texts past its positions (--long)
+MODEL_DEVICES = ("auto", "cpu", "cuda")
+MODEL_DTYPES = ("auto", "float32", "float16", "bfloat16")
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+LONG_TEXTS = ("truncate", "refuse")
 
 #: every file an array argument reads, as help texts and the documentation list them (``attnviz.formats`` reads
 #: them; a test keeps the two the same); KEYED: those that hold several named arrays (FILE:KEY picks one)

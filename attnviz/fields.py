@@ -6,7 +6,8 @@ Metadata keys: ``help``; ``flag`` (default ``--field-name``) and ``short`` (``-q
 section); ``metavar`` (``FILE`` and ``TOKENS`` mark a file the run reads: the Python API takes the value
 itself there, ``api.values.file_options``); ``min``, ``max``, ``above`` (bounds of a number); ``parse`` (a
 named parser for values that are not plain numbers or choices: ``size``, ``positions``, ``norm``, ``ranges``, ``seed``,
-``grid``, ``span``, ``column``);
+``grid``, ``span``, ``column``); ``choices`` (the words a text option takes, parsed as a ``Literal`` option's are
+while its help shows its metavar or ``TEXT``); ``hidden`` (an older spelling the help leaves out);
 ``cli=False`` for a field the command line does not set.
 """
 
@@ -91,7 +92,7 @@ def check_value(f: dataclasses.Field[Any], hint: Any, value: Any) -> None:
     if value is None:
         return
     name = flag(f)
-    choices = _choices(hint)
+    choices = _choices(hint) or tuple(f.metadata.get("choices", ()))
     if choices and value not in choices:
         raise UsageError(f"{name} {value!r}: expected one of {', '.join(map(str, choices))}.")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -105,6 +106,18 @@ def check_value(f: dataclasses.Field[Any], hint: Any, value: Any) -> None:
         raise UsageError(f"{name} {value}: must be at most {meta['max']}.")
     if "above" in meta and value <= meta["above"]:
         raise UsageError(f"{name} {value}: must be greater than {meta['above']}.")
+
+
+def check_values(instance: Any) -> None:
+    """Every field of the dataclass ``instance`` (those of nested dataclasses too) checked by ``check_value``."""
+    cls: type = type(instance)
+    hints = _hints(cls)
+    for f in dataclasses.fields(instance):
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            check_values(value)
+        else:
+            check_value(f, hints[f.name], value)
 
 
 def choices_of(hint: Any) -> tuple[Any, ...]:

@@ -13,6 +13,9 @@ from typing import Any
 
 from attnviz.errors import InputError, shape_str
 
+#: the units of a size a user writes (``512M``, ``2G``, ``1.5GiB``, ``1T``): powers of 1024, case ignored
+SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+              "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
 #: the least ``memory_limit()`` gives, however little memory seems free
 MIN_MEMORY_LIMIT = 256 * 2**20
 

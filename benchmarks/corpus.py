@@ -115,11 +115,13 @@ def plain(model, tokenizer, items: list[str], batch: int, device: str, attention
 
 def corpus(model, tokenizer, items: list[str], batch: int, device: str, each=None) -> float:  # noqa: ANN001
     from attnviz.capturing.corpus import CorpusText, run_corpus
+    from attnviz.capturing.options import CaptureSettings, CorpusOptions
 
     text = CorpusText(items, list(range(1, len(items) + 1)), 0, {"file": "bench", "sha256": "-", "shards": [[0, 1]]})
+    options = CaptureSettings(corpus=CorpusOptions(corpus=True, batch_size=batch))
     sync(device)
     started = time.perf_counter()
-    run_corpus(model, tokenizer, text, device=device, batch_size=batch, progress=each)
+    run_corpus(model, tokenizer, text, options, device=device, progress=each)
     sync(device)
     return time.perf_counter() - started
 

@@ -26,13 +26,14 @@ def test_the_forward_pass_tells_its_progress(llama_folder: Path, tmp_path: Path,
 
     from attnviz.capturing import hf
     from attnviz.capturing.folder import capture_folder
-    from attnviz.summarystats import SummarySettings
+    from attnviz.capturing.options import CaptureRun, CaptureSettings, SummaryOptions
 
     monkeypatch.setattr(hf, "PROGRESS_EVERY", 0.0)
     text = _text(1500)
     told: list[tuple[float, int, int]] = []
-    capture_folder(str(llama_folder), [text], tmp_path / "run.safetensors", summary=SummarySettings() if summary
-                   else None, generate=2, progress=lambda done, total, tokens: told.append((done, total, tokens)))
+    options = CaptureSettings(model=str(llama_folder), run=CaptureRun(generate=2), summary=SummaryOptions(summary))
+    capture_folder(options, [text], tmp_path / "run.safetensors",
+                   progress=lambda done, total, tokens: told.append((done, total, tokens)))
     tokens = len(transformers.AutoTokenizer.from_pretrained(llama_folder)(text)["input_ids"])
     assert {t for _, _, t in told} == {tokens} and {n for _, n, _ in told} == {2}  # 2 layers
     done = [d for d, _, _ in told]

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from attnviz.choices import MODEL_DEVICES, MODEL_DTYPES
 from attnviz.errors import UsageError
 from attnviz.fields import RUN, option
 
 HEADS = "Heads restricted"
 RANK = "Ranking and policies (--rank)"
 KINDS = ("stream", "window", "zero", "mean")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass
@@ -69,10 +68,10 @@ class AblateOptions:
         """The options' conflicts, before anything is read (exit 2)."""
         named = {flag: value for flag, value in (("--stream", self.stream), ("--window", self.window),
                                                  ("--zero", self.zero), ("--mean", self.mean)) if value is not None}
-        if self.device not in DEVICES:
-            raise UsageError(f"--device {self.device!r}: choose one of {', '.join(DEVICES)}.")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"--dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}.")
+        if self.device not in MODEL_DEVICES:
+            raise UsageError(f"--device {self.device!r}: choose one of {', '.join(MODEL_DEVICES)}.")
+        if self.dtype not in MODEL_DTYPES:
+            raise UsageError(f"--dtype {self.dtype!r}: choose one of {', '.join(MODEL_DTYPES)}.")
         if self.rank:
             if named:
                 raise UsageError(f"--rank restricts every head in turn; drop {', '.join(named)}.")

@@ -66,6 +66,7 @@ def needle_statistics(loaded: Loaded, needle: Any, *, sink: int, recent: int,
 
     from attnviz.capturing.session import Capture
     from attnviz.inspection.summary import analyse_summary, open_summary, read_summary
+    from attnviz.summarystats import SummarySettings
     from attnviz.tokentext import one_line
 
     tok = loaded.tokenizer
@@ -74,7 +75,7 @@ def needle_statistics(loaded: Loaded, needle: Any, *, sink: int, recent: int,
     os.close(fd)
     try:
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        with torch.no_grad(), Capture(loaded.model, tok, summary=True, sinks=sink, local=recent, rows="last",
+        with torch.no_grad(), Capture(loaded.model, tok, summary=SummarySettings(sink, recent, rows="last"),
                                       path=name):
             loaded.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=generate,
                                   do_sample=False, pad_token_id=pad)

@@ -6,9 +6,10 @@ stand where the command line takes a file. The runs are the command line's own l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from attnviz.api.results import (
@@ -206,7 +207,10 @@ def _no_weights(value: Any, name: str) -> None:
                                                      f"a tuple of {len(value)} Nones")))
 
 
-def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: Any) -> Any:
+def capture(model: Any, tokenizer: Any = None, layers: Any = None, *, path: Any = None, weights: bool = True,
+            qkv: bool | None = None, weights_dtype: str = "float32", target: Any = None, summary: bool = False,
+            sinks: int | None = None, local: int | None = None, pool: int | None = None, rows: str | None = "last",
+            corpus: Any = None, progress: Any = None) -> Any:
     """Record every attention site of ``model`` (transformers or Keras) while the block runs::
 
         with attnviz.capture(model, tokenizer) as rec:
@@ -218,9 +222,22 @@ def capture(model: Any, tokenizer: Any = None, layers: Any = None, **options: An
     (long inputs: each site's summary instead of its weights, with ``sinks``, ``local``, ``pool``, ``rows``;
     docs/long-context.md). A long document is one string: ``tokenizer(open("doc.txt").read())``.
     See ``attnviz.capturing.session.Capture``."""
+    from attnviz.capturing.options import CaptureRun, CaptureSettings, SummaryOptions
     from attnviz.capturing.session import Capture
+    from attnviz.fields import check_values
 
-    return Capture(model, tokenizer, layers, **options)
+    # the command line's options, checked as it checks them: a summary records no weights (weights=False is
+    # then what it does anyway), and its rows are its own (rows=None keeps none, as --rows none does)
+    options = CaptureSettings(
+        run=CaptureRun(no_weights=not weights and not summary, weights_dtype=weights_dtype,
+                       target=None if target is None else str(target)),
+        summary=SummaryOptions(summary, sinks, local, pool, ("none" if rows is None else rows) if summary else None))
+    with _capture_words("capture"):
+        check_values(options)
+        options.check_summary()
+        options.check_weights()
+    return Capture(model, tokenizer, layers, path=path, weights=weights, qkv=qkv, weights_dtype=weights_dtype,
+                   target=target, summary=options.summary.settings(), corpus=corpus, progress=progress)
 
 
 def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None, batch_size: int = 8,
@@ -242,32 +259,47 @@ def corpus(model: Any, tokenizer: Any, texts: Sequence[str], *, path: Any = None
     import hashlib
 
     from attnviz.capturing.corpus import CorpusText, compile_classes, run_corpus
+    from attnviz.capturing.options import CaptureRun, CaptureSettings, CorpusOptions
     from attnviz.corpusfile import write_corpus
+    from attnviz.fields import check_values
 
     if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
         raise UsageError("attnviz.corpus: texts is a list of strings, one per text.")
     kept = [t for t in texts if t.strip()]
     if not kept:
         raise UsageError("attnviz.corpus: no text (every one is empty).")
-    if batch_size < 1:
-        raise UsageError(f"attnviz.corpus: batch_size={batch_size}; it is at least 1.")
-    if long not in ("truncate", "refuse"):
-        raise UsageError(f"attnviz.corpus: long={long!r}; choose 'truncate' or 'refuse'.")
-    for name, value in (("blocked_from", blocked_from), ("distance_budget", distance_budget)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise UsageError(f"attnviz.corpus: {name}={value!r}; a number of bytes, 0 or more.")
+    options = CaptureSettings(run=CaptureRun(long=long), corpus=CorpusOptions(
+        corpus=True, batch_size=batch_size, token_class=list(token_class), sink_threshold=sink_threshold,
+        blocked_from=blocked_from, distance_budget=distance_budget))
+    with _capture_words("corpus"):
+        check_values(options)
+        options.corpus.check()
+        compile_classes(options.corpus.classes)
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     source = {"file": "(texts)", "sha256": digest, "lines": len(texts), "shards": [[0, 1]]}
     lines = [n + 1 for n, t in enumerate(texts) if t.strip()]
     device = next((p.device for p in model.parameters()), "cpu") if hasattr(model, "parameters") else "cpu"
-    sums, warned = run_corpus(model, tokenizer, CorpusText(kept, lines, len(texts) - len(kept), source),
-                              device=device, batch_size=batch_size, classes=compile_classes(token_class),
-                              sink_threshold=sink_threshold, long=long, blocked_from=blocked_from,
-                              distance_budget=distance_budget)
+    sums, warned = run_corpus(model, tokenizer, CorpusText(kept, lines, len(texts) - len(kept), source), options,
+                              device=device)
     _warn(warned)
     if path is not None:
         write_corpus(path, sums)
     return sums
+
+
+@contextlib.contextmanager
+def _capture_words(run: str) -> Iterator[None]:
+    """``attnviz.capture``'s and ``attnviz.corpus``'s usage errors (``capturing.options``, in the command line's
+    words) said in the API's, after the function's name: ``--no-weights`` is ``weights=False``."""
+    from attnviz.api.wording import Keyword, for_python, keywords
+    from attnviz.capturing.options import CaptureSettings
+
+    known = {name: keyword for name, keyword in keywords([CaptureSettings]).items() if name != "no-weights"}
+    known["weights"] = Keyword("weights", flag=True)
+    try:
+        yield
+    except UsageError as exc:
+        raise UsageError(f"attnviz.{run}: {for_python(exc.message, known)}") from None
 
 
 def _stores(run: Callable[..., Any]) -> Callable[..., Any]:

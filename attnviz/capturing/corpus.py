@@ -38,6 +38,7 @@ import numpy as np
 
 from attnviz.capturing.blame import run_forward
 from attnviz.capturing.divergence import divergence_sums, sum_dtype
+from attnviz.capturing.options import CaptureSettings
 from attnviz.corpusfile import CORPUS_STATS, PUNCTUATION, SMOOTHING, CorpusSums
 from attnviz.errors import AttnvizError, InputError, UsageError
 from attnviz.rowmath import entropy_torch, real_ends_torch, row_rule
@@ -598,51 +599,56 @@ class CorpusRun:
     warnings: list[str] = field(default_factory=list)
 
 
-def capture_corpus(folder: str, corpus: CorpusText | CorpusFile, out: Any, *, device: str = "auto", dtype: str = "auto",
-                   batch_size: int = 8, classes: Sequence[tuple[str, re.Pattern[str]]] = (),
-                   sink_threshold: float = 0.3, long: str = "truncate",
-                   progress: Callable[[int, int], None] | None = None, blocked_from: int | None = None,
-                   distance_budget: int | None = None) -> CorpusRun:
-    """Run a local model folder over ``corpus`` in mini-batches of ``batch_size`` texts and write the
-    per-head sums to ``out`` (a corpus file: ``attnviz.corpusfile``). ``progress(done, total)`` is
-    called after each batch. ``long``: ``truncate`` (texts past the model's positions keep their first
-    tokens, and the dropped tokens are counted) or ``refuse``. ``blocked_from`` and ``distance_budget``: see
-    ``run_corpus``."""
+def capture_corpus(options: CaptureSettings, corpus: CorpusText | CorpusFile, out: Any, *,
+                   progress: Callable[[int, int], None] | None = None) -> CorpusRun:
+    """Run the local model folder ``options.model`` over ``corpus`` in mini-batches of ``--batch-size`` texts
+    and write the per-head sums to ``out`` (a corpus file: ``attnviz.corpusfile``). ``progress(done, total)`` is
+    called after each batch. ``options.long``: ``truncate`` (texts past the model's positions keep their first
+    tokens, and the dropped tokens are counted) or ``refuse``. See ``run_corpus``."""
     from attnviz.capturing.folder import check_folder, choose_device, import_torch, load_model
     from attnviz.corpusfile import write_corpus
 
-    path = check_folder(folder)
+    path = check_folder(options.model)
     torch, transformers = import_torch()
-    device = choose_device(torch, device)
+    device = choose_device(torch, options.run.device)
     started = time.perf_counter()
-    model, tokenizer = load_model(path, torch, transformers, device, dtype)
-    sums, warnings = run_corpus(model, tokenizer, corpus, device=device, batch_size=batch_size, classes=classes,
-                                sink_threshold=sink_threshold, long=long, progress=progress, where=folder,
-                                blocked_from=blocked_from, distance_budget=distance_budget)
+    model, tokenizer = load_model(path, torch, transformers, device, options.run.dtype)
+    sums, warnings = run_corpus(model, tokenizer, corpus, options, device=device, progress=progress,
+                                where=options.model)
     write_corpus(out, sums)
     return CorpusRun(out, sums, str(sums.meta.get("model_type")), device, corpus.count,
                      time.perf_counter() - started, warnings)
 
 
-def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, device: Any = "cpu", batch_size: int = 8,
-               classes: Sequence[tuple[str, re.Pattern[str]]] = (), sink_threshold: float = 0.3,
-               long: str = "truncate", progress: Callable[[int, int], None] | None = None,
-               where: str = "the model", blocked_from: int | None = None,
-               distance_budget: int | None = None) -> tuple[CorpusSums, list[str]]:
+def run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, options: CaptureSettings, *,
+               device: Any = "cpu", progress: Callable[[int, int], None] | None = None,
+               where: str = "the model") -> tuple[CorpusSums, list[str]]:
     """``capture_corpus`` for a model and tokenizer in hand: the sums (metadata included) and the warnings.
     The caller's objects are left as they were (``_run_settings``): the tokenizer pads on the right with a pad
     token of its own, and the model runs in eval mode (no dropout), only while the corpus runs.
 
     A text whose exact weights over every site (sites x heads x L x L float32) would take more than
-    ``blocked_from`` bytes (``corpuslong.BLOCKED_FROM``, 256 MiB) leaves its mini-batch and runs alone, its
-    statistics computed from q and k a block of query rows at a time (``capturing.corpuslong``: the same sums);
-    its head distances need every site's q and k kept until the forward ends, within ``distance_budget`` bytes
-    (``corpuslong.DISTANCE_BUDGET``, 1 GiB), else the text is left out of the distances only (counted, and
-    said in a warning)."""
+    ``options.corpus.blocked_from`` bytes (``corpuslong.BLOCKED_FROM``, 256 MiB) leaves its mini-batch and runs
+    alone, its statistics computed from q and k a block of query rows at a time (``capturing.corpuslong``: the
+    same sums); its head distances need every site's q and k kept until the forward ends, within
+    ``options.corpus.distance_budget`` bytes (``corpuslong.DISTANCE_BUDGET``, 1 GiB), else the text is left out
+    of the distances only (counted, and said in a warning)."""
+    import torch
+
+    from attnviz.capturing.session import Capture
+
     with _run_settings(model, tokenizer):
-        return _run_corpus(model, tokenizer, corpus, device=device, batch_size=batch_size, classes=classes,
-                           sink_threshold=sink_threshold, long=long, progress=progress, where=where,
-                           blocked_from=blocked_from, distance_budget=distance_budget)
+        run = _CorpusPass(model, tokenizer, options, device, where)
+        if options.long == "refuse":
+            run.refuse_long(corpus)
+        done = 0
+        with torch.no_grad(), Capture(model, tokenizer, corpus=run.acc) as cap:
+            for chunk, lines in corpus.batches(options.corpus.texts_per_batch):  # a batch held at a time
+                run.batch(chunk, lines)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, corpus.count)
+        return run.acc.result(run.metadata(corpus, cap.metadata)), run.warnings(corpus.count)
 
 
 @contextlib.contextmanager
@@ -668,125 +674,132 @@ def _run_settings(model: Any, tokenizer: Any) -> Iterator[None]:
             module.training = training
 
 
-def _run_corpus(model: Any, tokenizer: Any, corpus: CorpusText | CorpusFile, *, device: Any, batch_size: int,
-                classes: Sequence[tuple[str, re.Pattern[str]]], sink_threshold: float, long: str,
-                progress: Callable[[int, int], None] | None, where: str, blocked_from: int | None,
-                distance_budget: int | None) -> tuple[CorpusSums, list[str]]:
-    import torch
+class _CorpusPass:
+    """One corpus run over a model in hand: the accumulator its sites feed, the model's position limit (texts are
+    cut to it as a capture's ``--long`` cuts them), and what is counted beside the sums (the tokens standing
+    first and last, the texts truncated and their dropped tokens, the longest text run alone)."""
 
-    from attnviz.capturing.corpuslong import (
-        BLOCKED_FROM,
-        DISTANCE_BUDGET,
-        exact_batches,
-        exact_bytes,
-        site_count,
-        site_heads,
-    )
-    from attnviz.capturing.folder import position_limits
-    from attnviz.capturing.session import Capture
+    def __init__(self, model: Any, tokenizer: Any, options: CaptureSettings, device: Any, where: str) -> None:
+        from attnviz.capturing.corpuslong import BLOCKED_FROM, DISTANCE_BUDGET, site_count, site_heads
+        from attnviz.capturing.folder import position_limits
 
-    runner = model
-    if getattr(model.config, "is_encoder_decoder", False):
-        get = getattr(model, "get_encoder", None)
-        runner = get() if callable(get) else None
-        if runner is None:
-            raise InputError(f"{where}: an encoder-decoder without an encoder attnviz can run alone.")
-    learned, trained = position_limits(model, tokenizer)  # as a capture's --long cuts its texts
-    limit = learned or trained
-    blocked_from = BLOCKED_FROM if blocked_from is None else int(blocked_from)
-    distance_budget = DISTANCE_BUDGET if distance_budget is None else int(distance_budget)
-    heads = site_heads(model) * site_count(model)  # every site's heads: what a text's exact weights hold
-    token_classes = TokenClasses(tokenizer, classes)
-    acc = CorpusAccumulator(sink_threshold, [n for n, _ in classes])
-    first_tokens: Counter[str] = Counter()
-    last_tokens: Counter[str] = Counter()
-    truncated = dropped = 0
-    longest_blocked = 0
-    total = corpus.count
-    names = _forward_names(runner)
-    if long == "refuse" and limit is not None:  # every text measured before the model runs (a pass of its own)
+        self.model, self.tokenizer, self.options, self.device, self.where = model, tokenizer, options, device, where
+        self.runner = model
+        if getattr(model.config, "is_encoder_decoder", False):
+            get = getattr(model, "get_encoder", None)
+            self.runner = get() if callable(get) else None
+            if self.runner is None:
+                raise InputError(f"{where}: an encoder-decoder without an encoder attnviz can run alone.")
+        learned, trained = position_limits(model, tokenizer)
+        self.limit = learned or trained
+        given = options.corpus
+        self.blocked_from = BLOCKED_FROM if given.blocked_from is None else int(given.blocked_from)
+        self.distance_budget = DISTANCE_BUDGET if given.distance_budget is None else int(given.distance_budget)
+        self.heads = site_heads(model) * site_count(model)  # every site's heads: what a text's exact weights hold
+        self.classes = compile_classes(given.classes)
+        self.token_classes = TokenClasses(tokenizer, self.classes)
+        self.acc = CorpusAccumulator(given.threshold, [n for n, _ in self.classes])
+        self.names = _forward_names(self.runner)
+        self.first_tokens: Counter[str] = Counter()
+        self.last_tokens: Counter[str] = Counter()
+        self.truncated = self.dropped = self.longest_blocked = 0
+
+    def refuse_long(self, corpus: CorpusText | CorpusFile) -> None:
+        """``--long refuse``: every text measured before the model runs (a pass of its own), the first one past
+        the model's positions refused."""
+        if self.limit is None:
+            return
         for texts, numbers in corpus.batches(256):
-            _, lost, _ = _fit(tokenizer, texts, limit)
+            _, lost, _ = _fit(self.tokenizer, texts, self.limit)
             if lost.any():
                 at = int(np.flatnonzero(lost)[0])
                 raise InputError(f"--text-file {corpus.source['file']}: line {numbers[at]} has "
-                                 f"{limit + int(lost[at])} tokens, more than the model's {limit} positions "
+                                 f"{self.limit + int(lost[at])} tokens, more than the model's {self.limit} positions "
                                  "(--long truncate keeps the first ones).")
 
-    def forward(texts: list[str], lines: list[int], cut: bool, blocked: bool) -> None:
+    def batch(self, chunk: list[str], lines: list[int]) -> None:
+        """A mini-batch of texts: those past the model's positions cut; a text whose exact weights would be too
+        large run alone, a block of query rows at a time (the same sums); the others as padded batches whose
+        weights stay within ``corpuslong.BATCH_BYTES``."""
+        from attnviz.capturing.corpuslong import exact_batches, exact_bytes
+
+        cut, lost, lengths = _fit(self.tokenizer, chunk, self.limit)
+        if lost.any():
+            self.truncated += int((lost > 0).sum())
+            self.dropped += int(lost.sum())
+        alone = [k for k, n in enumerate(lengths) if exact_bytes(self.heads, int(n)) > self.blocked_from]
+        rest = [k for k in range(len(chunk)) if k not in alone]
+        for part in exact_batches([int(lengths[k]) for k in rest], self.heads):
+            chosen = [rest[k] for k in part]
+            self.forward([chunk[k] for k in chosen], [lines[k] for k in chosen], cut, False)
+        for k in alone:
+            self.longest_blocked = max(self.longest_blocked, int(lengths[k]))
+            self.forward([chunk[k]], [lines[k]], cut, True)
+
+    def forward(self, texts: list[str], lines: list[int], cut: bool, blocked: bool) -> None:
         """One forward pass over ``texts`` (a padded batch; or one long text, a block of rows at a time)."""
+        import torch
+
+        tokenizer, device, acc = self.tokenizer, self.device, self.acc
         try:
             batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=cut,
-                              max_length=limit if cut else None)
+                              max_length=self.limit if cut else None)
         except Exception as exc:  # noqa: BLE001
-            raise InputError(f"{where}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
-        inputs = {k: v.to(device) for k, v in batch.items() if k in names or k == "input_ids"}
+            raise InputError(f"{self.where}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
+        inputs = {k: v.to(device) for k, v in batch.items() if k in self.names or k == "input_ids"}
         ids = inputs["input_ids"]
         real = batch["attention_mask"].to(device).bool() if "attention_mask" in batch else \
             torch.ones_like(ids, dtype=torch.bool)
-        _ends(tokenizer, ids, real, first_tokens, last_tokens)
+        _ends(tokenizer, ids, real, self.first_tokens, self.last_tokens)
         if blocked:
-            acc.begin_blocked(real, token_classes.masks(ids), distance_budget)
+            acc.begin_blocked(real, self.token_classes.masks(ids), self.distance_budget)
         else:
-            acc.begin(real, token_classes.masks(ids))
+            acc.begin(real, self.token_classes.masks(ids))
         span = f"line {lines[0]}" if len(lines) == 1 else f"the texts of lines {lines[0]}..{lines[-1]}"
-        run_forward(runner, inputs, where=where, smaller="a smaller --batch-size", failed_on=span)
+        run_forward(self.runner, inputs, where=self.where, smaller="a smaller --batch-size", failed_on=span)
         if blocked:
             acc.end_blocked()
         else:
             acc.end()
 
-    done = 0
-    with torch.no_grad(), Capture(model, tokenizer, corpus=acc) as cap:
-        for chunk, lines in corpus.batches(batch_size):  # a batch of texts held at a time, however long the file
-            # texts past the model's positions are cut here; a text whose exact weights would be too large runs
-            # alone, a block of query rows at a time (the same sums), the others as one padded batch
-            cut, lost, lengths = _fit(tokenizer, chunk, limit)
-            if lost.any():
-                truncated += int((lost > 0).sum())
-                dropped += int(lost.sum())
-            alone = [k for k, n in enumerate(lengths) if exact_bytes(heads, int(n)) > blocked_from]
-            rest = [k for k in range(len(chunk)) if k not in alone]
-            for part in exact_batches([int(lengths[k]) for k in rest], heads):
-                chosen = [rest[k] for k in part]
-                forward([chunk[k] for k in chosen], [lines[k] for k in chosen], cut, False)
-            for k in alone:
-                longest_blocked = max(longest_blocked, int(lengths[k]))
-                forward([chunk[k]], [lines[k]], cut, True)
-            done += len(chunk)
-            if progress is not None:
-                progress(done, total)
-    describe = dict(cap.metadata)
-    distance_texts = total - acc.distance_left_out
-    from attnviz.capturing.folder import recorded_name
+    def metadata(self, corpus: CorpusText | CorpusFile, describe: dict[str, Any]) -> dict[str, Any]:
+        """The corpus file's metadata: the model (``describe``: the capture's description of it), the settings
+        the statistics depend on, and what was counted."""
+        from attnviz.capturing.folder import recorded_name
 
-    meta = {
-        # the model's name for titles (capturing.folder.model_name: a folder's name, a hub id); outside
-        # corpus.model, which merges compare: shards of one model read from two paths still add up
-        "model_name": recorded_name(model),
-        "model_type": describe.get("model_type"), "transformers": describe.get("transformers"),
-        "torch": describe.get("torch"), "dtype": describe.get("dtype"),
-        "corpus": {
-            "model": model_identity(model), "tokenizer": tokenizer_identity(tokenizer),
-            "settings": settings(sink_threshold, classes, limit, long),
-            "texts": total, "empty_lines": corpus.empty, "truncated_texts": truncated, "dropped_tokens": dropped,
-            "blocked_texts": acc.blocked_texts, "distance_texts": distance_texts,
-            "sources": [corpus.source],
-            "first_tokens": dict(first_tokens.most_common()), "last_tokens": dict(last_tokens.most_common()),
-        },
-    }
-    warnings = []
-    if truncated:
-        warnings.append(f"{truncated} text(s) were longer than the model's {limit} positions: their first {limit} "
-                        f"tokens were used ({dropped} tokens dropped)")
-    if acc.distance_left_out:
-        from attnviz.sizes import size_str
+        model, tokenizer = self.model, self.tokenizer
+        return {
+            # the model's name for titles (capturing.folder.model_name: a folder's name, a hub id); outside
+            # corpus.model, which merges compare: shards of one model read from two paths still add up
+            "model_name": recorded_name(model),
+            "model_type": describe.get("model_type"), "transformers": describe.get("transformers"),
+            "torch": describe.get("torch"), "dtype": describe.get("dtype"),
+            "corpus": {
+                "model": model_identity(model), "tokenizer": tokenizer_identity(tokenizer),
+                "settings": settings(self.acc.sink_threshold, self.classes, self.limit, str(self.options.long)),
+                "texts": corpus.count, "empty_lines": corpus.empty, "truncated_texts": self.truncated,
+                "dropped_tokens": self.dropped, "blocked_texts": self.acc.blocked_texts,
+                "distance_texts": corpus.count - self.acc.distance_left_out, "sources": [corpus.source],
+                "first_tokens": dict(self.first_tokens.most_common()),
+                "last_tokens": dict(self.last_tokens.most_common()),
+            },
+        }
 
-        warnings.append(f"{acc.distance_left_out} long text(s) (up to {longest_blocked} tokens) were left out of the "
-                        f"head distances: every layer's q and k would take more than "
-                        f"{size_str(distance_budget)}; the distances are over {distance_texts} of {total} texts "
-                        "(the other statistics over all of them)")
-    return acc.result(meta), warnings
+    def warnings(self, total: int) -> list[str]:
+        """Texts cut to the model's positions; long texts left out of the head distances."""
+        warnings = []
+        if self.truncated:
+            warnings.append(f"{self.truncated} text(s) were longer than the model's {self.limit} positions: their "
+                            f"first {self.limit} tokens were used ({self.dropped} tokens dropped)")
+        left_out = self.acc.distance_left_out
+        if left_out:
+            from attnviz.sizes import size_str
+
+            warnings.append(f"{left_out} long text(s) (up to {self.longest_blocked} tokens) were left out of the "
+                            f"head distances: every layer's q and k would take more than "
+                            f"{size_str(self.distance_budget)}; the distances are over {total - left_out} of "
+                            f"{total} texts (the other statistics over all of them)")
+        return warnings
 
 
 def settings(sink_threshold: float, classes: Sequence[tuple[str, re.Pattern[str]]], limit: int | None,

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.capturing.blame import run_forward
+from attnviz.capturing.options import CaptureSettings
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "tf_model.h5", "model*.safetensors.index.json")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 EXTRA = "pip install 'attnviz[torch]'"
 
 
@@ -300,83 +299,119 @@ def fit_positions(texts: list[str], tokenizer: Any, model: Any, model_type: str,
                 "entry, --long refuse stops instead."]
 
 
-def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
-                   layers: list[int] | None = None, generate: int = 0, weights: bool = True,
-                   weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
-                   check: bool = False, summary: Any = None, max_file: int | None = None,
-                   auto_summary: bool = False, long: str | None = None, progress: Any = None) -> Captured:
-    """Capture a local model folder's attention on ``texts`` (a padded batch) into ``out``; ``summary``
-    (``attnviz.summarystats.SummarySettings``) records summaries instead of weights; ``auto_summary``
-    chooses the summary when the exact weights would exceed ``max_file`` (and says so in the warnings);
-    ``long``: texts longer than the model's positions, ``truncate`` (keep their first tokens) or ``refuse``
-    (stop); None: stop where the model cannot run them, warn where it runs them untrained (``fit_positions``).
-    ``progress(done, total, tokens)``: told as the model's first forward runs over the batch's ``tokens`` (its
-    texts' tokens, padding included) how many of its ``total`` attention modules are done (``Capture``'s).
-    A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
+def capture_folder(options: CaptureSettings, texts: list[str], out: str | Path, *, auto_summary: bool = False,
+                   progress: Any = None) -> Captured:
+    """Capture the local model folder ``options.model`` on ``texts`` (a padded batch) into ``out``, as
+    ``options`` (checked: ``CaptureSettings.check``) say: ``options.summary`` records summaries instead of weights;
+    ``auto_summary`` chooses the summary when the exact weights would exceed ``--max-file`` (and says so in the
+    warnings); ``options.long``: texts longer than the model's positions, ``truncate`` (keep their first tokens)
+    or ``refuse`` (stop); None: stop where the model cannot run them, warn where it runs them untrained
+    (``fit_positions``). ``progress(done, total, tokens)``: told as the model's first forward runs over the
+    batch's ``tokens`` (its texts' tokens, padding included) how many of its ``total`` attention modules are done
+    (``Capture``'s). A KerasHub preset folder is captured by ``attnviz.capturing.preset`` (weights only)."""
     from attnviz.capturing.preset import capture_preset, is_preset
 
+    folder, run = options.model, options.run
+    summary = options.summary.settings()
     if is_preset(Path(folder)):
         if summary is not None:
             raise UsageError("--summary: a KerasHub preset is captured with its weights; drop --summary.")
-        return capture_preset(Path(folder), texts, out, device=device, dtype=dtype, layers=layers, generate=generate,
-                              weights=weights, weights_dtype=weights_dtype, target=target,
-                              decoder_text=decoder_text, check=check, result=Captured)
+        return capture_preset(Path(folder), texts, out, options, result=Captured)
     path = check_folder(folder)
     torch, transformers = import_torch()
-    device = choose_device(torch, device)
+    device = choose_device(torch, run.device)
     started = time.perf_counter()
-    model, tokenizer = load_model(path, torch, transformers, device, dtype)
+    model, tokenizer = load_model(path, torch, transformers, device, run.dtype)
     causal = not getattr(model.config, "is_encoder_decoder", False)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    if (generate or target is not None) and causal:  # each row ends at the last column: generate() and --target
-        tokenizer.padding_side = "left"  # generate() continues each row from its last real token
-    if target is not None and model.get_output_embeddings() is None:
+    _ready_tokenizer(tokenizer, padding_left=causal and bool(run.generate or run.target is not None))
+    if run.target is not None and model.get_output_embeddings() is None:
         raise UsageError(f"--target: the model of {folder} ({type(model).__name__}) has no language-model head: it "
                          "gives hidden states, not logits over tokens; --target needs a model saved with one "
                          "(...ForCausalLM, ...ForMaskedLM, ...ForConditionalGeneration).")
+    inputs, limits = _inputs(model, tokenizer, texts, options, device, causal)
+    chosen: list[str] = []
+    if not run.no_weights and summary is None:
+        summary = _fitted(model, inputs, texts, options, out, auto_summary, chosen)
+    target: Any = None
+    if run.target is not None:
+        target = _target(run.target, tokenizer)
+        if run.generate:
+            raise UsageError("--target takes the gradient of one forward pass; drop --generate.")
+    rec = _record(model, tokenizer, inputs, options, out, summary, target, progress)
+    result = _result(rec, device, time.perf_counter() - started, [*limits, *chosen, *rec.warnings], summary)
+    if run.check:
+        from attnviz.capturing.check import check_capture
+
+        result.checked = check_capture(rec.path)
+    return result
+
+
+def _ready_tokenizer(tokenizer: Any, *, padding_left: bool) -> None:
+    """A pad token for the batch (the end-of-text or unknown token where the tokenizer has none); padding on
+    the left where each row must end at the last column (``generate()`` continues each row from its last real
+    token; ``--target`` reads the last position)."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if padding_left:
+        tokenizer.padding_side = "left"
+
+
+def _inputs(model: Any, tokenizer: Any, texts: list[str], options: CaptureSettings, device: str,
+            causal: bool) -> tuple[dict[str, Any], list[str]]:
+    """The batch the model runs on (texts fitted to its positions, ``fit_positions``; an encoder-decoder's
+    decoder input: ``--decoder-text`` or its start token) and the warnings fitting gave."""
+    import torch
+
+    run = options.run
     try:
         fitted, limits = fit_positions(texts, tokenizer, model, str(model.config.model_type),
-                                       generate=generate if causal else 0, long=long)  # (a decoder's own)
+                                       generate=run.generate if causal else 0, long=options.long)  # a decoder's own
         batch = tokenizer(texts, return_tensors="pt", padding=True, **fitted).to(device)
     except AttnvizError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{folder}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
+        raise InputError(f"{options.model}: its tokenizer cannot encode the texts ({_reason(exc)}).") from None
     inputs = dict(batch)
     inputs.pop("token_type_ids", None) if "token_type_ids" not in _forward_names(model) else None
-    if not causal and not generate:
+    if not causal and not run.generate:
         start = model.config.decoder_start_token_id
-        if decoder_text is not None:
-            dec = tokenizer([decoder_text] * len(texts), return_tensors="pt", padding=True).to(device)
+        if run.decoder_text is not None:
+            dec = tokenizer([run.decoder_text] * len(texts), return_tensors="pt", padding=True).to(device)
             inputs["decoder_input_ids"] = dec["input_ids"]
             inputs["decoder_attention_mask"] = dec["attention_mask"]
         else:
             inputs["decoder_input_ids"] = torch.full((len(texts), 1), start if start is not None else 0, device=device)
-    chosen = []
-    if weights and summary is None:
-        lengths = int(inputs["input_ids"].shape[-1])
-        try:
-            check_size(model, len(texts), lengths, generate, weights_dtype, layers, out, max_file)
-        except UsageError as exc:
-            if not auto_summary:
-                raise
-            from attnviz.summarystats import SummarySettings
+    return inputs, limits
 
-            summary = SummarySettings()
-            chosen.append(f"the weights would not fit ({str(exc).split(', ')[0].removeprefix('capture: ')}): "
-                          "captured a summary instead")
-    target_value: Any = None
-    if target is not None:
-        target_value = _target(target, tokenizer)
-        if generate:
-            raise UsageError("--target takes the gradient of one forward pass; drop --generate.")
+
+def _fitted(model: Any, inputs: dict[str, Any], texts: list[str], options: CaptureSettings, out: str | Path,
+            auto_summary: bool, chosen: list[str]) -> Any:
+    """None when the exact weights fit ``--max-file`` and the disk (``check_size``); else, with ``auto_summary``,
+    the default summary's settings (why, added to ``chosen``), without it the usage error."""
+    run = options.run
+    try:
+        check_size(model, len(texts), int(inputs["input_ids"].shape[-1]), run.generate, run.weights_dtype,
+                   run.sites, out, run.max_file_bytes)
+    except UsageError as exc:
+        if not auto_summary:
+            raise
+        from attnviz.summarystats import SummarySettings
+
+        chosen.append(f"the weights would not fit ({str(exc).split(', ')[0].removeprefix('capture: ')}): "
+                      "captured a summary instead")
+        return SummarySettings()
+    return None
+
+
+def _record(model: Any, tokenizer: Any, inputs: dict[str, Any], options: CaptureSettings, out: str | Path,
+            summary: Any, target: Any, progress: Any) -> Any:
+    """The model's forward pass (or ``generate()``) run under ``attnviz.capture``, into ``out``: the recording.
+    Gradients are kept only for a target."""
+    import torch
+
     from attnviz.capturing.session import Capture
 
-    grad = torch.enable_grad() if target_value is not None else torch.no_grad()
-    settings: dict[str, Any] = {}
-    if summary is not None:
-        settings = dict(summary=True, sinks=summary.sinks, local=summary.local, pool=summary.pool, rows=summary.rows)
+    folder, run = options.model, options.run
     told = None
     if progress is not None:
         tokens = int(inputs["input_ids"].numel())
@@ -384,21 +419,28 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         def told(done: float, total: int) -> None:
             progress(done, total, tokens)
 
-    with grad, Capture(model, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype,
-                       target=target_value, progress=told, **settings) as rec:
-        if generate:
+    grad = torch.enable_grad() if target is not None else torch.no_grad()
+    with grad, Capture(model, tokenizer, run.sites, path=out, weights=not run.no_weights and summary is None,
+                       qkv=False if run.no_qkv else None, weights_dtype=run.weights_dtype, target=target,
+                       summary=summary, progress=told) as rec:
+        if run.generate:
             if not callable(getattr(model, "can_generate", None)) or not model.can_generate():
                 raise UsageError(f"--generate: {type(model).__name__} has no language-model head to generate with.")
-            run_forward(model.generate, {**inputs, "max_new_tokens": generate, "do_sample": False,
+            run_forward(model.generate, {**inputs, "max_new_tokens": run.generate, "do_sample": False,
                                          "pad_token_id": tokenizer.pad_token_id}, where=str(folder),
                         smaller="fewer or shorter texts")
         else:
             run_forward(model, inputs, where=str(folder), smaller="fewer or shorter texts")
     assert rec.path is not None
-    meta = rec.metadata
-    first = rec.sites[0]
+    return rec
+
+
+def _result(rec: Any, device: str, seconds: float, warnings: list[str], summary: Any) -> Captured:
+    """What the recording holds, read back from its file: the first site's shape, the texts generated."""
     from attnviz.capturefile import open_capture, site_lengths
 
+    meta = rec.metadata
+    first = rec.sites[0]
     with open_capture(rec.path) as (raw, capture):
         if raw.has(f"{first}.weights"):
             shape = tuple(raw.entry(f"{first}.weights")["shape"])
@@ -407,15 +449,9 @@ def capture_folder(folder: str, texts: list[str], out: str | Path, *, device: st
         else:
             shape = site_lengths(raw, capture, first)
         generated = capture.generated_texts()
-    result = Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape,
-                      time.perf_counter() - started, [*limits, *chosen, *rec.warnings],
-                      dtype=str(meta.get("dtype") or "float32"), summary=summary is not None,
-                      dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0), generated=generated)
-    if check:
-        from attnviz.capturing.check import check_capture
-
-        result.checked = check_capture(rec.path)
-    return result
+    return Captured(rec.path, rec.sites, str(meta.get("model_type")), device, shape, seconds, warnings,
+                    dtype=str(meta.get("dtype") or "float32"), summary=summary is not None,
+                    dense_mask_bytes=int(meta.get("dense_mask_bytes") or 0), generated=generated)
 
 
 def _forward_names(model: Any) -> set[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.capturing.blame import raised_by_attnviz
+from attnviz.capturing.options import CaptureSettings
 from attnviz.errors import AttnvizError, DeviceError, InputError, UsageError
 
 EXTRA = "pip install 'attnviz[keras-hub]'"
@@ -65,13 +66,14 @@ def import_keras_hub() -> Any:
     return keras_hub
 
 
-def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str = "auto", dtype: str = "auto",
-                   layers: list[int] | None = None, generate: int = 0, weights: bool = True,
-                   weights_dtype: str = "float32", target: str | None = None, decoder_text: str | None = None,
-                   check: bool = False, result: Any = None) -> Any:
-    """Capture a KerasHub preset folder's backbone on ``texts`` into ``out``; what it did, as ``result`` (the
-    command's ``folder.Captured``) makes it from the file, the sites, the class, the device, the first site's
-    shape, the seconds, the warnings and the dtype."""
+def capture_preset(path: Path, texts: list[str], out: str | Path, options: CaptureSettings,
+                   result: Any = None) -> Any:
+    """Capture a KerasHub preset folder's backbone on ``texts`` into ``out`` as ``options`` say (where it runs,
+    its dtype, the sites, what each keeps, ``--check``); what it did, as ``result`` (the command's
+    ``folder.Captured``) makes it from the file, the sites, the class, the device, the first site's shape, the
+    seconds, the warnings and the dtype."""
+    run = options.run
+    device, dtype, generate, target, decoder_text = run.device, run.dtype, run.generate, run.target, run.decoder_text
     if generate:
         raise UsageError("--generate: KerasHub's generate() runs its loop as a compiled graph, which attnviz does "
                          "not stitch; capture the texts with the generated tokens in them instead.")
@@ -79,6 +81,8 @@ def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str
         raise UsageError("--target takes gradients through PyTorch; a KerasHub preset is captured without it.")
     if decoder_text is not None:
         raise UsageError("--decoder-text: attnviz captures a KerasHub preset's text backbone (one sequence).")
+    if run.no_qkv:
+        raise UsageError("--no-qkv: a KerasHub preset is captured with its q, k and v.")
     check_preset(path)
     keras_hub = import_keras_hub()
     started = time.perf_counter()
@@ -99,7 +103,8 @@ def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str
     from attnviz.capturing.session import Capture
 
     where = _device(device)
-    with where, Capture(backbone, tokenizer, layers, path=out, weights=weights, weights_dtype=weights_dtype) as rec:
+    with where, Capture(backbone, tokenizer, run.sites, path=out, weights=not run.no_weights,
+                        weights_dtype=run.weights_dtype) as rec:
         try:
             backbone(inputs)
         except AttnvizError:
@@ -117,7 +122,7 @@ def capture_preset(path: Path, texts: list[str], out: str | Path, *, device: str
             tuple(raw.entry(f"{first}.q")["shape"])
     done = result(rec.path, rec.sites, type(backbone).__name__, "gpu" if _has_gpu() and device != "cpu" else "cpu",
                   shape, time.perf_counter() - started, list(rec.warnings), dtype=str(backbone.dtype_policy.name))
-    if check:
+    if run.check:
         from attnviz.capturing.check import check_capture
 
         done.checked = check_capture(rec.path)

@@ -15,8 +15,6 @@ from typing import Any
 from attnviz.capturing.recorder import Recorder
 from attnviz.errors import AttnvizError, OutputError, UsageError
 
-WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
-
 
 class Capture:
     """Records every attention site of ``model`` while the block runs; the recording is a capture file.
@@ -30,41 +28,26 @@ class Capture:
     temporary file), ``weights=False`` (keep q, k, v and masks only: long inputs), ``weights_dtype``
     (``float32``, ``float16``, ``bfloat16``: reduced where the model runs, before the copy), ``target``
     ("next", or a token id: the gradient of that logit at the last position with respect to every
-    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled), ``summary=True``
-    (long inputs: each site's summary instead of its weights, computed where the model runs a block of query
-    rows at a time: per-row entropy, largest weight, sink, local and total mass; per-key received attention;
-    a pooled map; chosen rows; see ``attnviz.summarystats``) with ``sinks`` (S, the first S real keys),
-    ``local`` (W, the keys i - W < j <= i), ``pool`` (P, at most P x P cells) and ``rows`` (``"last"``,
-    ``"0,512,-1"``, ranges ``"100:200"``); ``qkv`` (keep q, k and v: by default with weights, not with a
-    summary); ``corpus`` (an ``attnviz.capturing.corpus.CorpusAccumulator``: each site's weights go to it
-    instead of the file, and the block may run the model many times; nothing is written); ``progress(done,
-    total)`` (a transformers model: told, as its first forward runs, how many of its ``total`` attention modules
-    are done, a share of one while a summary sums a module's rows a block at a time). On exit the model
-    is as before: its attention implementation, its configs, its hooks.
+    site's weights, saved as ``SITE.grad``; the model must run with gradients enabled), ``summary`` (an
+    ``attnviz.summarystats.SummarySettings``: long inputs, each site's summary instead of its weights, computed
+    where the model runs a block of query rows at a time: per-row entropy, largest weight, sink, local and total
+    mass; per-key received attention; a pooled map; chosen rows); ``qkv`` (keep q, k and v: by default with
+    weights, not with a summary); ``corpus`` (an ``attnviz.capturing.corpus.CorpusAccumulator``: each site's
+    weights go to it instead of the file, and the block may run the model many times; nothing is written);
+    ``progress(done, total)`` (a transformers model: told, as its first forward runs, how many of its ``total``
+    attention modules are done, a share of one while a summary sums a module's rows a block at a time). On exit
+    the model is as before: its attention implementation, its configs, its hooks. The values are checked where
+    they are given (``attnviz.capture``: ``capturing.options.CaptureSettings``).
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, layers: Any = None, *,
                  path: str | os.PathLike[str] | None = None, weights: bool = True, qkv: bool | None = None,
-                 weights_dtype: str = "float32", target: Any = None, summary: bool = False,
-                 sinks: int | None = None, local: int | None = None, pool: int | None = None,
-                 rows: str | None = "last", corpus: Any = None, progress: Any = None) -> None:
-        from attnviz.summarystats import DEFAULT_LOCAL, DEFAULT_POOL, DEFAULT_SINKS, SummarySettings
-
-        if not summary and any(v is not None for v in (sinks, local, pool)):
-            raise UsageError("attnviz.capture: sinks, local and pool go with summary=True.")
-        self.summary = SummarySettings(DEFAULT_SINKS if sinks is None else sinks,
-                                       DEFAULT_LOCAL if local is None else local,
-                                       DEFAULT_POOL if pool is None else pool, rows) if summary else None
-        if summary:
-            if target is not None:
-                raise UsageError("attnviz.capture: a target needs the weights; drop summary=True.")
+                 weights_dtype: str = "float32", target: Any = None, summary: Any = None, corpus: Any = None,
+                 progress: Any = None) -> None:
+        self.summary = summary
+        if summary is not None:
             weights = False
-        qkv = (not summary) if qkv is None else qkv
-        if weights_dtype not in WEIGHT_DTYPES:
-            raise UsageError(f"attnviz.capture: weights_dtype {weights_dtype!r}; choose one of "
-                             f"{', '.join(WEIGHT_DTYPES)}.")
-        if not weights and target is not None:
-            raise UsageError("attnviz.capture: a target needs the weights (weights=True).")
+        qkv = (summary is None) if qkv is None else qkv
         self.model = model
         self.tokenizer = tokenizer
         self.layers = _layers(layers)
@@ -72,7 +55,7 @@ class Capture:
         self.weights, self.qkv, self.weights_dtype, self.target = weights, qkv, weights_dtype, target
         self.corpus = corpus
         self.progress = progress
-        if corpus is not None and (not weights or target is not None):
+        if corpus is not None and (not weights or target is not None):  # capturing.corpus's own use
             raise UsageError("attnviz.capture: a corpus needs the weights and takes no target.")
         self.path: Path | None = None  # the finished file
         self.warnings: list[str] = []

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
-from attnviz.cli.parsers import COMPLETIONS, PARSERS, typed
+from attnviz.cli.parsers import COMPLETIONS, PARSERS, OneOf, typed
 from attnviz.errors import UsageError
 from attnviz.fields import CAPTURED, CHECKS, FIGURE, LABELS, MASKS, OUTPUT, PARAMS, ROLLOUT, RUN, SELECT, build, option
 from attnviz.fields import flat_fields as _flat_fields
 
 __all__ = ["CAPTURED", "CHECKS", "FIGURE", "LABELS", "MASKS", "OUTPUT", "PARAMS", "ROLLOUT", "RUN", "SELECT",
-           "OutputOptions", "TableOptions", "build", "parameters"]
+           "OutputOptions", "TableOptions", "build", "parameters", "write_through"]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 
@@ -58,7 +59,9 @@ def _parameters(classes: Sequence[type], panel: str | None, exclude: Collection[
             meta = {**f.metadata, **((overrides or {}).get(f.name, {}))}
             decls = [meta.get("flag", "--" + f.name.replace("_", "-")), *([meta["short"]] if "short" in meta else [])]
             parse = meta.get("parse")
-            kwargs = {k: meta[k] for k in ("min", "max", "above", "metavar") if k in meta}
+            kwargs = {k: meta[k] for k in ("min", "max", "above", "metavar", "hidden") if k in meta}
+            if "choices" in meta:
+                kwargs["parser"] = OneOf(tuple(meta["choices"]))
             if parse is not None:
                 kwargs["parser"] = PARSERS[parse]
                 if parse in COMPLETIONS:
@@ -76,6 +79,24 @@ def _parameters(classes: Sequence[type], panel: str | None, exclude: Collection[
 
 # ----------------------------------------------------------------------------------------------
 # What a command prints and saves
+
+
+def write_through(name: str, path: str, run: Callable[[Any], Any], protected: Sequence[Path] = ()) -> Any:
+    """What ``run(where)`` returns, having written the file ``path`` of option ``name`` (``-o``), which may not
+    replace one of ``protected`` (``io.check_outputs``): ``where`` is ``path`` itself when it is local, else (a
+    URL) its staged file, uploaded whole once ``run`` is done (its bucket checked before ``run`` starts); the
+    result's ``path`` then names the URL."""
+    from attnviz.io import check_outputs
+    from attnviz.staging import staged_outputs
+
+    targets = check_outputs({name: path}, list(protected))
+    if isinstance(targets[name], Path):
+        return run(path)
+    with staged_outputs(targets) as staged:
+        done = run(staged[name])
+        staged.commit()
+    done.path = targets[name]
+    return done
 
 
 def check_png_path(value: str | None, option: str = "--png") -> None:

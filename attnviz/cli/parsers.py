@@ -114,15 +114,14 @@ class Size:
 
     minimum: int = 2**20
 
-    UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-             "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
-
     def __call__(self, value: Any) -> str:
+        from attnviz.sizes import SIZE_UNITS
+
         text = str(value).strip().lower()
         found = re.fullmatch(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d{1,3})?)\s*([a-z]*)", text, re.ASCII)
-        if found is None or found.group(2) not in self.UNITS:
+        if found is None or found.group(2) not in SIZE_UNITS:
             raise OptionValueError(value, "expected a size such as 512M, 2G or 300000000 (bytes)")
-        size = float(found.group(1)) * self.UNITS[found.group(2)]
+        size = float(found.group(1)) * SIZE_UNITS[found.group(2)]
         if not math.isfinite(size) or size > 2**60:
             raise OptionValueError(value, "too large")
         if size < self.minimum:
