@@ -38,6 +38,7 @@ from attnviz.cli import app
 from attnviz.errors import AttnvizError, InputError, UsageError
 from attnviz.io import StdinReader, load_labels, open_spec
 from tests.conftest import ROOT, LazyModule
+from tests.hostile_files import lying_npy, npy_bytes
 
 h5py = pytest.importorskip("h5py")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -88,19 +89,6 @@ def one_clear_line(stderr: str, code: int, expected_code: int, words) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # Builders
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
-
-
-def lying_npy(shape_text: str, data: bytes = b"\0" * 72) -> bytes:
-    """A version 1.0 .npy whose header claims ``shape_text`` over ``data``."""
-    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}"
-    header += " " * (118 - len(header)) + "\n"
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data
 
 
 def lying_npz(path: Path, compression: int) -> None:

@@ -26,7 +26,6 @@ with the bug as reason.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import socket
@@ -44,6 +43,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, LazyModule
+from tests.hostile_files import lying_npy, npy_bytes
 
 # imported when the corpus builds its files, in the worker that runs it (not while every worker collects)
 h5py = LazyModule("h5py")
@@ -250,19 +250,6 @@ LONG_NAME = "a" * 300 + ".png"  # longer than a file name may be (255 bytes)
 
 # ----------------------------------------------------------------------------------------------
 # Builders: hostile files
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
-
-
-def lying_npy(shape_text: str, data: bytes = b"\0" * 72) -> bytes:
-    """A version 1.0 .npy whose header claims ``shape_text`` (float32) over ``data``."""
-    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}"
-    header += " " * (118 - len(header)) + "\n"
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data
 
 
 def lying_npz(name: str, compression: int) -> Builder:
