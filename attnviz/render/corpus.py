@@ -13,6 +13,7 @@ import numpy as np
 from attnviz.corpusfile import CorpusSums
 from attnviz.errors import UsageError
 from attnviz.inspection.corpus import classical_mds, closest_pairs, model_sink_rate, shown_tokens, stat_columns
+from attnviz.render.summaries import fitted_columns
 from attnviz.statistics import CORPUS, columns
 
 #: the table's columns: statistic -> header (``attnviz.statistics``)
@@ -86,13 +87,7 @@ def corpus_table(sums: CorpusSums, precision: int = 3, *, sort: str = "layer", r
         from rich.table import Table
         from rich.text import Text
 
-        names = list(cells)
-        dropped: list[str] = []
-        for name in FIT_DROPS:
-            if width is None or sum(widths[n] for n in names) + len(names) + 1 <= width:
-                break
-            names.remove(name)
-            dropped.append(name)
+        names, dropped = fitted_columns(list(cells), widths, FIT_DROPS, width)
         note = f"; left out to fit the terminal: {', '.join(dropped)} (--json has them)" if dropped else ""
         table = Table(title=f"corpus head statistics (by {sort}{', reversed' if reverse else ''})",
                       caption=caption + note, caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)

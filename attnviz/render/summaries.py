@@ -29,6 +29,23 @@ COLUMNS = columns(WEIGHTS)
 FIT_DROPS = ("last", "first", "prev", "diag", "dist", "dup", "ind", "tag")
 
 
+def fitted_columns(names: list[str], widths: dict[str, int], drops: tuple[str, ...],
+                   width: int | None) -> tuple[list[str], list[str]]:
+    """The columns of a head table that fit ``width`` characters (None: all of them), and those left out: the
+    columns of ``drops`` are left out in that order until the rest fit (box SIMPLE_HEAD, no padding: one space
+    between and around columns)."""
+    shown = list(names)
+    dropped: list[str] = []
+    for name in drops:
+        if name not in shown:
+            continue
+        if width is None or sum(widths[n] for n in shown) + len(shown) + 1 <= width:
+            break
+        shown.remove(name)
+        dropped.append(name)
+    return shown, dropped
+
+
 def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, top: int | None,
                      precision: int = 2, padded: int = 0, of: str | None = None, keys: int | None = None) -> Fitted:
     """One row per (layer, head): by layer or head ascending, by a statistic descending (largest
@@ -91,15 +108,7 @@ def head_stats_table(stats: dict[str, np.ndarray], *, sort: str, reverse: bool, 
     def build(width: int | None) -> Table:
         from rich import box
 
-        names = list(cells)
-        dropped: list[str] = []
-        for name in FIT_DROPS:  # box SIMPLE_HEAD, no padding: one space between and around columns
-            if name not in names:
-                continue
-            if width is None or sum(widths[n] for n in names) + len(names) + 1 <= width:
-                break
-            names.remove(name)
-            dropped.append(name)
+        names, dropped = fitted_columns(list(cells), widths, FIT_DROPS, width)
         note = f"; left out to fit the terminal: {', '.join(dropped)}" if dropped else ""
         table = Table(title=f"head statistics (by {sort}{', reversed' if reverse else ''})", caption=caption + note,
                       caption_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)

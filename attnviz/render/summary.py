@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.inspection.summary import HEAD_FIELDS, STAT_HINTS, Retrieval, SummaryResult, stat_columns
+from attnviz.render.summaries import fitted_columns
 from attnviz.statistics import SUMMARY, columns
 
 #: the head table's columns: statistic -> header (``attnviz.statistics``)
@@ -111,13 +112,7 @@ def head_table(result: SummaryResult, precision: int = 3, sort: str = "layer", r
     caption = footer + "\n" + tags_caption(_tags(result), list(range(layers)), SUMMARY) + caption
 
     def build(width: int | None) -> Table:
-        shown = list(cells)
-        dropped = []
-        for name in FIT_DROPS:
-            if width is None or sum(widths[n] for n in shown) + len(shown) + 1 <= width:
-                break
-            shown.remove(name)
-            dropped.append(name)
+        shown, dropped = fitted_columns(list(cells), widths, FIT_DROPS, width)
         note = f"; left out to fit the terminal: {', '.join(dropped)}" if dropped else ""
         table = Table(title=f"heads of {s.source} ({s.kind}: {layers} sites x {h} heads, {lq} queries x {lk} keys; "
                             f"by {sort})", caption=caption + note, caption_justify="left", title_justify="left",
