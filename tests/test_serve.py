@@ -506,16 +506,29 @@ def test_idle_timeout_values():
 
 #: a worker whose commands, asked by a client with ATTNVIZ_TEST_SLOW_COMMIT=SECONDS (forwarded, as every
 #: ATTNVIZ_ variable is), wait that long before putting their staged outputs in place: the window in which
-#: these tests kill, stop or signal. It preloads nothing (its commands are inspect and batch of inspect)
+#: these tests kill, stop or signal. Each says in the worker's log when it gets there (COMMITTING). It preloads
+#: nothing (its commands are inspect and batch of inspect)
 SLOW_COMMIT = NO_PRELOAD + """
 import os as _os, time as _time
 import attnviz.staging as _staging
 _commit = _staging.StagedOutputs.commit
 def _slow_commit(self):
+    _os.write(2, b"test: committing\\n")
     _time.sleep(float(_os.environ.get("ATTNVIZ_TEST_SLOW_COMMIT", "0")))
     _commit(self)
 _staging.StagedOutputs.commit = _slow_commit
 """
+COMMITTING = "test: committing\n"
+#: SLOW_COMMIT whose command, at its commit, first runs a finaliser (``__del__``, in the main thread) that waits as
+#: long again, and says so in the worker's log (IN_A_FINALISER): a signal then lands in the finaliser
+SLOW_FINALISER = SLOW_COMMIT.replace("def _slow_commit(self):\n", """class _Finalised:
+    def __del__(self):
+        _os.write(2, b"test: in a finaliser\\n")
+        _time.sleep(float(_os.environ.get("ATTNVIZ_TEST_SLOW_COMMIT", "0")))
+def _slow_commit(self):
+    _Finalised()
+""")
+IN_A_FINALISER = "test: in a finaliser\n"
 OUTPUTS = ["--png", "a.png", "--json-file", "d.json", "--html", "r.html"]
 
 
@@ -546,14 +559,20 @@ def staged_in(folder: Path, n: int = len(OUTPUTS) // 2) -> bool:
     return sum(".staged" in name for name in hidden(folder)) >= n
 
 
-def staging_client(w: Worker, folder: Path, args: list[str], **popen) -> subprocess.Popen:
+def staging_client(w: Worker, folder: Path, args: list[str], reached: str = COMMITTING,
+                   **popen) -> subprocess.Popen:
     """A client whose command, on ``w``, waits 60 s before putting its staged outputs in place: returned once
-    the worker runs it and all three outputs are staged."""
+    the worker runs it, all three outputs are staged and the command is waiting (the worker's log says it has
+    ``reached`` its commit). Not as soon as the outputs are staged: they are reserved before anything is
+    computed, and the worker's first command then imports matplotlib, during which a signal is held back
+    (``Worker.interrupt``) for as long as the imports take (over a minute on a loaded machine)."""
     popen = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    seen = w.log.read_text().count(reached)
     proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env={**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"},
                             cwd=folder, **popen)
     try:
-        wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
+        wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder)
+                 and w.log.read_text().count(reached) > seen, "the command to stage", timeout=TIMEOUT)
     except BaseException:
         proc.kill()
         raise
@@ -737,16 +756,20 @@ def test_a_worker_killed_with_its_client_is_cleaned_up_by_the_next_worker(snapsh
         again.stop()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_dir, tmp_path, sig):
+@pytest.mark.parametrize("sig, where", [(signal.SIGTERM, COMMITTING), (signal.SIGHUP, COMMITTING),
+                                        (signal.SIGTERM, IN_A_FINALISER)], ids=["15", "1", "15-in-a-finaliser"])
+def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_dir, tmp_path, sig, where):
     """SIGTERM to the worker while it runs a command, or SIGHUP (the terminal of a worker in the foreground went
     away): the command ends as a cold run would (its staged files removed), the worker exits 0, and the client
-    runs the command itself: complete output, exit 0."""
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
+    runs the command itself: complete output, exit 0. Also where the signal lands in a finaliser (``__del__``, a
+    weak reference's callback), whose exception Python cannot raise: the command is still ended, a moment
+    later (it used to run on to its end, here a minute later)."""
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m",
+               prelude=SLOW_FINALISER if where == IN_A_FINALISER else SLOW_COMMIT)
     folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
     args = ["inspect", "w.npy", *OUTPUTS]
     try:
-        proc = staging_client(w, folder, args)
+        proc = staging_client(w, folder, args, reached=where)
         try:
             w.proc.send_signal(sig)
             assert w.proc.wait(timeout=60) == 0
