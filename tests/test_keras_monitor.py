@@ -293,14 +293,18 @@ def test_flash_attention_is_said_once_and_weights_come_from_q_and_k(model, tmp_p
                                np.asarray(scores), atol=1e-6)
 
 
-def test_memory_stays_flat_over_many_recordings(model, tmp_path):
+def test_memory_stays_flat_over_many_recordings(model, tmp_path, monkeypatch):
     """Python's allocations (NumPy's included) after 3 recordings and after 6 more are within 1 MB: a recording
-    keeps nothing once it is written (and no capture file is left in the temporary folder). The recordings are the
-    callback's own (``record``, as its hooks call it), between the steps of a short training."""
+    keeps nothing once it is written (and no capture file is left in the temporary folder: a folder of this test's
+    own, as the system's is shared with the other test processes, whose recordings stage their files there too).
+    The recordings are the callback's own (``record``, as its hooks call it), between the steps of a short
+    training."""
     import gc
     import tempfile
     import tracemalloc
 
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     x, y = copying_data(n=16)
     monitor = _monitor(x[:4], tmp_path / "logs", pictures=False)
     model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[monitor])
