@@ -33,7 +33,8 @@ client runs the command itself (a command's files are all or nothing, so nothing
 process would, since its finished jobs are done (``--resume`` completes it). A client that goes away
 mid-request (Ctrl-C) has its command interrupted as Ctrl-C interrupts a cold run
 (``attnviz.interrupts.deliver``: never between creating a staged file and recording it, never in the middle
-of an import), and nothing is sent. The staged files of the running command are recorded beside
+of an import; a signal whose exception lands in a finaliser, where Python cannot raise it, is tried again a
+moment later), and nothing is sent. The staged files of the running command are recorded beside
 the socket (``attnviz.worker.ledger``): a worker killed outright (SIGKILL) leaves them to its client, which
 removes them before it runs the command itself, or to the next worker.
 
