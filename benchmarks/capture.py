@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import os
 import shutil
 import sys
 import tempfile
@@ -24,21 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-def rss_peak() -> int:
-    """The peak resident size since the last ``reset_peak`` (Linux's VmHWM)."""
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
-def rss_now() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import reset_peak, rss_now, rss_peak  # noqa: E402 - the benchmarks' folder first
 
 
 def main() -> None:

@@ -41,20 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SENTENCES = ROOT / "sample_inputs" / "river_town.txt"
 WARM = 256  # texts run before the memory is measured
 
-
-def rss_peak() -> int:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
-def rss_now() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from memory import reset_peak, rss_now, rss_peak  # noqa: E402 - the benchmarks' folder first
 
 
 def texts(count: int) -> list[str]:

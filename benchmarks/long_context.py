@@ -24,16 +24,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def peak() -> int:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
+sys.path.insert(0, str(HERE))
+from memory import reset_peak, rss_peak  # noqa: E402 - the benchmarks' folder first
 
 
 def measure(folder: str, tokens: int, mode: str, device: str, dtype: str, out: str) -> dict:
@@ -65,7 +57,7 @@ def measure(folder: str, tokens: int, mode: str, device: str, dtype: str, out: s
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
-    result = {"mode": mode, "tokens": tokens, "seconds": seconds, "peak_rss": peak()}
+    result = {"mode": mode, "tokens": tokens, "seconds": seconds, "peak_rss": rss_peak()}
     if device == "cuda":
         result["peak_gpu"] = torch.cuda.max_memory_allocated()
     if mode == "summary":
@@ -89,7 +81,6 @@ def main() -> None:
         folder, tokens, mode = args.one
         print(json.dumps(measure(folder, int(tokens), mode, args.device, args.dtype, args.out)))
         return
-    sys.path.insert(0, str(HERE))
     from models import llama_folder
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -143,6 +143,42 @@ ONE_WORKER = {
 
 # Units of work sent out before every other (their few tests take minutes): the real models' tier.
 FIRST = ("test_real_models",)
+# Tests that are units of their own and take 20 s and more on 2 cores (``module::function``: all its
+# parametrisations): sent out after the units of many tests, before the other single tests. In collection order
+# they came among the last (test_project's mypy, 30 s of CPU where its cache is cold; test_terminal's), and the
+# run waited for them at its end.
+LONG = tuple(f"{module}::{function}" for module, functions in (
+    ("test_project", ("test_mypy",)),
+    ("test_figures", ("test_coattention_two_panels_and_a_16_head_run_fit",
+                      "test_panel_figures_keep_their_text_inside")),
+    ("test_terminal", ("test_a_closed_pipe_exits_0_quietly",)),
+    ("test_startup", ("test_tensorflow_start_up_lines_never_reach_the_user",
+                      "test_tensorflow_start_up_lines_on_request")),
+    ("test_scale_out", ("test_resume_after_sigkill", "test_readme_file_maps_run")),
+    ("test_hardening_options", ("test_fuzz_option_values",)),
+    ("test_hardening_inputs", ("test_stdin_binary_huge_and_deep",)),
+    ("test_summary_pictures", ("test_stats_png_of_a_summary_draws_its_columns",)),
+    ("test_api", ("test_the_example_notebook_runs_in_a_real_kernel_offline",)),
+    ("test_signals", ("test_a_batch_signalled_between_jobs_keeps_whole_lines_and_resumes",)),
+) for function in functions)
+
+
+def _sent_order(queue: dict[str, dict]) -> list[str]:
+    """The units of ``queue`` (scope -> its tests, largest first) in the order they are sent out: FIRST's, the other
+    units of many tests, LONG's (in LONG's order), the other single tests."""
+    first = [scope for scope in queue if _unit_key(scope) in FIRST]
+    long = sorted((scope for scope in queue if _unit_key(scope) in LONG),
+                  key=lambda scope: LONG.index(_unit_key(scope)))
+    rest = [scope for scope in queue if scope not in first and scope not in long]
+    return [*first, *(scope for scope in rest if len(queue[scope]) > 1), *long,
+            *(scope for scope in rest if len(queue[scope]) <= 1)]
+
+
+def _unit_key(scope: str) -> str:
+    """A unit of work's name as FIRST and LONG give it: its module, or ``module::function`` for a single test."""
+    path, _, name = scope.partition("::")
+    stem = Path(path).stem
+    return f"{stem}::{name.split('[', 1)[0]}" if name else stem
 
 
 # Modules that run as one unit of work together, on one worker: each builds small models from transformers configs,
@@ -184,10 +220,13 @@ def pytest_xdist_make_scheduler(config, log):
         # warm worker's module start at once, single tests fill the gaps; the units of FIRST before all, whatever
         # their number of tests (a few long tests: sent last, they would end the run a minute or two late)
         def _assign_work_unit(self, node) -> None:
-            # the units of FIRST go out before the rest (moved to the queue's front; the queue and each worker's
-            # collection keep their order otherwise: a unit is sent as indices into the worker's own collection)
-            for scope in [scope for scope in self.workqueue if Path(scope).stem in FIRST]:
-                self.workqueue.move_to_end(scope, last=False)
+            # the units of FIRST go out before the rest, and the tests of LONG after the units of many tests, before
+            # the other single tests (the queue is put in that order once; each worker's collection keeps its order:
+            # a unit is sent as indices into the worker's own collection)
+            if not getattr(self, "_ordered", False):
+                self._ordered = True
+                self.workqueue = type(self.workqueue)((scope, self.workqueue[scope])
+                                                      for scope in _sent_order(self.workqueue))
             super()._assign_work_unit(node)
 
         def _split_scope(self, nodeid: str) -> str:

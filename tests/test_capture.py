@@ -5,7 +5,6 @@ restore; generate(); the file format; the command line on a saved folder with a 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ from safetensors import safe_open
 import attnviz
 from attnviz.capturing.check import check_capture
 from tests.conftest import LazyModule
+from tests.hfmodels import model_pair
 
 torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
 transformers = LazyModule("transformers")
@@ -28,7 +28,6 @@ pytestmark = pytest.mark.xdist_group("capture")
 #: where the models run: ATTNVIZ_TEST_DEVICE=cuda runs these tests on a GPU (capture needs no TensorFlow)
 DEVICE = os.environ.get("ATTNVIZ_TEST_DEVICE", "cpu")
 
-SMALL = dict(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 DECODERS = {
     "llama (grouped-query)": ("LlamaConfig", dict(num_key_value_heads=2)),
     "mistral (sliding window)": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=4)),
@@ -60,14 +59,8 @@ def _ids(batch: int = 2, length: int = 9, vocab: int = 99, left: bool = True) ->
 
 
 def _pair(config_name: str, extra: dict, cls_name: str = "AutoModelForCausalLM") -> tuple[object, object]:
-    """The model as transformers builds it (its default implementation) and the same weights eager."""
-    cfg = getattr(transformers, config_name)(**{**SMALL, **extra})
-    auto = getattr(transformers, cls_name)
-    torch.manual_seed(0)
-    model = auto.from_config(cfg).eval()
-    eager = auto.from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
-    eager.load_state_dict(model.state_dict())
-    return model.to(DEVICE), eager.to(DEVICE)
+    """The model as transformers builds it (its default implementation) and the same weights eager, on DEVICE."""
+    return model_pair(config_name, extra, cls_name, device=DEVICE)
 
 
 def _real(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -47,44 +47,35 @@ def _monitor(*args, **kwargs):
     return AttentionMonitor(*args, **kwargs)
 
 
-DETERMINISM = SOURCE + r'''
-import json, sys
-import numpy as np, tensorflow as tf, keras
-
-tf.config.experimental.enable_op_determinism()
-from attnviz.keras import AttentionMonitor
-
-
-def train(monitor):
+def _train(logs: Path | None) -> tuple[list[float], list[np.ndarray]]:
+    """The bit-for-bit test's training (dropout on, shuffled batches), with a monitor recording every two steps
+    into ``logs`` or without one: its losses and final weights."""
     model = tiny_transformer(dropout=0.1)
     x, y = copying_data(n=32)
     keras.utils.set_random_seed(1)
-    history = model.fit(x, y, epochs=3, batch_size=16, verbose=0, shuffle=True,
-                        callbacks=[AttentionMonitor(x[:4], sys.argv[1], per="step", every=2)] if monitor else [])
+    monitor = [] if logs is None else [_monitor(x[:4], logs, per="step", every=2)]
+    history = model.fit(x, y, epochs=3, batch_size=16, verbose=0, shuffle=True, callbacks=monitor)
     return history.history["loss"], [w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights]
-
-
-loss_a, weights_a = train(False)
-loss_b, weights_b = train(True)
-import os
-print(json.dumps({"losses": [loss_a, loss_b], "same_weights": all(np.array_equal(a, b) for a, b in
-                  zip(weights_a, weights_b)), "weights": len(weights_a), "files": len(os.listdir(sys.argv[1]))}))
-'''
 
 
 def test_training_is_unchanged_bit_for_bit(tmp_path):
     """The same losses and weights with and without the monitor (dropout on, shuffled batches, a recording every
-    two steps), with op determinism and the same seeds; 3 recordings were written."""
-    import json
+    two steps), with op determinism and the same seeds; 3 recordings were written. In this process, which has
+    TensorFlow and the monitor imported already (a fresh one took a third of the test's time to import them); op
+    determinism is put back off afterwards (TensorFlow exports no way to: its config module's own function)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import config as tf_config
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, "-c", DETERMINISM, str(tmp_path / "logs")], capture_output=True,
-                          text=True, env=env, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["losses"][0] == got["losses"][1]
-    assert got["same_weights"] and got["weights"] > 10
-    assert got["files"] == 3  # 3 epochs of 2 steps, every 2 steps
+    assert not tf_config.is_op_determinism_enabled()
+    tf.config.experimental.enable_op_determinism()
+    try:
+        loss_a, weights_a = _train(None)
+        loss_b, weights_b = _train(tmp_path / "logs")
+    finally:
+        tf_config.disable_op_determinism()
+    assert loss_a == loss_b
+    assert len(weights_a) > 10 and all(np.array_equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
+    assert len(os.listdir(tmp_path / "logs")) == 3  # 3 epochs of 2 steps, every 2 steps
 
 
 @pytest.fixture(scope="module")
@@ -302,14 +293,18 @@ def test_flash_attention_is_said_once_and_weights_come_from_q_and_k(model, tmp_p
                                np.asarray(scores), atol=1e-6)
 
 
-def test_memory_stays_flat_over_many_recordings(model, tmp_path):
+def test_memory_stays_flat_over_many_recordings(model, tmp_path, monkeypatch):
     """Python's allocations (NumPy's included) after 3 recordings and after 6 more are within 1 MB: a recording
-    keeps nothing once it is written (and no capture file is left in the temporary folder). The recordings are the
-    callback's own (``record``, as its hooks call it), between the steps of a short training."""
+    keeps nothing once it is written (and no capture file is left in the temporary folder: a folder of this test's
+    own, as the system's is shared with the other test processes, whose recordings stage their files there too).
+    The recordings are the callback's own (``record``, as its hooks call it), between the steps of a short
+    training."""
     import gc
     import tempfile
     import tracemalloc
 
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     x, y = copying_data(n=16)
     monitor = _monitor(x[:4], tmp_path / "logs", pictures=False)
     model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[monitor])

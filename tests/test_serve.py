@@ -21,6 +21,8 @@ import sys
 import textwrap
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -506,16 +508,29 @@ def test_idle_timeout_values():
 
 #: a worker whose commands, asked by a client with ATTNVIZ_TEST_SLOW_COMMIT=SECONDS (forwarded, as every
 #: ATTNVIZ_ variable is), wait that long before putting their staged outputs in place: the window in which
-#: these tests kill, stop or signal. It preloads nothing (its commands are inspect and batch of inspect)
+#: these tests kill, stop or signal. Each says in the worker's log when it gets there (COMMITTING). It preloads
+#: nothing (its commands are inspect and batch of inspect)
 SLOW_COMMIT = NO_PRELOAD + """
 import os as _os, time as _time
 import attnviz.staging as _staging
 _commit = _staging.StagedOutputs.commit
 def _slow_commit(self):
+    _os.write(2, b"test: committing\\n")
     _time.sleep(float(_os.environ.get("ATTNVIZ_TEST_SLOW_COMMIT", "0")))
     _commit(self)
 _staging.StagedOutputs.commit = _slow_commit
 """
+COMMITTING = "test: committing\n"
+#: SLOW_COMMIT whose command, at its commit, first runs a finaliser (``__del__``, in the main thread) that waits as
+#: long again, and says so in the worker's log (IN_A_FINALISER): a signal then lands in the finaliser
+SLOW_FINALISER = SLOW_COMMIT.replace("def _slow_commit(self):\n", """class _Finalised:
+    def __del__(self):
+        _os.write(2, b"test: in a finaliser\\n")
+        _time.sleep(float(_os.environ.get("ATTNVIZ_TEST_SLOW_COMMIT", "0")))
+def _slow_commit(self):
+    _Finalised()
+""")
+IN_A_FINALISER = "test: in a finaliser\n"
 OUTPUTS = ["--png", "a.png", "--json-file", "d.json", "--html", "r.html"]
 
 
@@ -546,18 +561,62 @@ def staged_in(folder: Path, n: int = len(OUTPUTS) // 2) -> bool:
     return sum(".staged" in name for name in hidden(folder)) >= n
 
 
-def staging_client(w: Worker, folder: Path, args: list[str], **popen) -> subprocess.Popen:
+def staging_client(w: Worker, folder: Path, args: list[str], reached: str = COMMITTING,
+                   **popen) -> subprocess.Popen:
     """A client whose command, on ``w``, waits 60 s before putting its staged outputs in place: returned once
-    the worker runs it and all three outputs are staged."""
+    the worker runs it, all three outputs are staged and the command is waiting (the worker's log says it has
+    ``reached`` its commit). Not as soon as the outputs are staged: they are reserved before anything is
+    computed, and the worker's first command then imports matplotlib, during which a signal is held back
+    (``Worker.interrupt``) for as long as the imports take (tens of seconds on a loaded machine)."""
     popen = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    seen = w.log.read_text().count(reached)
     proc = subprocess.Popen([sys.executable, "-m", "attnviz", *args], env={**w.env, "ATTNVIZ_TEST_SLOW_COMMIT": "60"},
                             cwd=folder, **popen)
     try:
-        wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder), "the command to stage")
+        wait_for(lambda: w.status()["client"] == proc.pid and staged_in(folder)
+                 and w.log.read_text().count(reached) > seen, "the command to stage", timeout=TIMEOUT)
     except BaseException:
         proc.kill()
         raise
     return proc
+
+
+#: the command the fault tests cut short on a worker (its three outputs staged)
+STAGING = ["inspect", "w.npy", *OUTPUTS]
+
+
+@contextmanager
+def mid_request(snapshot: Path, socket_dir: Path, folder: Path, prelude: str = SLOW_COMMIT,
+                reached: str = COMMITTING) -> Iterator[tuple[Worker, subprocess.Popen]]:
+    """A worker (``prelude``: SLOW_COMMIT's) in ``socket_dir``, and a client running STAGING on it in ``folder``,
+    its command staged and waiting (``staging_client``): (worker, client). Both are ended afterwards."""
+    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=prelude)
+    try:
+        proc = staging_client(w, folder, STAGING, reached=reached)
+        try:
+            yield w, proc
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        w.stop()
+
+
+def cold_twin(w: Worker, tmp_path: Path) -> subprocess.CompletedProcess:
+    """STAGING run cold (ATTNVIZ_NO_SERVER=1, ``w``'s environment) on the same inputs in a folder of its own: what
+    the client of a command cut short on ``w`` gives once it has run the command itself."""
+    return attnviz(STAGING, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, inputs_folder(tmp_path / "cold"))
+
+
+def a_new_worker_serves(snapshot: Path, socket_dir: Path, folder: Path) -> None:
+    """A new worker in ``socket_dir`` (where one was killed, stopped or lost its folder) starts and serves the
+    next call made in ``folder``."""
+    again = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
+    try:
+        r = attnviz(["inspect", "w.npy", "--quiet"], again.env, folder)
+        assert r.returncode == 0 and again.served() == 1
+    finally:
+        again.stop()
 
 
 @pytest.fixture(scope="module")
@@ -626,7 +685,7 @@ def test_a_signal_to_a_client_ends_its_command_on_the_worker(slow_worker, tmp_pa
     left, and the worker serves the next client."""
     folder = inputs_folder(tmp_path / "in")
     before = slow_worker.served()
-    proc = staging_client(slow_worker, folder, ["inspect", "w.npy", *OUTPUTS],
+    proc = staging_client(slow_worker, folder, STAGING,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         proc.send_signal(sig)
@@ -677,19 +736,13 @@ def test_a_worker_killed_mid_request_leaves_nothing_and_the_next_call_starts_cle
     """SIGKILL to the worker while the command has its outputs staged: the client removes what the worker had
     staged (recorded in its ledger), runs the command itself, and gives what a cold run gives; the dead
     worker's socket is cleared by the next call, and a new worker starts and serves in the same folder."""
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
-    folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
-    args = ["inspect", "w.npy", *OUTPUTS]
-    try:
-        proc = staging_client(w, folder, args)
-        try:
-            staged_by_worker = hidden(folder)
-            w.proc.kill()
-            w.proc.wait(timeout=30)
-            out, err = proc.communicate(timeout=TIMEOUT)
-        finally:
-            proc.kill()
-        expected = attnviz(args, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, twin)
+    folder = inputs_folder(tmp_path / "in")
+    with mid_request(snapshot, socket_dir, folder) as (w, proc):
+        staged_by_worker = hidden(folder)
+        w.proc.kill()
+        w.proc.wait(timeout=30)
+        out, err = proc.communicate(timeout=TIMEOUT)
+        expected = cold_twin(w, tmp_path)
         assert (proc.returncode, out, err) == (expected.returncode, expected.stdout, expected.stderr)
         assert proc.returncode == 0 and len(staged_by_worker) == 3
         assert hidden(folder) == []  # the worker's staged files are gone; the outputs are the client's own
@@ -698,14 +751,7 @@ def test_a_worker_killed_mid_request_leaves_nothing_and_the_next_call_starts_cle
         assert os.path.exists(w.path)  # the dead worker's socket: the next call clears it, and runs here
         r = attnviz(["inspect", "w.npy", "--quiet"], w.env, folder)
         assert r.returncode == 0 and not os.path.exists(w.path)
-        again = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
-        try:
-            r = attnviz(["inspect", "w.npy", "--quiet"], again.env, folder)
-            assert r.returncode == 0 and again.served() == 1
-        finally:
-            again.stop()
-    finally:
-        w.stop()
+        a_new_worker_serves(snapshot, socket_dir, folder)
 
 
 def test_a_worker_killed_with_its_client_is_cleaned_up_by_the_next_worker(snapshot, socket_dir, tmp_path):
@@ -714,7 +760,7 @@ def test_a_worker_killed_with_its_client_is_cleaned_up_by_the_next_worker(snapsh
     folder = inputs_folder(tmp_path / "in")
     w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
     try:
-        proc = staging_client(w, folder, ["inspect", "w.npy", *OUTPUTS], stdout=subprocess.DEVNULL,
+        proc = staging_client(w, folder, STAGING, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
         try:
             proc.send_signal(signal.SIGSTOP)  # the client can do nothing now (and the worker sees it still there)
@@ -737,28 +783,24 @@ def test_a_worker_killed_with_its_client_is_cleaned_up_by_the_next_worker(snapsh
         again.stop()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_dir, tmp_path, sig):
+@pytest.mark.parametrize("sig, where", [(signal.SIGTERM, COMMITTING), (signal.SIGHUP, COMMITTING),
+                                        (signal.SIGTERM, IN_A_FINALISER)], ids=["15", "1", "15-in-a-finaliser"])
+def test_a_worker_stopped_mid_request_hands_the_command_back(snapshot, socket_dir, tmp_path, sig, where):
     """SIGTERM to the worker while it runs a command, or SIGHUP (the terminal of a worker in the foreground went
     away): the command ends as a cold run would (its staged files removed), the worker exits 0, and the client
-    runs the command itself: complete output, exit 0."""
-    w = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=SLOW_COMMIT)
-    folder, twin = inputs_folder(tmp_path / "in"), inputs_folder(tmp_path / "cold")
-    args = ["inspect", "w.npy", *OUTPUTS]
-    try:
-        proc = staging_client(w, folder, args)
-        try:
-            w.proc.send_signal(sig)
-            assert w.proc.wait(timeout=60) == 0
-            out, err = proc.communicate(timeout=TIMEOUT)
-        finally:
-            proc.kill()
-        expected = attnviz(args, {**w.env, "ATTNVIZ_NO_SERVER": "1"}, twin)
+    runs the command itself: complete output, exit 0. Also where the signal lands in a finaliser (``__del__``, a
+    weak reference's callback), whose exception Python cannot raise: the command is still ended, a moment
+    later (it used to run on to its end, here a minute later)."""
+    folder = inputs_folder(tmp_path / "in")
+    prelude = SLOW_FINALISER if where == IN_A_FINALISER else SLOW_COMMIT
+    with mid_request(snapshot, socket_dir, folder, prelude, reached=where) as (w, proc):
+        w.proc.send_signal(sig)
+        assert w.proc.wait(timeout=60) == 0
+        out, err = proc.communicate(timeout=TIMEOUT)
+        expected = cold_twin(w, tmp_path)
         assert (proc.returncode, out, err) == (0, expected.stdout, expected.stderr)
         assert hidden(folder) == [] and not os.path.exists(w.path) and not os.path.exists(ledger_path(w.path))
         assert f"stopping ({sig.name})" in w.log.read_text()
-    finally:
-        w.stop()
 
 
 def test_a_worker_stopped_mid_batch_hands_back_what_a_terminated_batch_gives(snapshot, socket_dir, tmp_path):
@@ -813,12 +855,7 @@ def test_the_runtime_folder_removed_under_a_running_worker(snapshot, socket_dir,
         assert "was removed or replaced: stopping" in w.log.read_text()
     finally:
         w.stop()
-    again = Worker(snapshot, socket_dir / "run", "--idle-timeout", "5m", prelude=NO_PRELOAD)
-    try:
-        r = attnviz(["inspect", "w.npy", "--quiet"], again.env, folder)
-        assert r.returncode == 0 and again.served() == 1
-    finally:
-        again.stop()
+    a_new_worker_serves(snapshot, socket_dir, folder)
 
 
 def test_the_runtime_folder_made_unwritable_under_a_running_worker(snapshot, socket_dir, tmp_path):

@@ -17,19 +17,22 @@ HEAVY = ("tensorflow", "matplotlib", "keras", "textual")
 
 PROBE = """
 import contextlib, io, sys
-from attnviz.cli import app
+from {entry} import {name}
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     try:
-        app({args!r})
+        {name}({args!r})
     except SystemExit as exc:
         code = exc.code
 print(code, " ".join(m for m in {heavy!r} if m in sys.modules))
 """
 
 
-def probe(args, heavy=HEAVY):
-    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=heavy)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+def probe(args, heavy=HEAVY, entry="attnviz.cli.app"):
+    """``entry(args)`` in a fresh interpreter, its output swallowed: (exit code, the modules of ``heavy`` it
+    imported). ``entry`` is the Typer application, or ``attnviz.cli.console.run`` (the console script's runner)."""
+    module, name = entry.rsplit(".", 1)
+    code = PROBE.format(entry=module, name=name, args=args, heavy=heavy)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     code, _, loaded = out.stdout.strip().partition(" ")
     return int(code), loaded.split()
@@ -53,18 +56,6 @@ def test_input_errors_fail_before_tensorflow(args, expected):
     assert code == expected and loaded == []
 
 
-RUNNER_PROBE = """
-import contextlib, io, sys
-from attnviz.cli.console import run
-with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-    try:
-        run({args!r})
-    except SystemExit as exc:
-        code = exc.code
-print(code, " ".join(m for m in {heavy!r} if m in sys.modules))
-"""
-
-
 @pytest.mark.parametrize("args, expected", [
     (["--help"], 0), (["scaled", "--help"], 0), (["serve", "--help"], 0),
     (["scaled", "missing.npy", "k.npy", "v.npy"], 2),
@@ -77,11 +68,8 @@ def test_a_cold_run_imports_no_pydantic(args, expected):
     others = [f"attnviz.cli.commands.{m}" for m in ("compute", "inspect", "compare", "batch", "serve", "rollout",
                                                      "repeat_test", "view", "variants")
               if m != own and not args[0].startswith("-")]
-    out = subprocess.run([sys.executable, "-c", RUNNER_PROBE.format(args=args, heavy=(*HEAVY, "pydantic", *others))],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    code, _, loaded = out.stdout.strip().partition(" ")
-    assert int(code) == expected and loaded.split() == []
+    code, loaded = probe(args, heavy=(*HEAVY, "pydantic", *others), entry="attnviz.cli.console.run")
+    assert code == expected and loaded == []
 
 
 COERCION_CASES = [

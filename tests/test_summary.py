@@ -18,13 +18,13 @@ import attnviz
 from attnviz.errors import UsageError
 from attnviz.summarystats import PER_ROW, MaskParts, SummarySettings, pool_edges
 from tests.conftest import LazyModule
+from tests.hfmodels import model_pair as _pair
 
 torch = LazyModule("torch")  # imported when a test first uses it: not while every worker collects
 transformers = LazyModule("transformers")
 
 pytestmark = pytest.mark.xdist_group("summary")  # its own worker: beside capture's, not after it
 
-SMALL = dict(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 FAMILIES = {
     "llama (grouped-query)": ("LlamaConfig", dict(num_key_value_heads=2)),
     "mistral (sliding window)": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=5)),
@@ -34,16 +34,6 @@ FAMILIES = {
                                              num_experts_per_tok=1, sliding_window=5)),
 }
 SETTINGS = dict(sinks=2, local=3, pool=4, rows="0,5,-1")
-
-
-def _pair(config_name: str, extra: dict, cls_name: str = "AutoModelForCausalLM") -> tuple[object, object]:
-    cfg = getattr(transformers, config_name)(**{**SMALL, **extra})
-    auto = getattr(transformers, cls_name)
-    torch.manual_seed(0)
-    model = auto.from_config(cfg).eval()
-    eager = auto.from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
-    eager.load_state_dict(model.state_dict())
-    return model, eager
 
 
 def _ids(length: int = 13, left: bool = True) -> tuple[object, object]:
@@ -557,24 +547,19 @@ def test_retrieval_score_counts_distinct_needle_positions_per_entry() -> None:
     ids = np.array([[5, 7, 8, 9, 4, 2, 8, 9], [0, 5, 7, 8, 9, 4, 8, 8]])
     generated = np.array([[8, 9, 8], [8, 8, 9]])  # the last token (index 2) is in no forward's inputs
     lk = lq + n - 1
+    # the key each (entry, head) attends to, row by row: the prompt's last row, then the 2 steps
+    tops = {
+        (0, 0): (2, 3, 2),  # key 2 (8) generating 8, key 3 (9) generating 9, key 2 (8) again generating 8: 2 distinct
+        (0, 1): (2, 2, 2),  # key 2 three times; only rows generating 8 copy: one distinct position
+        (1, 0): (3, 3, 4),  # (its needle at 3:5) key 3 (8) generating 8 twice, key 4 (9) at the last step generating 9
+        (1, 1): (2, 1, 1),  # key 2 (7, outside the needle), then key 1 (5): nothing
+    }
     last = np.zeros((1, 2, 2, 1, lq))
     step = np.zeros((1, 2, 2, n - 1, lk))
-    # entry 0, head 0: key 2 (8) generating 8, key 3 (9) generating 9, key 2 (8) again generating 8: 2 distinct
-    last[0, 0, 0, 0, 2] = 1
-    step[0, 0, 0, 0, 3] = 1
-    step[0, 0, 0, 1, 2] = 1
-    # entry 0, head 1: key 2 three times; only rows generating 8 copy: one distinct position
-    last[0, 0, 1, 0, 2] = 1
-    step[0, 0, 1, 0, 2] = 1
-    step[0, 0, 1, 1, 2] = 1
-    # entry 1 (its needle at 3:5), head 0: key 3 (8) generating 8 twice, key 4 (9) at the last step generating 9
-    last[0, 1, 0, 0, 3] = 1
-    step[0, 1, 0, 0, 3] = 1
-    step[0, 1, 0, 1, 4] = 1
-    # entry 1, head 1: key 2 (7, outside the needle), then key 1 (5): nothing
-    last[0, 1, 1, 0, 2] = 1
-    step[0, 1, 1, 0, 1] = 1
-    step[0, 1, 1, 1, 1] = 1
+    for (entry, head), (first, *steps) in tops.items():
+        last[0, entry, head, 0, first] = 1
+        for row, key in enumerate(steps):
+            step[0, entry, head, row, key] = 1
     got = retrieval_scores(_retrieval_read(ids, last, step, generated), [Span("needle", 2, 4), Span("needle", 3, 5)])
     assert got.rows == n
     np.testing.assert_allclose(got.per_entry[:, 0], [[2 / 2, 1 / 2], [2 / 2, 0.0]])

@@ -33,7 +33,8 @@ client runs the command itself (a command's files are all or nothing, so nothing
 process would, since its finished jobs are done (``--resume`` completes it). A client that goes away
 mid-request (Ctrl-C) has its command interrupted as Ctrl-C interrupts a cold run
 (``attnviz.interrupts.deliver``: never between creating a staged file and recording it, never in the middle
-of an import), and nothing is sent. The staged files of the running command are recorded beside
+of an import; a signal whose exception lands in a finaliser, where Python cannot raise it, is tried again a
+moment later), and nothing is sent. The staged files of the running command are recorded beside
 the socket (``attnviz.worker.ledger``): a worker killed outright (SIGKILL) leaves them to its client, which
 removes them before it runs the command itself, or to the next worker.
 
@@ -532,9 +533,11 @@ class Worker:
         self.accepter.start()
         main = threading.current_thread() is threading.main_thread()
         previous = {}
+        hook = sys.unraisablehook
         if main:
             for sig in interrupts.SIGNALS:  # SIGHUP: the terminal of a worker run in the foreground went away
                 previous[sig] = signal.signal(sig, self.on_signal)
+            sys.unraisablehook = self.unraisable_hook(hook)
         try:
             while not self.stopping.is_set():
                 wait = 1.0
@@ -558,6 +561,7 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            sys.unraisablehook = hook
 
     def on_signal(self, signum: int, frame: Any) -> None:
         target, self.cancel_for = self.cancel_for, None
@@ -579,12 +583,31 @@ class Worker:
         for every later request (``AttributeError`` on names it had yet to define). Then it is tried again
         a moment later, once the import is done."""
         if interrupts.importing():
-            self.postponed[r.number] = signum
-            timer = threading.Timer(0.02, self.send_cancel, args=(r,))
-            timer.daemon = True
-            timer.start()
+            self.postpone(r, signum)
             return
         interrupts.deliver(signum)
+
+    def postpone(self, r: _Request, signum: int) -> None:
+        """End ``r``'s command with ``signum`` a moment from now (``send_cancel``: the signal is raised then)."""
+        self.postponed[r.number] = signum
+        timer = threading.Timer(0.02, self.send_cancel, args=(r,))
+        timer.daemon = True
+        timer.start()
+
+    def unraisable_hook(self, previous: Callable[[Any], None]) -> Callable[[Any], None]:
+        """A hook for exceptions Python cannot raise (in a finaliser: ``__del__``, a weak reference's callback)
+        that tries the interruption of the running command again a moment later (``postpone``) when the
+        exception of its signal landed there: printed and forgotten, it would leave the command running to its
+        end. (``attnviz.interrupts``' own hook sends the signal again only while its handler is in force; here
+        the worker's is, and a bare SIGINT would stop the worker instead of its command.)"""
+        def hook(unraisable: Any) -> None:
+            exc, r = unraisable.exc_value, self.current
+            if isinstance(exc, KeyboardInterrupt) and r is not None and r.running:
+                self.postpone(r, exc.signum if isinstance(exc, interrupts.Terminated) else signal.SIGINT)
+                return
+            previous(unraisable)
+
+        return hook
 
     def send_cancel(self, r: _Request) -> None:
         """Interrupt ``r``'s command from another thread: SIGINT to the main thread, marked as meant for it."""
