@@ -410,10 +410,14 @@ def run_blocks(run: Any, starts: list[int], threads: int) -> None:
 
     from attnviz.threads import quick_switching
 
-    with quick_switching(), ThreadPoolExecutor(threads, thread_name_prefix="attnviz-summary",
-                                               initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        for done in [pool.submit(run, r0) for r0 in starts]:
-            done.result()
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="attnviz-summary", initializer=torch.set_num_threads,
+                              initargs=(1,))
+    try:
+        with quick_switching():
+            for done in [pool.submit(run, r0) for r0 in starts]:
+                done.result()
+    finally:  # on Ctrl-C, SIGTERM or a failed block, the blocks not started are dropped, not run to the end
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def values_at(p: Any, index: Any, width: int) -> Any:

@@ -356,3 +356,28 @@ def test_a_signal_inside_a_wait_for_jobs_does_not_hang_the_batch():
 
     done = subprocess.run([sys.executable, "-c", SIGNAL_IN_WAIT], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "interrupted", done.stdout + done.stderr
+
+
+def test_a_summary_interrupted_drops_the_blocks_not_started():
+    """Ctrl-C or SIGTERM while a long site's blocks of rows run in threads (``summarytorch.run_blocks``): the blocks
+    not started are dropped, so the command ends after the blocks in hand, not after every block of the site
+    (a 34k-token text ran on for minutes after SIGTERM)."""
+    pytest.importorskip("torch")
+    import threading
+
+    from attnviz.interrupts import Terminated
+    from attnviz.summarytorch import run_blocks
+
+    ran: list[int] = []
+    lock = threading.Lock()
+
+    def block(r0: int) -> None:
+        time.sleep(0.02)
+        with lock:
+            ran.append(r0)
+        if r0 == 2:
+            raise Terminated(15)
+
+    with pytest.raises(Terminated):
+        run_blocks(block, list(range(200)), threads=2)
+    assert len(ran) < 20, len(ran)
